@@ -1,0 +1,25 @@
+# rasterscale: deep learning over large geospatial rasters, from a laptop (--cores N) to SLURM (--profile).
+# Entry point; rules live in rules/, logic in the Python package scripts/rasterscale.
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/demo.smk"
+include: "rules/tiles.smk"
+include: "rules/train.smk"
+include: "rules/predict.smk"
+include: "rules/merge.smk"
+include: "rules/evaluate.smk"
+include: "rules/check.smk"
+
+
+rule all:
+    input:
+        final_targets(),
+    default_target: True
+
+
+onsuccess:
+    print_evaluation_summary()

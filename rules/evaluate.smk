@@ -1,0 +1,17 @@
+rule evaluate_scene:
+    input:
+        detections="results/{scene}/detections.parquet",
+        raster=lambda wildcards: scene_raster(wildcards.scene),
+        annotations=lambda wildcards: scene_annotations(wildcards.scene),
+    output:
+        evaluation="results/{scene}/evaluation.json",
+        quicklook="results/{scene}/quicklook.png",
+    params:
+        config=config_json(),
+        label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
+    log:
+        "logs/evaluate_scene/{scene}.log",
+    shell:
+        "{PYTHON} scripts/evaluate.py --detections {input.detections} --raster {input.raster}"
+        " --annotations {input.annotations} --label-column '{params.label_column}' --config {params.config:q}"
+        " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"

@@ -1,0 +1,17 @@
+rule merge_detections:
+    input:
+        raster=lambda wildcards: scene_raster(wildcards.scene),
+        manifest="results/{scene}/tiles.parquet",
+        ranks=rank_files,
+    output:
+        gpkg="results/{scene}/detections.gpkg",
+        parquet="results/{scene}/detections.parquet",
+    params:
+        config=json.dumps(CONFIG["merge"]),
+    log:
+        "logs/merge_detections/{scene}.log",
+    benchmark:
+        "benchmarks/merge_detections/{scene}.tsv"
+    shell:
+        "{PYTHON} scripts/merge.py --manifest {input.manifest} --raster {input.raster}"
+        " --gpkg {output.gpkg} --parquet {output.parquet} --config {params.config:q} {input.ranks} > {log} 2>&1"

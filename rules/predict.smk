@@ -1,0 +1,30 @@
+# One prediction job per shard (one node each, world_size ranks); rank r of shard s writes
+# results/{scene}/predict/rank-{s * world_size + r}.parquet. Shards are known from the config, so each gets
+# its own rule (predict_shard_0, predict_shard_1, ...) with its own, static outputs.
+for shard in range(predict_shards()):
+
+    rule:
+        name:
+            f"predict_shard_{shard}"
+        input:
+            raster=lambda wildcards: scene_raster(wildcards.scene),
+            manifest="results/{scene}/tiles.parquet",
+            checkpoint=checkpoint_path(),
+        output:
+            shard_outputs(shard),
+        params:
+            launcher=launcher(PREDICT),
+            config=config_json(),
+            shards=predict_shards(),
+            shard=shard,
+            out_dir="results/{scene}/predict",
+            log_dir=f"logs/predict/{{scene}}/shard-{shard}",
+        threads: rank_threads(PREDICT)
+        log:
+            f"logs/predict/{{scene}}/shard-{shard}.log",
+        benchmark:
+            f"benchmarks/predict/{{scene}}/shard-{shard}.tsv"
+        shell:
+            "{params.launcher}{PYTHON} scripts/predict.py --raster {input.raster} --manifest {input.manifest}"
+            " --checkpoint {input.checkpoint} --config {params.config:q} --out-dir {params.out_dir}"
+            " --log-dir {params.log_dir} --shards {params.shards} --shard {params.shard} > {log} 2>&1"

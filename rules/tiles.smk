@@ -1,0 +1,14 @@
+rule tile_manifest:
+    input:
+        raster=lambda wildcards: scene_raster(wildcards.scene),
+    output:
+        "results/{scene}/tiles.parquet",
+    params:
+        patch_size=CONFIG["tiling"]["patch_size"],
+        overlap=CONFIG["tiling"]["overlap"],
+        skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
+    log:
+        "logs/tile_manifest/{scene}.log",
+    shell:
+        "{PYTHON} scripts/tile_manifest.py --raster {input.raster} --out {output}"
+        " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"

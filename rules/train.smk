@@ -1,0 +1,23 @@
+rule train_detector:
+    input:
+        rasters=[scene_raster(name) for name in TRAIN["scenes"]],
+        annotations=[scene_annotations(name) for name in TRAIN["scenes"]],
+        manifests=[f"results/{name}/tiles.parquet" for name in TRAIN["scenes"]],
+    output:
+        checkpoint="results/models/{model}.pt",
+        metrics="results/models/{model}.metrics.csv",
+        plot="results/models/{model}.png",
+    params:
+        launcher=launcher(TRAIN),
+        scenes=training_scenes_json(),
+        config=config_json(),
+        log_dir="logs/train/{model}",
+    threads: rank_threads(TRAIN)
+    log:
+        "logs/train/{model}.log",
+    benchmark:
+        "benchmarks/train/{model}.tsv"
+    shell:
+        "{params.launcher}{PYTHON} scripts/train.py --scenes {params.scenes:q} --config {params.config:q}"
+        " --checkpoint {output.checkpoint} --metrics {output.metrics} --plot {output.plot}"
+        " --log-dir {params.log_dir} > {log} 2>&1"

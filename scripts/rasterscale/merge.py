@@ -1,0 +1,226 @@
+"""Per-rank detection files, exactly-once tile accounting, and the cross-tile merge.
+
+Each prediction rank writes one GeoParquet file: its detections (boxes in raster pixels and as polygons in the
+raster's CRS) plus, in the file's metadata, the tile_ids it processed (also those without any detection). The
+merge checks that the processed tile_ids are the manifest's, each exactly once, and removes the duplicates that
+tile overlaps create:
+
+1. a box *cut* by an inner tile edge (an edge that is not the raster's) is dropped when most of it lies inside
+   a whole box of the same label, which the neighbouring tile saw in full;
+2. torchvision's NMS then runs on each group of mutually overlapping boxes (connected components of the
+   overlap graph), so that a million boxes cost a few seconds, not a quadratic NMS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+from geopandas.io.arrow import _geopandas_to_arrow
+from torchvision.ops import batched_nms
+
+from rasterscale.geo import box_areas, box_pairs, intersection_areas, pair_ious
+from rasterscale.outputs import atomic_path
+
+TILE_IDS_KEY = b"rasterscale:tile_ids"
+BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
+DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
+
+
+class TileAccountingError(ValueError):
+    """Processed tiles differ from the manifest: a tile is missing, duplicated or unknown."""
+
+
+def empty_detections(crs: object) -> gpd.GeoDataFrame:
+    frame = pd.DataFrame(
+        {
+            "tile_id": pd.Series(dtype="int64"),
+            "label": pd.Series(dtype="str"),
+            "score": pd.Series(dtype="float32"),
+            **{column: pd.Series(dtype="float64") for column in BOX_COLUMNS},
+        }
+    )
+    return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries([], crs=crs), crs=crs)
+
+
+def write_rank_file(detections: gpd.GeoDataFrame, tile_ids: Sequence[int], path: str | Path) -> None:
+    """GeoParquet of one rank's detections, with the processed tile_ids in the file's metadata."""
+    table = _geopandas_to_arrow(detections[DETECTION_COLUMNS].reset_index(drop=True))
+    metadata = dict(table.schema.metadata or {})
+    metadata[TILE_IDS_KEY] = json.dumps([int(t) for t in tile_ids]).encode()
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+
+
+def read_rank_tile_ids(path: str | Path) -> np.ndarray:
+    metadata = pq.read_schema(path).metadata or {}
+    if TILE_IDS_KEY not in metadata:
+        raise TileAccountingError(f"{path}: not a rasterscale rank file (no processed tile_ids)")
+    return np.asarray(json.loads(metadata[TILE_IDS_KEY]), dtype=np.int64)
+
+
+def _ids_text(ids: np.ndarray, limit: int = 10) -> str:
+    shown = ", ".join(str(int(i)) for i in ids[:limit])
+    return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def check_exactly_once(manifest_ids: np.ndarray, processed: Mapping[str, np.ndarray]) -> None:
+    """Raise TileAccountingError naming the tiles that are missing, duplicated or not in the manifest."""
+    all_ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in processed.values()] or [np.zeros(0, int)])
+    ids, counts = np.unique(all_ids, return_counts=True)
+    duplicated = ids[counts > 1]
+    missing = np.setdiff1d(np.asarray(manifest_ids), ids)
+    unknown = np.setdiff1d(ids, np.asarray(manifest_ids))
+    problems = []
+    if len(missing):
+        problems.append(f"missing tile_id(s) {_ids_text(missing)}")
+    if len(duplicated):
+        where = {
+            int(t): [Path(p).name for p, v in processed.items() if int(t) in set(np.asarray(v).tolist())]
+            for t in duplicated[:3]
+        }
+        problems.append(f"duplicated tile_id(s) {_ids_text(duplicated)} (e.g. {where})")
+    if len(unknown):
+        problems.append(f"tile_id(s) not in the manifest {_ids_text(unknown)}")
+    if problems:
+        raise TileAccountingError("tile accounting failed: " + "; ".join(problems))
+
+
+def cut_by_inner_edge(
+    boxes: np.ndarray, windows: np.ndarray, raster_width: int, raster_height: int, tolerance: float
+) -> np.ndarray:
+    """True for boxes touching an edge of their tile that is not the raster's edge (the object may go on)."""
+    col, row, width, height = (windows[:, k] for k in range(4))
+    left = (col > 0) & (boxes[:, 0] <= col + tolerance)
+    top = (row > 0) & (boxes[:, 1] <= row + tolerance)
+    right = (col + width < raster_width) & (boxes[:, 2] >= col + width - tolerance)
+    bottom = (row + height < raster_height) & (boxes[:, 3] >= row + height - tolerance)
+    return left | top | right | bottom
+
+
+def drop_contained_cut_boxes(
+    boxes: np.ndarray, labels: np.ndarray, cut: np.ndarray, containment_threshold: float
+) -> np.ndarray:
+    """Keep-mask dropping cut boxes that lie mostly inside a whole box of the same label."""
+    keep = np.ones(len(boxes), dtype=bool)
+    cut_idx, whole_idx = np.flatnonzero(cut), np.flatnonzero(~cut)
+    i, j = box_pairs(boxes[cut_idx], boxes[whole_idx])
+    if len(i) == 0:
+        return keep
+    a, b = cut_idx[i], whole_idx[j]
+    same = labels[a] == labels[b]
+    inside = intersection_areas(boxes[a], boxes[b]) / np.maximum(box_areas(boxes[a]), 1e-9)
+    keep[a[same & (inside >= containment_threshold)]] = False
+    return keep
+
+
+def overlap_components(n_boxes: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Connected-component id of each box in the graph of overlapping pairs (union-find, path halving)."""
+    parent = np.arange(n_boxes)
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return np.array([find(x) for x in range(n_boxes)], dtype=np.int64)
+
+
+def cross_tile_nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Indices kept by torchvision's NMS, run per label within groups of overlapping boxes."""
+    i, j = box_pairs(boxes)
+    overlapping = (labels[i] == labels[j]) & (pair_ious(boxes[i], boxes[j]) > iou_threshold)
+    i, j = i[overlapping], j[overlapping]
+    keep = np.ones(len(boxes), dtype=bool)
+    involved = np.unique(np.concatenate([i, j]))
+    if len(involved) == 0:
+        return np.flatnonzero(keep)
+    local = np.full(len(boxes), -1, dtype=np.int64)
+    local[involved] = np.arange(len(involved))
+    groups = overlap_components(len(involved), local[i], local[j])
+    kept_local = batched_nms(
+        torch.as_tensor(boxes[involved], dtype=torch.float64),
+        torch.as_tensor(scores[involved], dtype=torch.float64),
+        torch.as_tensor(groups),
+        iou_threshold,
+    ).numpy()
+    keep[involved] = False
+    keep[involved[kept_local]] = True
+    return np.flatnonzero(keep)
+
+
+def merge_detections(
+    detections: gpd.GeoDataFrame,
+    manifest: gpd.GeoDataFrame,
+    raster_width: int,
+    raster_height: int,
+    iou_threshold: float,
+    edge_tolerance: float,
+    containment_threshold: float,
+) -> gpd.GeoDataFrame:
+    """One layer without the duplicates created by tile overlaps, sorted by score."""
+    if len(detections) == 0:
+        return detections.reset_index(drop=True)
+    windows = manifest.set_index("tile_id").loc[detections["tile_id"], ["col_off", "row_off", "width", "height"]]
+    boxes = detections[BOX_COLUMNS].to_numpy(dtype=np.float64)
+    labels = pd.factorize(detections["label"])[0]
+    scores = detections["score"].to_numpy(dtype=np.float64)
+    cut = cut_by_inner_edge(boxes, windows.to_numpy(), raster_width, raster_height, edge_tolerance)
+    keep = np.flatnonzero(drop_contained_cut_boxes(boxes, labels, cut, containment_threshold))
+    kept = keep[cross_tile_nms(boxes[keep], scores[keep], labels[keep], iou_threshold)]
+    merged = detections.iloc[kept].sort_values("score", ascending=False, kind="stable")
+    return merged.reset_index(drop=True)
+
+
+def read_rank_files(paths: Sequence[str | Path]) -> tuple[gpd.GeoDataFrame, dict[str, np.ndarray]]:
+    """All ranks' detections (one frame) and each file's processed tile_ids."""
+    processed = {str(p): read_rank_tile_ids(p) for p in paths}
+    frames = [gpd.read_parquet(p) for p in paths]
+    crs = next((f.crs for f in frames if f.crs is not None), None)
+    non_empty = [f for f in frames if len(f)]
+    detections = pd.concat(non_empty, ignore_index=True) if non_empty else empty_detections(crs)
+    return gpd.GeoDataFrame(detections, geometry="geometry", crs=crs), processed
+
+
+def merge_scene(
+    rank_files: Sequence[str | Path],
+    manifest_path: str | Path,
+    raster_path: str | Path,
+    gpkg_path: str | Path,
+    parquet_path: str | Path,
+    merge_cfg: Mapping[str, float],
+    layer: str = "detections",
+) -> gpd.GeoDataFrame:
+    """Check exactly-once accounting, merge across tile overlaps, write GeoPackage and GeoParquet."""
+    from rasterscale.inputs import check_raster
+    from rasterscale.outputs import write_geoparquet, write_gpkg
+    from rasterscale.tiling import read_manifest
+
+    manifest = read_manifest(manifest_path)
+    raster = check_raster(raster_path)
+    detections, processed = read_rank_files(rank_files)
+    check_exactly_once(manifest["tile_id"].to_numpy(), processed)
+    merged = merge_detections(
+        detections,
+        manifest,
+        raster.width,
+        raster.height,
+        iou_threshold=merge_cfg["iou_threshold"],
+        edge_tolerance=merge_cfg["edge_tolerance"],
+        containment_threshold=merge_cfg["containment_threshold"],
+    )
+    merged = merged.set_crs(raster.crs, allow_override=True)
+    write_gpkg(merged, gpkg_path, layer=layer)
+    write_geoparquet(merged, parquet_path)
+    return merged

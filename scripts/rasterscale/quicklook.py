@@ -1,0 +1,48 @@
+"""A downsampled picture of a scene with predicted and true boxes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import rasterio
+
+from rasterscale.outputs import atomic_path
+
+
+def render_quicklook(
+    raster_path: str | Path,
+    pred_boxes: np.ndarray,
+    true_boxes: np.ndarray | None,
+    png_path: str | Path,
+    max_side: int = 1600,
+    title: str = "",
+) -> None:
+    """Decimated read (overviews when present) with boxes in pixel units drawn on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    with rasterio.open(raster_path) as src:
+        scale = max(1.0, max(src.width, src.height) / max_side)
+        shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
+        image = src.read(indexes=[1, 2, 3], out_shape=shape)
+        width, height = src.width, src.height
+    fig, ax = plt.subplots(figsize=(shape[2] / 100, shape[1] / 100), dpi=100)
+    ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))
+
+    def outlines(boxes: np.ndarray) -> list[np.ndarray]:
+        return [np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]) for x0, y0, x1, y1 in boxes]
+
+    if true_boxes is not None and len(true_boxes):
+        ax.add_collection(PolyCollection(outlines(true_boxes), facecolors="none", edgecolors="cyan", linewidths=0.6))
+    if len(pred_boxes):
+        ax.add_collection(PolyCollection(outlines(pred_boxes), facecolors="none", edgecolors="red", linewidths=0.6))
+    ax.set_axis_off()
+    ax.set_title(title + "  (red: predicted, cyan: true)", fontsize=9)
+    fig.tight_layout()
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp)
+    plt.close(fig)

@@ -1,0 +1,122 @@
+"""Tile manifests: the windows that cut a raster into overlapping patches, with their footprints in the CRS.
+
+A manifest is computed from the raster's metadata (size and transform) only. Offsets step by
+``patch_size - overlap``; the last row and column of tiles are flush with the raster's edge, so every pixel is
+covered and no tile reads past the raster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import rasterio
+from affine import Affine
+from rasterio.crs import CRS
+
+from rasterscale.geo import pixel_boxes_to_polygons
+
+MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
+
+
+@dataclass(frozen=True)
+class Tile:
+    tile_id: int
+    col_off: int
+    row_off: int
+    width: int
+    height: int
+
+
+def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
+    """Start offsets along one axis: stride ``patch_size - overlap``, last tile flush with the edge."""
+    if overlap >= patch_size:
+        raise ValueError(f"overlap ({overlap}) must be smaller than patch_size ({patch_size})")
+    if length <= patch_size:
+        return [0]
+    stride = patch_size - overlap
+    count = math.ceil((length - patch_size) / stride) + 1
+    offsets = [i * stride for i in range(count - 1)]
+    offsets.append(length - patch_size)
+    return offsets
+
+
+def tile_grid(width: int, height: int, patch_size: int, overlap: int) -> np.ndarray:
+    """``(N, 4)`` int array of col_off, row_off, width, height in row-major order."""
+    cols = tile_offsets(width, patch_size, overlap)
+    rows = tile_offsets(height, patch_size, overlap)
+    col_grid, row_grid = np.meshgrid(np.asarray(cols, dtype=np.int64), np.asarray(rows, dtype=np.int64))
+    col_off, row_off = col_grid.ravel(), row_grid.ravel()
+    tile_w = np.full_like(col_off, min(patch_size, width))
+    tile_h = np.full_like(row_off, min(patch_size, height))
+    return np.stack([col_off, row_off, tile_w, tile_h], axis=1)
+
+
+def manifest_frame(grid: np.ndarray, transform: Affine, crs: CRS | str | None) -> gpd.GeoDataFrame:
+    """A manifest GeoDataFrame from a tile grid (tile_id numbers the tiles in row-major order)."""
+    col_off, row_off, width, height = (grid[:, k] for k in range(4))
+    boxes = np.stack([col_off, row_off, col_off + width, row_off + height], axis=1)
+    return gpd.GeoDataFrame(
+        {
+            "tile_id": np.arange(len(grid), dtype=np.int64),
+            "col_off": col_off,
+            "row_off": row_off,
+            "width": width,
+            "height": height,
+        },
+        geometry=pixel_boxes_to_polygons(boxes, transform),
+        crs=crs,
+    )
+
+
+def valid_tile_mask(src: rasterio.io.DatasetReader, grid: np.ndarray, max_side: int = 2048) -> np.ndarray:
+    """True for tiles that hold at least one valid pixel, judged on a reduced-resolution dataset mask.
+
+    The mask is read decimated (GDAL uses overviews where present) and each tile's window is grown by one
+    cell, so that a tile is only dropped when it is certainly all nodata.
+    """
+    scale = max(1, math.ceil(max(src.width, src.height) / max_side))
+    out_shape = (max(1, math.ceil(src.height / scale)), max(1, math.ceil(src.width / scale)))
+    mask = src.dataset_mask(out_shape=out_shape) > 0
+    keep = np.zeros(len(grid), dtype=bool)
+    for k, (col, row, width, height) in enumerate(grid):
+        c0, r0 = max(0, col // scale - 1), max(0, row // scale - 1)
+        c1, r1 = math.ceil((col + width) / scale) + 1, math.ceil((row + height) / scale) + 1
+        keep[k] = bool(mask[r0:r1, c0:c1].any())
+    return keep
+
+
+def has_nodata(src: rasterio.io.DatasetReader) -> bool:
+    """Whether the raster declares invalid pixels (a nodata value, an alpha band or a mask)."""
+    flags = src.mask_flag_enums[0]
+    return src.nodata is not None or any(
+        flag in flags
+        for flag in (
+            rasterio.enums.MaskFlags.alpha,
+            rasterio.enums.MaskFlags.per_dataset,
+            rasterio.enums.MaskFlags.nodata,
+        )
+    )
+
+
+def build_manifest(
+    raster_path: str | Path, patch_size: int, overlap: int, skip_nodata: bool = True
+) -> gpd.GeoDataFrame:
+    """The tile manifest of a raster; tiles that are certainly all nodata are left out when asked."""
+    with rasterio.open(raster_path) as src:
+        grid = tile_grid(src.width, src.height, patch_size, overlap)
+        if skip_nodata and has_nodata(src):
+            grid = grid[valid_tile_mask(src, grid)]
+        return manifest_frame(grid, src.transform, src.crs)
+
+
+def tiles_from_frame(frame: gpd.GeoDataFrame) -> list[Tile]:
+    columns = ["tile_id", "col_off", "row_off", "width", "height"]
+    return [Tile(*map(int, row)) for row in frame[columns].itertuples(index=False)]
+
+
+def read_manifest(path: str | Path) -> gpd.GeoDataFrame:
+    return gpd.read_parquet(path)

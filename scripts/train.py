@@ -1,0 +1,33 @@
+"""Entry: DDP training of the detector (Lightning re-runs this command once per extra local rank)."""
+
+import argparse
+import json
+
+from rasterscale.model import DetectorConfig
+from rasterscale.runtime import run_spec
+from rasterscale.train import TrainScene, run_training
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenes", type=json.loads, required=True, help="JSON list of training scenes")
+    parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--plot", required=True)
+    parser.add_argument("--log-dir", required=True)
+    args = parser.parse_args()
+    run_training(
+        scenes=[TrainScene(**scene) for scene in args.scenes],
+        detector=DetectorConfig.from_config(args.config),
+        train_cfg=args.config["train"],
+        spec=run_spec(args.config["train"]),
+        checkpoint_path=args.checkpoint,
+        metrics_path=args.metrics,
+        plot_path=args.plot,
+        log_dir=args.log_dir,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Shared fixtures: small real rasters written with rasterio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from affine import Affine
+
+REPO = Path(__file__).resolve().parents[1]
+UTM17N = "EPSG:32617"
+
+
+def write_raster(
+    path: Path,
+    width: int,
+    height: int,
+    count: int = 3,
+    crs: str | None = UTM17N,
+    transform: Affine | None = None,
+    nodata: float | None = None,
+    data: np.ndarray | None = None,
+    tiled: bool = True,
+) -> Path:
+    transform = transform if transform is not None else Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
+    if data is None:
+        data = np.random.default_rng(0).integers(0, 255, size=(count, height, width), dtype=np.uint8)
+    profile = {
+        "driver": "GTiff",
+        "width": width,
+        "height": height,
+        "count": count,
+        "dtype": "uint8",
+        "transform": transform,
+        "nodata": nodata,
+    }
+    if crs is not None:
+        profile["crs"] = crs
+    if tiled:
+        profile.update(tiled=True, blockxsize=128, blockysize=128)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return path
+
+
+@pytest.fixture
+def raster_factory(tmp_path: Path):
+    def make(name: str = "scene.tif", **kwargs) -> Path:
+        return write_raster(tmp_path / name, **kwargs)
+
+    return make

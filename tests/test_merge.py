@@ -1,0 +1,105 @@
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pytest
+from affine import Affine
+
+from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.merge import (
+    TileAccountingError,
+    check_exactly_once,
+    cross_tile_nms,
+    empty_detections,
+    merge_detections,
+    read_rank_files,
+    read_rank_tile_ids,
+    write_rank_file,
+)
+from rasterscale.tiling import manifest_frame, tile_grid
+
+TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
+CRS = "EPSG:32617"
+
+
+def detections(rows):
+    """rows: (tile_id, score, xmin, ymin, xmax, ymax) in raster pixels."""
+    arr = np.array([r[2:] for r in rows], dtype=float).reshape(-1, 4)
+    frame = pd.DataFrame(
+        {
+            "tile_id": [r[0] for r in rows],
+            "label": ["tree"] * len(rows),
+            "score": np.array([r[1] for r in rows], dtype=np.float32),
+            "px_xmin": arr[:, 0],
+            "px_ymin": arr[:, 1],
+            "px_xmax": arr[:, 2],
+            "px_ymax": arr[:, 3],
+        }
+    )
+    return gpd.GeoDataFrame(frame, geometry=pixel_boxes_to_polygons(arr, TRANSFORM), crs=CRS)
+
+
+@pytest.fixture
+def manifest():
+    # 700 x 400 raster, 400 px tiles with 100 px overlap -> tiles at col 0 and col 300
+    return manifest_frame(tile_grid(700, 400, 400, 100), TRANSFORM, CRS)
+
+
+def merge(dets, manifest):
+    return merge_detections(dets, manifest, 700, 400, iou_threshold=0.4, edge_tolerance=2, containment_threshold=0.6)
+
+
+def test_object_seen_in_both_overlapping_tiles_is_kept_once(manifest):
+    # a crown fully inside the overlap (cols 300..400) is detected by both tiles, slightly differently
+    dets = detections([(0, 0.9, 320, 100, 370, 150), (1, 0.8, 321, 101, 371, 149)])
+    merged = merge(dets, manifest)
+    assert len(merged) == 1 and merged.iloc[0]["score"] == pytest.approx(0.9)
+
+
+def test_box_cut_by_inner_tile_edge_gives_way_to_the_whole_box(manifest):
+    # object spans cols 370..430: tile 0 ends at 400 and sees a truncated box (IoU with the whole one is 0.5);
+    # tile 1 (cols 300..700) sees it whole. The truncated box scores higher but must not survive.
+    dets = detections([(0, 0.95, 370, 100, 400, 160), (1, 0.7, 370, 100, 430, 160)])
+    merged = merge(dets, manifest)
+    assert len(merged) == 1
+    assert merged.iloc[0][["px_xmin", "px_xmax"]].tolist() == [370, 430]
+
+
+def test_box_touching_the_raster_edge_is_not_treated_as_cut(manifest):
+    dets = detections([(1, 0.9, 660, 10, 700, 60), (1, 0.8, 0 + 600, 300, 640, 340)])
+    assert len(merge(dets, manifest)) == 2
+
+
+def test_distinct_neighbours_survive(manifest):
+    dets = detections([(0, 0.9, 100, 100, 150, 150), (0, 0.8, 148, 100, 198, 150), (1, 0.7, 500, 100, 550, 150)])
+    assert len(merge(dets, manifest)) == 3
+
+
+def test_cross_tile_nms_runs_per_overlap_group():
+    boxes = np.array([[0, 0, 10, 10], [1, 0, 11, 10], [100, 100, 110, 110], [101, 100, 111, 110], [500, 0, 510, 10]])
+    scores = np.array([0.5, 0.9, 0.9, 0.5, 0.1])
+    keep = cross_tile_nms(boxes.astype(float), scores, np.zeros(5, dtype=int), 0.5)
+    assert sorted(keep.tolist()) == [1, 2, 4]
+
+
+def test_exactly_once_passes_and_names_missing_and_duplicated_tiles():
+    ids = np.arange(6)
+    check_exactly_once(ids, {"rank-0.parquet": np.array([0, 1, 2]), "rank-1.parquet": np.array([3, 4, 5])})
+    with pytest.raises(TileAccountingError, match=r"missing tile_id\(s\) 5"):
+        check_exactly_once(ids, {"rank-0.parquet": np.array([0, 1, 2]), "rank-1.parquet": np.array([3, 4])})
+    with pytest.raises(TileAccountingError, match=r"duplicated tile_id\(s\) 2 .*rank-0.parquet.*rank-1.parquet"):
+        check_exactly_once(ids, {"rank-0.parquet": np.array([0, 1, 2]), "rank-1.parquet": np.array([2, 3, 4, 5])})
+    with pytest.raises(TileAccountingError, match="not in the manifest 9"):
+        check_exactly_once(ids, {"rank-0.parquet": np.array([0, 1, 2, 3, 4, 5, 9])})
+
+
+def test_rank_file_roundtrip_keeps_crs_and_processed_tiles(tmp_path):
+    path = tmp_path / "rank-0.parquet"
+    write_rank_file(detections([(3, 0.9, 10, 10, 20, 20)]), [3, 4, 7], path)
+    empty = tmp_path / "rank-1.parquet"
+    write_rank_file(empty_detections(CRS), [5], empty)
+    assert read_rank_tile_ids(path).tolist() == [3, 4, 7]
+    assert read_rank_tile_ids(empty).tolist() == [5]
+    frame, processed = read_rank_files([path, empty])
+    assert len(frame) == 1 and frame.crs.to_epsg() == 32617
+    assert {k: v.tolist() for k, v in processed.items()} == {str(path): [3, 4, 7], str(empty): [5]}
+    assert not list(tmp_path.glob(".*tmp*"))
