@@ -3,7 +3,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+SCRIPTS = Path(workflow.basedir) / "scripts"
+sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.config import ConfigError, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402

@@ -15,6 +15,6 @@ rule synthesize_scene:
     benchmark:
         "benchmarks/synthesize_scene/{name}.tsv"
     shell:
-        "{PYTHON} scripts/synthesize_scene.py --raster {output.raster} --boxes {output.boxes}"
+        "{PYTHON} {SCRIPTS}/synthesize_scene.py --raster {output.raster} --boxes {output.boxes}"
         " --width {params.width} --height {params.height} --seed {params.seed}"
         " --crs {params.crs} --pixel-size {params.pixel_size} > {log} 2>&1"

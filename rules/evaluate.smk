@@ -12,6 +12,6 @@ rule evaluate_scene:
     log:
         "logs/evaluate_scene/{scene}.log",
     shell:
-        "{PYTHON} scripts/evaluate.py --detections {input.detections} --raster {input.raster}"
+        "{PYTHON} {SCRIPTS}/evaluate.py --detections {input.detections} --raster {input.raster}"
         " --annotations {input.annotations} --label-column '{params.label_column}' --config {params.config:q}"
         " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"

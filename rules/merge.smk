@@ -13,5 +13,5 @@ rule merge_detections:
     benchmark:
         "benchmarks/merge_detections/{scene}.tsv"
     shell:
-        "{PYTHON} scripts/merge.py --manifest {input.manifest} --raster {input.raster}"
+        "{PYTHON} {SCRIPTS}/merge.py --manifest {input.manifest} --raster {input.raster}"
         " --gpkg {output.gpkg} --parquet {output.parquet} --config {params.config:q} {input.ranks} > {log} 2>&1"

@@ -25,6 +25,6 @@ for shard in range(predict_shards()):
         benchmark:
             f"benchmarks/predict/{{scene}}/shard-{shard}.tsv"
         shell:
-            "{params.launcher}{PYTHON} scripts/predict.py --raster {input.raster} --manifest {input.manifest}"
+            "{params.launcher}{PYTHON} {SCRIPTS}/predict.py --raster {input.raster} --manifest {input.manifest}"
             " --checkpoint {input.checkpoint} --config {params.config:q} --out-dir {params.out_dir}"
             " --log-dir {params.log_dir} --shards {params.shards} --shard {params.shard} > {log} 2>&1"

@@ -10,5 +10,5 @@ rule tile_manifest:
     log:
         "logs/tile_manifest/{scene}.log",
     shell:
-        "{PYTHON} scripts/tile_manifest.py --raster {input.raster} --out {output}"
+        "{PYTHON} {SCRIPTS}/tile_manifest.py --raster {input.raster} --out {output}"
         " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"

@@ -18,6 +18,6 @@ rule train_detector:
     benchmark:
         "benchmarks/train/{model}.tsv"
     shell:
-        "{params.launcher}{PYTHON} scripts/train.py --scenes {params.scenes:q} --config {params.config:q}"
+        "{params.launcher}{PYTHON} {SCRIPTS}/train.py --scenes {params.scenes:q} --config {params.config:q}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics} --plot {output.plot}"
         " --log-dir {params.log_dir} > {log} 2>&1"

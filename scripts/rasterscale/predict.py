@@ -218,3 +218,68 @@ def run_prediction(
         pin_memory=spec.accelerator == "gpu",
     )
     trainer.predict(DetectorPredictionModule(model, offsets), datamodule=datamodule, return_predictions=False)
+
+
+class ThroughputReport(L.Callback):
+    """Counts a rank's tiles and writes its throughput (environment check)."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir, self.tiles, self.started = Path(out_dir), 0, time.perf_counter()
+
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.tiles += len(batch[0])
+
+    def on_predict_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        from rasterscale.outputs import write_json
+
+        seconds = time.perf_counter() - self.started
+        report = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "device": str(module.device),
+            "tiles": self.tiles,
+            "seconds": round(seconds, 3),
+            "tiles_per_s": round(self.tiles / max(seconds, 1e-9), 3),
+        }
+        write_json(report, self.out_dir / f"rank-{trainer.global_rank}.json")
+        logging.getLogger(LOGGER_NAME).info("environment check: %s", report)
+
+
+def run_environment_check(
+    dummy_cfg: dict[str, Any],
+    predict_cfg: dict[str, Any],
+    detector: Any,
+    spec: RunSpec,
+    out_dir: str | Path,
+    log_dir: str | Path,
+) -> None:
+    """DDP prediction of an untrained detector over random tiles: checks ranks, devices and throughput
+    without any raster (like the seeds' mgpr with fake data)."""
+    from torch.utils.data import Subset
+
+    from rasterscale.data import DummyDataset
+    from rasterscale.model import build_detector
+
+    rank = current_rank()
+    setup_rank_logging(rank, log_dir, name=LOGGER_NAME)
+    quiet_non_zero_ranks(rank)
+    dataset = DummyDataset(dummy_cfg["count"], dummy_cfg["size"], dummy_cfg["delay"])
+    indices = list(range(len(dataset)))
+
+    def dataset_for_rank(world: int, rank_: int) -> Subset:
+        return Subset(dataset, split_balanced(indices, world, rank_))
+
+    model = build_detector(detector).eval()
+    trainer = make_trainer(spec, logger=False, callbacks=[ThroughputReport(out_dir)], use_distributed_sampler=False)
+    datamodule = PredictionDataModule(
+        dataset_for_rank, predict_cfg["batch_size"], predict_cfg["workers"], pin_memory=spec.accelerator == "gpu"
+    )
+    trainer.predict(DetectorPredictionModule(model, {}), datamodule=datamodule, return_predictions=False)

@@ -1,0 +1,88 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from rasterscale.config import ConfigError, load_config, validate_config
+
+MINIMAL = {"scenes": {"a": {"path": "a.tif"}}}
+
+
+def test_defaults_are_filled_in():
+    config = validate_config(MINIMAL)
+    assert config["tiling"] == {"patch_size": 400, "overlap": 80, "skip_nodata": True}
+    assert config["train"]["batch_size"] == 8 and config["train"]["lr_scaling"] == "linear"
+    assert config["model"]["backbone"] == "resnet50"
+    assert config["predict"]["devices"] == 1
+
+
+def test_every_schema_property_has_a_description_or_is_self_explanatory():
+    schema = yaml.safe_load((REPO / "config/schema.yaml").read_text())
+    for section, body in schema["properties"].items():
+        assert body.get("description"), section
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"tiling": {"overlapp": 3}}, "unknown key 'tiling.overlapp'"),
+        ({"trian": {}}, "unknown key 'trian'"),
+        ({"train": {"batch_size": "8"}}, "key 'train.batch_size': '8' is not of type 'integer'"),
+        ({"predict": {"devices": 0}}, "key 'predict.devices'"),
+        ({"model": {"backbone": "resnet51"}}, "key 'model.backbone'"),
+        ({"scenes": {"a": {"path": "a.tif", "anotations": "x"}}}, "unknown key 'scenes.a.anotations'"),
+        ({"tiling": {"patch_size": 100, "overlap": 100}}, "'tiling.overlap' (100) must be smaller"),
+        ({"train": {"scenes": ["b"]}}, "'train.scenes' names scene 'b'"),
+        ({"train": {"scenes": ["a"]}}, "training scene 'a' has no 'annotations'"),
+        ({"predict": {"scenes": ["a"]}}, "nothing to predict with"),
+    ],
+)
+def test_errors_are_one_line_naming_the_key(patch, message):
+    config = {**MINIMAL, **patch}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_shipped_configs_are_valid():
+    for path in [REPO / "config/config.yaml", *sorted((REPO / "tests/configs").glob("*.yaml"))]:
+        load_config(path)
+
+
+def snakemake_dry_run(tmp_path, config: dict):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_dry_run_fails_with_one_line_on_a_config_typo(tmp_path):
+    result = snakemake_dry_run(tmp_path, {**MINIMAL, "tiling": {"pach_size": 3}})
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert errors == ["rasterscale: config: unknown key 'tiling.pach_size' (allowed: overlap, patch_size, skip_nodata)"]
+    assert "Traceback" not in result.stderr
+
+
+def test_dry_run_fails_on_a_missing_raster(tmp_path):
+    result = snakemake_dry_run(tmp_path, {"scenes": {"a": {"path": "nowhere.tif"}}})
+    assert result.returncode != 0
+    assert "rasterscale: nowhere.tif: raster not found (scenes.a.path)" in result.stderr

@@ -1,0 +1,85 @@
+"""The real workflow, end to end, on the tiny config: synthesis, tiling, 2-rank DDP training and prediction
+(CPU ranks over gloo), merge and evaluation."""
+
+import json
+
+import geopandas as gpd
+import numpy as np
+import pytest
+import rasterio
+
+from rasterscale.merge import DETECTION_COLUMNS, read_rank_tile_ids
+from workflow import matched_fraction, run_workflow, tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny")
+    result = run_workflow(workdir, tiny_config())
+    return workdir, result
+
+
+def test_dry_run_plans_without_reading_pixels(tmp_path):
+    result = run_workflow(tmp_path, tiny_config(), "-n")
+    assert "predict_shard_0" in result.stdout and "train_detector" in result.stdout
+    assert not (tmp_path / "resources").exists()
+
+
+def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):
+    workdir, _ = tiny_run
+    raster = workdir / "resources/demo/tiny_test.tif"
+    with rasterio.open(raster) as src:
+        crs, bounds = src.crs, src.bounds
+    for path in ["results/tiny_test/detections.gpkg", "results/tiny_test/detections.parquet"]:
+        layer = gpd.read_file(workdir / path) if path.endswith("gpkg") else gpd.read_parquet(workdir / path)
+        assert layer.crs == crs
+        assert list(layer.columns) == DETECTION_COLUMNS
+        if len(layer):
+            minx, miny, maxx, maxy = layer.total_bounds
+            assert bounds.left - 1 <= minx and maxx <= bounds.right + 1
+            assert bounds.bottom - 1 <= miny and maxy <= bounds.top + 1
+
+
+def test_every_tile_processed_exactly_once_across_ranks(tiny_run):
+    workdir, _ = tiny_run
+    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    ranks = sorted((workdir / "results/tiny_test/predict").glob("rank-*.parquet"))
+    assert [p.name for p in ranks] == ["rank-0.parquet", "rank-1.parquet"]
+    processed = [read_rank_tile_ids(p) for p in ranks]
+    assert all(len(ids) for ids in processed)  # both ranks did work
+    assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
+
+
+def test_training_artifacts_and_batch_plan(tiny_run):
+    workdir, _ = tiny_run
+    for suffix in (".pt", ".metrics.csv", ".png"):
+        assert (workdir / f"results/models/tiny{suffix}").stat().st_size > 0
+    log = (workdir / "logs/train/tiny.log").read_text()
+    assert "world_size=2" in log and "per_device_batch=2" in log and "effective_batch=4" in log
+    # only rank 0 logs progress to the rule's log; both ranks keep their own log
+    assert "rank1 INFO" not in log
+    assert (workdir / "logs/train/tiny/rank-1.log").exists()
+
+
+def test_evaluation_written(tiny_run):
+    workdir, result = tiny_run
+    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    assert {"precision", "recall", "f1", "map50"} <= set(metrics)
+    assert (workdir / "results/tiny_test/quicklook.png").stat().st_size > 0
+    assert "rasterscale evaluation" in result.stdout + result.stderr
+
+
+def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
+    workdir, _ = tiny_run
+    checkpoint = workdir / "results/models/tiny.pt"
+    config = tiny_config(model={"checkpoint": str(checkpoint)}, train={"scenes": []}, predict={"devices": 1})
+    run_workflow(tmp_path, config)
+    two = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
+    one = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
+    assert len(read_rank_tile_ids(tmp_path / "results/tiny_test/predict/rank-0.parquet")) == len(
+        gpd.read_parquet(tmp_path / "results/tiny_test/tiles.parquet")
+    )
+    assert len(one) == len(two)
+    assert matched_fraction(one, two, 0.99) == 1.0 and matched_fraction(two, one, 0.99) == 1.0

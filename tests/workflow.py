@@ -1,0 +1,58 @@
+"""Running the real workflow in a scratch directory (used by the integration tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import yaml
+
+from conftest import REPO
+from rasterscale.geo import box_pairs, pair_ious
+from rasterscale.merge import BOX_COLUMNS
+
+TINY = REPO / "tests/configs/tiny.yaml"
+
+
+def tiny_config(**overrides: dict) -> dict:
+    config = yaml.safe_load(TINY.read_text())
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values}
+    return config
+
+
+def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config_path),
+        "--cores",
+        "2",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
+        raise AssertionError(f"workflow failed ({result.returncode}):\n{result.stderr[-4000:]}\n{logs}")
+    return result
+
+
+def matched_fraction(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -> float:
+    """Fraction of boxes of ``a`` with a box of ``b`` at IoU >= min_iou (one-to-one not required)."""
+    boxes_a, boxes_b = a[BOX_COLUMNS].to_numpy(float), b[BOX_COLUMNS].to_numpy(float)
+    i, j = box_pairs(boxes_a, boxes_b)
+    good = np.zeros(len(boxes_a), dtype=bool)
+    good[i[pair_ious(boxes_a[i], boxes_b[j]) >= min_iou]] = True
+    return float(good.mean()) if len(good) else 1.0
