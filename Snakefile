@@ -16,9 +16,9 @@ include: "rules/check.smk"
 
 
 rule all:
+    default_target: True
     input:
         final_targets(),
-    default_target: True
 
 
 onsuccess:

@@ -1,5 +1,6 @@
 # Python helpers for the workflow: config validation, input checks, paths and launchers.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -75,6 +76,11 @@ except InputError as err:
     fail(err)
 
 
+def entry_point(name):
+    """Command that runs the entry script scripts/{name}.py with this workflow's Python."""
+    return f"{PYTHON} {SCRIPTS / name}.py"
+
+
 def world_size(section):
     return section["devices"] * section.get("nodes", 1)
 
@@ -133,9 +139,16 @@ def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
         name = MODEL["name"]
-        targets += [f"results/models/{name}.pt", f"results/models/{name}.metrics.csv", f"results/models/{name}.png"]
+        targets += [
+            f"results/models/{name}.pt",
+            f"results/models/{name}.metrics.csv",
+            f"results/models/{name}.png",
+        ]
     for name in PREDICT["scenes"]:
-        targets += [f"results/{name}/detections.gpkg", f"results/{name}/detections.parquet"]
+        targets += [
+            f"results/{name}/detections.gpkg",
+            f"results/{name}/detections.parquet",
+        ]
     for name in evaluated_scenes():
         targets += [f"results/{name}/evaluation.json", f"results/{name}/quicklook.png"]
     return targets

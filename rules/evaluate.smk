@@ -6,12 +6,15 @@ rule evaluate_scene:
     output:
         evaluation="results/{scene}/evaluation.json",
         quicklook="results/{scene}/quicklook.png",
-    params:
-        config=config_json(),
-        label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
     log:
         "logs/evaluate_scene/{scene}.log",
+    conda:
+        "../envs/environment.yaml"
+    params:
+        entry=entry_point("evaluate"),
+        config=config_json(),
+        label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
     shell:
-        "{PYTHON} {SCRIPTS}/evaluate.py --detections {input.detections} --raster {input.raster}"
+        "{params.entry} --detections {input.detections} --raster {input.raster}"
         " --annotations {input.annotations} --label-column '{params.label_column}' --config {params.config:q}"
         " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"

@@ -6,12 +6,15 @@ rule merge_detections:
     output:
         gpkg="results/{scene}/detections.gpkg",
         parquet="results/{scene}/detections.parquet",
-    params:
-        config=json.dumps(CONFIG["merge"]),
     log:
         "logs/merge_detections/{scene}.log",
     benchmark:
         "benchmarks/merge_detections/{scene}.tsv"
+    conda:
+        "../envs/environment.yaml"
+    params:
+        entry=entry_point("merge"),
+        config=json.dumps(CONFIG["merge"]),
     shell:
-        "{PYTHON} {SCRIPTS}/merge.py --manifest {input.manifest} --raster {input.raster}"
+        "{params.entry} --manifest {input.manifest} --raster {input.raster}"
         " --gpkg {output.gpkg} --parquet {output.parquet} --config {params.config:q} {input.ranks} > {log} 2>&1"

@@ -12,19 +12,22 @@ for shard in range(predict_shards()):
             checkpoint=checkpoint_path(),
         output:
             shard_outputs(shard),
-        params:
-            launcher=launcher(PREDICT),
-            config=config_json(),
-            shards=predict_shards(),
-            shard=shard,
-            out_dir="results/{scene}/predict",
-            log_dir=f"logs/predict/{{scene}}/shard-{shard}",
-        threads: rank_threads(PREDICT)
         log:
             f"logs/predict/{{scene}}/shard-{shard}.log",
         benchmark:
             f"benchmarks/predict/{{scene}}/shard-{shard}.tsv"
+        conda:
+            "../envs/environment.yaml"
+        threads: rank_threads(PREDICT)
+        params:
+            entry=entry_point("predict"),
+            launcher=launcher(PREDICT),
+            config=config_json(),
+            shards=predict_shards(),
+            shard=shard,
+            out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+            log_dir=f"logs/predict/{{scene}}/shard-{shard}",
         shell:
-            "{params.launcher}{PYTHON} {SCRIPTS}/predict.py --raster {input.raster} --manifest {input.manifest}"
+            "{params.launcher}{params.entry} --raster {input.raster} --manifest {input.manifest}"
             " --checkpoint {input.checkpoint} --config {params.config:q} --out-dir {params.out_dir}"
             " --log-dir {params.log_dir} --shards {params.shards} --shard {params.shard} > {log} 2>&1"

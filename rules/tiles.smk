@@ -3,12 +3,15 @@ rule tile_manifest:
         raster=lambda wildcards: scene_raster(wildcards.scene),
     output:
         "results/{scene}/tiles.parquet",
+    log:
+        "logs/tile_manifest/{scene}.log",
+    conda:
+        "../envs/environment.yaml"
     params:
+        entry=entry_point("tile_manifest"),
         patch_size=CONFIG["tiling"]["patch_size"],
         overlap=CONFIG["tiling"]["overlap"],
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
-    log:
-        "logs/tile_manifest/{scene}.log",
     shell:
-        "{PYTHON} {SCRIPTS}/tile_manifest.py --raster {input.raster} --out {output}"
+        "{params.entry} --raster {input.raster} --out {output}"
         " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"

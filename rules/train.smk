@@ -7,17 +7,20 @@ rule train_detector:
         checkpoint="results/models/{model}.pt",
         metrics="results/models/{model}.metrics.csv",
         plot="results/models/{model}.png",
-    params:
-        launcher=launcher(TRAIN),
-        scenes=training_scenes_json(),
-        config=config_json(),
-        log_dir="logs/train/{model}",
-    threads: rank_threads(TRAIN)
     log:
         "logs/train/{model}.log",
     benchmark:
         "benchmarks/train/{model}.tsv"
+    conda:
+        "../envs/environment.yaml"
+    threads: rank_threads(TRAIN)
+    params:
+        entry=entry_point("train"),
+        launcher=launcher(TRAIN),
+        scenes=training_scenes_json(),
+        config=config_json(),
+        log_dir="logs/train/{model}",
     shell:
-        "{params.launcher}{PYTHON} {SCRIPTS}/train.py --scenes {params.scenes:q} --config {params.config:q}"
+        "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics} --plot {output.plot}"
         " --log-dir {params.log_dir} > {log} 2>&1"

@@ -321,7 +321,8 @@ def run_training(
     )
     from rasterscale.outputs import atomic_path
 
+    logged = Path(csv_logger.log_dir, "metrics.csv")
     with atomic_path(metrics_path) as tmp:
-        tmp.write_bytes(Path(csv_logger.log_dir, "metrics.csv").read_bytes())
+        tmp.write_bytes(logged.read_bytes() if logged.exists() else b"step,epoch\n")
     plot_curves(metrics_path, plot_path)
     logger.info("trained %d steps in %.0f s; checkpoint %s", trainer.global_step, seconds, checkpoint_path)
