@@ -84,3 +84,18 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     assert len(two) > 100  # plenty of boxes, many near the score threshold: a real comparison
     assert len(one) == len(two)
     assert matched_fraction(one, two, 0.99) == 1.0 and matched_fraction(two, one, 0.99) == 1.0
+
+
+def test_more_ranks_than_tiles_still_accounts_for_every_tile(tiny_run, tmp_path):
+    workdir, _ = tiny_run
+    config = {
+        "scenes": {"small": {"path": "resources/demo/small.tif", "annotations": "resources/demo/small.gpkg"}},
+        "demo": {"scenes": {"small": {"width": 200, "height": 150, "seed": 5}}},
+        "tiling": {"patch_size": 256, "overlap": 64},
+        "model": {"checkpoint": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
+        "predict": {"scenes": ["small"], "devices": 2, "workers": 0},
+    }
+    run_workflow(tmp_path, config)
+    ranks = [read_rank_tile_ids(tmp_path / f"results/small/predict/rank-{r}.parquet").tolist() for r in (0, 1)]
+    assert ranks == [[0], []]
+    assert gpd.read_parquet(tmp_path / "results/small/detections.parquet").crs.to_epsg() == 32617

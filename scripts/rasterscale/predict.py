@@ -68,6 +68,8 @@ class TileDetections:
 class DetectorPredictionModule(L.LightningModule):
     def __init__(self, model: torch.nn.Module, tile_offsets: dict[int, tuple[int, int]]) -> None:
         super().__init__()
+        # a rank may get no tile (more ranks than tiles): it still writes its (empty) rank file
+        self.allow_zero_length_dataloader_with_multiple_devices = True
         self.model = model
         self.tile_offsets = tile_offsets
 
@@ -132,7 +134,9 @@ class RankFileWriter(L.Callback):
     ) -> None:
         self.results.extend(outputs)
 
-    def on_predict_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+    def write(self, trainer: L.Trainer) -> None:
+        """Write this rank's file; called after ``trainer.predict`` returns, also on a rank without tiles
+        (Lightning skips the predict hooks there)."""
         rank, world = trainer.global_rank, trainer.world_size
         processed = [r.tile_id for r in self.results]
         assigned = [t.tile_id for t in self.tiles_of_rank(world, rank)]
@@ -154,7 +158,10 @@ class RankFileWriter(L.Callback):
 
 
 class PredictionDataModule(L.LightningDataModule):
-    """This rank's share of the shard's tiles (known only once the ranks exist)."""
+    """This rank's share of the shard's tiles (known only once the ranks exist).
+
+    A rank may get no tile at all (more ranks than tiles): it still writes its (empty) rank file.
+    """
 
     def __init__(self, dataset_for_rank: Any, batch_size: int, workers: int, pin_memory: bool) -> None:
         super().__init__()
@@ -218,6 +225,7 @@ def run_prediction(
         pin_memory=spec.accelerator == "gpu",
     )
     trainer.predict(DetectorPredictionModule(model, offsets), datamodule=datamodule, return_predictions=False)
+    writer.write(trainer)
 
 
 class ThroughputReport(L.Callback):
@@ -237,14 +245,14 @@ class ThroughputReport(L.Callback):
     ) -> None:
         self.tiles += len(batch[0])
 
-    def on_predict_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+    def write(self, trainer: L.Trainer) -> None:
         from rasterscale.outputs import write_json
 
         seconds = time.perf_counter() - self.started
         report = {
             "rank": trainer.global_rank,
             "world_size": trainer.world_size,
-            "device": str(module.device),
+            "device": str(trainer.strategy.root_device),
             "tiles": self.tiles,
             "seconds": round(seconds, 3),
             "tiles_per_s": round(self.tiles / max(seconds, 1e-9), 3),
@@ -278,8 +286,10 @@ def run_environment_check(
         return Subset(dataset, split_balanced(indices, world, rank_))
 
     model = build_detector(detector).eval()
-    trainer = make_trainer(spec, logger=False, callbacks=[ThroughputReport(out_dir)], use_distributed_sampler=False)
+    report = ThroughputReport(out_dir)
+    trainer = make_trainer(spec, logger=False, callbacks=[report], use_distributed_sampler=False)
     datamodule = PredictionDataModule(
         dataset_for_rank, predict_cfg["batch_size"], predict_cfg["workers"], pin_memory=spec.accelerator == "gpu"
     )
     trainer.predict(DetectorPredictionModule(model, {}), datamodule=datamodule, return_predictions=False)
+    report.write(trainer)
