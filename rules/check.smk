@@ -7,10 +7,12 @@ rule check_environment:
     conda:
         "../envs/environment.yaml"
     threads: rank_threads(PREDICT)
+    resources:
+        **ddp_resources(PREDICT),
     params:
         entry=entry_point("check_environment"),
         launcher=launcher(PREDICT),
-        config=config_json(),
+        config=config_json("model", "tiling", "predict", "dummy"),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         log_dir="logs/check_environment",
     shell:

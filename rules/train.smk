@@ -14,11 +14,13 @@ rule train_detector:
     conda:
         "../envs/environment.yaml"
     threads: rank_threads(TRAIN)
+    resources:
+        **ddp_resources(TRAIN),
     params:
         entry=entry_point("train"),
         launcher=launcher(TRAIN),
         scenes=training_scenes_json(),
-        config=config_json(),
+        config=config_json("model", "tiling", "train"),
         log_dir="logs/train/{model}",
     shell:
         "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"

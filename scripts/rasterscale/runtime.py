@@ -3,12 +3,14 @@
 Locally (``snakemake --cores``) Lightning's own launcher starts the ranks: it re-runs the entry command once
 per extra rank, so nothing before ``trainer.fit``/``trainer.predict`` may write files or assume it runs once.
 Under srun (the SLURM profile) every rank is started by Slurm and Lightning's SLURM environment is used.
+Either way :func:`make_trainer` runs the pre-flight checks of :mod:`rasterscale.preflight` on every rank.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +18,20 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
+from rasterscale.preflight import (
+    Geometry,
+    PreflightError,
+    check_devices_visible,
+    check_launch,
+    check_world_size,
+)
+
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
+RUNTIME_LOGGER = "rasterscale.runtime"
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 
 
 @dataclass(frozen=True)
@@ -30,10 +42,15 @@ class RunSpec:
     devices: int
     nodes: int
     precision: str
+    section: str = "run"  # config section it comes from ("train", "predict"), named in pre-flight errors
 
     @property
     def world_size(self) -> int:
         return self.devices * self.nodes
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry(self.section, self.devices, self.nodes)
 
 
 def resolve_accelerator(requested: str) -> str:
@@ -52,12 +69,20 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
 
 def run_spec(section: dict[str, Any]) -> RunSpec:
+    """The run of one job of the ``train`` or ``predict`` config section.
+
+    Training spans ``train.nodes`` nodes (multi-node DDP, Lightning's num_nodes). ``predict.nodes`` instead
+    counts prediction shards, each one job on one node, so a prediction job always runs on one node. The two
+    sections are told apart by the training-only keys (``epochs``).
+    """
     accelerator = resolve_accelerator(section["accelerator"])
+    training = "epochs" in section
     return RunSpec(
         accelerator=accelerator,
         devices=int(section["devices"]),
-        nodes=int(section.get("nodes", 1)),
+        nodes=int(section.get("nodes", 1)) if training else 1,
         precision=resolve_precision(section["precision"], accelerator),
+        section="train" if training else "predict",
     )
 
 
@@ -75,8 +100,15 @@ def current_rank() -> int:
 
 
 def cpu_threads_per_rank(devices: int, workers: int) -> int:
-    """Threads for each CPU rank: the cores this process may use, shared by its node's ranks and workers."""
+    """Threads for each CPU rank: the cores this process may use, shared by its node's ranks and workers.
+
+    An srun task may use its --cpus-per-task; where Slurm does not bind tasks to cores (task/none) the node's
+    cores are still shared by its ranks.
+    """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if launched_by_slurm() else ""
+    if per_task.isdigit() and int(per_task) < cores:
+        return max(1, min(int(per_task), cores // max(1, devices)))
     return max(1, cores // max(1, devices))
 
 
@@ -84,12 +116,33 @@ def make_strategy(spec: RunSpec) -> Any:
     if spec.world_size == 1:
         return "auto"
     backend = "nccl" if spec.accelerator == "gpu" else "gloo"
-    environment = None if launched_by_slurm() else LightningEnvironment()
+    # Under srun, Slurm's variables define the ranks (explicitly: Lightning's own detection is off for a job
+    # named bash/interactive). Snakemake, not Lightning, resubmits failed jobs: no auto-requeue.
+    environment = SLURMEnvironment(auto_requeue=False) if launched_by_slurm() else LightningEnvironment()
     return DDPStrategy(process_group_backend=backend, cluster_environment=environment)
 
 
+def preflight_exit(error: PreflightError) -> SystemExit:
+    """A pre-flight error as the one line the rank exits with (printed to stderr by Python; srun then ends the
+    other ranks), also written to the rank's own log file."""
+    line = f"rasterscale: {error}"
+    runtime_logger = logging.getLogger(RUNTIME_LOGGER)
+    record = runtime_logger.makeRecord(RUNTIME_LOGGER, logging.ERROR, __file__, 0, "%s", (line,), None)
+    for handler in runtime_logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+    return SystemExit(line)
+
+
 def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
-    return L.Trainer(
+    """The Trainer of this rank, after the pre-flight checks of how the ranks were launched (every rank)."""
+    try:
+        step = check_launch(spec.geometry)
+        if spec.accelerator == "gpu":
+            check_devices_visible(spec.geometry, torch.cuda.device_count())
+    except PreflightError as err:
+        raise preflight_exit(err) from None
+    trainer = L.Trainer(
         accelerator=spec.accelerator,
         devices=spec.devices,
         num_nodes=spec.nodes,
@@ -99,29 +152,87 @@ def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
         enable_model_summary=False,
         **kwargs,
     )
+    try:
+        check_world_size(spec.geometry, trainer.world_size)
+    except PreflightError as err:
+        raise preflight_exit(err) from None
+    log_placement(trainer, step)
+    return trainer
+
+
+def log_placement(trainer: L.Trainer, step: Any = None) -> None:
+    """One line per rank, in its own log: where it runs (node, Slurm job/step, local rank, device)."""
+    slurm = f" slurm_job={step.job_id} step={step.step_id} node={step.node}" if step is not None else ""
+    logging.getLogger(RUNTIME_LOGGER).info(
+        "placement: rank %d/%d local_rank %d node_rank %d host %s%s device %s CUDA_VISIBLE_DEVICES=%s",
+        trainer.global_rank,
+        trainer.world_size,
+        trainer.local_rank,
+        trainer.node_rank,
+        socket.gethostname(),
+        slurm,
+        trainer.strategy.root_device,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"),
+    )
 
 
 def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str = "rasterscale") -> logging.Logger:
-    """Rank 0 logs progress to stderr (the rule's log); every rank also keeps its full log in its own file."""
-    logger = logging.getLogger(name)
-    logger.handlers.clear()
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    """Rank 0 logs progress to stderr (the rule's log); every rank also keeps its full log in its own file.
+
+    The rank's file (``<log_dir>/rank-<rank>.log``) also gets the runtime's placement and pre-flight lines,
+    Lightning's messages and, should the rank die of an exception, its traceback.
+    """
     formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
-    console = logging.StreamHandler(sys.stderr)
-    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    console.setFormatter(formatter)
-    logger.addHandler(console)
+    file_handler = None
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(Path(log_dir) / f"rank-{rank}.log", mode="w")
-        handler.setFormatter(formatter)
-        logger.addHandler(handler)
-    return logger
+        file_handler = logging.FileHandler(Path(log_dir) / f"rank-{rank}.log", mode="w")
+        file_handler.setFormatter(formatter)
+    loggers = []
+    for logger_name in (name, RUNTIME_LOGGER):
+        logger = logging.getLogger(logger_name)
+        logger.handlers.clear()
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+        console.setFormatter(formatter)
+        logger.addHandler(console)
+        if file_handler is not None:
+            logger.addHandler(file_handler)
+        loggers.append(logger)
+    for logger_name in LIGHTNING_LOGGERS:  # Lightning keeps its own console output; add this rank's file
+        lightning_logger = logging.getLogger(logger_name)
+        for handler in [h for h in lightning_logger.handlers if getattr(h, "_rasterscale_rank_file", False)]:
+            lightning_logger.removeHandler(handler)
+            handler.close()
+        if file_handler is not None:
+            file_handler._rasterscale_rank_file = True  # type: ignore[attr-defined]
+            lightning_logger.addHandler(file_handler)
+    if file_handler is not None:
+        _log_uncaught_exceptions(loggers[0])
+    return loggers[0]
+
+
+def _log_uncaught_exceptions(logger: logging.Logger) -> None:
+    """A rank that dies of an exception leaves its traceback in its own log file, too."""
+
+    def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            for handler in logger.handlers:
+                if isinstance(handler, logging.FileHandler):
+                    handler.handle(
+                        logger.makeRecord(
+                            logger.name, logging.ERROR, __file__, 0, "rank failed", (), (kind, value, traceback)
+                        )
+                    )
+        sys.__excepthook__(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def quiet_non_zero_ranks(rank: int) -> None:
     """Lightning's own info messages only from rank 0."""
     if rank != 0:
-        for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        for name in ("lightning", *LIGHTNING_LOGGERS, "pytorch_lightning"):
             logging.getLogger(name).setLevel(logging.WARNING)

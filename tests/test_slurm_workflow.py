@@ -1,0 +1,310 @@
+"""The real workflow on a real (throwaway, 2-node, loopback) Slurm cluster with `snakemake --profile profiles/slurm`.
+
+On the tiny config (CPU ranks): training as multi-node DDP on 2 nodes x 1 rank, prediction split into 2 shard
+jobs of 2 ranks each (one per node), merge and evaluation as ordinary one-task jobs. The merged layer must equal
+a local (`--cores 2`) run's with the same checkpoint. Also on the cluster: a failing rank takes its job down at
+once, and the in-process pre-flight checks turn bad launches into one-line errors.
+
+Needs root and Debian's slurm packages (installed on demand by tests/slurm_cluster.py); skips with the reason
+otherwise. Run with `pytest -s` to see the evidence (job ids, nodes, ranks).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO
+from rasterscale.merge import read_rank_tile_ids
+from slurm_cluster import SlurmCluster, slurm_cluster_or_skip
+from workflow import matched_fraction, run_workflow, tiny_config
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+PROFILE = REPO / "profiles/slurm/config.yaml"
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+?)/")
+
+
+def slurm_config() -> dict:
+    """The tiny config on CPU ranks: training on 2 nodes x 1 rank, prediction in 2 shards x 2 ranks."""
+    return tiny_config(
+        train={"accelerator": "cpu", "devices": 1, "nodes": 2},
+        predict={"accelerator": "cpu", "devices": 2, "nodes": 2},
+    )
+
+
+def edited_profile(directory: Path, cluster: SlurmCluster) -> Path:
+    """profiles/slurm with its edit block filled in for the test cluster, as a user would.
+
+    Test-only additions: squeue for job states (no accounting database), quick status checks, kept job logs.
+    """
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile["default-resources"].update(
+        slurm_account="rasterscale", slurm_partition=cluster.partition, runtime=15, mem_mb=1500
+    )
+    # CPU-only nodes: no GPUs to ask for (the rules' accelerator is cpu anyway), 4 GB per node for DDP jobs.
+    profile["config"]["slurm"].update(partition="", gres="", gpus_per_node=0, mem_mb=4000)
+    profile["config"]["slurm"].update(train_runtime=15, predict_runtime=15)
+    profile.update(
+        {
+            "slurm-status-command": "squeue",
+            "slurm-init-seconds-before-status-checks": 1,
+            "seconds-between-status-checks": 1,
+            "slurm-keep-successful-logs": True,
+            "latency-wait": 5,
+        }
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return directory
+
+
+def cluster_env(cluster: SlurmCluster, directory: Path) -> dict[str, str]:
+    """The cluster's environment, plus an `srun` that finds this cluster's slurm.conf.
+
+    The executor's jobstep removes every SLURM_* variable (SLURM_CONF too) before it runs a rule's command; a
+    real cluster's srun finds its slurm.conf at the default place, this throwaway cluster's lives in a temp
+    folder. The shim only puts SLURM_CONF back and runs the real srun.
+    """
+    real_srun = shutil.which("srun", path=cluster.env["PATH"])
+    assert real_srun, "srun not found"
+    directory.mkdir(parents=True, exist_ok=True)
+    shim = directory / "srun"
+    shim.write_text(f'#!/bin/sh\nSLURM_CONF={cluster.conf_path} exec {real_srun} "$@"\n')
+    shim.chmod(0o755)
+    return {**cluster.env, "PATH": f"{directory}:{cluster.env['PATH']}"}
+
+
+def scontrol_job(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    proc = cluster.run(["scontrol", "show", "job", "-o", job_id], timeout=15)
+    assert proc.returncode == 0, proc.stderr
+    return dict(word.split("=", 1) for word in proc.stdout.split() if "=" in word)
+
+
+PLACEMENT = re.compile(r"placement: rank (\d+)/(\d+) local_rank (\d+) .* slurm_job=(\d+) step=\S+ node=(\w+)")
+
+
+def placements(log_dir: Path) -> list[tuple[int, int, int, str, str]]:
+    """(rank, world, local_rank, slurm job, node) from every rank's own log under log_dir."""
+    found = []
+    for path in sorted(log_dir.glob("rank-*.log")):
+        match = PLACEMENT.search(path.read_text())
+        assert match, f"no placement line in {path}"
+        rank, world, local, job, node = match.groups()
+        found.append((int(rank), int(world), int(local), job, node))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = slurm_cluster_or_skip(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster, tmp_path_factory):
+    base = tmp_path_factory.mktemp("slurm-run")
+    workdir = base / "work"
+    workdir.mkdir()
+    config_path = base / "config.yaml"
+    config_path.write_text(yaml.safe_dump(slurm_config()))
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config_path),
+        "--profile",
+        str(edited_profile(base / "profile", cluster)),
+    ]
+    started = time.monotonic()
+    result = subprocess.run(
+        command, env=cluster_env(cluster, base / "bin"), capture_output=True, text=True, timeout=600, check=False
+    )
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
+        slurm_logs = "\n".join(
+            f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(workdir.glob(".snakemake/slurm_logs/**/*.log"))
+        )
+        pytest.fail(
+            f"slurm workflow failed ({result.returncode}):\n{result.stderr[-5000:]}\n{logs}\n{slurm_logs}\n"
+            f"{cluster.log_tail()}"
+        )
+    jobs: dict[str, list[str]] = {}
+    for job_id, rule in SUBMITTED.findall(result.stdout + result.stderr):
+        jobs.setdefault(rule, []).append(job_id)
+    print(f"\n[slurm workflow] {seconds:.0f} s; Slurm jobs by rule: {jobs}")
+    return workdir, jobs
+
+
+def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
+    workdir, jobs = slurm_run
+    (job_id,) = jobs["train_detector"]
+    info = scontrol_job(cluster, job_id)
+    print(
+        f"[train_detector] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
+        f" NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
+    )
+    assert info["JobState"] == "COMPLETED"
+    assert (info["NumNodes"], info["NumTasks"]) == ("2", "2")
+    ranks = placements(workdir / "logs/train/tiny")
+    for rank in ranks:
+        print(f"[train_detector] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+    assert sorted((rank, world, local, job) for rank, world, local, job, _ in ranks) == [
+        (0, 2, 0, job_id),
+        (1, 2, 0, job_id),
+    ]
+    assert sorted(node for *_, node in ranks) == ["n1", "n2"]
+    log = (workdir / "logs/train/tiny.log").read_text()
+    assert "world_size=2" in log and "per_device_batch=2" in log and "effective_batch=4" in log
+    assert "rank1 INFO" not in log  # only rank 0 reports progress; rank 1 keeps its own log
+    assert (workdir / "results/models/tiny.pt").stat().st_size > 0
+
+
+def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_run):
+    workdir, jobs = slurm_run
+    shard_jobs = {shard: jobs[f"predict_shard_{shard}"] for shard in (0, 1)}
+    nodes_of_shard = {}
+    for shard, (job_id,) in shard_jobs.items():
+        info = scontrol_job(cluster, job_id)
+        print(
+            f"[predict_shard_{shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
+            f" NumNodes={info['NumNodes']} NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
+        )
+        assert info["JobState"] == "COMPLETED"
+        assert (info["NumNodes"], info["NumTasks"], info["CPUs/Task"]) == ("1", "2", "2")
+        ranks = placements(workdir / f"logs/predict/tiny_test/shard-{shard}")
+        for rank in ranks:
+            print(f"[predict_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+        assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
+        assert {node for *_, node in ranks} == {info["NodeList"]}
+        nodes_of_shard[shard] = info["NodeList"]
+    assert sorted(nodes_of_shard.values()) == ["n1", "n2"]
+    for rule in ("synthesize_scene", "tile_manifest", "merge_detections", "evaluate_scene"):
+        for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
+            info = scontrol_job(cluster, job_id)
+            assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "1"), (rule, info)
+
+
+def test_every_tile_predicted_exactly_once_across_shards_and_ranks(slurm_run):
+    workdir, _ = slurm_run
+    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    files = sorted((workdir / "results/tiny_test/predict").glob("rank-*.parquet"))
+    assert [p.name for p in files] == [f"rank-{r}.parquet" for r in range(4)]
+    processed = [read_rank_tile_ids(p) for p in files]
+    assert all(len(ids) for ids in processed)
+    assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
+
+
+def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
+    workdir, _ = slurm_run
+    # Same raster, manifest and checkpoint; locally one job, two ranks started by Lightning.
+    for name in ("resources/demo/tiny_test.tif", "resources/demo/tiny_test.gpkg", "results/tiny_test/tiles.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(workdir / name, tmp_path / name)
+    config = tiny_config(
+        model={"checkpoint": str(workdir / "results/models/tiny.pt")},
+        train={"scenes": []},
+        predict={"accelerator": "cpu", "devices": 2},
+    )
+    started = time.monotonic()
+    run_workflow(tmp_path, config, "results/tiny_test/detections.parquet")
+    local = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
+    slurm = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
+    matched = matched_fraction(slurm, local, 0.99), matched_fraction(local, slurm, 0.99)
+    print(
+        f"[compare] local run {time.monotonic() - started:.0f} s: {len(local)} detections locally, {len(slurm)} on "
+        f"Slurm; matched at IoU >= 0.99 both ways: {matched[0]:.3f} / {matched[1]:.3f}"
+    )
+    assert len(slurm) > 50
+    assert len(slurm) == len(local)
+    assert matched == (1.0, 1.0)
+
+
+PROBE = """
+import sys
+sys.path.insert(0, {scripts!r})
+mode, devices, nodes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if mode == "check":  # the in-process checks alone (no torch import: fast)
+    from rasterscale.preflight import Geometry, PreflightError, check_launch
+    try:
+        check_launch(Geometry("train", devices, nodes))
+    except PreflightError as err:
+        sys.exit(f"rasterscale: {{err}}")
+    print("launch ok")
+else:  # what train.py/predict.py do: the runtime's Trainer, checked before and after it is built
+    from rasterscale.runtime import RunSpec, make_trainer
+    make_trainer(RunSpec("cpu", devices, nodes, "32-true", "train"), logger=False)
+    print("trainer built")
+"""
+
+
+def test_on_the_cluster_bad_launches_fail_fast_with_one_line(cluster, tmp_path):
+    """In-process pre-flight checks inside real Slurm steps, and --kill-on-bad-exit ending a job at once."""
+    from rasterscale.preflight import srun_prefix
+
+    probe = f"{sys.executable} {tmp_path / 'probe.py'}"
+    (tmp_path / "probe.py").write_text(PROBE.format(scripts=str(REPO / "scripts")))
+    kill_test = "import os, sys, time; sys.exit(3) if os.environ['SLURM_PROCID'] == '1' else time.sleep(300)"
+    steps = [
+        ("one-task step, 2 ranks (Lightning)", f"srun -n1 --nodes=1 {probe} trainer 2 1"),
+        ("one-task step, 2 ranks", f"srun -n1 --nodes=1 {probe} check 2 1"),
+        ("batch script, no srun", f"{probe} check 2 1"),
+        ("2 nodes for num_nodes=1", f"srun --nodes=2 --ntasks-per-node=1 {probe} check 1 1"),
+        ("2 tasks per node for devices=1", f"srun --nodes=1 --ntasks-per-node=2 {probe} check 1 1"),
+        ("good: 2 nodes x 1 task (Lightning)", f"{srun_prefix(2, 1, 1)}{probe} trainer 1 2"),
+        ("rank 1 fails, rank 0 would sleep 300 s", f'{srun_prefix(1, 2, 1)}{sys.executable} -c "{kill_test}"'),
+    ]
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        # what the executor's jobstep gives a rule's command: the job's SLURM_* variables gone (SLURM_CONF kept)
+        "for v in $(env | sed -n 's/^\\(SLURM_[A-Za-z0-9_]*\\)=.*/\\1/p'); do case $v in"
+        " SLURM_JOB_ID|SLURM_JOBID|SLURM_CLUSTER_NAME|SLURM_SUBMIT_DIR|SLURM_SUBMIT_HOST|SLURM_CONF) ;;"
+        " *) unset $v;; esac; done\n"
+        + "".join(
+            f"echo '## {name}'; start=$(date +%s); {command} 2>&1; echo rc=$? seconds=$(( $(date +%s) - start ))\n"
+            for name, command in steps
+        )
+    )
+    out = tmp_path / "job.out"
+    proc = cluster.run(
+        ["sbatch", "--parsable", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={out}", str(script)],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    text = out.read_text()
+    print(f"\n[bad launches] job {proc.stdout.strip()}:\n{text}")
+    sections = dict(re.findall(r"## (.+?)\n(.*?)(?=\n## |\Z)", text, flags=re.S))
+    expected = {
+        "one-task step, 2 ranks (Lightning)": "is the only task of Slurm step",
+        "one-task step, 2 ranks": "is the only task of Slurm step",
+        "batch script, no srun": "was not started by srun",
+        "2 nodes for num_nodes=1": "this srun step spans 2 nodes but the DDP world has 1",
+        "2 tasks per node for devices=1": "Slurm started 2 tasks per node (--ntasks-per-node=2) but train.devices=1",
+    }
+    for name, message in expected.items():
+        lines = [line for line in sections[name].splitlines() if line.startswith("rasterscale: preflight: ")]
+        assert lines and all(message in line for line in lines), sections[name]
+        assert "rc=0 " not in sections[name] and " built" not in sections[name] and " ok" not in sections[name]
+    assert sections["good: 2 nodes x 1 task (Lightning)"].count("trainer built") == 2
+    assert "rc=0 " in sections["good: 2 nodes x 1 task (Lightning)"]
+    killed = re.search(r"rc=(\d+) seconds=(\d+)", sections["rank 1 fails, rank 0 would sleep 300 s"])
+    assert killed and killed.group(1) != "0" and int(killed.group(2)) < 60, text
