@@ -18,7 +18,7 @@ def main() -> None:
         args.config["dummy"],
         args.config["predict"],
         DetectorConfig.from_config(args.config),
-        run_spec(args.config["predict"]),
+        run_spec(args.config, "predict"),
         args.out_dir,
         args.log_dir,
     )

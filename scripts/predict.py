@@ -24,7 +24,7 @@ def main() -> None:
         checkpoint_path=args.checkpoint,
         predict_cfg=args.config["predict"],
         score_threshold=args.config["model"]["score_threshold"],
-        spec=run_spec(args.config["predict"]),
+        spec=run_spec(args.config, "predict"),
         out_dir=args.out_dir,
         log_dir=args.log_dir,
         shards=args.shards,

@@ -21,7 +21,7 @@ def main() -> None:
         scenes=[TrainScene(**scene) for scene in args.scenes],
         detector=DetectorConfig.from_config(args.config),
         train_cfg=args.config["train"],
-        spec=run_spec(args.config["train"]),
+        spec=run_spec(args.config, "train"),
         checkpoint_path=args.checkpoint,
         metrics_path=args.metrics,
         plot_path=args.plot,

@@ -230,7 +230,7 @@ def test_run_spec_prediction_jobs_are_one_node_each():
             "predict": {"accelerator": "cpu", "devices": 2, "nodes": 4},
         }
     )
-    train, predict = run_spec(config["train"]), run_spec(config["predict"])
+    train, predict = run_spec(config, "train"), run_spec(config, "predict")
     assert (train.section, train.devices, train.nodes, train.world_size) == ("train", 2, 3, 6)
     assert (predict.section, predict.devices, predict.nodes, predict.world_size) == ("predict", 2, 1, 2)
 

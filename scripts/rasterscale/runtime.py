@@ -68,21 +68,22 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return precision
 
 
-def run_spec(section: dict[str, Any]) -> RunSpec:
-    """The run of one job of the ``train`` or ``predict`` config section.
+def run_spec(config: dict[str, Any], name: str) -> RunSpec:
+    """The run of one job of the config's ``train`` or ``predict`` section.
 
     Training spans ``train.nodes`` nodes (multi-node DDP, Lightning's num_nodes). ``predict.nodes`` instead
-    counts prediction shards, each one job on one node, so a prediction job always runs on one node. The two
-    sections are told apart by the training-only keys (``epochs``).
+    counts prediction shards, each one job on one node, so a prediction job always runs on one node.
     """
+    if name not in ("train", "predict"):
+        raise ValueError(f"no run section '{name}' (train or predict)")
+    section = config[name]
     accelerator = resolve_accelerator(section["accelerator"])
-    training = "epochs" in section
     return RunSpec(
         accelerator=accelerator,
         devices=int(section["devices"]),
-        nodes=int(section.get("nodes", 1)) if training else 1,
+        nodes=int(section.get("nodes", 1)) if name == "train" else 1,
         precision=resolve_precision(section["precision"], accelerator),
-        section="train" if training else "predict",
+        section=name,
     )
 
 
