@@ -7,6 +7,7 @@ configfile: "config/config.yaml"
 
 include: "rules/common.smk"
 include: "rules/demo.smk"
+include: "rules/cog.smk"
 include: "rules/tiles.smk"
 include: "rules/train.smk"
 include: "rules/predict.smk"
@@ -23,3 +24,4 @@ rule all:
 
 onsuccess:
     print_evaluation_summary()
+    print_predict_profiles()

@@ -42,8 +42,21 @@ def demo_boxes(name):
     return f"{DEMO['directory']}/{name}.gpkg"
 
 
-def scene_raster(name):
+UNTILED = set()  # scenes whose raster exists and is striped: read from a tiled COG instead (rules/cog.smk)
+
+
+def scene_source(name):
+    """The raster the config names for a scene."""
     return SCENES[name]["path"]
+
+
+def cog_raster(name):
+    return f"results/{name}/cog.tif"
+
+
+def scene_raster(name):
+    """The raster a scene is read from: its own, or the tiled COG made from it when its own is striped."""
+    return cog_raster(name) if name in UNTILED else scene_source(name)
 
 
 def scene_annotations(name):
@@ -65,6 +78,8 @@ def check_scene_inputs():
                 continue
             fail(f"{path}: raster not found (scenes.{name}.path)")
         raster = check_raster(path)
+        if not raster.is_tiled:
+            UNTILED.add(name)
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
             read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
@@ -75,14 +90,26 @@ try:
 except InputError as err:
     fail(err)
 
+for name in sorted(UNTILED & {*TRAIN["scenes"], *PREDICT["scenes"]}):
+    sys.stderr.write(
+        f"rasterscale: warning: {scene_source(name)} is striped, not tiled: every windowed read would decode whole "
+        f"raster rows; scene {name} is read from the tiled COG {cog_raster(name)} (rule convert_to_cog)\n"
+    )
+
 
 def entry_point(name):
     """Command that runs the entry script scripts/{name}.py with this workflow's Python."""
     return f"{PYTHON} {SCRIPTS / name}.py"
 
 
+def job_nodes(section):
+    """Nodes of one job: training spans train.nodes (multi-node DDP); a prediction shard runs on one node."""
+    return 1 if section is PREDICT else section.get("nodes", 1)
+
+
 def world_size(section):
-    return section["devices"] * section.get("nodes", 1)
+    """Ranks of one job (for prediction: of one shard)."""
+    return section["devices"] * job_nodes(section)
 
 
 def predict_shards():
@@ -104,17 +131,86 @@ def shard_outputs(shard):
     return [f"results/{{scene}}/predict/rank-{shard * world + r}.parquet" for r in range(world)]
 
 
+# Launching the ranks: locally Lightning starts them; under the SLURM profile (slurm.launcher: srun) Slurm does,
+# one task per device. README.md, "SLURM", explains; rasterscale/preflight.py holds the checks.
+from rasterscale.preflight import Geometry, PreflightError, plan_launch  # noqa: E402
+
+SLURM_NUMBERS = ("gpus_per_node", "mem_mb", "train_runtime", "predict_runtime")
+
+
+def slurm_setting(key):
+    """A `slurm` config value (numbers come as strings from a profile's `config:`)."""
+    value = CONFIG["slurm"][key]
+    return int(value) if key in SLURM_NUMBERS else value
+
+
+def section_name(section):
+    return "predict" if section is PREDICT else "train"
+
+
+def ddp_resources(section):
+    """Slurm resources of a DDP job (none locally): `devices` tasks, and GPUs, on each node of the job.
+
+    The executor plugin turns `tasks_per_node` into --ntasks-per-node only with a truthy `mpi` resource and
+    only when > 1 (and then runs the rule's command as is: it starts with srun). One rank per node on several
+    nodes asks for the total (`tasks`) and pins one per node; one rank on one node needs no `mpi`: the
+    executor runs it as one task (srun -n1).
+    """
+    if slurm_setting("launcher") != "srun":
+        return {}
+    devices, nodes = section["devices"], job_nodes(section)
+    resources = {"nodes": nodes, "cpus_per_task": section["workers"] + 1}  # workers are spawned per rank
+    if devices > 1:
+        resources.update(mpi="srun", tasks_per_node=devices)
+    elif nodes > 1:
+        resources.update(mpi="srun", tasks=nodes, slurm_extra="--ntasks-per-node=1")
+    if slurm_setting("gres") and section["accelerator"] != "cpu":
+        resources["gres"] = f"{slurm_setting('gres')}:{devices}"
+        if "tasks" in resources:
+            resources["tasks_per_gpu"] = 0  # or the plugin turns `tasks` into --ntasks-per-gpu
+    runtime = slurm_setting(f"{section_name(section)}_runtime")
+    for key, value in [
+        ("slurm_partition", slurm_setting("partition")),
+        ("mem_mb", slurm_setting("mem_mb")),
+        ("runtime", runtime),
+    ]:
+        if value:
+            resources[key] = value
+    return resources
+
+
 def launcher(section):
-    """Prefix that starts the ranks: empty locally, where Lightning spawns them itself."""
-    return ""
+    """Params function: the prefix that starts a DDP job's ranks, after the pre-flight checks of its resources.
+
+    Empty locally (Lightning starts the ranks) and for a one-rank Slurm job (the executor's srun -n1 does);
+    otherwise `srun --nodes=N --ntasks-per-node=G --cpus-per-task=C --kill-on-bad-exit=1 `, from the job's
+    final resources (the profile's overrides included), which must match the config.
+    """
+    geometry = Geometry(section_name(section), section["devices"], job_nodes(section))
+
+    def prefix(wildcards, resources):
+        plugin = workflow.executor_plugin
+        try:
+            return plan_launch(
+                geometry,
+                dict(resources),
+                slurm_setting("launcher"),
+                plugin.name if plugin is not None else None,
+                slurm_setting("gpus_per_node"),
+            )
+        except PreflightError as err:
+            fail(err)
+
+    return prefix
 
 
 def rank_threads(section):
     return section["devices"] * (section["workers"] + 1)
 
 
-def config_json():
-    return json.dumps(CONFIG, separators=(",", ":"))
+def config_json(*sections):
+    """The validated config's given sections as JSON (so a job reruns only when what it uses changes)."""
+    return json.dumps({name: CONFIG[name] for name in sections}, separators=(",", ":"))
 
 
 def training_scenes_json():
@@ -148,6 +244,7 @@ def final_targets():
         targets += [
             f"results/{name}/detections.gpkg",
             f"results/{name}/detections.parquet",
+            f"results/{name}/predict_profile.json",
         ]
     for name in evaluated_scenes():
         targets += [f"results/{name}/evaluation.json", f"results/{name}/quicklook.png"]
@@ -167,3 +264,13 @@ def print_evaluation_summary():
     if rows:
         print("rasterscale evaluation (IoU >= %.2f):" % CONFIG["evaluate"]["iou_threshold"])
         print("\n".join(rows))
+
+
+def print_predict_profiles():
+    """Each predicted scene's profile (gathered by the merge) as one table, at the end of the run."""
+    from rasterscale.profiling import format_profile_table
+
+    for name in PREDICT["scenes"]:
+        path = Path(f"results/{name}/predict_profile.json")
+        if path.exists():
+            print(format_profile_table(json.loads(path.read_text()), title=f"rasterscale predict profile: {name}"))

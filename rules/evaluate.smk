@@ -12,7 +12,7 @@ rule evaluate_scene:
         "../envs/environment.yaml"
     params:
         entry=entry_point("evaluate"),
-        config=config_json(),
+        config=config_json("model", "evaluate"),
         label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
     shell:
         "{params.entry} --detections {input.detections} --raster {input.raster}"

@@ -6,6 +6,7 @@ rule merge_detections:
     output:
         gpkg="results/{scene}/detections.gpkg",
         parquet="results/{scene}/detections.parquet",
+        profile="results/{scene}/predict_profile.json",
     log:
         "logs/merge_detections/{scene}.log",
     benchmark:
@@ -17,4 +18,5 @@ rule merge_detections:
         config=json.dumps(CONFIG["merge"]),
     shell:
         "{params.entry} --manifest {input.manifest} --raster {input.raster}"
-        " --gpkg {output.gpkg} --parquet {output.parquet} --config {params.config:q} {input.ranks} > {log} 2>&1"
+        " --gpkg {output.gpkg} --parquet {output.parquet} --profile {output.profile} --config {params.config:q}"
+        " {input.ranks} > {log} 2>&1"

@@ -19,10 +19,12 @@ for shard in range(predict_shards()):
         conda:
             "../envs/environment.yaml"
         threads: rank_threads(PREDICT)
+        resources:
+            **ddp_resources(PREDICT),
         params:
             entry=entry_point("predict"),
             launcher=launcher(PREDICT),
-            config=config_json(),
+            config=config_json("model", "predict"),
             shards=predict_shards(),
             shard=shard,
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),

@@ -103,3 +103,18 @@ def test_rank_file_roundtrip_keeps_crs_and_processed_tiles(tmp_path):
     assert len(frame) == 1 and frame.crs.to_epsg() == 32617
     assert {k: v.tolist() for k, v in processed.items()} == {str(path): [3, 4, 7], str(empty): [5]}
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_cross_tile_nms_keeps_what_torchvision_nms_keeps():
+    import torch
+    from torchvision.ops import batched_nms
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 300))
+        corner = rng.uniform(0, 300, (n, 2))
+        boxes = np.concatenate([corner, corner + rng.uniform(5, 80, (n, 2))], axis=1)
+        scores, labels = rng.permutation(n) / n, rng.integers(0, 2, n)  # distinct scores: no ties to break
+        threshold = float(rng.uniform(0.1, 0.7))
+        expected = batched_nms(torch.tensor(boxes), torch.tensor(scores), torch.tensor(labels), threshold)
+        assert sorted(cross_tile_nms(boxes, scores, labels, threshold).tolist()) == sorted(expected.tolist())

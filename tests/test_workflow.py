@@ -71,6 +71,17 @@ def test_evaluation_written(tiny_run):
     assert "rasterscale evaluation" in result.stdout + result.stderr
 
 
+def test_prediction_profile_of_both_ranks_is_gathered_and_printed(tiny_run):
+    workdir, result = tiny_run
+    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    assert [r["rank"] for r in profile["ranks"]] == [0, 1]
+    assert all(r["world_size"] == 2 and r["tiles"] > 0 and r["wall_s"] > 0 for r in profile["ranks"])
+    assert profile["total"]["tiles"] == len(manifest)
+    assert "rasterscale predict profile: tiny_test" in result.stdout + result.stderr
+    assert "predict profile, shard 0: 2 rank(s)" in (workdir / "logs/predict/tiny_test/shard-0.log").read_text()
+
+
 def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     workdir, _ = tiny_run
     checkpoint = workdir / "results/models/tiny.pt"
@@ -99,3 +110,17 @@ def test_more_ranks_than_tiles_still_accounts_for_every_tile(tiny_run, tmp_path)
     ranks = [read_rank_tile_ids(tmp_path / f"results/small/predict/rank-{r}.parquet").tolist() for r in (0, 1)]
     assert ranks == [[0], []]
     assert gpd.read_parquet(tmp_path / "results/small/detections.parquet").crs.to_epsg() == 32617
+
+
+def test_environment_check_runs_ranks_on_random_tiles_without_any_raster(tmp_path):
+    config = {
+        "model": {"backbone": "resnet18"},
+        "predict": {"devices": 2, "batch_size": 2, "workers": 0},
+        "dummy": {"count": 6, "size": 96, "delay": 0.01},
+    }
+    run_workflow(tmp_path, config, "check_environment")
+    reports = [json.loads((tmp_path / f"results/checks/environment/rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert all(r["world_size"] == 2 for r in reports)
+    assert sum(r["tiles"] for r in reports) == 6
+    assert all(r["tiles_per_s"] > 0 for r in reports)

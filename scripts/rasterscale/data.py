@@ -1,7 +1,19 @@
-"""Datasets over tile manifests: windowed reads, one raster handle per dataloader worker.
+"""Datasets over tile manifests: windowed reads, one raster handle per dataloader worker, or views of a region.
 
 A rasterio dataset handle must not cross a fork, so each process (the rank itself, or each of its dataloader
 workers) opens its own on first use. Only the window of the tile is read: memory does not grow with the raster.
+
+Prediction has three dataloader strategies (``predict.strategy``, DeepForest's names):
+
+- ``window``: each tile's window is read when it is needed, in parallel dataloader workers, each with its own
+  raster handle. Memory stays flat whatever the raster's size.
+- ``single``: the rank's region (the bounding window of its tiles) is read once into CPU memory; tiles are
+  views of it, sent to the device batch by batch.
+- ``batch``: the rank's region is read once onto the device; tiles are views of the device tensor (no copies,
+  no worker processes). The region must fit in device memory.
+
+Prediction tiles stay uint8 until they reach the device (:func:`to_model_input` scales them there): a quarter
+of the bytes to read, pin and copy.
 """
 
 from __future__ import annotations
@@ -15,11 +27,15 @@ from typing import Any
 import numpy as np
 import rasterio
 import torch
+from rasterio.env import set_gdal_config
 from rasterio.windows import Window
 from torch.utils.data import Dataset
 
 from rasterscale.geo import box_areas
 from rasterscale.tiling import Tile
+
+RGB = [1, 2, 3]  # the bands the model sees
+PREDICT_STRATEGIES = ("window", "single", "batch")
 
 
 class RasterHandle:
@@ -40,11 +56,23 @@ class RasterHandle:
             self._pid = os.getpid()
         return self._src
 
+    def read_pixels(self, tile: Tile) -> np.ndarray:
+        """The tile's first three bands as read, shape (3, height, width)."""
+        return self.src.read(indexes=RGB, window=tile_window(tile))
+
     def read_rgb(self, tile: Tile) -> torch.Tensor:
         """The tile's first three bands as a float tensor in [0, 1], shape (3, height, width)."""
-        window = Window(tile.col_off, tile.row_off, tile.width, tile.height)
-        pixels = self.src.read(indexes=[1, 2, 3], window=window)
-        return pixels_to_tensor(pixels)
+        return pixels_to_tensor(self.read_pixels(tile))
+
+
+def limit_read_cache(megabytes: int) -> None:
+    """Bound GDAL's block cache in this process and in the dataloader workers it forks later (GDAL's default,
+    5% of the node's memory, would otherwise fill up over a large raster)."""
+    set_gdal_config("GDAL_CACHEMAX", int(megabytes) * 2**20)  # set at run time, GDAL takes bytes
+
+
+def tile_window(tile: Tile) -> Window:
+    return Window(tile.col_off, tile.row_off, tile.width, tile.height)
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
@@ -52,8 +80,21 @@ def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div_(scale)
 
 
+def pixels_to_raw_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """Pixels for prediction: uint8 stays uint8 (scaled on the device); other types become floats in [0, 1]."""
+    if pixels.dtype == np.uint8:
+        return torch.from_numpy(np.ascontiguousarray(pixels))
+    return pixels_to_tensor(pixels)
+
+
+def to_model_input(image: torch.Tensor) -> torch.Tensor:
+    """A tile as the model takes it, float in [0, 1], where the tile is (on the device): the same scaling as
+    :func:`pixels_to_tensor`, which training uses."""
+    return image.float().div_(255.0) if image.dtype == torch.uint8 else image
+
+
 class WindowDataset(Dataset):
-    """Prediction tiles read window by window: item -> (image, tile_id)."""
+    """Prediction tiles read window by window (strategy ``window``): item -> (uint8 image, tile_id)."""
 
     def __init__(self, raster_path: str | Path, tiles: Sequence[Tile]) -> None:
         self.raster = RasterHandle(raster_path)
@@ -64,7 +105,89 @@ class WindowDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         tile = self.tiles[index]
-        return self.raster.read_rgb(tile), tile.tile_id
+        return pixels_to_raw_tensor(self.raster.read_pixels(tile)), tile.tile_id
+
+
+def bounding_window(tiles: Sequence[Tile]) -> Window:
+    """The smallest window holding every tile (a rank's tiles are contiguous rows of the manifest: a band)."""
+    col0, row0 = min(t.col_off for t in tiles), min(t.row_off for t in tiles)
+    col1, row1 = max(t.col_off + t.width for t in tiles), max(t.row_off + t.height for t in tiles)
+    return Window(col0, row0, col1 - col0, row1 - row0)
+
+
+def region_nbytes(raster_path: str | Path, window: Window) -> int:
+    """Bytes that :func:`load_region` holds for ``window``."""
+    with rasterio.open(raster_path) as src:
+        itemsize = 1 if src.dtypes[0] == "uint8" else 4
+    return len(RGB) * int(window.width) * int(window.height) * itemsize
+
+
+def load_region(
+    raster_path: str | Path, window: Window, device: torch.device | str = "cpu", chunk_rows: int = 1024
+) -> torch.Tensor:
+    """Bands 1-3 of a window as one (3, height, width) tensor on ``device`` (uint8, or float in [0, 1]).
+
+    It is read ``chunk_rows`` rows at a time into the tensor allocated on the device, so that beyond the
+    region itself only one chunk is ever held in host memory.
+    """
+    height, width = int(window.height), int(window.width)
+    with rasterio.open(raster_path) as src:
+        dtype = torch.uint8 if src.dtypes[0] == "uint8" else torch.float32
+        region = torch.empty((len(RGB), height, width), dtype=dtype, device=device)
+        for row in range(0, height, chunk_rows):
+            rows = min(chunk_rows, height - row)
+            chunk = src.read(indexes=RGB, window=Window(window.col_off, window.row_off + row, width, rows))
+            region[:, row : row + rows].copy_(pixels_to_raw_tensor(chunk))
+    return region
+
+
+class RegionDataset(Dataset):
+    """Prediction tiles as views of a region already in memory (strategies ``single`` and ``batch``):
+    item -> (view, tile_id). ``origin`` is the region's (col_off, row_off) in the raster."""
+
+    def __init__(self, region: torch.Tensor, origin: tuple[int, int], tiles: Sequence[Tile]) -> None:
+        self.region, self.origin, self.tiles = region, origin, list(tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        tile = self.tiles[index]
+        col, row = tile.col_off - self.origin[0], tile.row_off - self.origin[1]
+        return self.region[:, row : row + tile.height, col : col + tile.width], tile.tile_id
+
+
+def prediction_dataset(
+    strategy: str, raster_path: str | Path, tiles: Sequence[Tile], device: torch.device | str = "cpu"
+) -> Dataset:
+    """A rank's tiles under a dataloader strategy; ``single`` and ``batch`` read only the rank's region."""
+    if strategy not in PREDICT_STRATEGIES:
+        raise ValueError(f"unknown dataloader strategy {strategy!r} (one of {', '.join(PREDICT_STRATEGIES)})")
+    if strategy == "window" or not tiles:
+        return WindowDataset(raster_path, tiles)
+    window = bounding_window(tiles)
+    target = torch.device(device if strategy == "batch" else "cpu")
+    check_region_fits(region_nbytes(raster_path, window), target)
+    region = load_region(raster_path, window, target)
+    return RegionDataset(region, (int(window.col_off), int(window.row_off)), tiles)
+
+
+def check_region_fits(nbytes: int, device: torch.device, headroom: float = 0.5) -> None:
+    """Fail with one line when a GPU region would take more than ``headroom`` of the device's free memory
+    (the model and its activations need the rest)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes > headroom * free:
+            raise RuntimeError(
+                f"strategy batch: the rank's region needs {nbytes / 2**20:.0f} MB on {device}, which has "
+                f"{free / 2**20:.0f} MB free; use predict.strategy window or single, or more ranks"
+            )
+
+
+def loader_workers(strategy: str, workers: int) -> int:
+    """Worker processes of a strategy: only ``window`` reads in workers; ``single`` and ``batch`` only slice a
+    region in memory (``batch``'s is a device tensor, which cannot cross a fork)."""
+    return workers if strategy == "window" else 0
 
 
 class DummyDataset(Dataset):

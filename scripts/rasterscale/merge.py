@@ -7,8 +7,8 @@ tile overlaps create:
 
 1. a box *cut* by an inner tile edge (an edge that is not the raster's) is dropped when most of it lies inside
    a whole box of the same label, which the neighbouring tile saw in full;
-2. torchvision's NMS then runs on each group of mutually overlapping boxes (connected components of the
-   overlap graph), so that a million boxes cost a few seconds, not a quadratic NMS.
+2. greedy NMS (torchvision's rule) then runs over the sparse list of intersecting pairs, found once with an
+   STRtree, so that a million boxes cost seconds, not a quadratic NMS.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-import torch
 from geopandas.io.arrow import _geopandas_to_arrow
-from torchvision.ops import batched_nms
 
 from rasterscale.geo import box_areas, box_pairs, intersection_areas, pair_ious
 from rasterscale.outputs import atomic_path
@@ -49,10 +47,16 @@ def empty_detections(crs: object) -> gpd.GeoDataFrame:
     return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries([], crs=crs), crs=crs)
 
 
-def write_rank_file(detections: gpd.GeoDataFrame, tile_ids: Sequence[int], path: str | Path) -> None:
-    """GeoParquet of one rank's detections, with the processed tile_ids in the file's metadata."""
+def write_rank_file(
+    detections: gpd.GeoDataFrame,
+    tile_ids: Sequence[int],
+    path: str | Path,
+    metadata: Mapping[bytes, bytes] | None = None,
+) -> None:
+    """GeoParquet of one rank's detections, with the processed tile_ids (and any other ``metadata``, such as
+    the rank's profile) in the file's metadata."""
     table = _geopandas_to_arrow(detections[DETECTION_COLUMNS].reset_index(drop=True))
-    metadata = dict(table.schema.metadata or {})
+    metadata = {**(table.schema.metadata or {}), **(metadata or {})}
     metadata[TILE_IDS_KEY] = json.dumps([int(t) for t in tile_ids]).encode()
     with atomic_path(path) as tmp:
         pq.write_table(table.replace_schema_metadata(metadata), tmp)
@@ -105,59 +109,64 @@ def cut_by_inner_edge(
 
 
 def drop_contained_cut_boxes(
-    boxes: np.ndarray, labels: np.ndarray, cut: np.ndarray, containment_threshold: float
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    cut: np.ndarray,
+    containment_threshold: float,
+    pairs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Keep-mask dropping cut boxes that lie mostly inside a whole box of the same label."""
+    """Keep-mask dropping cut boxes that lie mostly inside a whole box of the same label.
+
+    ``pairs``: the intersecting pairs of ``boxes`` (:func:`box_pairs`), when already known.
+    """
     keep = np.ones(len(boxes), dtype=bool)
-    cut_idx, whole_idx = np.flatnonzero(cut), np.flatnonzero(~cut)
-    i, j = box_pairs(boxes[cut_idx], boxes[whole_idx])
-    if len(i) == 0:
+    i, j = box_pairs(boxes) if pairs is None else pairs
+    a = np.concatenate([i[cut[i] & ~cut[j]], j[cut[j] & ~cut[i]]])
+    b = np.concatenate([j[cut[i] & ~cut[j]], i[cut[j] & ~cut[i]]])
+    if len(a) == 0:
         return keep
-    a, b = cut_idx[i], whole_idx[j]
     same = labels[a] == labels[b]
     inside = intersection_areas(boxes[a], boxes[b]) / np.maximum(box_areas(boxes[a]), 1e-9)
     keep[a[same & (inside >= containment_threshold)]] = False
     return keep
 
 
-def overlap_components(n_boxes: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Connected-component id of each box in the graph of overlapping pairs (union-find, path halving)."""
-    parent = np.arange(n_boxes)
+def greedy_nms(scores: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Keep-mask of greedy NMS given the suppressing pairs (i, j): a box is dropped when a kept box of higher
+    score (ties: lower index) suppresses it, as in torchvision's NMS.
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    Decided in rounds over the sparse pair list instead of box by box: each round suppresses the boxes that a
+    kept box suppresses and keeps those whose higher-scoring neighbours are all suppressed. The best undecided
+    box is always decided, so the rounds end; they are as many as the longest chain of overlaps (a handful).
+    """
+    n = len(scores)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.lexsort((np.arange(n), -np.asarray(scores)))] = np.arange(n)
+    first = rank[i] < rank[j]
+    high, low = np.where(first, i, j), np.where(first, j, i)
+    state = np.zeros(n, dtype=np.int8)  # 0 undecided, 1 kept, -1 suppressed
+    while True:
+        pending = state[low] == 0
+        high, low = high[pending], low[pending]
+        state[low[state[high] == 1]] = -1
+        blocked = np.zeros(n, dtype=bool)
+        blocked[low[state[high] == 0]] = True
+        state[(state == 0) & ~blocked] = 1
+        if not blocked.any():
+            return state == 1
 
-    for a, b in zip(i.tolist(), j.tolist(), strict=True):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return np.array([find(x) for x in range(n_boxes)], dtype=np.int64)
 
-
-def cross_tile_nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """Indices kept by torchvision's NMS, run per label within groups of overlapping boxes."""
-    i, j = box_pairs(boxes)
-    overlapping = (labels[i] == labels[j]) & (pair_ious(boxes[i], boxes[j]) > iou_threshold)
-    i, j = i[overlapping], j[overlapping]
-    keep = np.ones(len(boxes), dtype=bool)
-    involved = np.unique(np.concatenate([i, j]))
-    if len(involved) == 0:
-        return np.flatnonzero(keep)
-    local = np.full(len(boxes), -1, dtype=np.int64)
-    local[involved] = np.arange(len(involved))
-    groups = overlap_components(len(involved), local[i], local[j])
-    kept_local = batched_nms(
-        torch.as_tensor(boxes[involved], dtype=torch.float64),
-        torch.as_tensor(scores[involved], dtype=torch.float64),
-        torch.as_tensor(groups),
-        iou_threshold,
-    ).numpy()
-    keep[involved] = False
-    keep[involved[kept_local]] = True
-    return np.flatnonzero(keep)
+def cross_tile_nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    iou_threshold: float,
+    pairs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Indices kept by greedy NMS per label, over the pairs of intersecting boxes (never all pairs)."""
+    i, j = box_pairs(boxes) if pairs is None else pairs
+    suppressing = (labels[i] == labels[j]) & (pair_ious(boxes[i], boxes[j]) > iou_threshold)
+    return np.flatnonzero(greedy_nms(np.asarray(scores, dtype=np.float64), i[suppressing], j[suppressing]))
 
 
 def merge_detections(
@@ -177,8 +186,13 @@ def merge_detections(
     labels = pd.factorize(detections["label"])[0]
     scores = detections["score"].to_numpy(dtype=np.float64)
     cut = cut_by_inner_edge(boxes, windows.to_numpy(), raster_width, raster_height, edge_tolerance)
-    keep = np.flatnonzero(drop_contained_cut_boxes(boxes, labels, cut, containment_threshold))
-    kept = keep[cross_tile_nms(boxes[keep], scores[keep], labels[keep], iou_threshold)]
+    i, j = box_pairs(boxes)  # once: both steps only look at intersecting boxes
+    keep = drop_contained_cut_boxes(boxes, labels, cut, containment_threshold, (i, j))
+    both = keep[i] & keep[j]
+    local = np.cumsum(keep) - 1
+    keep = np.flatnonzero(keep)
+    pairs = (local[i[both]], local[j[both]])
+    kept = keep[cross_tile_nms(boxes[keep], scores[keep], labels[keep], iou_threshold, pairs)]
     merged = detections.iloc[kept].sort_values("score", ascending=False, kind="stable")
     return merged.reset_index(drop=True)
 

@@ -1,0 +1,256 @@
+"""The benchmark's measurements. Every figure is a ratio or a time measured in the same run, on this machine.
+
+- fast path: model forward per tile, fp32 at batch 1 (the plain path) vs the prediction fast path (batch norms
+  folded, channels_last, bf16 autocast as Lightning runs it, ``predict.batch_size`` tiles per batch), on the
+  same preloaded tiles, in alternating rounds (median of the rounds).
+- agreement: the detections of both paths on the same tiles (a trained checkpoint when there is one).
+- efficiency: pure model forward time over a job's tiles (tensors preloaded, warmed up) / that job's wall time
+  (process start to exit: imports, model, data, prediction, rank file).
+- scaling: the same job on 2 ranks vs 1 rank, one thread per rank (the 1-rank job is bound to one core).
+- peak RSS: the window strategy's peak resident set of the rank (workers 0, so every read is in the rank
+  process) on 4k, 16k and 32k rasters, predicting the same number of tiles spread over the whole raster.
+- merge: ``merge_detections`` over a million boxes from overlapping tiles; manifest: ``build_manifest`` +
+  GeoParquet of a 100k x 100k raster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from jobs import JobResult, run_predict_job
+from rasterscale.config import validate_config
+from rasterscale.data import WindowDataset, to_model_input
+from rasterscale.geo import box_pairs, pair_ious
+from rasterscale.merge import merge_detections
+from rasterscale.model import load_checkpoint
+from rasterscale.outputs import write_geoparquet
+from rasterscale.predict import prepare_for_inference
+from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame
+from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
+
+PATCH, OVERLAP = 400, 80
+
+
+def timed(section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a measurement, adding its own wall time and the load average before and after it."""
+    load_before, started = os.getloadavg()[0], time.perf_counter()
+    result = section()
+    result["section_s"] = round(time.perf_counter() - started, 1)
+    result["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return result
+
+
+def read_tiles(raster: Path, tiles: Sequence[Tile]) -> list[torch.Tensor]:
+    """The tiles as the model takes them (float in [0, 1]), preloaded."""
+    dataset = WindowDataset(raster, tiles)
+    return [to_model_input(dataset[k][0]) for k in range(len(dataset))]
+
+
+def autocast(precision: str) -> contextlib.AbstractContextManager:
+    """What Lightning's precision plugin runs predict_step under."""
+    if precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch_size: int, precision: str) -> float:
+    """Seconds of forward passes over all ``images``, after one untimed warm-up batch."""
+    with torch.inference_mode(), autocast(precision):
+        model(images[:batch_size])
+        started = time.perf_counter()
+        for start in range(0, len(images), batch_size):
+            model(images[start : start + batch_size])
+        return time.perf_counter() - started
+
+
+def baseline_model(checkpoint: Path, score_threshold: float | None = None) -> torch.nn.Module:
+    model = load_checkpoint(checkpoint)[0].eval()
+    if score_threshold is not None:
+        model.score_thresh = score_threshold
+    return model
+
+
+def fast_model(checkpoint: Path, score_threshold: float | None = None) -> torch.nn.Module:
+    return prepare_for_inference(baseline_model(checkpoint, score_threshold), channels_last=True)
+
+
+def measure_fastpath(checkpoint: Path, images: list[torch.Tensor], batch_size: int, rounds: int = 3) -> dict:
+    baseline, fast = baseline_model(checkpoint), fast_model(checkpoint)
+    per_tile: dict[str, list[float]] = {"baseline": [], "fast": []}
+    for _ in range(rounds):
+        per_tile["baseline"].append(forward_seconds(baseline, images, 1, "32-true") / len(images))
+        per_tile["fast"].append(forward_seconds(fast, images, batch_size, "bf16-mixed") / len(images))
+    base, quick = statistics.median(per_tile["baseline"]), statistics.median(per_tile["fast"])
+    return {
+        "speedup": round(base / quick, 3),
+        "baseline_s_per_tile": round(base, 4),
+        "fast_s_per_tile": round(quick, 4),
+        "rounds": {k: [round(v, 4) for v in values] for k, values in per_tile.items()},
+        "tiles": len(images),
+        "threads": torch.get_num_threads(),
+        "baseline": "fp32, batch 1, as built (batch norms, contiguous)",
+        "fast": f"bf16 autocast, channels_last, batch norms folded, batch {batch_size}",
+    }
+
+
+def detections(model: torch.nn.Module, images: list[torch.Tensor], batch_size: int, precision: str) -> list[dict]:
+    outputs = []
+    with torch.inference_mode(), autocast(precision):
+        for start in range(0, len(images), batch_size):
+            outputs += [
+                {k: v.float().numpy() for k, v in out.items()} for out in model(images[start : start + batch_size])
+            ]
+    return outputs
+
+
+def best_matches(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each reference box, the other box it overlaps most: (reference index, other index, IoU)."""
+    i, j = box_pairs(reference, other)
+    ious = pair_ious(reference[i], other[j])
+    order = np.lexsort((-ious, i))
+    i, j, ious = i[order], j[order], ious[order]
+    first = np.r_[True, i[1:] != i[:-1]] if len(i) else np.zeros(0, dtype=bool)
+    return i[first], j[first], ious[first]
+
+
+def measure_agreement(
+    checkpoint: Path, images: list[torch.Tensor], batch_size: int, trained: bool, min_iou: float = 0.9
+) -> dict:
+    """fp32 (plain path) vs fast path detections on the same tiles: boxes matched at IoU >= min_iou (each way)
+    and score differences of the matched boxes. Unmatched boxes near the score threshold are counted apart:
+    a score moving by 0.01 across the threshold adds or drops a box."""
+    threshold = None if trained else 0.05
+    plain, quick = baseline_model(checkpoint, threshold), fast_model(checkpoint, threshold)
+    reference = detections(plain, images, 1, "32-true")
+    fast = detections(quick, images, batch_size, "bf16-mixed")
+    score_threshold = plain.score_thresh
+    counts = {"fp32": 0, "fast": 0, "fp32_matched": 0, "fast_matched": 0, "unmatched_near_threshold": 0}
+    diffs, ious = [], []
+    for ref, out in zip(reference, fast, strict=True):
+        counts["fp32"] += len(ref["boxes"])
+        counts["fast"] += len(out["boxes"])
+        for a, b, name in ((ref, out, "fp32"), (out, ref, "fast")):
+            i, j, iou = best_matches(a["boxes"], b["boxes"])
+            good = (iou >= min_iou) & (a["labels"][i] == b["labels"][j])
+            counts[f"{name}_matched"] += int(good.sum())
+            unmatched = np.setdiff1d(np.arange(len(a["boxes"])), i[good])
+            counts["unmatched_near_threshold"] += int((a["scores"][unmatched] < score_threshold + 0.02).sum())
+            if name == "fp32":
+                diffs += np.abs(a["scores"][i[good]] - b["scores"][j[good]]).tolist()
+                ious += iou[good].tolist()
+    return {
+        "model": "trained checkpoint" if trained else "untrained resnet50 (no trained checkpoint found)",
+        "checkpoint": str(checkpoint),
+        "tiles": len(images),
+        "score_threshold": score_threshold,
+        "min_iou": min_iou,
+        **counts,
+        "fp32_matched_fraction": round(counts["fp32_matched"] / max(1, counts["fp32"]), 4),
+        "fast_matched_fraction": round(counts["fast_matched"] / max(1, counts["fast"]), 4),
+        "score_abs_diff_mean": round(float(np.mean(diffs)), 5) if diffs else None,
+        "score_abs_diff_max": round(float(np.max(diffs)), 5) if diffs else None,
+        "matched_iou_mean": round(float(np.mean(ious)), 5) if ious else None,
+    }
+
+
+def job_summary(job: JobResult) -> dict:
+    return {
+        "job_wall_s": round(job.wall_s, 2),
+        "tiles": job.tiles,
+        "ranks": [
+            {k: p[k] for k in ("rank", "threads", "workers", "tiles", "wall_s", "compute_s", "wait_s", "tiles_per_s")}
+            for p in job.profiles
+        ],
+    }
+
+
+def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile]) -> dict:
+    predict = {"devices": 1, "workers": 1, "batch_size": 4}
+    job = run_predict_job(workdir / "efficiency", raster, manifest, checkpoint, predict)
+    threads = job.profiles[0]["threads"]
+    torch.set_num_threads(threads)
+    images = read_tiles(raster, tiles)
+    forward = forward_seconds(fast_model(checkpoint), images, predict["batch_size"], "bf16-mixed")
+    del images
+    profile = job.profiles[0]
+    return {
+        "efficiency": round(forward / job.wall_s, 4),
+        "forward_s": round(forward, 2),
+        "in_loop_efficiency": round(forward / profile["wall_s"], 4),
+        "startup_and_write_s": round(job.wall_s - profile["wall_s"], 2),
+        "threads": threads,
+        **job_summary(job),
+    }
+
+
+def measure_scaling(workdir: Path, raster: Path, manifest: Path, checkpoint: Path) -> dict:
+    one = run_predict_job(workdir / "one", raster, manifest, checkpoint, {"devices": 1, "workers": 1}, cores={0})
+    two = run_predict_job(workdir / "two", raster, manifest, checkpoint, {"devices": 2, "workers": 1})
+    threads = [p["threads"] for p in one.profiles + two.profiles]
+    throughput_one = sum(p["tiles_per_s"] for p in one.profiles)
+    throughput_two = sum(p["tiles_per_s"] for p in two.profiles)
+    return {
+        "scaling": round(one.wall_s / two.wall_s, 4),
+        "throughput_scaling": round(throughput_two / throughput_one, 4),
+        "threads_per_rank": threads,
+        "one_rank": job_summary(one),
+        "two_ranks": job_summary(two),
+    }
+
+
+def spread(items: Sequence[Any], count: int) -> list[Any]:
+    """``count`` items evenly spread over the sequence (first and last included)."""
+    picks = np.unique(np.linspace(0, len(items) - 1, min(count, len(items))).round().astype(int))
+    return [items[k] for k in picks]
+
+
+def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: int) -> dict:
+    """Peak RSS of a window-strategy rank on rasters of each side, the same tiles count spread over each."""
+    result: dict[str, Any] = {}
+    for side in sides:
+        directory = workdir / f"rss-{side}"
+        directory.mkdir(parents=True, exist_ok=True)
+        manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
+        chosen = manifest.iloc[spread(range(len(manifest)), count)]
+        raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
+        write_geoparquet(chosen, directory / "tiles.parquet")
+        job = run_predict_job(directory, raster, directory / "tiles.parquet", checkpoint, {"devices": 1, "workers": 0})
+        raster.unlink()
+        profile = job.profiles[0]
+        result[str(side)] = {
+            "rss_peak_mb": profile["host_rss_peak_mb"],
+            "rss_mean_per_batch_mb": profile["memory_mean_mb"],
+            "manifest_tiles": len(manifest),
+            "predicted_tiles": profile["tiles"],
+            "job_wall_s": round(job.wall_s, 2),
+        }
+    return result
+
+
+def measure_merge(n_objects: int, side: int = 40_000) -> dict:
+    """``merge_detections`` (cut-box removal and cross-tile NMS) over the boxes of ``n_objects`` objects."""
+    manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
+    boxes = overlapping_detections(manifest, side, n_objects)
+    started = time.perf_counter()
+    merged = merge_detections(boxes, manifest, side, side, **validate_config({})["merge"])
+    seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 3), "boxes": len(boxes), "kept": len(merged), "tiles": len(manifest)}
+
+
+def measure_manifest(workdir: Path, side: int = 100_000) -> dict:
+    raster = write_raster(workdir / "manifest.tif", side, only=[])
+    started = time.perf_counter()
+    manifest = build_manifest(raster, PATCH, OVERLAP)
+    write_geoparquet(manifest, workdir / "manifest.parquet")
+    seconds = time.perf_counter() - started
+    raster.unlink()
+    return {"seconds": round(seconds, 3), "tiles": len(manifest), "side": side}

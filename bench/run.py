@@ -1,0 +1,38 @@
+"""make bench: the prediction benchmark (not part of the tests). Writes results/bench.json and results/bench.txt.
+
+Every figure is measured in this one run on this machine (measures.py says how); --quick runs the same code
+on small sizes, to check the harness in a minute.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from suite import QUICK, Sizes, format_table, run_bench  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(REPO / "results/bench.json"))
+    parser.add_argument("--quick", action="store_true", help="small sizes: checks the harness, not the targets")
+    parser.add_argument("--workdir", help="scratch folder (default: a temporary one, removed afterwards)")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
+    with tempfile.TemporaryDirectory(prefix="rasterscale-bench-", dir=args.workdir) as workdir:
+        result = run_bench(Path(workdir), sizes)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    table = format_table(result)
+    out.with_suffix(".txt").write_text(table + "\n")
+    print(table)
+    print(f"-> {out}, {out.with_suffix('.txt')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The whole benchmark: inputs, every measurement in one run, targets, and the readable table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from measures import (
+    PATCH,
+    measure_agreement,
+    measure_efficiency,
+    measure_fastpath,
+    measure_manifest,
+    measure_merge,
+    measure_rss,
+    measure_scaling,
+    read_tiles,
+    spread,
+    timed,
+)
+from rasterscale.outputs import write_geoparquet
+from rasterscale.tiling import build_manifest, tiles_from_frame
+from synthetic import write_checkpoint, write_raster
+
+REPO = Path(__file__).resolve().parents[1]
+# The demo's trained model and its held-out scene (make demo): used for the fp32 agreement when present.
+TRAINED = (REPO / "results/models/crowns.pt", REPO / "resources/demo/demo_heldout.tif")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    job_side: int = 10240  # raster of the efficiency and scaling jobs (1024 tiles of 400 px)
+    rss_sides: tuple[int, ...] = (4096, 16384, 32768)
+    rss_tiles: int = 24  # tiles predicted on each RSS raster, spread over all of it
+    fastpath_tiles: int = 12
+    agreement_tiles: int = 64
+    batch_size: int = 4
+    merge_objects: int = 640_000  # about 1M boxes once tile overlaps are counted
+    manifest_side: int = 100_000
+
+
+QUICK = Sizes(
+    job_side=1600, rss_sides=(1024, 4096), rss_tiles=4, fastpath_tiles=4, agreement_tiles=8, merge_objects=20_000
+)
+
+TARGETS = {  # figure: (comparison, target)
+    "efficiency": (">=", 0.90),
+    "fastpath_speedup": (">=", 2.5),
+    "scaling_2v1": (">=", 1.8),
+    "rss_mb": ("<=", 1536.0),
+    "merge_1m_s": ("<=", 10.0),
+    "manifest_100k_s": ("<=", 2.0),
+}
+
+
+def machine() -> dict[str, Any]:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "")
+    return {
+        "cpu": model or platform.processor(),
+        "cores": len(os.sched_getaffinity(0)),
+        "amx": " amx_bf16" in flags,
+        "avx512_bf16": " avx512_bf16" in flags,
+        "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def met(figure: str, value: Any) -> bool:
+    comparison, target = TARGETS[figure]
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    return all(v <= target if comparison == "<=" else v >= target for v in values)
+
+
+def run_bench(workdir: Path, sizes: Sizes) -> dict[str, Any]:
+    started = time.perf_counter()
+    checkpoint = write_checkpoint(workdir / "resnet50.pt")
+    raster = write_raster(workdir / "scene.tif", sizes.job_side)
+    manifest = build_manifest(raster, PATCH, 80)
+    write_geoparquet(manifest, workdir / "tiles.parquet")
+    tiles = tiles_from_frame(manifest)
+    details: dict[str, Any] = {}
+
+    fastpath_images = read_tiles(raster, spread(tiles, sizes.fastpath_tiles))
+    details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size))
+    trained = all(p.exists() for p in TRAINED)
+    agreement_model, agreement_raster = TRAINED if trained else (checkpoint, raster)
+    agreement_tiles = spread(tiles_from_frame(build_manifest(agreement_raster, PATCH, 80)), sizes.agreement_tiles)
+    agreement_images = read_tiles(agreement_raster, agreement_tiles)
+    details["agreement"] = timed(
+        partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size, trained=trained)
+    )
+    del fastpath_images, agreement_images
+    job_manifest = workdir / "tiles.parquet"
+    details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, checkpoint, tiles))
+    details["scaling"] = timed(partial(measure_scaling, workdir, raster, job_manifest, checkpoint))
+    details["rss"] = timed(partial(measure_rss, workdir, checkpoint, sizes.rss_sides, sizes.rss_tiles))
+    details["merge"] = timed(partial(measure_merge, sizes.merge_objects))
+    details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
+
+    figures = {
+        "efficiency": details["efficiency"]["efficiency"],
+        "fastpath_speedup": details["fastpath"]["speedup"],
+        "scaling_2v1": details["scaling"]["scaling"],
+        "rss_mb": {side: r["rss_peak_mb"] for side, r in details["rss"].items() if isinstance(r, dict)},
+        "merge_1m_s": details["merge"]["seconds"],
+        "manifest_100k_s": details["manifest"]["seconds"],
+    }
+    return {
+        **figures,
+        "targets": {name: {"target": f"{c} {t}", "met": met(name, figures[name])} for name, (c, t) in TARGETS.items()},
+        "agreement": details["agreement"],
+        "details": details,
+        "machine": machine(),
+        "sizes": asdict(sizes),
+        "bench_wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The figures, their targets and how each was measured, as one readable table."""
+    d, m = result["details"], result["machine"]
+    eff, fast, scale = d["efficiency"], d["fastpath"], d["scaling"]
+    agree = result["agreement"]
+    rows = [
+        (
+            "pipeline efficiency",
+            f"{result['efficiency']:.3f}",
+            "efficiency",
+            f"forward {eff['forward_s']:.1f} s over {eff['tiles']} preloaded tiles / job wall {eff['job_wall_s']:.1f} s"
+            f" (in-loop {eff['in_loop_efficiency']:.3f}; startup+write {eff['startup_and_write_s']:.1f} s)",
+        ),
+        (
+            "fast path vs fp32 batch 1",
+            f"{result['fastpath_speedup']:.2f}x",
+            "fastpath_speedup",
+            f"fp32 b1 {fast['baseline_s_per_tile']:.3f} s/tile -> fast path b{result['sizes']['batch_size']}"
+            f" {fast['fast_s_per_tile']:.3f} s/tile (RetinaNet-ResNet50, {PATCH} px, {fast['threads']} threads)",
+        ),
+        (
+            "scaling 2 ranks vs 1",
+            f"{result['scaling_2v1']:.2f}x",
+            "scaling_2v1",
+            f"job wall {scale['one_rank']['job_wall_s']:.1f} s -> {scale['two_ranks']['job_wall_s']:.1f} s,"
+            f" 1 thread per rank; throughput x{scale['throughput_scaling']:.2f}",
+        ),
+    ]
+    for side, mb in result["rss_mb"].items():
+        rss = d["rss"][side]
+        rows.append(
+            (
+                f"peak RSS {int(side) // 1024}k^2 window",
+                f"{mb:.0f} MB",
+                "rss_mb",
+                f"{rss['predicted_tiles']} of {rss['manifest_tiles']} tiles spread over the raster, workers 0",
+            )
+        )
+    rows += [
+        (
+            "merge 1M boxes",
+            f"{result['merge_1m_s']:.2f} s",
+            "merge_1m_s",
+            f"{d['merge']['boxes']} boxes from {d['merge']['tiles']} overlapping tiles -> {d['merge']['kept']} kept",
+        ),
+        (
+            "manifest 100k^2",
+            f"{result['manifest_100k_s']:.2f} s",
+            "manifest_100k_s",
+            f"{d['manifest']['tiles']} tiles, build_manifest + GeoParquet",
+        ),
+    ]
+    header = ("figure", "measured", "target", "met", "how")
+    table = [header] + [
+        (name, value, result["targets"][key]["target"], "yes" if met(key, _value(result, key, name)) else "NO", how)
+        for name, value, key, how in rows
+    ]
+    widths = [max(len(r[k]) for r in table) for k in range(4)]
+    lines = [
+        f"rasterscale bench: {m['cpu']}, {m['cores']} cores, bf16 native {m['bf16_native']} (AMX {m['amx']}),"
+        f" torch {m['torch']}; {result['bench_wall_s']:.0f} s",
+        *("  ".join(cell.ljust(widths[k]) if k < 4 else cell for k, cell in enumerate(row)) for row in table),
+        f"fp32 agreement ({agree['model']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
+        f" {agree['fp32_matched_fraction']:.1%} of {agree['fp32']} fp32 boxes and {agree['fast_matched_fraction']:.1%}"
+        f" of {agree['fast']} fast-path boxes matched at IoU >= {agree['min_iou']};"
+        f" |score diff| mean {agree['score_abs_diff_mean']} max {agree['score_abs_diff_max']};"
+        f" {agree['unmatched_near_threshold']} unmatched boxes within 0.02 of the threshold",
+        "load average (1 min) before/after each section: "
+        + ", ".join(f"{k} {v['load_1min']}" for k, v in d.items() if "load_1min" in v),
+    ]
+    return "\n".join(lines)
+
+
+def _value(result: dict[str, Any], key: str, name: str) -> Any:
+    if key == "rss_mb":
+        side = next(s for s in result["rss_mb"] if f"{int(s) // 1024}k^2" in name)
+        return result["rss_mb"][side]
+    return result[key]

@@ -1,0 +1,28 @@
+"""Striped rasters to tiled Cloud Optimized GeoTIFFs.
+
+A windowed read of a striped (untiled) GeoTIFF decodes every strip the window crosses, whole raster rows wide:
+a 400 px tile of a 50k px wide raster decodes 125 times the pixels it needs, and dataloader workers reading
+neighbouring tiles decode the same strips again. The workflow therefore reads such a scene from a tiled COG
+(internal 512 px blocks, deflate, overviews), made once by the rule ``convert_to_cog``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rasterscale.outputs import atomic_path
+
+BLOCK_SIZE = 512
+
+
+def convert_to_cog(src: str | Path, dst: str | Path, block_size: int = BLOCK_SIZE, threads: int = 1) -> None:
+    """Write ``src`` as a tiled, deflate-compressed COG with overviews (same pixels, bands, nodata, CRS and
+    transform), atomically."""
+    from rio_cogeo.cogeo import cog_translate
+    from rio_cogeo.profiles import cog_profiles
+
+    profile = cog_profiles.get("deflate")
+    profile.update(blockxsize=block_size, blockysize=block_size, predictor=2)
+    config = {"GDAL_NUM_THREADS": str(threads), "GDAL_TIFF_OVR_BLOCKSIZE": str(block_size)}
+    with atomic_path(dst) as tmp:
+        cog_translate(str(src), str(tmp), profile, config=config, in_memory=False, quiet=True)

@@ -1,0 +1,72 @@
+"""A small real scene for in-process prediction tests: a rasterio raster, its manifest and an untrained
+RetinaNet checkpoint at a low score threshold (plenty of boxes to compare)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from conftest import write_raster
+from rasterscale.config import validate_config
+from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.outputs import write_geoparquet
+from rasterscale.predict import run_prediction
+from rasterscale.runtime import RunSpec
+from rasterscale.tiling import build_manifest
+
+
+@dataclass(frozen=True)
+class PredictScene:
+    raster: Path
+    manifest: Path
+    checkpoint: Path
+    tiles: int
+    patch_size: int = 128
+    overlap: int = 32
+
+    @classmethod
+    def make(cls, directory: Path, width: int = 400, height: int = 300) -> PredictScene:
+        directory.mkdir(parents=True, exist_ok=True)
+        raster = write_raster(directory / "scene.tif", width, height)
+        manifest = build_manifest(raster, cls.patch_size, cls.overlap)
+        write_geoparquet(manifest, directory / "tiles.parquet")
+        torch.manual_seed(0)
+        detector = DetectorConfig(backbone="resnet18", patch_size=cls.patch_size, score_threshold=0.0)
+        save_checkpoint(build_detector(detector), detector, directory / "model.pt")
+        return cls(raster, directory / "tiles.parquet", directory / "model.pt", len(manifest))
+
+
+def predict_rank_file(
+    scene: PredictScene,
+    out_dir: Path,
+    strategy: str = "window",
+    precision: str = "bf16-mixed",
+    channels_last: bool = True,
+    batch_size: int = 3,
+    workers: int = 1,
+) -> Path:
+    """Predict the whole scene with one CPU rank, in this process; returns its rank file."""
+    predict_cfg = validate_config(
+        {
+            "predict": {
+                "batch_size": batch_size,
+                "workers": workers,
+                "strategy": strategy,
+                "channels_last": channels_last,
+                "precision": precision,
+            }
+        }
+    )["predict"]
+    run_prediction(
+        scene.raster,
+        scene.manifest,
+        scene.checkpoint,
+        predict_cfg,
+        score_threshold=0.0,
+        spec=RunSpec("cpu", 1, 1, precision),
+        out_dir=out_dir,
+        log_dir=out_dir / "logs",
+    )
+    return out_dir / "rank-0.parquet"

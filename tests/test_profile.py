@@ -1,0 +1,109 @@
+"""The per-rank prediction profile: what a rank stores, what the merge gathers and prints."""
+
+import json
+import math
+
+import pytest
+
+from prediction import PredictScene, predict_rank_file
+from rasterscale.profiling import (
+    PROFILE_KEY,
+    RankProfile,
+    format_profile_table,
+    read_rank_profile,
+    summarize,
+    write_scene_profile,
+)
+
+FIELDS = set(RankProfile.__dataclass_fields__)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("profile")
+    scene = PredictScene.make(directory)
+    path = predict_rank_file(scene, directory / "predict", batch_size=5, workers=1)
+    return scene, path
+
+
+def rank(index, tiles, wall, wait, **extra):
+    return {
+        "rank": index,
+        "tiles": tiles,
+        "batches": math.ceil(tiles / 4),
+        "wall_s": wall,
+        "wait_s": wait,
+        "tiles_per_s": tiles / wall,
+        "batches_per_s": math.ceil(tiles / 4) / wall,
+        "memory_peak_mb": 900.0 + index,
+        "host_rss_peak_mb": 1000.0 + index,
+        "memory_kind": "host_rss",
+        "utilization_source": "cpu_time",
+        **extra,
+    }
+
+
+@pytest.mark.slow
+def test_rank_file_holds_the_rank_profile(profiled):
+    scene, path = profiled
+    profile = read_rank_profile(path)
+    assert set(profile) == FIELDS
+    assert profile["rank"] == 0 and profile["world_size"] == 1 and profile["device"] == "cpu"
+    assert profile["strategy"] == "window" and profile["workers"] == 1 and profile["batch_size"] == 5
+    assert profile["precision"] == "bf16-mixed"
+    assert profile["tiles"] == scene.tiles and profile["batches"] == math.ceil(scene.tiles / 5)
+    # the wall splits exactly into compute and waiting for data
+    assert profile["wall_s"] > 0 and 0 < profile["compute_s"] <= profile["wall_s"]
+    assert profile["wait_s"] == pytest.approx(profile["wall_s"] - profile["compute_s"], abs=1e-3)
+    assert profile["tiles_per_s"] == pytest.approx(scene.tiles / profile["wall_s"], rel=1e-3)
+    assert profile["batches_per_s"] == pytest.approx(profile["batches"] / profile["wall_s"], rel=1e-3)
+    # CPU: device memory is the rank's resident set, utilization its CPU time share
+    assert profile["memory_kind"] == "host_rss" and profile["utilization_source"] == "cpu_time"
+    assert 100 < profile["memory_mean_mb"] <= profile["memory_peak_mb"] <= profile["host_rss_peak_mb"] + 1
+    assert profile["memory_peak_mb"] < profile["memory_total_mb"]
+    assert 0 < profile["utilization"] <= 1.5 and profile["threads"] >= 1
+    assert profile["workers_rss_peak_mb"] > 0  # its one dataloader worker was seen
+
+
+@pytest.mark.slow
+def test_prediction_logs_its_ranks_table(profiled):
+    _, path = profiled
+    log = (path.parent / "logs" / "rank-0.log").read_text()
+    assert "predict profile, shard 0: 1 rank(s)" in log and "tiles/s" in log
+
+
+@pytest.mark.slow
+def test_scene_profile_gathers_every_rank_file(profiled, tmp_path):
+    scene, path = profiled
+    out = tmp_path / "predict_profile.json"
+    written = write_scene_profile([path], out)
+    assert json.loads(out.read_text()) == written
+    assert [r["rank"] for r in written["ranks"]] == [0]
+    assert written["total"]["tiles"] == scene.tiles
+    table = format_profile_table(written, title="predict profile (x)").splitlines()
+    assert table[0].startswith("predict profile (x): 1 rank(s)")
+    assert table[1].split()[:3] == ["rank", "device", "strategy"]
+    assert table[2].split()[:4] == ["0", "cpu", "window", str(scene.tiles)]
+    assert table[3].split()[0] == "all"
+
+
+def test_totals_add_rates_and_take_the_longest_wall():
+    profile = summarize([rank(1, 30, 10.0, 1.0), rank(0, 40, 8.0, 2.0)])
+    assert [r["rank"] for r in profile["ranks"]] == [0, 1]
+    total = profile["total"]
+    assert total["tiles"] == 70 and total["batches"] == 10 + 8 and total["wall_s"] == 10.0
+    assert total["tiles_per_s"] == pytest.approx(40 / 8 + 30 / 10)
+    assert total["wait_fraction"] == pytest.approx(3.0 / 18.0, abs=1e-4)
+    assert total["memory_peak_mb"] == 901.0 and total["host_rss_peak_mb"] == 1001.0
+
+
+def test_files_without_a_profile_are_left_out(tmp_path):
+    from rasterscale.merge import empty_detections, write_rank_file
+
+    plain, profiled = tmp_path / "rank-0.parquet", tmp_path / "rank-1.parquet"
+    write_rank_file(empty_detections("EPSG:32617"), [0], plain)
+    stored = {name: 0 for name in FIELDS} | rank(1, 3, 1.0, 0.1)
+    write_rank_file(empty_detections("EPSG:32617"), [1], profiled, metadata={PROFILE_KEY: json.dumps(stored).encode()})
+    assert read_rank_profile(plain) is None
+    gathered = write_scene_profile([plain, profiled], tmp_path / "p.json")
+    assert [r["rank"] for r in gathered["ranks"]] == [1]
