@@ -51,3 +51,18 @@ def raster_factory(tmp_path: Path):
         return write_raster(tmp_path / name, **kwargs)
 
     return make
+
+
+EVIDENCE: list[str] = []
+
+
+def report(text: str) -> None:
+    """Evidence a test wants in CI's output (job ids, nodes, ranks): printed in the terminal summary."""
+    EVIDENCE.append(text.strip("\n"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if EVIDENCE:
+        terminalreporter.section("evidence")
+        for text in EVIDENCE:
+            terminalreporter.write_line(text)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, report
 from rasterscale.merge import read_rank_tile_ids
 from slurm_cluster import SlurmCluster, slurm_cluster_or_skip
 from workflow import matched_fraction, run_workflow, tiny_config
@@ -150,7 +150,7 @@ def slurm_run(cluster, tmp_path_factory):
     jobs: dict[str, list[str]] = {}
     for job_id, rule in SUBMITTED.findall(result.stdout + result.stderr):
         jobs.setdefault(rule, []).append(job_id)
-    print(f"\n[slurm workflow] {seconds:.0f} s; Slurm jobs by rule: {jobs}")
+    report(f"\n[slurm workflow] {seconds:.0f} s; Slurm jobs by rule: {jobs}")
     return workdir, jobs
 
 
@@ -158,7 +158,7 @@ def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
     workdir, jobs = slurm_run
     (job_id,) = jobs["train_detector"]
     info = scontrol_job(cluster, job_id)
-    print(
+    report(
         f"[train_detector] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
         f" NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
     )
@@ -166,7 +166,7 @@ def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
     assert (info["NumNodes"], info["NumTasks"]) == ("2", "2")
     ranks = placements(workdir / "logs/train/tiny")
     for rank in ranks:
-        print(f"[train_detector] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+        report(f"[train_detector] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
     assert sorted((rank, world, local, job) for rank, world, local, job, _ in ranks) == [
         (0, 2, 0, job_id),
         (1, 2, 0, job_id),
@@ -184,7 +184,7 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
     nodes_of_shard = {}
     for shard, (job_id,) in shard_jobs.items():
         info = scontrol_job(cluster, job_id)
-        print(
+        report(
             f"[predict_shard_{shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
             f" NumNodes={info['NumNodes']} NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
         )
@@ -192,7 +192,9 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
         assert (info["NumNodes"], info["NumTasks"], info["CPUs/Task"]) == ("1", "2", "2")
         ranks = placements(workdir / f"logs/predict/tiny_test/shard-{shard}")
         for rank in ranks:
-            print(f"[predict_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+            report(
+                f"[predict_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}"
+            )
         assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
         assert {node for *_, node in ranks} == {info["NodeList"]}
         nodes_of_shard[shard] = info["NodeList"]
@@ -229,7 +231,7 @@ def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
     local = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
     slurm = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
     matched = matched_fraction(slurm, local, 0.99), matched_fraction(local, slurm, 0.99)
-    print(
+    report(
         f"[compare] local run {time.monotonic() - started:.0f} s: {len(local)} detections locally, {len(slurm)} on "
         f"Slurm; matched at IoU >= 0.99 both ways: {matched[0]:.3f} / {matched[1]:.3f}"
     )
@@ -291,7 +293,7 @@ def test_on_the_cluster_bad_launches_fail_fast_with_one_line(cluster, tmp_path):
         timeout=300,
     )
     text = out.read_text()
-    print(f"\n[bad launches] job {proc.stdout.strip()}:\n{text}")
+    report(f"\n[bad launches] job {proc.stdout.strip()}:\n{text}")
     sections = dict(re.findall(r"## (.+?)\n(.*?)(?=\n## |\Z)", text, flags=re.S))
     expected = {
         "one-task step, 2 ranks (Lightning)": "is the only task of Slurm step",
