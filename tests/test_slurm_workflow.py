@@ -26,7 +26,7 @@ import yaml
 from conftest import REPO, report
 from rasterscale.merge import read_rank_tile_ids
 from slurm_cluster import SlurmCluster, slurm_cluster_or_skip
-from workflow import matched_fraction, run_workflow, tiny_config
+from workflow import matched_fraction, run_workflow, tiny_config, workflow_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -117,22 +117,7 @@ def cluster(tmp_path_factory):
 def slurm_run(cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("slurm-run")
     workdir = base / "work"
-    workdir.mkdir()
-    config_path = base / "config.yaml"
-    config_path.write_text(yaml.safe_dump(slurm_config()))
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(config_path),
-        "--profile",
-        str(edited_profile(base / "profile", cluster)),
-    ]
+    command = workflow_command(workdir, slurm_config(), "--profile", str(edited_profile(base / "profile", cluster)))
     started = time.monotonic()
     result = subprocess.run(
         command, env=cluster_env(cluster, base / "bin"), capture_output=True, text=True, timeout=600, check=False

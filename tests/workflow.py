@@ -24,11 +24,12 @@ def tiny_config(**overrides: dict) -> dict:
     return config
 
 
-def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def workflow_command(workdir: Path, config: dict, *args: str) -> list[str]:
+    """The snakemake command that runs the real workflow on ``config`` in ``workdir`` (config written there)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    command = [
+    return [
         sys.executable,
         "-m",
         "snakemake",
@@ -38,10 +39,13 @@ def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) ->
         str(workdir),
         "--configfile",
         str(config_path),
-        "--cores",
-        "2",
         *args,
     ]
+
+
+def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the workflow locally on 2 cores; a failure raises with the tails of every log."""
+    command = workflow_command(workdir, config, "--cores", "2", *args)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
