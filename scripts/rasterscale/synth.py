@@ -14,9 +14,6 @@ drawn with numpy on each crown's local patch; the result depends only on the arg
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,7 +21,9 @@ import geopandas as gpd
 import numpy as np
 import rasterio
 from rasterio.transform import Affine
-from shapely.geometry import box
+
+from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.outputs import atomic_path
 
 __all__ = ["synthesize_scene"]
 
@@ -445,19 +444,6 @@ def _draw_crown(rng: np.random.Generator, canvas: np.ndarray, crown: _Crown) -> 
 # --------------------------------------------------------------------------------------------- output
 
 
-@contextmanager
-def _atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``final`` (same extension); rename it to ``final`` on success."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{final.stem}.tmp{os.getpid()}{final.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
     """Write a (3, H, W) uint8 array as a tiled, deflate-compressed RGB GeoTIFF."""
     _, height, width = canvas.shape
@@ -477,17 +463,13 @@ def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, b
         "interleave": "pixel",
         "photometric": "RGB",
     }
-    with _atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
+    with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
         dst.write(canvas)
 
 
 def _write_boxes(path: Path, pixel_boxes: list[tuple[int, int, int, int]], crs: str, transform: Affine) -> None:
     """Write pixel boxes (c0, r0, c1, r1) as georeferenced box polygons, layer ``crowns``."""
-    geoms = []
-    for c0, r0, c1, r1 in pixel_boxes:
-        x0, y0 = transform @ (c0, r0)
-        x1, y1 = transform @ (c1, r1)
-        geoms.append(box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)))
+    geoms = pixel_boxes_to_polygons(np.asarray(pixel_boxes, dtype=np.float64).reshape(-1, 4), transform)
     frame = gpd.GeoDataFrame({"label": [LABEL] * len(geoms)}, geometry=gpd.GeoSeries(geoms, crs=crs), crs=crs)
-    with _atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:
         frame.to_file(tmp, layer=LAYER, driver="GPKG", geometry_type="Polygon")
