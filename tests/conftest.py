@@ -45,6 +45,19 @@ def write_raster(
     return path
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A throwaway 2-node Slurm cluster on loopback for one test module (skipped, with the reason, where it
+    cannot run: not root, no apt)."""
+    from slurm_cluster import slurm_cluster_or_skip
+
+    cluster = slurm_cluster_or_skip(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def raster_factory(tmp_path: Path):
     def make(name: str = "scene.tif", **kwargs) -> Path:

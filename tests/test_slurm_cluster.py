@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import MARKER_VAR, SlurmCluster, slurm_cluster_or_skip
+from slurm_cluster import MARKER_VAR, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -38,15 +38,6 @@ def ports_of(cluster: SlurmCluster) -> set[int]:
     ports = [int(values["SlurmctldPort"][0])] + [int(values[f"Port@{node}"][0]) for node in cluster.nodes]
     assert len(set(ports)) == len(ports), f"ports repeat within one cluster: {ports}"
     return set(ports)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = slurm_cluster_or_skip(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_two_node_job_runs_ranks_on_both_nodes(cluster, tmp_path):

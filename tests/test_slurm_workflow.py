@@ -25,7 +25,7 @@ import yaml
 
 from conftest import REPO, report
 from rasterscale.merge import read_rank_tile_ids
-from slurm_cluster import SlurmCluster, slurm_cluster_or_skip
+from slurm_cluster import SlurmCluster
 from workflow import matched_fraction, run_workflow, tiny_config, workflow_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -102,15 +102,6 @@ def placements(log_dir: Path) -> list[tuple[int, int, int, str, str]]:
         rank, world, local, job, node = match.groups()
         found.append((int(rank), int(world), int(local), job, node))
     return found
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = slurm_cluster_or_skip(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
