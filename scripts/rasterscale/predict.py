@@ -430,7 +430,7 @@ def run_prediction(
     prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
     warn_if_slow_precision(spec, logger)
     if spec.accelerator == "cpu":
-        torch.set_num_threads(cpu_threads_per_rank(spec.devices, predict_cfg["workers"]))
+        torch.set_num_threads(cpu_threads_per_rank(spec.devices))
     tiles = tiles_from_frame(read_manifest(manifest_path))
     offsets = {t.tile_id: (t.col_off, t.row_off) for t in tiles}
     strategy = predict_cfg["strategy"]

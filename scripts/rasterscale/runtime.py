@@ -100,8 +100,8 @@ def current_rank() -> int:
     return 0
 
 
-def cpu_threads_per_rank(devices: int, workers: int) -> int:
-    """Threads for each CPU rank: the cores this process may use, shared by its node's ranks and workers.
+def cpu_threads_per_rank(devices: int) -> int:
+    """Threads for each CPU rank: the cores this process may use, shared by its node's ranks.
 
     An srun task may use its --cpus-per-task; where Slurm does not bind tasks to cores (task/none) the node's
     cores are still shared by its ranks.

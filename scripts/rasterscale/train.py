@@ -283,7 +283,7 @@ def run_training(
         train_cfg["lr_scaling"],
     )
     if spec.accelerator == "cpu":
-        torch.set_num_threads(cpu_threads_per_rank(spec.devices, train_cfg["workers"]))
+        torch.set_num_threads(cpu_threads_per_rank(spec.devices))
     L.seed_everything(train_cfg["seed"], workers=True, verbose=False)
     datamodule = TrainingDataModule(scenes, detector, plan, train_cfg)
     module = DetectorTrainingModule(detector, plan, train_cfg)
