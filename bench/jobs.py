@@ -49,11 +49,15 @@ def run_predict_job(
     """One prediction job (all its ranks), optionally bound to ``cores``; its wall time and rank profiles."""
     config = predict_config(predict)
     out_dir = workdir / "predict"
+    job = workdir / "job.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    scene = {"name": "scene", "raster": str(raster), "manifest": str(manifest), "out_dir": str(out_dir)}
+    job.write_text(json.dumps({"scenes": [scene]}))
     command = [
         sys.executable,
         str(ENTRY),
-        *("--raster", str(raster), "--manifest", str(manifest), "--checkpoint", str(checkpoint)),
-        *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
+        *("--job", str(job), "--checkpoint", str(checkpoint)),
+        *("--config", json.dumps(config), "--log-dir", str(workdir / "logs")),
     ]
     affinity = set(cores) if cores is not None else None
 

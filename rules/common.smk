@@ -7,7 +7,8 @@ from pathlib import Path
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from rasterscale.config import ConfigError, validate_config  # noqa: E402
+from rasterscale.cog import striped_sources  # noqa: E402
+from rasterscale.config import ConfigError, scene_key, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402
 
 
@@ -17,8 +18,9 @@ def fail(message):
     sys.exit(1)
 
 
+SCENE_ORIGINS = {}  # scene -> the scene table's file and line it came from (config.scene_key)
 try:
-    CONFIG = validate_config(config)
+    CONFIG = validate_config(config, origins=SCENE_ORIGINS)
 except ConfigError as err:
     fail(err)
 
@@ -42,7 +44,7 @@ def demo_boxes(name):
     return f"{DEMO['directory']}/{name}.gpkg"
 
 
-UNTILED = set()  # scenes whose raster exists and is striped: read from a tiled COG instead (rules/cog.smk)
+UNTILED = {}  # scene -> its striped rasters (itself, or a VRT's sources): read from a tiled COG (rules/cog.smk)
 
 
 def scene_source(name):
@@ -63,34 +65,43 @@ def scene_annotations(name):
     return SCENES[name].get("annotations", "")
 
 
+def check_scene(name, scene):
+    """Header checks of one scene's existing inputs."""
+    path = scene["path"]
+    demo = is_demo_scene(name)
+    if demo and path != demo_raster(name):
+        fail(f"scenes.{name}: a demo scene's path must be {demo_raster(name)}")
+    if not Path(path).exists():
+        if demo:
+            return
+        fail(f"{path}: raster not found ({scene_key(name, 'path', SCENE_ORIGINS)})")
+    raster = check_raster(path)
+    striped = striped_sources(path)
+    if striped:
+        UNTILED[name] = striped
+    annotations = scene.get("annotations")
+    if annotations and (Path(annotations).exists() or not demo):
+        read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
+
+
 def check_scene_inputs():
-    """Header checks of every existing input at load time (so also on `snakemake -n`)."""
+    """Header checks of every existing input at load time (so also on `snakemake -n`); an error of a scene
+    from a scene table names its line."""
     for name, scene in SCENES.items():
-        path = scene["path"]
-        demo = is_demo_scene(name)
-        if demo and path != demo_raster(name):
-            fail(f"scenes.{name}: a demo scene's path must be {demo_raster(name)}")
-        if not Path(path).exists():
-            if demo:
-                continue
-            fail(f"{path}: raster not found (scenes.{name}.path)")
-        raster = check_raster(path)
-        if not raster.is_tiled:
-            UNTILED.add(name)
-        annotations = scene.get("annotations")
-        if annotations and (Path(annotations).exists() or not demo):
-            read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
+        try:
+            check_scene(name, scene)
+        except InputError as err:
+            fail(f"{err} ({SCENE_ORIGINS[name]})" if name in SCENE_ORIGINS else err)
 
 
-try:
-    check_scene_inputs()
-except InputError as err:
-    fail(err)
+check_scene_inputs()
 
-for name in sorted(UNTILED & {*TRAIN["scenes"], *PREDICT["scenes"]}):
+for name in [name for name in SCENES if name in UNTILED and name in {*TRAIN["scenes"], *PREDICT["scenes"]}]:
+    source = scene_source(name)
+    what = f"{source} is striped, not tiled" if UNTILED[name] == [source] else f"{source} reads striped rasters"
     sys.stderr.write(
-        f"rasterscale: warning: {scene_source(name)} is striped, not tiled: every windowed read would decode whole "
-        f"raster rows; scene {name} is read from the tiled COG {cog_raster(name)} (rule convert_to_cog)\n"
+        f"rasterscale: warning: {what}: every windowed read would decode whole raster rows; scene {name} is "
+        f"read from the tiled COG {cog_raster(name)} (rule convert_to_cog)\n"
     )
 
 
@@ -117,15 +128,65 @@ def checkpoint_path():
     return MODEL["checkpoint"] or f"results/models/{MODEL['name']}.pt"
 
 
-def rank_files(wildcards):
-    ranks = predict_shards() * world_size(PREDICT)
-    return [f"results/{wildcards.scene}/predict/rank-{r}.parquet" for r in range(ranks)]
+def scene_manifest(name):
+    return f"results/{name}/tiles.parquet"
 
 
-def shard_outputs(shard):
-    """Output patterns of one prediction shard: its ranks' files."""
+def scene_rank_files(name, shard=None):
+    """A scene's rank files: every shard's (rank-{shard * world_size + r}.parquet), or one shard's."""
     world = world_size(PREDICT)
-    return [f"results/{{scene}}/predict/rank-{shard * world + r}.parquet" for r in range(world)]
+    shards = range(predict_shards()) if shard is None else [shard]
+    return [f"results/{name}/predict/rank-{s * world + r}.parquet" for s in shards for r in range(world)]
+
+
+def scene_detections(name):
+    """A scene's merged outputs, by the merge's names for them."""
+    return {
+        "gpkg": f"results/{name}/detections.gpkg",
+        "parquet": f"results/{name}/detections.parquet",
+        "profile": f"results/{name}/predict_profile.json",
+    }
+
+
+# Batches of scenes: predict.scenes, predict.scenes_per_job at a time, in config order (static, computed once).
+# One job per (batch, shard) predicts all of a batch's scenes with one model load; one job per batch merges
+# them. Such a job's inputs reach it through the batch's job file (rule scene_batch), not its command line.
+BATCHES = [
+    PREDICT["scenes"][start : start + PREDICT["scenes_per_job"]]
+    for start in range(0, len(PREDICT["scenes"]), PREDICT["scenes_per_job"])
+]
+
+
+def batch_file(batch):
+    return f"results/batches/batch-{batch}.json"
+
+
+def batch_job(batch):
+    """What the jobs of a batch read from its job file: each scene's raster, manifest, rank files, outputs."""
+    scenes = [
+        {
+            "name": name,
+            "raster": scene_raster(name),
+            "manifest": scene_manifest(name),
+            "out_dir": f"results/{name}/predict",
+            "rank_files": scene_rank_files(name),
+            **scene_detections(name),
+        }
+        for name in BATCHES[int(batch)]
+    ]
+    return json.dumps({"batch": int(batch), "scenes": scenes}, indent=1)
+
+
+def batch_inputs(batch):
+    """The rasters and manifests of a batch's scenes."""
+    names = BATCHES[batch]
+    return {"rasters": [scene_raster(n) for n in names], "manifests": [scene_manifest(n) for n in names]}
+
+
+def predict_job_config():
+    """The model and predict sections a prediction job uses (not predict.scenes: the job file has its scenes)."""
+    predict = {key: value for key, value in PREDICT.items() if key != "scenes"}
+    return json.dumps({"model": MODEL, "predict": predict}, separators=(",", ":"))
 
 
 # Launching the ranks: locally Lightning starts them; under the SLURM profile (slurm.launcher: srun) Slurm does,
@@ -271,3 +332,13 @@ def print_predict_profiles():
         path = Path(f"results/{name}/predict_profile.json")
         if path.exists():
             print(format_profile_table(json.loads(path.read_text()), title=f"rasterscale predict profile: {name}"))
+
+
+def write_batch_file(job, path, log):
+    """Rule scene_batch: the batch's job file (atomically) and one line in its log."""
+    from rasterscale.outputs import atomic_path
+
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(job + "\n")
+    scenes = json.loads(job)["scenes"]
+    Path(log).write_text(f"{path}: {len(scenes)} scene(s): {', '.join(s['name'] for s in scenes)}\n")

@@ -1,31 +1,28 @@
-"""Entry: DDP prediction of one shard of a scene (Lightning re-runs this command once per extra local rank)."""
+"""Entry: DDP prediction of one shard of a batch of scenes, listed in the batch's job file (Lightning re-runs this
+command once per extra local rank)."""
 
 import argparse
 import json
 
-from rasterscale.predict import run_prediction
+from rasterscale.predict import read_job_file, run_prediction
 from rasterscale.runtime import run_spec
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--raster", required=True)
-    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with raster, manifest, ...)")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
-    parser.add_argument("--out-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--shard", type=int, default=0)
     args = parser.parse_args()
     run_prediction(
-        raster_path=args.raster,
-        manifest_path=args.manifest,
+        scenes=read_job_file(args.job),
         checkpoint_path=args.checkpoint,
         predict_cfg=args.config["predict"],
         score_threshold=args.config["model"]["score_threshold"],
         spec=run_spec(args.config, "predict"),
-        out_dir=args.out_dir,
         log_dir=args.log_dir,
         shards=args.shards,
         shard=args.shard,

@@ -79,3 +79,38 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("evidence")
         for text in EVIDENCE:
             terminalreporter.write_line(text)
+
+
+def write_vrt(path: Path, sources: list[Path]) -> Path:
+    """A GDAL VRT mosaic of GeoTIFF tiles on one pixel grid (what `gdalbuildvrt` writes, for machines without
+    GDAL's command line tools): one SimpleSource per tile and band, paths relative to the VRT."""
+    import rasterio
+
+    infos = []
+    for source in sources:
+        with rasterio.open(source) as src:
+            infos.append((source, src.transform, src.width, src.height, src.count, src.crs, src.dtypes[0]))
+    px, py = infos[0][1].a, infos[0][1].e
+    left = min(t.c for _, t, *_ in infos)
+    top = max(t.f for _, t, *_ in infos)
+    right = max(t.c + w * px for _, t, w, *_ in infos)
+    bottom = min(t.f + h * py for _, t, _, h, *_ in infos)
+    width, height = round((right - left) / px), round((bottom - top) / py)
+    count, crs, dtype = infos[0][4], infos[0][5], infos[0][6]
+    gdal_type = {"uint8": "Byte", "uint16": "UInt16", "float32": "Float32"}[dtype]
+    bands = []
+    for band in range(1, count + 1):
+        simple = "".join(
+            f'<SimpleSource><SourceFilename relativeToVRT="1">{Path(source).relative_to(path.parent)}'
+            f"</SourceFilename><SourceBand>{band}</SourceBand>"
+            f'<SrcRect xOff="0" yOff="0" xSize="{w}" ySize="{h}"/>'
+            f'<DstRect xOff="{round((t.c - left) / px)}" yOff="{round((t.f - top) / py)}" xSize="{w}" ySize="{h}"/>'
+            "</SimpleSource>"
+            for source, t, w, h, *_ in infos
+        )
+        bands.append(f'<VRTRasterBand dataType="{gdal_type}" band="{band}">{simple}</VRTRasterBand>')
+    path.write_text(
+        f'<VRTDataset rasterXSize="{width}" rasterYSize="{height}"><SRS>{crs.to_wkt()}</SRS>'
+        f"<GeoTransform>{left}, {px}, 0, {top}, 0, {py}</GeoTransform>{''.join(bands)}</VRTDataset>\n"
+    )
+    return path

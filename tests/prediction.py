@@ -12,7 +12,7 @@ from conftest import write_raster
 from rasterscale.config import validate_config
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
 from rasterscale.outputs import write_geoparquet
-from rasterscale.predict import run_prediction
+from rasterscale.predict import SceneJob, run_prediction
 from rasterscale.runtime import RunSpec
 from rasterscale.tiling import build_manifest
 
@@ -60,13 +60,11 @@ def predict_rank_file(
         }
     )["predict"]
     run_prediction(
-        scene.raster,
-        scene.manifest,
+        [SceneJob("scene", str(scene.raster), str(scene.manifest), str(out_dir))],
         scene.checkpoint,
         predict_cfg,
         score_threshold=0.0,
         spec=RunSpec("cpu", 1, 1, precision),
-        out_dir=out_dir,
         log_dir=out_dir / "logs",
     )
     return out_dir / "rank-0.parquet"

@@ -264,7 +264,7 @@ def plan_2x4(tmp_path_factory):
 
 
 def test_dry_run_plans_2_nodes_x_4_gpus(plan_2x4):
-    assert "predict_shard_0" in plan_2x4 and "predict_shard_1" in plan_2x4
+    assert "predict_batch_0_shard_0" in plan_2x4 and "predict_batch_0_shard_1" in plan_2x4
     assert "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=5 --kill-on-bad-exit=1 " in plan_2x4  # training
     assert plan_2x4.count("srun --nodes=1 --ntasks-per-node=4 --cpus-per-task=3 --kill-on-bad-exit=1 ") == 2
     assert all(f"results/tiny_test/predict/rank-{r}.parquet" in plan_2x4 for r in range(8))
@@ -299,7 +299,7 @@ def test_executor_plugin_turns_the_plan_into_the_right_sbatch_options(plan_2x4):
     for option in ("--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=5", "--gres=gpu:4", "-t 720", "--mem 64000"):
         assert option in train, train
     assert "--ntasks=" not in train and "--ntasks-per-gpu" not in train
-    shard = sbatch_call(resources_of(plan_2x4, "predict_shard_1"))
+    shard = sbatch_call(resources_of(plan_2x4, "predict_batch_0_shard_1"))
     assert all(o in shard for o in ("--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=3", "--gres=gpu:4"))
 
 

@@ -156,26 +156,27 @@ def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
 
 def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_run):
     workdir, jobs = slurm_run
-    shard_jobs = {shard: jobs[f"predict_shard_{shard}"] for shard in (0, 1)}
+    shard_jobs = {shard: jobs[f"predict_batch_0_shard_{shard}"] for shard in (0, 1)}
     nodes_of_shard = {}
     for shard, (job_id,) in shard_jobs.items():
         info = scontrol_job(cluster, job_id)
         report(
-            f"[predict_shard_{shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
+            f"[predict_batch_0_shard_{shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
             f" NumNodes={info['NumNodes']} NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
         )
         assert info["JobState"] == "COMPLETED"
         assert (info["NumNodes"], info["NumTasks"], info["CPUs/Task"]) == ("1", "2", "2")
-        ranks = placements(workdir / f"logs/predict/tiny_test/shard-{shard}")
+        ranks = placements(workdir / f"logs/predict/batch-0/shard-{shard}")
         for rank in ranks:
             report(
-                f"[predict_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}"
+                f"[predict_batch_0_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]}"
+                f" node {rank[4]}"
             )
         assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
         assert {node for *_, node in ranks} == {info["NodeList"]}
         nodes_of_shard[shard] = info["NodeList"]
     assert sorted(nodes_of_shard.values()) == ["n1", "n2"]
-    for rule in ("synthesize_scene", "tile_manifest", "merge_detections", "evaluate_scene"):
+    for rule in ("synthesize_scene", "tile_manifest", "merge_batch_0", "evaluate_scene"):
         for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
             info = scontrol_job(cluster, job_id)
             assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "1"), (rule, info)

@@ -23,7 +23,7 @@ def tiny_run(tmp_path_factory):
 
 def test_dry_run_plans_without_reading_pixels(tmp_path):
     result = run_workflow(tmp_path, tiny_config(), "-n")
-    assert "predict_shard_0" in result.stdout and "train_detector" in result.stdout
+    assert "predict_batch_0_shard_0" in result.stdout and "train_detector" in result.stdout
     assert not (tmp_path / "resources").exists()
 
 
@@ -79,7 +79,7 @@ def test_prediction_profile_of_both_ranks_is_gathered_and_printed(tiny_run):
     assert all(r["world_size"] == 2 and r["tiles"] > 0 and r["wall_s"] > 0 for r in profile["ranks"])
     assert profile["total"]["tiles"] == len(manifest)
     assert "rasterscale predict profile: tiny_test" in result.stdout + result.stderr
-    assert "predict profile, shard 0: 2 rank(s)" in (workdir / "logs/predict/tiny_test/shard-0.log").read_text()
+    assert "predict profile, shard 0: 2 rank(s)" in (workdir / "logs/predict/batch-0/shard-0.log").read_text()
 
 
 def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):

@@ -26,3 +26,17 @@ def convert_to_cog(src: str | Path, dst: str | Path, block_size: int = BLOCK_SIZ
     config = {"GDAL_NUM_THREADS": str(threads), "GDAL_TIFF_OVR_BLOCKSIZE": str(block_size)}
     with atomic_path(dst) as tmp:
         cog_translate(str(src), str(tmp), profile, config=config, in_memory=False, quiet=True)
+
+
+def striped_sources(path: str | Path) -> list[str]:
+    """The striped rasters a read of ``path`` decodes: ``path`` itself when striped, or, for a mosaic (a GDAL
+    VRT, whose own 128 px blocks say nothing of its sources' layout), its striped source files."""
+    import rasterio
+
+    from rasterscale.inputs import check_raster
+
+    if not check_raster(path).is_tiled:
+        return [str(path)]
+    with rasterio.open(path) as src:
+        sources = [name for name in src.files if Path(name).resolve() != Path(path).resolve()]
+    return [name for name in sources if not check_raster(name).is_tiled]

@@ -1,10 +1,13 @@
-"""DDP prediction over a tile manifest: every rank reads only its own tiles and writes its own file.
+"""DDP prediction over the tile manifests of a batch of scenes: every rank reads only its own tiles and writes
+its own file per scene.
 
-The manifest is split into ``shards`` balanced, contiguous parts (one job, one node each), and each shard into
-``world_size`` parts, one per rank. Rank ``r`` of shard ``s`` writes ``rank-{s * world_size + r}.parquet``:
-its detections already in the raster's CRS, the tile_ids it processed and its profile
-(:mod:`rasterscale.profiling`). No detection crosses ranks; only the small profiles are gathered, for the table
-rank 0 prints at the end.
+A job predicts a batch of scenes (its job file lists them: :func:`read_job_file`) with one model load. The
+batch's tiles, scene after scene in manifest order, are split into ``shards`` balanced, contiguous parts (one
+job, one node each), and each shard into ``world_size`` parts, one per rank; one ``trainer.predict`` runs over
+all of a rank's tiles. Rank ``r`` of shard ``s`` writes ``rank-{s * world_size + r}.parquet`` into each scene's
+folder, also for a scene it got no tile of: its detections already in the raster's CRS, the tile_ids it
+processed and its profile (:mod:`rasterscale.profiling`). No detection crosses ranks; only the small profiles
+are gathered, for the table rank 0 prints at the end.
 
 The fast path (:func:`prepare_for_inference`): Lightning's predict runs under ``torch.inference_mode`` and,
 with ``predict.precision`` ``bf16-mixed``/``16-mixed``, under autocast (the heads' output layers stay fp32);
@@ -15,10 +18,13 @@ read ahead while the model computes (strategies: :mod:`rasterscale.data`).
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +87,18 @@ def split_balanced(items: list[Any], parts: int, index: int) -> list[Any]:
 
 def rank_tiles(tiles: list[Tile], shards: int, shard: int, world_size: int, rank: int) -> list[Tile]:
     return split_balanced(split_balanced(tiles, shards, shard), world_size, rank)
+
+
+def batch_rank_tiles(
+    scene_tiles: Sequence[Sequence[Tile]], shards: int, shard: int, world_size: int, rank: int
+) -> list[list[Tile]]:
+    """Each scene's tiles of one rank: the batch's tiles, scene after scene, split as :func:`rank_tiles` splits
+    one scene's (so that many small scenes balance over the ranks as one large one does)."""
+    keyed = [(index, tile) for index, tiles in enumerate(scene_tiles) for tile in tiles]
+    own: list[list[Tile]] = [[] for _ in scene_tiles]
+    for index, tile in rank_tiles(keyed, shards, shard, world_size, rank):
+        own[index].append(tile)
+    return own
 
 
 def rank_file_index(shard: int, world_size: int, rank: int) -> int:
@@ -148,8 +166,14 @@ def warn_if_slow_precision(spec: RunSpec, logger: logging.Logger) -> None:
             logger.warning("this CPU has no native bf16: predict.precision '32-true' is likely faster")
 
 
+def split_key(key: Any) -> tuple[int, int]:
+    """(scene index, tile_id) of a dataset item's key: a (scene, tile_id) pair, or a bare id (one scene)."""
+    return (int(key[0]), int(key[1])) if isinstance(key, tuple | list) else (0, int(key))
+
+
 @dataclass
 class TileDetections:
+    scene: int  # index of the scene in the job
     tile_id: int
     col_off: int
     row_off: int
@@ -159,7 +183,7 @@ class TileDetections:
 
 
 class DetectorPredictionModule(L.LightningModule):
-    def __init__(self, model: torch.nn.Module, tile_offsets: dict[int, tuple[int, int]]) -> None:
+    def __init__(self, model: torch.nn.Module, tile_offsets: dict[tuple[int, int], tuple[int, int]]) -> None:
         super().__init__()
         # a rank may get no tile (more ranks than tiles): it still writes its (empty) rank file
         self.allow_zero_length_dataloader_with_multiple_devices = True
@@ -167,14 +191,16 @@ class DetectorPredictionModule(L.LightningModule):
         self.tile_offsets = tile_offsets
 
     def predict_step(self, batch: tuple[list, list], batch_idx: int) -> list[TileDetections]:
-        images, tile_ids = batch
+        images, keys = batch
         outputs = self.model([to_model_input(image) for image in images])
         results = []
-        for tile_id, out in zip(tile_ids, outputs, strict=True):
-            col_off, row_off = self.tile_offsets.get(int(tile_id), (0, 0))
+        for key, out in zip(keys, outputs, strict=True):
+            scene, tile_id = split_key(key)
+            col_off, row_off = self.tile_offsets.get((scene, tile_id), (0, 0))
             results.append(
                 TileDetections(
-                    int(tile_id),
+                    scene,
+                    tile_id,
                     col_off,
                     row_off,
                     out["boxes"].float().cpu().numpy(),
@@ -205,18 +231,36 @@ def detections_frame(tiles: list[TileDetections], labels: list[str], transform: 
     return gpd.GeoDataFrame(frame, geometry=pixel_boxes_to_polygons(boxes, transform), crs=crs)
 
 
+@dataclass
+class Share:
+    """What a rank spent on one scene (or on all): tiles, batches, and the wall and compute time of its batches,
+    a batch's time split between its scenes by their tiles (so that the scenes' walls add up to the rank's)."""
+
+    tiles: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    compute_s: float = 0.0
+    memory: list[int] = field(default_factory=list)
+
+    def add(self, tiles: int, fraction: float, wall: float, compute: float, memory: int) -> None:
+        self.tiles += tiles
+        self.batches += 1
+        self.wall_s += wall * fraction
+        self.compute_s += compute * fraction
+        self.memory.append(memory)
+
+
 class PredictProfiler(L.Callback):
-    """Measures one rank's prediction batch by batch (:mod:`rasterscale.profiling` says what and how);
-    :meth:`finish` returns the rank's :class:`RankProfile`."""
+    """Measures one rank's prediction batch by batch (:mod:`rasterscale.profiling` says what and how), in all
+    and per scene; :meth:`finish` returns the rank's :class:`RankProfile` (of one scene, or of the job)."""
 
     def __init__(self, strategy: str, batch_size: int, workers: int, shard: int = 0) -> None:
         self.strategy, self.batch_size, self.workers, self.shard = strategy, batch_size, workers, shard
         self.device = torch.device("cpu")
         self.started = self.mark = self.batch_started = time.perf_counter()
         self.cpu_started = self.cpu_mark = time.process_time()
-        self.tiles = self.batches = 0
-        self.compute_s = 0.0
-        self.memory: list[int] = []
+        self.total = Share()
+        self.scenes: dict[int, Share] = {}
         self.workers_peak, self.workers_sampled = 0, 0.0
         self.sampler: UtilizationSampler | None = None
 
@@ -252,20 +296,27 @@ class PredictProfiler(L.Callback):
     ) -> None:
         if self.on_gpu:
             torch.cuda.synchronize(self.device)
-            self.memory.append(torch.cuda.max_memory_allocated(self.device))
+            memory = torch.cuda.max_memory_allocated(self.device)
         else:
-            self.memory.append(rss_now())
+            memory = rss_now()
         now = time.perf_counter()
-        self.compute_s += now - self.batch_started
+        wall, compute = now - self.mark, now - self.batch_started
         self.mark, self.cpu_mark = now, time.process_time()
-        self.tiles += len(batch[0])
-        self.batches += 1
+        keys = batch[1]
+        self.total.add(len(keys), 1.0, wall, compute, memory)
+        counts = np.bincount([split_key(key)[0] for key in keys])
+        for scene in np.flatnonzero(counts):
+            share = self.scenes.setdefault(int(scene), Share())
+            share.add(int(counts[scene]), counts[scene] / len(keys), wall, compute, memory)
         if now - self.workers_sampled >= WORKER_SAMPLE_PERIOD_S:
             self.workers_peak, self.workers_sampled = max(self.workers_peak, workers_rss()), now
 
-    def finish(self, trainer: L.Trainer) -> RankProfile:
-        """The rank's profile (also for a rank without tiles, where Lightning ran no batch)."""
-        wall = self.mark - self.started if self.batches else 0.0
+    def finish(self, trainer: L.Trainer, scene: int | None = None) -> RankProfile:
+        """The rank's profile of one scene of the job, or of all (also for a rank without tiles, where Lightning
+        ran no batch). The utilization is the rank's over the job."""
+        share = self.total if scene is None else self.scenes.get(scene, Share())
+        rank_wall = self.mark - self.started if self.total.batches else 0.0
+        wall = share.wall_s
         if self.on_gpu:
             threads = 1
             utilization = self.sampler.stop() if self.sampler is not None else None
@@ -274,7 +325,7 @@ class PredictProfiler(L.Callback):
             device = f"{self.device} ({torch.cuda.get_device_name(self.device)})"
         else:
             threads = torch.get_num_threads()
-            utilization = (self.cpu_mark - self.cpu_started) / (wall * threads) if wall > 0 else None
+            utilization = (self.cpu_mark - self.cpu_started) / (rank_wall * threads) if rank_wall > 0 else None
             source, total, device = "cpu_time", host_memory_total(), "cpu"
 
         def rate(count: int) -> float:
@@ -292,17 +343,17 @@ class PredictProfiler(L.Callback):
             batch_size=self.batch_size,
             workers=self.workers,
             threads=threads,
-            tiles=self.tiles,
-            batches=self.batches,
+            tiles=share.tiles,
+            batches=share.batches,
             wall_s=round(wall, 4),
-            compute_s=round(self.compute_s, 4),
-            wait_s=round(wall - self.compute_s, 4),
-            wait_fraction=round((wall - self.compute_s) / wall, 4) if wall > 0 else 0.0,
-            batches_per_s=rate(self.batches),
-            tiles_per_s=rate(self.tiles),
+            compute_s=round(share.compute_s, 4),
+            wait_s=round(wall - share.compute_s, 4),
+            wait_fraction=round((wall - share.compute_s) / wall, 4) if wall > 0 else 0.0,
+            batches_per_s=rate(share.batches),
+            tiles_per_s=rate(share.tiles),
             memory_kind="cuda_allocated" if self.on_gpu else "host_rss",
-            memory_peak_mb=round(max(self.memory, default=0) / MB, 1),
-            memory_mean_mb=round(sum(self.memory) / len(self.memory) / MB, 1) if self.memory else 0.0,
+            memory_peak_mb=round(max(share.memory, default=0) / MB, 1),
+            memory_mean_mb=round(sum(share.memory) / len(share.memory) / MB, 1) if share.memory else 0.0,
             memory_total_mb=round(total / MB, 1),
             utilization=round(utilization, 4) if utilization is not None else None,
             utilization_source=source,
@@ -321,21 +372,19 @@ def gather_to_all(trainer: L.Trainer, item: Any) -> list[Any]:
 
 
 class RankFileWriter(L.Callback):
-    """Collects this rank's detections and writes its rank file (atomically, with the rank's profile in its
-    metadata) when prediction ends."""
+    """Collects this rank's detections and writes its rank file of every scene of the job (atomically, with the
+    rank's profile of that scene in its metadata) when prediction ends."""
 
     def __init__(
         self,
-        out_dir: str | Path,
+        scenes: Sequence[PredictScene],
         shard: int,
         labels: list[str],
-        transform: Any,
-        crs: Any,
         tiles_of_rank: Any,
         profiler: PredictProfiler,
     ) -> None:
-        self.out_dir, self.shard, self.labels = Path(out_dir), shard, labels
-        self.transform, self.crs, self.tiles_of_rank = transform, crs, tiles_of_rank
+        self.scenes, self.shard, self.labels = list(scenes), shard, labels
+        self.tiles_of_rank = tiles_of_rank
         self.profiler = profiler
         self.results: list[TileDetections] = []
         self.started = time.perf_counter()
@@ -352,32 +401,47 @@ class RankFileWriter(L.Callback):
         self.results.extend(outputs)
 
     def write(self, trainer: L.Trainer) -> None:
-        """Write this rank's file; called after ``trainer.predict`` returns, also on a rank without tiles
-        (Lightning skips the predict hooks there)."""
+        """Write this rank's file of each scene; called after ``trainer.predict`` returns, also on a rank
+        without tiles (Lightning skips the predict hooks there): a scene it got no tile of gets an empty file."""
         rank, world = trainer.global_rank, trainer.world_size
-        profile = self.profiler.finish(trainer)
-        processed = [r.tile_id for r in self.results]
-        assigned = [t.tile_id for t in self.tiles_of_rank(world, rank)]
-        if sorted(processed) != sorted(assigned):
-            raise RuntimeError(f"rank {rank}: processed {len(processed)} tiles but was assigned {len(assigned)}")
-        frame = detections_frame(self.results, self.labels, self.transform, self.crs)
-        path = self.out_dir / f"rank-{rank_file_index(self.shard, world, rank)}.parquet"
-        write_rank_file(frame, processed, path, metadata=profile_metadata(profile))
+        assigned = self.tiles_of_rank(world, rank)
+        by_scene: list[list[TileDetections]] = [[] for _ in self.scenes]
+        for result in self.results:
+            by_scene[result.scene].append(result)
+        logger = logging.getLogger(LOGGER_NAME)
+        for index, (scene, results) in enumerate(zip(self.scenes, by_scene, strict=True)):
+            processed = [r.tile_id for r in results]
+            if sorted(processed) != sorted(t.tile_id for t in assigned[index]):
+                raise RuntimeError(
+                    f"rank {rank}, scene {scene.job.name}: processed {len(processed)} tiles "
+                    f"but was assigned {len(assigned[index])}"
+                )
+            frame = detections_frame(results, self.labels, scene.transform, scene.crs)
+            path = Path(scene.job.out_dir) / f"rank-{rank_file_index(self.shard, world, rank)}.parquet"
+            profile = self.profiler.finish(trainer, index)
+            write_rank_file(frame, processed, path, metadata=profile_metadata(profile))
+            logger.info(
+                "rank %d wrote %s: %d tiles, %d detections, %.1f s",
+                rank,
+                path,
+                len(processed),
+                len(frame),
+                profile.wall_s,
+            )
         seconds = time.perf_counter() - self.started
-        logging.getLogger(LOGGER_NAME).info(
-            "rank %d wrote %s: %d tiles, %d detections, %.1f s (%.2f tiles/s)",
+        logger.info(
+            "rank %d: %d scene(s), %d tiles, %.1f s (%.2f tiles/s)",
             rank,
-            path,
-            len(processed),
-            len(frame),
+            len(self.scenes),
+            len(self.results),
             seconds,
-            len(processed) / max(seconds, 1e-9),
+            len(self.results) / max(seconds, 1e-9),
         )
-        # also a barrier: the job ends only once every rank has written its file
-        profiles = gather_to_all(trainer, asdict(profile))
+        # also a barrier: the job ends only once every rank has written its files
+        profiles = gather_to_all(trainer, asdict(self.profiler.finish(trainer)))
         if trainer.is_global_zero:
             title = f"predict profile, shard {self.shard}"
-            logging.getLogger(LOGGER_NAME).info("%s", format_profile_table(summarize(profiles), title=title))
+            logger.info("%s", format_profile_table(summarize(profiles), title=title))
 
 
 class PredictionDataModule(L.LightningDataModule):
@@ -408,53 +472,118 @@ class PredictionDataModule(L.LightningDataModule):
         )
 
 
+@dataclass(frozen=True)
+class SceneJob:
+    """One scene of a prediction job, as its job file lists it: raster, tile manifest, folder of rank files."""
+
+    name: str
+    raster: str
+    manifest: str
+    out_dir: str
+
+
+def read_job_file(path: str | Path) -> list[SceneJob]:
+    """The scenes of a batch's job file (rule scene_batch), in order."""
+    scenes = json.loads(Path(path).read_text())["scenes"]
+    return [SceneJob(s["name"], s["raster"], s["manifest"], s["out_dir"]) for s in scenes]
+
+
+@dataclass(frozen=True)
+class PredictScene:
+    """A scene of the job with what prediction needs of it: its tiles and its raster's georeference."""
+
+    job: SceneJob
+    tiles: list[Tile]
+    transform: Any
+    crs: Any
+
+    @classmethod
+    def load(cls, job: SceneJob) -> PredictScene:
+        raster = check_raster(job.raster)
+        return cls(job, tiles_from_frame(read_manifest(job.manifest)), raster.transform, raster.crs)
+
+
+def scene_dataset(strategy: str, raster_path: str, tiles: list[Tile], device: torch.device) -> Dataset:
+    """One scene's tiles of a rank under the strategy (single and batch read the rank's region of it here)."""
+    if strategy != "window" and tiles:
+        logging.getLogger(LOGGER_NAME).info(
+            "strategy %s holds the region of %s of %.0f MB on %s",
+            strategy,
+            raster_path,
+            region_nbytes(raster_path, bounding_window(tiles)) / 2**20,
+            device if strategy == "batch" else "cpu",
+        )
+    return prediction_dataset(strategy, raster_path, tiles, device)
+
+
+class ScenesDataset(Dataset):
+    """Several scenes' tiles, scene after scene: item -> (image, (scene index, tile_id)).
+
+    A scene's dataset is made when its first tile is asked for and dropped when the next scene's is, so that a
+    process holds one scene's region (strategies single and batch) or raster handle at a time: items must be
+    asked for in order, as a prediction dataloader does (each worker process goes forward through its batches).
+    """
+
+    def __init__(self, factories: Sequence[Any], sizes: Sequence[int]) -> None:
+        self.factories = list(factories)
+        self.starts = np.cumsum([0, *sizes])
+        self.current: tuple[int, Dataset] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "current": None}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        scene = int(np.searchsorted(self.starts, index, side="right")) - 1
+        if self.current is None or self.current[0] != scene:
+            self.current = None  # the previous scene's region goes before the next one's is read
+            self.current = (scene, self.factories[scene]())
+        image, tile_id = self.current[1][index - int(self.starts[scene])]
+        return image, (scene, int(tile_id))
+
+
 def run_prediction(
-    raster_path: str | Path,
-    manifest_path: str | Path,
+    scenes: Sequence[SceneJob],
     checkpoint_path: str | Path,
     predict_cfg: dict[str, Any],
     score_threshold: float,
     spec: RunSpec,
-    out_dir: str | Path,
     log_dir: str | Path,
     shards: int = 1,
     shard: int = 0,
 ) -> None:
+    """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank."""
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=LOGGER_NAME)
     quiet_non_zero_ranks(rank)
     limit_read_cache(predict_cfg["read_cache_mb"])
-    raster = check_raster(raster_path)
     model, detector, _ = load_checkpoint(checkpoint_path)
     model.score_thresh = score_threshold
     prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
     warn_if_slow_precision(spec, logger)
     if spec.accelerator == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(spec.devices))
-    tiles = tiles_from_frame(read_manifest(manifest_path))
-    offsets = {t.tile_id: (t.col_off, t.row_off) for t in tiles}
+    loaded = [PredictScene.load(job) for job in scenes]
+    offsets = {(i, t.tile_id): (t.col_off, t.row_off) for i, scene in enumerate(loaded) for t in scene.tiles}
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
 
-    def tiles_of_rank(world: int, rank_: int) -> list[Tile]:
-        return rank_tiles(tiles, shards, shard, world, rank_)
+    @functools.cache
+    def tiles_of_rank(world: int, rank_: int) -> list[list[Tile]]:
+        return batch_rank_tiles([scene.tiles for scene in loaded], shards, shard, world, rank_)
 
     def dataset_for_rank(world: int, rank_: int, device: torch.device) -> Dataset:
         own = tiles_of_rank(world, rank_)
-        if strategy != "window" and own:
-            logger.info(
-                "rank %d: strategy %s holds its region of %.0f MB on %s",
-                rank_,
-                strategy,
-                region_nbytes(raster_path, bounding_window(own)) / 2**20,
-                device if strategy == "batch" else "cpu",
-            )
-        return prediction_dataset(strategy, raster_path, own, device)
+        factories = [
+            functools.partial(scene_dataset, strategy, scene.job.raster, tiles, device)
+            for scene, tiles in zip(loaded, own, strict=True)
+        ]
+        return ScenesDataset(factories, [len(tiles) for tiles in own])
 
     profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
-    writer = RankFileWriter(
-        out_dir, shard, list(detector.labels), raster.transform, raster.crs, tiles_of_rank, profiler
-    )
+    writer = RankFileWriter(loaded, shard, list(detector.labels), tiles_of_rank, profiler)
     trainer = make_trainer(
         spec,
         logger=False,
@@ -464,9 +593,11 @@ def run_prediction(
     )
     if trainer.is_global_zero:
         logger.info(
-            "predicting %s: %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, %d worker(s) per rank",
-            raster_path,
-            len(tiles),
+            "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
+            "%d worker(s) per rank",
+            len(loaded),
+            ", ".join(scene.job.name for scene in loaded[:5]) + (", ..." if len(loaded) > 5 else ""),
+            len(offsets),
             shard + 1,
             shards,
             spec,
