@@ -3,12 +3,23 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
+import geopandas as gpd
+import numpy as np
 import pytest
+import rasterio
+from affine import Affine
 
+from conftest import write_raster, write_vrt
+from prediction import PredictScene
+from rasterscale.cog import striped_sources
 from rasterscale.config import ConfigError, validate_config
+from rasterscale.merge import read_rank_tile_ids
+from workflow import matched_fraction, run_workflow, workflow_command
 
 
 def write_table(path: Path, rows: list[list[str]]) -> Path:
@@ -101,3 +112,149 @@ def test_a_glob_matching_nothing_fails():
 def test_train_and_predict_scenes_are_a_list_or_all():
     with pytest.raises(ConfigError, match=re.escape("key 'predict.scenes': 'every' does not match")):
         validate_config({"predict": {"scenes": "every"}})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A VRT mosaic as a scene
+# ---------------------------------------------------------------------------------------------------------
+
+
+def mosaic_tiles(directory: Path, tiled: bool = True) -> list[Path]:
+    """2 x 2 GeoTIFF tiles of 170 x 140 px on one grid (the mosaic: 340 x 280 px)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    return [
+        write_raster(
+            directory / f"tile_{row}{col}.tif",
+            170,
+            140,
+            transform=Affine(0.1, 0, 404000.0 + 17.0 * col, 0, -0.1, 3285000.0 - 14.0 * row),
+            data=rng.integers(0, 255, size=(3, 140, 170), dtype=np.uint8),
+            tiled=tiled,
+        )
+        for row in (0, 1)
+        for col in (0, 1)
+    ]
+
+
+def test_a_vrt_reads_its_tiles_and_is_converted_only_when_a_source_is_striped(tmp_path):
+    tiles = mosaic_tiles(tmp_path / "tiles")
+    vrt = write_vrt(tmp_path / "mosaic.vrt", tiles)
+    with rasterio.open(vrt) as src, rasterio.open(tiles[3]) as last:
+        assert (src.width, src.height) == (340, 280)
+        assert np.array_equal(src.read(window=((140, 280), (170, 340))), last.read())
+    assert striped_sources(vrt) == []  # the VRT's own 128 px blocks, its sources tiled: read as it is
+    striped = mosaic_tiles(tmp_path / "striped", tiled=False)
+    assert striped_sources(write_vrt(tmp_path / "striped.vrt", striped)) == [str(p) for p in striped]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The workflow over a scene table: dry runs, errors at load, and batched prediction
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A scene table of three real scenes (two GeoTIFFs and a VRT mosaic of 4 tiles) and an untrained
+    checkpoint at score threshold 0 (plenty of boxes)."""
+    root = tmp_path_factory.mktemp("scenes")
+    model = PredictScene.make(root / "model")
+    (root / "rasters").mkdir()
+    write_raster(root / "rasters/a.tif", 300, 250)
+    write_raster(
+        root / "rasters/b.tif", 260, 300, data=np.random.default_rng(3).integers(0, 255, (3, 300, 260), dtype=np.uint8)
+    )
+    write_vrt(root / "rasters/mosaic.vrt", mosaic_tiles(root / "rasters/mosaic"))
+    rows = [["name", "path"], ["a", "rasters/a.tif"], ["b", "rasters/b.tif"], ["mosaic", "rasters/mosaic.vrt"]]
+    write_table(root / "config/scenes.tsv", rows)
+    return root, model
+
+
+def table_config(model: PredictScene, **predict) -> dict:
+    return {
+        "scenes": "config/scenes.tsv",
+        "model": {"backbone": "resnet18", "checkpoint": str(model.checkpoint), "score_threshold": 0.0},
+        "tiling": {"patch_size": model.patch_size, "overlap": model.overlap},
+        "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 3, **predict},
+    }
+
+
+def dry_run(workdir: Path, config: dict) -> subprocess.CompletedProcess:
+    command = workflow_command(workdir, config, "-n")
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
+    root, model = project
+    result = dry_run(root, table_config(model, devices=2, nodes=2, scenes_per_job=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
+    assert {k: v for k, v in jobs.items() if k.startswith(("predict", "merge", "scene_batch"))} == {
+        "scene_batch": "2",
+        "predict_batch_0_shard_0": "1",
+        "predict_batch_0_shard_1": "1",
+        "predict_batch_1_shard_0": "1",
+        "predict_batch_1_shard_1": "1",
+        "merge_batch_0": "1",
+        "merge_batch_1": "1",
+    }
+    assert jobs["tile_manifest"] == "3" and "convert_to_cog" not in jobs  # the VRT's sources are tiled
+    assert "--job results/batches/batch-0.json" in dry_run_commands(root, table_config(model, scenes_per_job=2))
+
+
+def dry_run_commands(workdir: Path, config: dict) -> str:
+    command = workflow_command(workdir, config, "-n", "-p")
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([["name", "path", "annotation"], ["a", "rasters/a.tif", ""]], "config/scenes.tsv line 1: unknown column"),
+        ([["name", "annotations"], ["a", "x.gpkg"]], "config/scenes.tsv line 1: missing column 'path'"),
+        (
+            [["name", "path"], ["a", "rasters/a.tif"], ["c", "rasters/nowhere.tif"]],
+            "rasterscale: rasters/nowhere.tif: raster not found (config/scenes.tsv line 3, column 'path')",
+        ),
+    ],
+)
+def test_scene_table_errors_are_one_line_at_dry_run(project, tmp_path, rows, message):
+    root, model = project
+    (tmp_path / "rasters").symlink_to(root / "rasters")
+    write_table(tmp_path / "config/scenes.tsv", rows)
+    result = dry_run(tmp_path, table_config(model))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(project, tmp_path):
+    """3 scenes in one batch, 2 shards x 2 ranks: per-scene rank files (empty where a rank got none of a
+    scene's tiles), every tile once; the merged layers equal those of one job (one rank) per scene."""
+    root, model = project
+    batched, single = tmp_path / "batched", tmp_path / "single"
+    for workdir in (batched, single):
+        for name in ("rasters", "config"):
+            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / name).symlink_to(root / name)
+    result = run_workflow(batched, table_config(model, devices=2, nodes=2, scenes_per_job=3))
+    assert re.search(r"^predict_batch_0_shard_1\s+1$", result.stdout + result.stderr, flags=re.M)
+    empty = 0
+    for name in ("a", "b", "mosaic"):
+        manifest = gpd.read_parquet(batched / f"results/{name}/tiles.parquet")
+        files = sorted((batched / f"results/{name}/predict").glob("rank-*.parquet"))
+        assert [p.name for p in files] == [f"rank-{r}.parquet" for r in range(4)]
+        processed = [read_rank_tile_ids(p) for p in files]
+        empty += sum(len(ids) == 0 for ids in processed)
+        assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
+    assert empty > 0  # ranks own contiguous runs of the batch's tiles: some got none of a scene
+    run_workflow(single, table_config(model, devices=1, nodes=1, scenes_per_job=1))
+    for name in ("a", "b", "mosaic"):
+        one = gpd.read_parquet(single / f"results/{name}/detections.parquet")
+        many = gpd.read_parquet(batched / f"results/{name}/detections.parquet")
+        assert len(many) > 20 and len(one) == len(many)
+        assert matched_fraction(one, many, 0.99) == 1.0 and matched_fraction(many, one, 0.99) == 1.0
+        profile = json.loads((batched / f"results/{name}/predict_profile.json").read_text())
+        assert profile["total"]["tiles"] == len(gpd.read_parquet(batched / f"results/{name}/tiles.parquet"))
