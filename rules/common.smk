@@ -149,12 +149,18 @@ def scene_detections(name):
 
 
 # Batches of scenes: predict.scenes, predict.scenes_per_job at a time, in config order (static, computed once).
-# One job per (batch, shard) predicts all of a batch's scenes with one model load; one job per batch merges
-# them. Such a job's inputs reach it through the batch's job file (rule scene_batch), not its command line.
+# One job per batch writes its scenes' tile manifests, one per (batch, shard) predicts them all with one model
+# load, one per batch merges them: a Python start per batch, not per scene. Such a job's inputs reach it through
+# the batch's job file (rule scene_batch), not its command line.
 BATCHES = [
     PREDICT["scenes"][start : start + PREDICT["scenes_per_job"]]
     for start in range(0, len(PREDICT["scenes"]), PREDICT["scenes_per_job"])
 ]
+
+
+def unbatched_scenes_pattern():
+    """Wildcard constraint of the per-scene tile_manifest rule: the scenes no batch makes the manifest of."""
+    return "|".join(name for name in SCENES if name not in PREDICT["scenes"]) or "^$"
 
 
 def batch_file(batch):

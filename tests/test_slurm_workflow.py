@@ -176,7 +176,7 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
         assert {node for *_, node in ranks} == {info["NodeList"]}
         nodes_of_shard[shard] = info["NodeList"]
     assert sorted(nodes_of_shard.values()) == ["n1", "n2"]
-    for rule in ("synthesize_scene", "tile_manifest", "merge_batch_0", "evaluate_scene"):
+    for rule in ("synthesize_scene", "tile_manifest", "tile_manifests_batch_0", "merge_batch_0", "evaluate_scene"):
         for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
             info = scontrol_job(cluster, job_id)
             assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "1"), (rule, info)
