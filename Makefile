@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench bench-scenes clean
 
 $(STAMP): envs/requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -36,6 +36,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
+bench-scenes: $(STAMP)
+	$(BIN)/python bench/many_scenes.py
 
 clean:
 	rm -rf results logs benchmarks .snakemake

@@ -330,14 +330,30 @@ def print_evaluation_summary():
         print("\n".join(rows))
 
 
+PROFILE_TABLES_UP_TO = 4  # scenes; more get one line each (200 tables would bury the run's end)
+
+
 def print_predict_profiles():
-    """Each predicted scene's profile (gathered by the merge) as one table, at the end of the run."""
+    """Each predicted scene's profile (gathered by the merge) as one table, at the end of the run; with many
+    scenes, one line per scene (the tables are in the merge logs and predict_profile.json)."""
     from rasterscale.profiling import format_profile_table
 
+    profiles = {}
     for name in PREDICT["scenes"]:
         path = Path(f"results/{name}/predict_profile.json")
         if path.exists():
-            print(format_profile_table(json.loads(path.read_text()), title=f"rasterscale predict profile: {name}"))
+            profiles[name] = json.loads(path.read_text())
+    if len(profiles) <= PROFILE_TABLES_UP_TO:
+        for name, profile in profiles.items():
+            print(format_profile_table(profile, title=f"rasterscale predict profile: {name}"))
+        return
+    print(f"rasterscale predict profiles ({len(profiles)} scenes; tables in results/{{scene}}/predict_profile.json):")
+    for name, profile in profiles.items():
+        total = profile["total"]
+        print(
+            f"  {name:<24} {total['ranks']} rank(s) {total['tiles']:>7} tiles {total['tiles_per_s']:>8.2f} tiles/s "
+            f"wall {total['wall_s']:.1f} s"
+        )
 
 
 def write_batch_file(job, path, log):
