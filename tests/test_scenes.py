@@ -260,3 +260,74 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(p
         assert matched_fraction(one, many, 0.99) == 1.0 and matched_fraction(many, one, 0.99) == 1.0
         profile = json.loads((batched / f"results/{name}/predict_profile.json").read_text())
         assert profile["total"]["tiles"] == len(gpd.read_parquet(batched / f"results/{name}/tiles.parquet"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inside a prediction job: the batch's tiles over shards and ranks, one scene's data at a time
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_batch_tiles_split_over_shards_and_ranks_exactly_once_and_balanced():
+    from rasterscale.predict import batch_rank_tiles
+    from rasterscale.tiling import Tile
+
+    scenes = [[Tile(i, 0, 0, 8, 8) for i in range(n)] for n in (5, 0, 7, 1)]
+    parts = [batch_rank_tiles(scenes, 2, shard, 2, rank) for shard in (0, 1) for rank in (0, 1)]
+    assert sorted(sum(len(tiles) for tiles in part) for part in parts) == [3, 3, 3, 4]
+    for index, tiles in enumerate(scenes):
+        ids = sorted(t.tile_id for part in parts for t in part[index])
+        assert ids == [t.tile_id for t in tiles]
+    assert [len(tiles) for tiles in parts[3]] == [0, 0, 2, 1]  # empty for the scenes it has no tile of
+
+
+def test_scenes_dataset_holds_one_scene_at_a_time():
+    import gc
+    import weakref
+
+    from rasterscale.predict import ScenesDataset
+
+    made: list[weakref.ref] = []
+
+    class Scene(list):
+        pass
+
+    def factory(tile_ids: list[int]):
+        def make() -> Scene:
+            gc.collect()
+            assert all(ref() is None for ref in made), "the previous scene's data are still held"
+            scene = Scene((None, tile_id) for tile_id in tile_ids)
+            made.append(weakref.ref(scene))
+            return scene
+
+        return make
+
+    dataset = ScenesDataset([factory([4, 5]), factory([]), factory([7, 8, 9])], [2, 0, 3])
+    assert len(dataset) == 5
+    assert [dataset[k][1] for k in range(5)] == [(0, 4), (0, 5), (2, 7), (2, 8), (2, 9)]
+    assert len(made) == 2  # the empty scene made nothing
+
+
+@pytest.mark.parametrize("strategy", ["single", "batch"])
+def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
+    from rasterscale.config import validate_config as validated
+    from rasterscale.predict import SceneJob, run_prediction
+    from rasterscale.runtime import RunSpec
+
+    first = PredictScene.make(tmp_path / "first", 300, 200)
+    second = PredictScene.make(tmp_path / "second", 250, 260)
+    predict_cfg = validated({"predict": {"strategy": strategy, "workers": 0, "batch_size": 4}})["predict"]
+    spec = RunSpec("cpu", 1, 1, "32-true")
+
+    def job(scene: PredictScene, out: Path) -> SceneJob:
+        return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest), str(out))
+
+    both = [job(first, tmp_path / "both/first"), job(second, tmp_path / "both/second")]
+    run_prediction(both, first.checkpoint, predict_cfg, 0.0, spec, tmp_path / "logs")
+    for scene in (first, second):
+        name = scene.raster.parent.name
+        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, predict_cfg, 0.0, spec, tmp_path)
+        together = gpd.read_parquet(tmp_path / f"both/{name}/rank-0.parquet")
+        alone = gpd.read_parquet(tmp_path / f"alone/{name}/rank-0.parquet")
+        assert len(together) == len(alone) > 20
+        assert matched_fraction(together, alone, 0.99) == 1.0
+        assert sorted(read_rank_tile_ids(tmp_path / f"both/{name}/rank-0.parquet")) == list(range(scene.tiles))
