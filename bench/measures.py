@@ -3,7 +3,7 @@
 - fast path: model forward per tile, fp32 at batch 1 (the plain path) vs the prediction fast path (batch norms
   folded, channels_last, bf16 autocast as Lightning runs it, ``predict.batch_size`` tiles per batch), on the
   same preloaded tiles, in alternating rounds (median of the rounds).
-- agreement: the detections of both paths on the same tiles (a trained checkpoint when there is one).
+- agreement: the detections of both paths on the same tiles of a trained model (none: the bench fails).
 - efficiency: pure model forward time over a job's tiles (tensors preloaded, warmed up) / that job's wall time
   (process start to exit: imports, model, data, prediction, rank file).
 - scaling: the same job on 2 ranks vs 1 rank, one thread per rank (the 1-rank job is bound to one core).
@@ -122,14 +122,11 @@ def best_matches(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, 
     return i[first], j[first], ious[first]
 
 
-def measure_agreement(
-    checkpoint: Path, images: list[torch.Tensor], batch_size: int, trained: bool, min_iou: float = 0.9
-) -> dict:
+def measure_agreement(checkpoint: Path, images: list[torch.Tensor], batch_size: int, min_iou: float = 0.9) -> dict:
     """fp32 (plain path) vs fast path detections on the same tiles: boxes matched at IoU >= min_iou (each way)
     and score differences of the matched boxes. Unmatched boxes near the score threshold are counted apart:
     a score moving by 0.01 across the threshold adds or drops a box."""
-    threshold = None if trained else 0.05
-    plain, quick = baseline_model(checkpoint, threshold), fast_model(checkpoint, threshold)
+    plain, quick = baseline_model(checkpoint), fast_model(checkpoint)
     reference = detections(plain, images, 1, "32-true")
     fast = detections(quick, images, batch_size, "bf16-mixed")
     score_threshold = plain.score_thresh
@@ -147,8 +144,13 @@ def measure_agreement(
             if name == "fp32":
                 diffs += np.abs(a["scores"][i[good]] - b["scores"][j[good]]).tolist()
                 ious += iou[good].tolist()
+    if not counts["fp32"] or not counts["fast"]:
+        raise RuntimeError(
+            f"fp32 agreement: {checkpoint} found {counts['fp32']} boxes in fp32 and {counts['fast']} on the fast path "
+            f"over {len(images)} tiles: a figure over no boxes is no figure (is the model trained for this scene?)"
+        )
     return {
-        "model": "trained checkpoint" if trained else "untrained resnet50 (no trained checkpoint found)",
+        "model": "trained",
         "checkpoint": str(checkpoint),
         "tiles": len(images),
         "score_threshold": score_threshold,
