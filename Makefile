@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -44,6 +44,23 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# DeepForest 2.1.0 in an environment of its own (not a runtime dependency), for the side-by-side bench and the
+# test that a model folder rasterscale writes loads and predicts in DeepForest.
+DF_VENV := .venv-deepforest
+DF_STAMP := $(DF_VENV)/.installed
+
+$(DF_STAMP): bench/deepforest/requirements.txt
+	rm -rf $(DF_VENV)
+	$(PYTHON) -m venv $(DF_VENV)
+	$(DF_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --prefer-binary -r bench/deepforest/requirements.txt
+	touch $(DF_STAMP)
+
+bench-deepforest: $(STAMP) $(DF_STAMP)
+	$(BIN)/python bench/side_by_side.py --deepforest-python $(DF_VENV)/bin/python
+
+test-deepforest: $(STAMP) $(DF_STAMP)
+	$(DF_VENV)/bin/python -m pytest -p no:cacheprovider -c /dev/null --rootdir . bench/deepforest -q
 
 clean:
 	rm -rf results logs benchmarks .snakemake
