@@ -1,3 +1,10 @@
+def scene_imagery(name):
+    """The scene's imagery keys (bands, scale) for the manifest's imagery spec, as JSON."""
+    scene = SCENES[name]
+    imagery = {"key": f"scenes.{name}", "bands": scene.get("bands"), "scale": scene.get("scale")}
+    return json.dumps(imagery, separators=(",", ":"))
+
+
 rule tile_manifest:
     input:
         raster=lambda wildcards: scene_raster(wildcards.scene),
@@ -12,6 +19,8 @@ rule tile_manifest:
         patch_size=CONFIG["tiling"]["patch_size"],
         overlap=CONFIG["tiling"]["overlap"],
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
+        imagery=lambda wildcards: scene_imagery(wildcards.scene),
     shell:
         "{params.entry} --raster {input.raster} --out {output}"
-        " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"
+        " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata}"
+        " --imagery {params.imagery:q} > {log} 2>&1"

@@ -1,8 +1,10 @@
 import geopandas as gpd
+import numpy as np
 import pytest
 import shapely
 
-from rasterscale.inputs import InputError, check_raster, read_annotations
+from conftest import write_rgba
+from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations
 
 
 def test_good_raster_passes(raster_factory):
@@ -32,9 +34,35 @@ def test_raster_without_crs(raster_factory):
         check_raster(raster_factory(width=64, height=64, crs=None))
 
 
-def test_band_count_mismatch(raster_factory):
-    with pytest.raises(InputError, match=r"scene.tif: raster has 1 band\(s\); the model needs 3"):
-        check_raster(raster_factory(width=64, height=64, count=1))
+def test_bands_out_of_range_name_the_key(raster_factory):
+    info = check_raster(raster_factory(width=64, height=64, count=1))
+    expected = r"scene.tif: raster has 1 band\(s\); scenes.a.bands \[1, 2, 3\] asks for band\(s\) 2, 3"
+    with pytest.raises(InputError, match=expected):
+        check_imagery(info, None, None, "scenes.a")
+    check_imagery(info, [1, 1, 1], None, "scenes.a")  # grey as RGB
+
+
+def test_alpha_band_is_not_a_colour(raster_factory, tmp_path):
+    info = check_raster(write_rgba(tmp_path / "rgba.tif", np.full((4, 64, 64), 9, np.uint8)))
+    assert info.alpha == 4
+    check_imagery(info, None, None, "scenes.a")
+    with pytest.raises(InputError, match=r"rgba.tif: band 4 is the alpha band .*scenes.a.bands"):
+        check_imagery(info, [1, 2, 4], None, "scenes.a")
+
+
+def test_16_bit_needs_a_scale_of_matching_length(raster_factory):
+    path = raster_factory(width=64, height=64, count=4, data=np.zeros((4, 64, 64), np.uint16))
+    info = check_raster(path)
+    with pytest.raises(InputError, match=r"scene.tif: bands are uint16, not uint8; set scenes.a.scale"):
+        check_imagery(info, None, None, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.max has 4 value\(s\) for the 3 bands of scenes.a.bands"):
+        check_imagery(info, [4, 3, 2], {"min": 0, "max": [1, 2, 3, 4]}, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.min must be below scenes.a.scale.max \(band 3\)"):
+        check_imagery(info, [4, 3, 2], {"min": [0, 5, 0], "max": [9, 5, 9]}, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.percentile \[98, 2\] must be"):
+        check_imagery(info, None, {"percentile": [98, 2]}, "scenes.a")
+    check_imagery(info, [4, 3, 2], {"min": 0, "max": [1, 2, 3]}, "scenes.a")
+    check_imagery(info, None, {"percentile": [2, 98]}, "scenes.a")
 
 
 def write_boxes(path, boxes, crs="EPSG:32617", **columns):
