@@ -46,7 +46,8 @@ def write_raster(
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
         if alpha:
-            dst.colorinterp = [*dst.colorinterp[:-1], ColorInterp.alpha]
+            colours = [ColorInterp.red, ColorInterp.green, ColorInterp.blue][: count - 1]
+            dst.colorinterp = [*colours, *[ColorInterp.gray] * (count - 1 - len(colours)), ColorInterp.alpha]
     return path
 
 
