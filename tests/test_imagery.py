@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import rasterio
@@ -13,7 +14,7 @@ import torch
 
 from conftest import REPO, write_raster, write_rgba
 from rasterscale.data import TrainTileDataset, WindowDataset, load_region, prediction_dataset
-from rasterscale.imagery import SPEC_KEY, ImageSpec, read_spec, resolve_spec
+from rasterscale.imagery import SPEC_KEY, ImageSpec, drop_masked, read_spec, resolve_spec, valid_at
 from rasterscale.inputs import InputError
 from rasterscale.tiling import Tile, build_manifest, tiles_from_frame, write_manifest
 
@@ -132,6 +133,22 @@ def test_nodata_value_marks_pixels_missing_in_all_three_bands(tmp_path):
     assert (pixels[:, :10] == 0).all() and (pixels[0, 10:20] == 255).all() and (pixels[1, 10:] == 7).all()
 
 
+def test_detections_centred_on_masked_pixels_are_dropped(tmp_path):
+    path = write_rgba(tmp_path / "ortho.tif", rgba_with_masked_corner(size=2100, corner=1100))
+    spec = resolve_spec(path)
+    boxes = pd.DataFrame(
+        [[0, 0, 10, 10], [1095, 1095, 1109, 1109], [1095, 1095, 1101, 1101], [2000, 10, 2050, 40], [5, 1094, 20, 1104]],
+        columns=["px_xmin", "px_ymin", "px_xmax", "px_ymax"],
+    )  # centres (the corner is [0, 1100) squared): masked, valid, masked, valid, masked (row 1099)
+    assert drop_masked(boxes, path, spec).index.tolist() == [1, 3]
+    assert valid_at(path, spec, np.array([1100.0, -1.0, 2100.0]), np.array([1100.0, 5.0, 5.0])).tolist() == [
+        True,
+        False,
+        False,
+    ]
+    assert len(drop_masked(boxes, path, ImageSpec())) == 5  # no mask: nothing to drop
+
+
 def test_spec_round_trips_through_json():
     spec = ImageSpec((3, 2, 1), "alpha", 4, None, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0), "percentile 2-98")
     assert ImageSpec.from_json(spec.to_json()) == spec
@@ -141,7 +158,9 @@ def test_spec_round_trips_through_json():
 def test_manifest_without_spec_says_how_to_fix(tmp_path, raster_factory):
     path = tmp_path / "old.parquet"
     build_manifest(raster_factory(width=64, height=64), 32, 0).to_parquet(path)
-    with pytest.raises(InputError, match=r"old.parquet: tile manifest holds no imagery spec .*rerun rule tile_manifest"):
+    with pytest.raises(
+        InputError, match=r"old.parquet: tile manifest holds no imagery spec .*rerun rule tile_manifest"
+    ):
         read_spec(path)
 
 

@@ -182,6 +182,35 @@ def valid_mask(
     return read_masked(src, spec, out_shape=out_shape)[1]
 
 
+def valid_at(path: str | Path, spec: ImageSpec, cols: np.ndarray, rows: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """Whether the pixels at (``cols``, ``rows``) are valid under the spec's mask (pixels outside the raster
+    are not). Exact: the mask is read in ``chunk``-pixel squares, only where there are points."""
+    cols, rows = np.floor(cols).astype(np.int64), np.floor(rows).astype(np.int64)
+    with rasterio.open(path) as src:
+        inside = (cols >= 0) & (rows >= 0) & (cols < src.width) & (rows < src.height)
+        if spec.mask == "none":
+            return inside
+        valid = np.zeros(len(cols), dtype=bool)
+        keys = (rows // chunk) * (src.width // chunk + 1) + cols // chunk
+        for key in np.unique(keys[inside]):
+            members = np.flatnonzero(inside & (keys == key))
+            row0, col0 = int(rows[members[0]]) // chunk * chunk, int(cols[members[0]]) // chunk * chunk
+            window = Window(col0, row0, min(chunk, src.width - col0), min(chunk, src.height - row0))
+            mask = read_masked(src, spec, window=window)[1]
+            valid[members] = True if mask is None else mask[rows[members] - row0, cols[members] - col0]
+    return valid
+
+
+def drop_masked(detections: Any, path: str | Path, spec: ImageSpec) -> Any:
+    """Detections (raster pixel columns px_xmin..px_ymax) whose centre lies on a valid pixel: no data, no
+    object (a tile partly masked may still see one in its fill)."""
+    if spec.mask == "none" or not len(detections):
+        return detections
+    cols = (detections["px_xmin"].to_numpy() + detections["px_xmax"].to_numpy()) / 2
+    rows = (detections["px_ymin"].to_numpy() + detections["px_ymax"].to_numpy()) / 2
+    return detections[valid_at(path, spec, cols, rows)]
+
+
 def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
     """Bands as stored -> uint8 by the spec's linear scale (clipped); uint8 without a scale as it is."""
     if spec.low is None or spec.high is None:
