@@ -63,6 +63,13 @@ def scene_annotations(name):
     return SCENES[name].get("annotations", "")
 
 
+def scene_imagery(name):
+    """The scene's imagery keys (bands, scale) for the manifest's imagery spec, as JSON."""
+    scene = SCENES[name]
+    imagery = {"key": f"scenes.{name}", "bands": scene.get("bands"), "scale": scene.get("scale")}
+    return json.dumps(imagery, separators=(",", ":"))
+
+
 def scene_image_name(name):
     """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
     return SCENES[name].get("image_path") or Path(scene_source(name)).name

@@ -1,10 +1,3 @@
-def scene_imagery(name):
-    """The scene's imagery keys (bands, scale) for the manifest's imagery spec, as JSON."""
-    scene = SCENES[name]
-    imagery = {"key": f"scenes.{name}", "bands": scene.get("bands"), "scale": scene.get("scale")}
-    return json.dumps(imagery, separators=(",", ":"))
-
-
 rule tile_manifest:
     input:
         raster=lambda wildcards: scene_raster(wildcards.scene),
