@@ -229,7 +229,6 @@ def read_tile(src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window) -
     pixels, valid = read_masked(src, spec, window=window)
     tile = to_uint8(pixels, spec)
     if valid is not None and not valid.all():
-        tile = tile.copy() if tile is pixels else tile
         tile[:, ~valid] = spec.fill
     return tile
 
