@@ -14,7 +14,7 @@ import torch
 
 from conftest import REPO, write_raster, write_rgba
 from rasterscale.data import TrainTileDataset, WindowDataset, load_region, prediction_dataset
-from rasterscale.imagery import SPEC_KEY, ImageSpec, drop_masked, read_spec, resolve_spec, valid_at
+from rasterscale.imagery import SPEC_KEY, ImageSpec, drop_masked, on_data, read_spec, resolve_spec, valid_at
 from rasterscale.inputs import InputError
 from rasterscale.tiling import Tile, build_manifest, tiles_from_frame, write_manifest
 
@@ -147,6 +147,7 @@ def test_detections_centred_on_masked_pixels_are_dropped(tmp_path):
         False,
     ]
     assert len(drop_masked(boxes, path, ImageSpec())) == 5  # no mask: nothing to drop
+    assert on_data(path, spec, boxes.to_numpy()).tolist() == [False, True, False, True, False]
 
 
 def test_spec_round_trips_through_json():

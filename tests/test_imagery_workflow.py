@@ -24,15 +24,16 @@ CORNER = 300  # the masked top-left square (alpha 0), in pixels
 PATCH, OVERLAP = 256, 64
 
 
-def masked_scene(directory, name, width, height, seed, dtype="uint8"):
+def masked_scene(directory, name, width, height, seed, dtype="uint8", boxes_in_corner=False):
     """A synthetic canopy scene as an RGBA orthomosaic whose top-left corner is masked (RGB there: white, as
-    some tools write), and its crown boxes in pixels outside the corner."""
+    some tools write), and its crown boxes in pixels (outside the corner unless asked: training drops them)."""
     synthesize_scene(directory / f"{name}.rgb.tif", directory / f"{name}.gpkg", width=width, height=height, seed=seed)
     with rasterio.open(directory / f"{name}.rgb.tif") as src:
         rgb, transform = src.read(), src.transform
     boxes = geometries_to_pixel_boxes(gpd.read_file(directory / f"{name}.gpkg").geometry.to_numpy(), transform)
     centres = (boxes[:, :2] + boxes[:, 2:]) / 2
-    boxes = boxes[(centres >= CORNER).any(axis=1)]  # nobody annotates no-data
+    if not boxes_in_corner:
+        boxes = boxes[(centres >= CORNER).any(axis=1)]
     data = np.concatenate([rgb, np.full((1, height, width), 255, np.uint8)])
     data[:3, :CORNER, :CORNER] = 255
     data[3, :CORNER, :CORNER] = 0
@@ -62,7 +63,7 @@ def write_voc(path, image, boxes):
 def user_config(directory):
     data = directory / "data"
     data.mkdir(parents=True)
-    train, train_boxes = masked_scene(data, "odm_train", 768, 768, seed=11)
+    train, train_boxes = masked_scene(data, "odm_train", 768, 768, seed=11, boxes_in_corner=True)
     test, test_boxes = masked_scene(data, "ortho16", 900, 700, seed=12, dtype="uint16")
     scenes = {
         "odm_train": {"path": str(train), "annotations": str(write_csv(data / "boxes.csv", train.name, train_boxes))},

@@ -201,14 +201,20 @@ def valid_at(path: str | Path, spec: ImageSpec, cols: np.ndarray, rows: np.ndarr
     return valid
 
 
+def on_data(path: str | Path, spec: ImageSpec, boxes: np.ndarray) -> np.ndarray:
+    """Whether each (N, 4) pixel box (xmin, ymin, xmax, ymax) is centred on a valid pixel: no data, no object."""
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if spec.mask == "none" or not len(boxes):
+        return np.ones(len(boxes), dtype=bool)
+    return valid_at(path, spec, (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2)
+
+
 def drop_masked(detections: Any, path: str | Path, spec: ImageSpec) -> Any:
-    """Detections (raster pixel columns px_xmin..px_ymax) whose centre lies on a valid pixel: no data, no
-    object (a tile partly masked may still see one in its fill)."""
+    """Detections (raster pixel columns px_xmin..px_ymax) centred on valid pixels (a tile partly masked may
+    still see an object in its fill)."""
     if spec.mask == "none" or not len(detections):
         return detections
-    cols = (detections["px_xmin"].to_numpy() + detections["px_xmax"].to_numpy()) / 2
-    rows = (detections["px_ymin"].to_numpy() + detections["px_ymax"].to_numpy()) / 2
-    return detections[valid_at(path, spec, cols, rows)]
+    return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]
 
 
 def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
