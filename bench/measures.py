@@ -30,11 +30,12 @@ from jobs import JobResult, run_predict_job
 from rasterscale.config import validate_config
 from rasterscale.data import WindowDataset, to_model_input
 from rasterscale.geo import box_pairs, pair_ious
+from rasterscale.imagery import resolve_spec
 from rasterscale.merge import merge_detections
 from rasterscale.model import load_checkpoint
 from rasterscale.outputs import write_geoparquet
 from rasterscale.predict import prepare_for_inference
-from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame
+from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
 PATCH, OVERLAP = 400, 80
@@ -51,7 +52,7 @@ def timed(section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def read_tiles(raster: Path, tiles: Sequence[Tile]) -> list[torch.Tensor]:
     """The tiles as the model takes them (float in [0, 1]), preloaded."""
-    dataset = WindowDataset(raster, tiles)
+    dataset = WindowDataset(raster, tiles, resolve_spec(raster))
     return [to_model_input(dataset[k][0]) for k in range(len(dataset))]
 
 
@@ -224,7 +225,7 @@ def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: in
         manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
         chosen = manifest.iloc[spread(range(len(manifest)), count)]
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
-        write_geoparquet(chosen, directory / "tiles.parquet")
+        write_manifest(chosen, resolve_spec(raster), directory / "tiles.parquet")
         job = run_predict_job(directory, raster, directory / "tiles.parquet", checkpoint, {"devices": 1, "workers": 0})
         raster.unlink()
         profile = job.profiles[0]

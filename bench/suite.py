@@ -25,8 +25,8 @@ from measures import (
     spread,
     timed,
 )
-from rasterscale.outputs import write_geoparquet
-from rasterscale.tiling import build_manifest, tiles_from_frame
+from rasterscale.imagery import resolve_spec
+from rasterscale.tiling import build_manifest, tiles_from_frame, write_manifest
 from synthetic import write_checkpoint, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     checkpoint = write_checkpoint(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
-    write_geoparquet(manifest, workdir / "tiles.parquet")
+    write_manifest(manifest, resolve_spec(raster), workdir / "tiles.parquet")
     tiles = tiles_from_frame(manifest)
     details: dict[str, Any] = {}
 

@@ -8,7 +8,7 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.config import ConfigError, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402
+from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations  # noqa: E402
 
 
 def fail(message):
@@ -63,6 +63,18 @@ def scene_annotations(name):
     return SCENES[name].get("annotations", "")
 
 
+def scene_imagery(name):
+    """The scene's imagery keys (bands, scale) for the manifest's imagery spec, as JSON."""
+    scene = SCENES[name]
+    imagery = {"key": f"scenes.{name}", "bands": scene.get("bands"), "scale": scene.get("scale")}
+    return json.dumps(imagery, separators=(",", ":"))
+
+
+def scene_image_name(name):
+    """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
+    return SCENES[name].get("image_path") or Path(scene_source(name)).name
+
+
 def check_scene_inputs():
     """Header checks of every existing input at load time (so also on `snakemake -n`)."""
     for name, scene in SCENES.items():
@@ -75,11 +87,18 @@ def check_scene_inputs():
                 continue
             fail(f"{path}: raster not found (scenes.{name}.path)")
         raster = check_raster(path)
+        check_imagery(raster, scene.get("bands"), scene.get("scale"), f"scenes.{name}")
         if not raster.is_tiled:
             UNTILED.add(name)
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
-            read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
+            read_annotations(
+                annotations,
+                raster,
+                MODEL["labels"],
+                scene.get("label_column"),
+                scene_image_name(name),
+            )
 
 
 try:
@@ -218,6 +237,7 @@ def training_scenes_json():
             "manifest": f"results/{name}/tiles.parquet",
             "annotations": scene_annotations(name),
             "label_column": SCENES[name].get("label_column"),
+            "image_path": scene_image_name(name),
         }
         for name in TRAIN["scenes"]
     ]

@@ -14,7 +14,9 @@ rule evaluate_scene:
         entry=entry_point("evaluate"),
         config=config_json("model", "evaluate"),
         label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
+        image_path=lambda wildcards: scene_image_name(wildcards.scene),
     shell:
         "{params.entry} --detections {input.detections} --raster {input.raster}"
         " --annotations {input.annotations} --label-column '{params.label_column}' --config {params.config:q}"
+        " --image-path {params.image_path:q}"
         " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"

@@ -12,6 +12,7 @@ def main() -> None:
     parser.add_argument("--raster", required=True)
     parser.add_argument("--annotations", required=True)
     parser.add_argument("--label-column", default=None)
+    parser.add_argument("--image-path", default=None, help="the scene's image name in CSV/VOC annotations")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
     parser.add_argument("--out", required=True)
     parser.add_argument("--quicklook", required=True)
@@ -25,6 +26,7 @@ def main() -> None:
         args.config["evaluate"],
         args.out,
         args.quicklook,
+        args.image_path,
     )
     print(
         f"{args.raster}: precision={metrics['precision']:.3f} recall={metrics['recall']:.3f} "

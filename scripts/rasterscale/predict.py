@@ -40,6 +40,7 @@ from rasterscale.data import (
     to_model_input,
 )
 from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.merge import empty_detections, write_rank_file
 from rasterscale.model import load_checkpoint
@@ -432,6 +433,7 @@ def run_prediction(
     if spec.accelerator == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(spec.devices))
     tiles = tiles_from_frame(read_manifest(manifest_path))
+    imagery = read_spec(manifest_path)
     offsets = {t.tile_id: (t.col_off, t.row_off) for t in tiles}
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
@@ -446,10 +448,10 @@ def run_prediction(
                 "rank %d: strategy %s holds its region of %.0f MB on %s",
                 rank_,
                 strategy,
-                region_nbytes(raster_path, bounding_window(own)) / 2**20,
+                region_nbytes(bounding_window(own)) / 2**20,
                 device if strategy == "batch" else "cpu",
             )
-        return prediction_dataset(strategy, raster_path, own, device)
+        return prediction_dataset(strategy, raster_path, own, imagery, device)
 
     profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
     writer = RankFileWriter(

@@ -26,6 +26,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.data import TrainTileDataset, collate_lists
 from rasterscale.evaluate import evaluate_detections
+from rasterscale.imagery import on_data, read_spec
 from rasterscale.inputs import check_raster, read_annotations
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
 from rasterscale.runtime import (
@@ -48,6 +49,7 @@ class TrainScene:
     manifest: str
     annotations: str
     label_column: str | None = None
+    image_path: str | None = None  # the scene's image name in CSV/VOC annotations
 
 
 def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
@@ -103,17 +105,20 @@ class TrainingDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         for scene in self.scenes:
             raster = check_raster(scene.raster)
-            truth = read_annotations(scene.annotations, raster, list(self.detector.labels), scene.label_column)
+            labels = list(self.detector.labels)
+            truth = read_annotations(scene.annotations, raster, labels, scene.label_column, scene.image_path)
             tiles = tiles_from_frame(read_manifest(scene.manifest))
+            spec = read_spec(scene.manifest)
+            keep = on_data(scene.raster, spec, truth.boxes)  # boxes on masked pixels: the tiles show none
             train, validation = split_train_validation(tiles, raster.height, self.cfg["validation_fraction"])
             common = {
-                "boxes": truth.boxes,
-                "labels": truth.labels,
+                "boxes": truth.boxes[keep],
+                "labels": truth.labels[keep],
                 "min_visible_fraction": self.cfg["min_visible_fraction"],
             }
-            self.train_sets.append(TrainTileDataset(scene.raster, train, augment=True, **common))
+            self.train_sets.append(TrainTileDataset(scene.raster, train, spec, augment=True, **common))
             if validation:
-                self.val_sets.append(TrainTileDataset(scene.raster, validation, augment=False, **common))
+                self.val_sets.append(TrainTileDataset(scene.raster, validation, spec, augment=False, **common))
 
     def train_dataloader(self) -> DataLoader:
         workers = self.cfg["workers"]
