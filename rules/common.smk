@@ -9,6 +9,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.config import ConfigError, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402
+from rasterscale.modelfiles import detector_of_config  # noqa: E402
 
 
 def fail(message):
@@ -28,6 +29,13 @@ MODEL = CONFIG["model"]
 TRAIN = CONFIG["train"]
 PREDICT = CONFIG["predict"]
 PYTHON = sys.executable
+
+try:
+    # the effective detector: config keys over what the model file (model.checkpoint / train.init) says
+    DETECTOR = detector_of_config(CONFIG)[0]
+except (ConfigError, InputError) as err:
+    fail(err)
+LABELS = list(DETECTOR.labels)  # the resolved class names: use these, never MODEL["labels"]
 
 
 def is_demo_scene(name):
@@ -79,7 +87,7 @@ def check_scene_inputs():
             UNTILED.add(name)
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
-            read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
+            read_annotations(annotations, raster, LABELS, scene.get("label_column"))
 
 
 try:
@@ -115,6 +123,15 @@ def predict_shards():
 
 def checkpoint_path():
     return MODEL["checkpoint"] or f"results/models/{MODEL['name']}.pt"
+
+
+def trained_model_outputs(name):
+    """Everything train_detector writes for a model: checkpoint and curves."""
+    return [f"results/models/{name}.pt", f"results/models/{name}.metrics.csv", f"results/models/{name}.png"]
+
+
+def labels_json():
+    return json.dumps(LABELS, separators=(",", ":"))
 
 
 def rank_files(wildcards):
@@ -231,12 +248,7 @@ def evaluated_scenes():
 def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
-        name = MODEL["name"]
-        targets += [
-            f"results/models/{name}.pt",
-            f"results/models/{name}.metrics.csv",
-            f"results/models/{name}.png",
-        ]
+        targets += trained_model_outputs(MODEL["name"])
     for name in PREDICT["scenes"]:
         targets += [
             f"results/{name}/detections.gpkg",

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from rasterscale.model import DetectorConfig
+from rasterscale.modelfiles import detector_of_config
 from rasterscale.runtime import run_spec
 from rasterscale.train import TrainScene, run_training
 
@@ -19,7 +19,7 @@ def main() -> None:
     args = parser.parse_args()
     run_training(
         scenes=[TrainScene(**scene) for scene in args.scenes],
-        detector=DetectorConfig.from_config(args.config),
+        detector=detector_of_config(args.config)[0],
         train_cfg=args.config["train"],
         spec=run_spec(args.config, "train"),
         checkpoint_path=args.checkpoint,
