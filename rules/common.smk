@@ -9,7 +9,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.config import ConfigError, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402
-from rasterscale.modelfiles import detector_of_config  # noqa: E402
+from rasterscale.modelfiles import FOLDER_FILES, detector_of_config  # noqa: E402
 
 
 def fail(message):
@@ -126,8 +126,20 @@ def checkpoint_path():
 
 
 def trained_model_outputs(name):
-    """Everything train_detector writes for a model: checkpoint and curves."""
-    return [f"results/models/{name}.pt", f"results/models/{name}.metrics.csv", f"results/models/{name}.png"]
+    """Everything train_detector writes for a model: checkpoint, DeepForest folder, curves."""
+    return [
+        f"results/models/{name}.pt",
+        *(f"results/models/{name}/{file}" for file in FOLDER_FILES),
+        f"results/models/{name}.metrics.csv",
+        f"results/models/{name}.png",
+    ]
+
+
+def train_start_inputs(wildcards):
+    """The files training starts from (train.init, model.backbone_weights), as rule inputs."""
+    return {
+        key: path for key, path in (("init", TRAIN["init"]), ("backbone_weights", MODEL["backbone_weights"])) if path
+    }
 
 
 def labels_json():

@@ -13,6 +13,7 @@ def main() -> None:
     parser.add_argument("--scenes", type=json.loads, required=True, help="JSON list of training scenes")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
     parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--deepforest-folder", required=True, help="the model also as a DeepForest model folder")
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--plot", required=True)
     parser.add_argument("--log-dir", required=True)
@@ -26,6 +27,8 @@ def main() -> None:
         metrics_path=args.metrics,
         plot_path=args.plot,
         log_dir=args.log_dir,
+        deepforest_folder=args.deepforest_folder,
+        backbone_weights=args.config["model"]["backbone_weights"],
     )
 
 

@@ -310,17 +310,21 @@ def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return [x.casefold() for x in a] == [x.casefold() for x in b]
 
 
+def config_error(problem: str) -> Exception:
+    from rasterscale.config import ConfigError  # imported here: reading model files needs no jsonschema
+
+    return ConfigError(f"config: {problem}")
+
+
 def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
     """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
     default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
     otherwise (prediction) the labels must number the file's classes.
     """
-    from rasterscale.config import ConfigError
-
     model = config.get("model", {})
     if header and model.get("backbone") not in (None, header.backbone):
-        raise ConfigError(
-            f"config: key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
+        raise config_error(
+            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
             "leave model.backbone out to use the file's"
         )
     labels = tuple(model["labels"]) if model.get("labels") else None
@@ -329,12 +333,12 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
     if labels is None:
         labels = DEFAULT_LABELS
         if header and header.num_classes != len(labels):
-            raise ConfigError(
-                f"config: {header.path} has {header.num_classes} classes and no names for them: set model.labels"
+            raise config_error(
+                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
             )
     if header and not new_head and len(labels) != header.num_classes:
-        raise ConfigError(
-            f"config: key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
+        raise config_error(
+            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
             f"{': ' + ', '.join(header.labels) if header.labels else ''}"
         )
     resize = configured_resize(model.get("resize"))
@@ -370,9 +374,7 @@ def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, Model
     """The effective detector of a validated config, reading the header of the model file it names."""
     path, new_head = model_file(config)
     if new_head and config.get("model", {}).get("backbone_weights"):
-        from rasterscale.config import ConfigError
-
-        raise ConfigError("config: train.init and model.backbone_weights are both set: keep one of them")
+        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
     header = read_header(path) if path else None
     return resolve_detector(config, header, new_head=new_head), header
 
