@@ -2,13 +2,14 @@
 fine-tune one (train.init, new labels) into a model that is written again as a DeepForest folder."""
 
 import json
+import subprocess
 
 import geopandas as gpd
 import pytest
 
 from deepforest_files import torchvision_retinanet, write_folder
 from rasterscale.modelfiles import read_header
-from workflow import run_workflow, tiny_config
+from workflow import run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +53,20 @@ def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path,
     assert (header.backbone, header.labels, header.resize) == ("resnet18", ("crown",), (800, 1333))
     assert read_header(tmp_path / "results/models/tiny.pt").resize == (800, 1333)
     assert "DeepForest itself builds resnet50 models only" in log
+
+
+def test_a_bad_model_file_or_contradicting_labels_stop_the_dry_run_in_one_line(tmp_path, deepforest_folder):
+    (tmp_path / "model.pt").write_text("not a model")
+    config = tiny_config(train={"scenes": []})
+    cases = {
+        str(tmp_path / "model.pt"): ({}, f"rasterscale: {tmp_path / 'model.pt'}: not a model file rasterscale reads"),
+        str(deepforest_folder): (
+            {"labels": ["oak", "pine"]},
+            f"rasterscale: config: key 'model.labels' names 2 classes but {deepforest_folder} has 1: Tree",
+        ),
+    }
+    for checkpoint, (keys, message) in cases.items():
+        config["model"] = model_section(checkpoint=checkpoint, **keys)
+        result = subprocess.run(workflow_command(tmp_path / "run", config, "-n"), capture_output=True, text=True)
+        assert result.returncode != 0
+        assert message in result.stderr and "Traceback" not in result.stderr
