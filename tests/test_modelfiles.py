@@ -268,3 +268,20 @@ def test_written_folder_reads_back_and_predicts_the_same(tmp_path, tile, resize)
     np.testing.assert_allclose(ours["boxes"], theirs["boxes"], atol=1e-4)
     write_deepforest_folder(model.state_dict(), cfg, folder)  # rewriting replaces it whole
     assert load_checkpoint(folder)[1] == cfg
+
+
+def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path, tile):
+    from rasterscale.model import freeze_pretrained_backbone, load_weights
+
+    cfg = DetectorConfig(backbone="resnet18", patch_size=256)
+    model = build_detector(cfg).eval()
+    expected = model.backbone(tile[None])["0"]
+    assert "batch norms frozen (20), conv1 and layer1 fixed" in freeze_pretrained_backbone(model)
+    model.train()  # frozen norms keep their statistics in training mode
+    torch.testing.assert_close(model.backbone(tile[None])["0"], expected)
+    body = dict(model.backbone.body.named_parameters())
+    assert not body["conv1.weight"].requires_grad and not body["layer1.0.conv1.weight"].requires_grad
+    assert body["layer2.0.conv1.weight"].requires_grad
+    again = build_detector(cfg)  # what prediction builds: the frozen model's weights load into it
+    load_weights(again, model.state_dict(), "frozen")
+    torch.testing.assert_close(again.eval().backbone(tile[None])["0"], expected)

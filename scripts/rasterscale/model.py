@@ -22,6 +22,7 @@ from torchvision.models.detection import RetinaNet
 from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 from rasterscale.inputs import InputError
 from rasterscale.modelfiles import (
@@ -174,3 +175,25 @@ def load_backbone_weights(model: RetinaNet, path: str | Path) -> str:
         keys = (missing or result.unexpected_keys)[:3]
         raise InputError(f"{path}: does not fit the detector's backbone: {', '.join(keys)}")
     return f"backbone from the ImageNet weights {path} ({len(body)} tensors)"
+
+
+FROZEN_STEM = ("conv1", "layer1")  # what torchvision (and so DeepForest) keeps fixed in a pretrained backbone
+
+
+def freeze_pretrained_backbone(model: RetinaNet) -> str:
+    """Fine-tune a pretrained backbone as torchvision and DeepForest do: its batch norms frozen (their ImageNet or
+    DeepForest statistics kept, not re-estimated from small batches) and its stem (conv1, layer1) fixed."""
+    body = model.backbone.body
+    frozen = 0
+    for parent in list(body.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.BatchNorm2d):
+                norm = FrozenBatchNorm2d(child.num_features, eps=child.eps)
+                for key in ("weight", "bias", "running_mean", "running_var"):
+                    getattr(norm, key).copy_(getattr(child, key).detach())
+                setattr(parent, name, norm)
+                frozen += 1
+    for name, parameter in body.named_parameters():
+        if name.startswith(FROZEN_STEM):
+            parameter.requires_grad_(False)
+    return f"backbone batch norms frozen ({frozen}), {' and '.join(FROZEN_STEM)} fixed"

@@ -30,6 +30,7 @@ from rasterscale.inputs import check_raster, read_annotations
 from rasterscale.model import (
     DetectorConfig,
     build_detector,
+    freeze_pretrained_backbone,
     init_from_model_file,
     load_backbone_weights,
     save_checkpoint,
@@ -77,12 +78,15 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
 
 def initial_weights(model: torch.nn.Module, detector: DetectorConfig, init: str, backbone_weights: str) -> str:
     """Start the detector from ``train.init`` (any model file rasterscale reads), or its backbone from
-    ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch; returns what for the log."""
+    ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch; returns what for the log.
+    A pretrained backbone is fine-tuned as DeepForest does (frozen batch norms and stem)."""
     if init:
-        return init_from_model_file(model, detector, init)
-    if backbone_weights:
-        return load_backbone_weights(model, backbone_weights) + "; the rest initialized at random"
-    return "no weights: training from scratch (random initialization)"
+        loaded = init_from_model_file(model, detector, init)
+    elif backbone_weights:
+        loaded = load_backbone_weights(model, backbone_weights) + ", the rest initialized at random"
+    else:
+        return "no weights: training from scratch (random initialization)"
+    return f"{loaded}; {freeze_pretrained_backbone(model)}"
 
 
 def log_deepforest_compatibility(detector: DetectorConfig, folder: str | Path) -> None:
