@@ -9,6 +9,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.config import ConfigError, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations  # noqa: E402
+from rasterscale.modelfiles import FOLDER_FILES, detector_of_config  # noqa: E402
 
 
 def fail(message):
@@ -28,6 +29,13 @@ MODEL = CONFIG["model"]
 TRAIN = CONFIG["train"]
 PREDICT = CONFIG["predict"]
 PYTHON = sys.executable
+
+try:
+    # the effective detector: config keys over what the model file (model.checkpoint / train.init) says
+    DETECTOR = detector_of_config(CONFIG)[0]
+except (ConfigError, InputError) as err:
+    fail(err)
+LABELS = list(DETECTOR.labels)  # the resolved class names: use these, never MODEL["labels"]
 
 
 def is_demo_scene(name):
@@ -92,13 +100,7 @@ def check_scene_inputs():
             UNTILED.add(name)
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
-            read_annotations(
-                annotations,
-                raster,
-                MODEL["labels"],
-                scene.get("label_column"),
-                scene_image_name(name),
-            )
+            read_annotations(annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name))
 
 
 try:
@@ -134,6 +136,27 @@ def predict_shards():
 
 def checkpoint_path():
     return MODEL["checkpoint"] or f"results/models/{MODEL['name']}.pt"
+
+
+def trained_model_outputs(name):
+    """Everything train_detector writes for a model: checkpoint, DeepForest folder, curves."""
+    return [
+        f"results/models/{name}.pt",
+        *(f"results/models/{name}/{file}" for file in FOLDER_FILES),
+        f"results/models/{name}.metrics.csv",
+        f"results/models/{name}.png",
+    ]
+
+
+def train_start_inputs(wildcards):
+    """The files training starts from (train.init, model.backbone_weights), as rule inputs."""
+    return {
+        key: path for key, path in (("init", TRAIN["init"]), ("backbone_weights", MODEL["backbone_weights"])) if path
+    }
+
+
+def labels_json():
+    return json.dumps(LABELS, separators=(",", ":"))
 
 
 def rank_files(wildcards):
@@ -251,12 +274,7 @@ def evaluated_scenes():
 def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
-        name = MODEL["name"]
-        targets += [
-            f"results/models/{name}.pt",
-            f"results/models/{name}.metrics.csv",
-            f"results/models/{name}.png",
-        ]
+        targets += trained_model_outputs(MODEL["name"])
     for name in PREDICT["scenes"]:
         targets += [
             f"results/{name}/detections.gpkg",

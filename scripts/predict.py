@@ -23,7 +23,7 @@ def main() -> None:
         manifest_path=args.manifest,
         checkpoint_path=args.checkpoint,
         predict_cfg=args.config["predict"],
-        score_threshold=args.config["model"]["score_threshold"],
+        config=args.config,
         spec=run_spec(args.config, "predict"),
         out_dir=args.out_dir,
         log_dir=args.log_dir,

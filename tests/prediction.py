@@ -46,8 +46,10 @@ def predict_rank_file(
     channels_last: bool = True,
     batch_size: int = 3,
     workers: int = 1,
+    model: dict | None = None,
 ) -> Path:
-    """Predict the whole scene with one CPU rank, in this process; returns its rank file."""
+    """Predict the whole scene with one CPU rank, in this process; returns its rank file. ``model``: config keys
+    of the model section (over a score threshold of 0)."""
     predict_cfg = validate_config(
         {
             "predict": {
@@ -64,7 +66,7 @@ def predict_rank_file(
         scene.manifest,
         scene.checkpoint,
         predict_cfg,
-        score_threshold=0.0,
+        config={"model": {"score_threshold": 0.0, **(model or {})}},
         spec=RunSpec("cpu", 1, 1, precision),
         out_dir=out_dir,
         log_dir=out_dir / "logs",

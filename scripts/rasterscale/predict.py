@@ -414,7 +414,7 @@ def run_prediction(
     manifest_path: str | Path,
     checkpoint_path: str | Path,
     predict_cfg: dict[str, Any],
-    score_threshold: float,
+    config: dict[str, Any],
     spec: RunSpec,
     out_dir: str | Path,
     log_dir: str | Path,
@@ -426,8 +426,8 @@ def run_prediction(
     quiet_non_zero_ranks(rank)
     limit_read_cache(predict_cfg["read_cache_mb"])
     raster = check_raster(raster_path)
-    model, detector, _ = load_checkpoint(checkpoint_path)
-    model.score_thresh = score_threshold
+    # every model.* key set in the config overrides what the model file says
+    model, detector, _ = load_checkpoint(checkpoint_path, config)
     prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
     warn_if_slow_precision(spec, logger)
     if spec.accelerator == "cpu":
@@ -465,6 +465,15 @@ def run_prediction(
         benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
+        logger.info(
+            "model %s: labels %s, %s, score %.3g, nms %.3g, %d detections per tile",
+            checkpoint_path,
+            ", ".join(detector.labels),
+            detector.describe_resize(),
+            detector.score_threshold,
+            detector.nms_threshold,
+            detector.detections_per_tile,
+        )
         logger.info(
             "predicting %s: %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, %d worker(s) per rank",
             raster_path,
