@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors import safe_open
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 from deepforest_files import (
     released_state_dict,
@@ -274,7 +275,9 @@ def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path
     from rasterscale.model import freeze_pretrained_backbone, load_weights
 
     cfg = DetectorConfig(backbone="resnet18", patch_size=256)
-    model = build_detector(cfg).eval()
+    model = build_detector(cfg).train()
+    model.backbone(tile[None])  # batch statistics: the norms now hold trained running statistics
+    model.eval()
     expected = model.backbone(tile[None])["0"]
     assert "batch norms frozen (20), conv1 and layer1 fixed" in freeze_pretrained_backbone(model)
     model.train()  # frozen norms keep their statistics in training mode
@@ -285,3 +288,13 @@ def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path
     again = build_detector(cfg)  # what prediction builds: the frozen model's weights load into it
     load_weights(again, model.state_dict(), "frozen")
     torch.testing.assert_close(again.eval().backbone(tile[None])["0"], expected)
+
+
+def test_an_untrained_backbone_is_not_frozen():
+    """A model file that was never trained (batch norms at mean 0, variance 1) starts training whole."""
+    from rasterscale.model import freeze_pretrained_backbone
+
+    model = build_detector(DetectorConfig(backbone="resnet18", patch_size=256))
+    assert "no trained statistics" in freeze_pretrained_backbone(model)
+    assert all(p.requires_grad for p in model.backbone.body.parameters())
+    assert not any(isinstance(m, FrozenBatchNorm2d) for m in model.modules())

@@ -180,9 +180,19 @@ def load_backbone_weights(model: RetinaNet, path: str | Path) -> str:
 FROZEN_STEM = ("conv1", "layer1")  # what torchvision (and so DeepForest) keeps fixed in a pretrained backbone
 
 
+def has_trained_statistics(model: RetinaNet) -> bool:
+    """Whether the backbone's batch norms hold statistics estimated on data: a model that was never trained keeps
+    their initial mean 0 and variance 1, and freezing those would only fix an untrained stem."""
+    norms = [m for m in model.backbone.body.modules() if isinstance(m, torch.nn.BatchNorm2d | FrozenBatchNorm2d)]
+    return any(bool((m.running_mean != 0).any() or (m.running_var != 1).any()) for m in norms)
+
+
 def freeze_pretrained_backbone(model: RetinaNet) -> str:
     """Fine-tune a pretrained backbone as torchvision and DeepForest do: its batch norms frozen (their ImageNet or
-    DeepForest statistics kept, not re-estimated from small batches) and its stem (conv1, layer1) fixed."""
+    DeepForest statistics kept, not re-estimated from small batches) and its stem (conv1, layer1) fixed. A
+    backbone whose batch norms were never trained (:func:`has_trained_statistics`) is left to train whole."""
+    if not has_trained_statistics(model):
+        return "backbone batch norms hold no trained statistics (an untrained model): the whole backbone trains"
     body = model.backbone.body
     frozen = 0
     for parent in list(body.modules()):
