@@ -1,16 +1,24 @@
 # rasterscale: `make demo` runs the workflow on the demo config, `make test` runs the test suite.
 # Both create .venv from the pinned envs/requirements.txt when it is missing or older than the pins.
 
-PYTHON ?= python3.11
+# The newest Python 3.13, 3.12 or 3.11 on the PATH that runs and can make a venv (a pyenv shim of a version that
+# is not active is on the PATH but does not run); PYTHON=/path/to/python overrides.
+ifndef PYTHON
+PYTHON := $(shell for v in 3.13 3.12 3.11; do \
+	python$$v -c 'import venv, ensurepip' >/dev/null 2>&1 && { command -v python$$v; break; }; done)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo test lint format bench bench-scenes clean
+.PHONY: demo test lint format bench bench-scenes bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
-	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || \
+		{ echo "make: $(PYTHON) is not Python 3.11-3.13"; exit 1; }
+	@echo "make: creating $(VENV) with $(PYTHON) ($$($(PYTHON) -V))"
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	# exact pins: the machine-local torch wheel (another version) can never be picked
@@ -40,6 +48,22 @@ bench: $(STAMP)
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)
 	$(BIN)/python bench/many_scenes.py
+# DeepForest 2.1.0 in an environment of its own (not a runtime dependency), for the side-by-side bench and the
+# test that a model folder rasterscale writes loads and predicts in DeepForest.
+DF_VENV := .venv-deepforest
+DF_STAMP := $(DF_VENV)/.installed
+
+$(DF_STAMP): bench/deepforest/requirements.txt
+	rm -rf $(DF_VENV)
+	$(PYTHON) -m venv $(DF_VENV)
+	$(DF_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --prefer-binary -r bench/deepforest/requirements.txt
+	touch $(DF_STAMP)
+
+bench-deepforest: $(STAMP) $(DF_STAMP)
+	$(BIN)/python bench/side_by_side.py --deepforest-python $(DF_VENV)/bin/python
+
+test-deepforest: $(STAMP) $(DF_STAMP)
+	$(DF_VENV)/bin/python -m pytest -p no:cacheprovider -c /dev/null --rootdir . bench/deepforest -q
 
 clean:
 	rm -rf results logs benchmarks .snakemake

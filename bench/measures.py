@@ -3,7 +3,7 @@
 - fast path: model forward per tile, fp32 at batch 1 (the plain path) vs the prediction fast path (batch norms
   folded, channels_last, bf16 autocast as Lightning runs it, ``predict.batch_size`` tiles per batch), on the
   same preloaded tiles, in alternating rounds (median of the rounds).
-- agreement: the detections of both paths on the same tiles (a trained checkpoint when there is one).
+- agreement: the detections of both paths on the same tiles of a trained model (none: the bench fails).
 - efficiency: pure model forward time over a job's tiles (tensors preloaded, warmed up) / that job's wall time
   (process start to exit: imports, model, data, prediction, rank file).
 - scaling: the same job on 2 ranks vs 1 rank, one thread per rank (the 1-rank job is bound to one core).
@@ -30,11 +30,12 @@ from jobs import JobResult, run_predict_job
 from rasterscale.config import validate_config
 from rasterscale.data import WindowDataset, to_model_input
 from rasterscale.geo import box_pairs, pair_ious
+from rasterscale.imagery import resolve_spec
 from rasterscale.merge import merge_detections
 from rasterscale.model import load_checkpoint
 from rasterscale.outputs import write_geoparquet
 from rasterscale.predict import prepare_for_inference
-from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame
+from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
 PATCH, OVERLAP = 400, 80
@@ -51,7 +52,7 @@ def timed(section: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def read_tiles(raster: Path, tiles: Sequence[Tile]) -> list[torch.Tensor]:
     """The tiles as the model takes them (float in [0, 1]), preloaded."""
-    dataset = WindowDataset(raster, tiles)
+    dataset = WindowDataset(raster, tiles, resolve_spec(raster))
     return [to_model_input(dataset[k][0]) for k in range(len(dataset))]
 
 
@@ -122,14 +123,11 @@ def best_matches(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, 
     return i[first], j[first], ious[first]
 
 
-def measure_agreement(
-    checkpoint: Path, images: list[torch.Tensor], batch_size: int, trained: bool, min_iou: float = 0.9
-) -> dict:
+def measure_agreement(checkpoint: Path, images: list[torch.Tensor], batch_size: int, min_iou: float = 0.9) -> dict:
     """fp32 (plain path) vs fast path detections on the same tiles: boxes matched at IoU >= min_iou (each way)
     and score differences of the matched boxes. Unmatched boxes near the score threshold are counted apart:
     a score moving by 0.01 across the threshold adds or drops a box."""
-    threshold = None if trained else 0.05
-    plain, quick = baseline_model(checkpoint, threshold), fast_model(checkpoint, threshold)
+    plain, quick = baseline_model(checkpoint), fast_model(checkpoint)
     reference = detections(plain, images, 1, "32-true")
     fast = detections(quick, images, batch_size, "bf16-mixed")
     score_threshold = plain.score_thresh
@@ -147,8 +145,13 @@ def measure_agreement(
             if name == "fp32":
                 diffs += np.abs(a["scores"][i[good]] - b["scores"][j[good]]).tolist()
                 ious += iou[good].tolist()
+    if not counts["fp32"] or not counts["fast"]:
+        raise RuntimeError(
+            f"fp32 agreement: {checkpoint} found {counts['fp32']} boxes in fp32 and {counts['fast']} on the fast path "
+            f"over {len(images)} tiles: a figure over no boxes is no figure (is the model trained for this scene?)"
+        )
     return {
-        "model": "trained checkpoint" if trained else "untrained resnet50 (no trained checkpoint found)",
+        "model": "trained",
         "checkpoint": str(checkpoint),
         "tiles": len(images),
         "score_threshold": score_threshold,
@@ -222,7 +225,7 @@ def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: in
         manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
         chosen = manifest.iloc[spread(range(len(manifest)), count)]
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
-        write_geoparquet(chosen, directory / "tiles.parquet")
+        write_manifest(chosen, resolve_spec(raster), directory / "tiles.parquet")
         job = run_predict_job(directory, raster, directory / "tiles.parquet", checkpoint, {"devices": 1, "workers": 0})
         raster.unlink()
         profile = job.profiles[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from suite import QUICK, Sizes, format_table, run_bench  # noqa: E402
+from suite import QUICK, Sizes, find_trained_model, format_table, run_bench  # noqa: E402
 
 
 def main() -> None:
@@ -21,10 +21,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "results/bench.json"))
     parser.add_argument("--quick", action="store_true", help="small sizes: checks the harness, not the targets")
     parser.add_argument("--workdir", help="scratch folder (default: a temporary one, removed afterwards)")
+    parser.add_argument("--model", help="trained model for the fp32 agreement (default: the bench's or the demo's)")
+    parser.add_argument("--raster", help="a scene the --model was not trained on")
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
+    if bool(args.model) != bool(args.raster):
+        parser.error("--model and --raster go together")
+    trained = (Path(args.model), Path(args.raster)) if args.model else find_trained_model()
     with tempfile.TemporaryDirectory(prefix="rasterscale-bench-", dir=args.workdir) as workdir:
-        result = run_bench(Path(workdir), sizes)
+        result = run_bench(Path(workdir), sizes, trained)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -25,13 +25,32 @@ from measures import (
     spread,
     timed,
 )
-from rasterscale.outputs import write_geoparquet
-from rasterscale.tiling import build_manifest, tiles_from_frame
+from rasterscale.imagery import resolve_spec
+from rasterscale.tiling import build_manifest, tiles_from_frame, write_manifest
 from synthetic import write_checkpoint, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
-# The demo's trained model and its held-out scene (make demo): used for the fp32 agreement when present.
-TRAINED = (REPO / "results/models/crowns.pt", REPO / "resources/demo/demo_heldout.tif")
+# Trained models and a scene they were not trained on, for the fp32 agreement, in order of preference: the
+# DeepForest-format model fine-tuned by `make bench-deepforest`, then the demo's (`make demo`).
+TRAINED_CANDIDATES = (
+    (
+        REPO / "results/bench-deepforest/results/models/deepforest_finetuned",
+        REPO / "results/bench-deepforest/resources/demo/bench_heldout.tif",
+    ),
+    (REPO / "results/models/crowns.pt", REPO / "resources/demo/demo_heldout.tif"),
+)
+
+
+def find_trained_model() -> tuple[Path, Path]:
+    """A trained model and its held-out raster; the agreement is measured on a trained model or not at all."""
+    for model, raster in TRAINED_CANDIDATES:
+        if model.exists() and raster.exists():
+            return model, raster
+    looked = "; ".join(f"{m.relative_to(REPO)} with {r.relative_to(REPO)}" for m, r in TRAINED_CANDIDATES)
+    raise SystemExit(
+        f"bench: the fp32 agreement needs a trained model and a scene it was not trained on ({looked}): run "
+        "`make bench-deepforest` or `make demo` first, or pass --model and --raster"
+    )
 
 
 @dataclass(frozen=True)
@@ -80,24 +99,21 @@ def met(figure: str, value: Any) -> bool:
     return all(v <= target if comparison == "<=" else v >= target for v in values)
 
 
-def run_bench(workdir: Path, sizes: Sizes) -> dict[str, Any]:
+def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[str, Any]:
     started = time.perf_counter()
     checkpoint = write_checkpoint(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
-    write_geoparquet(manifest, workdir / "tiles.parquet")
+    write_manifest(manifest, resolve_spec(raster), workdir / "tiles.parquet")
     tiles = tiles_from_frame(manifest)
     details: dict[str, Any] = {}
 
     fastpath_images = read_tiles(raster, spread(tiles, sizes.fastpath_tiles))
     details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size))
-    trained = all(p.exists() for p in TRAINED)
-    agreement_model, agreement_raster = TRAINED if trained else (checkpoint, raster)
+    agreement_model, agreement_raster = trained
     agreement_tiles = spread(tiles_from_frame(build_manifest(agreement_raster, PATCH, 80)), sizes.agreement_tiles)
     agreement_images = read_tiles(agreement_raster, agreement_tiles)
-    details["agreement"] = timed(
-        partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size, trained=trained)
-    )
+    details["agreement"] = timed(partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size))
     del fastpath_images, agreement_images
     job_manifest = workdir / "tiles.parquet"
     details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, checkpoint, tiles))
@@ -187,7 +203,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"rasterscale bench: {m['cpu']}, {m['cores']} cores, bf16 native {m['bf16_native']} (AMX {m['amx']}),"
         f" torch {m['torch']}; {result['bench_wall_s']:.0f} s",
         *("  ".join(cell.ljust(widths[k]) if k < 4 else cell for k, cell in enumerate(row)) for row in table),
-        f"fp32 agreement ({agree['model']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
+        f"fp32 agreement ({agree['checkpoint']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
         f" {agree['fp32_matched_fraction']:.1%} of {agree['fp32']} fp32 boxes and {agree['fast_matched_fraction']:.1%}"
         f" of {agree['fast']} fast-path boxes matched at IoU >= {agree['min_iou']};"
         f" |score diff| mean {agree['score_abs_diff_mean']} max {agree['score_abs_diff_max']};"

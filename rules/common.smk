@@ -9,7 +9,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.cog import striped_sources  # noqa: E402
 from rasterscale.config import ConfigError, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_raster, read_annotations  # noqa: E402
+from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations  # noqa: E402
+from rasterscale.modelfiles import FOLDER_FILES, detector_of_config  # noqa: E402
 
 
 def fail(message):
@@ -30,6 +31,13 @@ MODEL = CONFIG["model"]
 TRAIN = CONFIG["train"]
 PREDICT = CONFIG["predict"]
 PYTHON = sys.executable
+
+try:
+    # the effective detector: config keys over what the model file (model.checkpoint / train.init) says
+    DETECTOR = detector_of_config(CONFIG)[0]
+except (ConfigError, InputError) as err:
+    fail(err)
+LABELS = list(DETECTOR.labels)  # the resolved class names: use these, never MODEL["labels"]
 
 
 def is_demo_scene(name):
@@ -65,6 +73,18 @@ def scene_annotations(name):
     return SCENES[name].get("annotations", "")
 
 
+def scene_imagery(name):
+    """The scene's imagery keys (bands, scale) for the manifest's imagery spec, as JSON."""
+    scene = SCENES[name]
+    imagery = {"key": f"scenes.{name}", "bands": scene.get("bands"), "scale": scene.get("scale")}
+    return json.dumps(imagery, separators=(",", ":"))
+
+
+def scene_image_name(name):
+    """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
+    return SCENES[name].get("image_path") or Path(scene_source(name)).name
+
+
 def check_scene(name, scene):
     """Header checks of one scene's existing inputs."""
     path = scene["path"]
@@ -76,12 +96,13 @@ def check_scene(name, scene):
             return
         fail(f"{path}: raster not found ({scene_key(name, 'path', SCENE_ORIGINS)})")
     raster = check_raster(path)
+    check_imagery(raster, scene.get("bands"), scene.get("scale"), f"scenes.{name}")
     striped = striped_sources(path)
     if striped:
         UNTILED[name] = striped
     annotations = scene.get("annotations")
     if annotations and (Path(annotations).exists() or not demo):
-        read_annotations(annotations, raster, MODEL["labels"], scene.get("label_column"))
+        read_annotations(annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name))
 
 
 def check_scene_inputs():
@@ -128,6 +149,27 @@ def checkpoint_path():
     return MODEL["checkpoint"] or f"results/models/{MODEL['name']}.pt"
 
 
+def trained_model_outputs(name):
+    """Everything train_detector writes for a model: checkpoint, DeepForest folder, curves."""
+    return [
+        f"results/models/{name}.pt",
+        *(f"results/models/{name}/{file}" for file in FOLDER_FILES),
+        f"results/models/{name}.metrics.csv",
+        f"results/models/{name}.png",
+    ]
+
+
+def train_start_inputs(wildcards):
+    """The files training starts from (train.init, model.backbone_weights), as rule inputs."""
+    return {
+        key: path for key, path in (("init", TRAIN["init"]), ("backbone_weights", MODEL["backbone_weights"])) if path
+    }
+
+
+def labels_json():
+    return json.dumps(LABELS, separators=(",", ":"))
+
+
 def scene_manifest(name):
     return f"results/{name}/tiles.parquet"
 
@@ -168,13 +210,15 @@ def batch_file(batch):
 
 
 def batch_job(batch):
-    """What the jobs of a batch read from its job file: each scene's raster, manifest, rank files, outputs."""
+    """What the jobs of a batch read from its job file: each scene's raster, manifest, imagery keys, rank files,
+    outputs."""
     scenes = [
         {
             "name": name,
             "raster": scene_raster(name),
             "manifest": scene_manifest(name),
             "out_dir": f"results/{name}/predict",
+            "imagery": json.loads(scene_imagery(name)),
             "rank_files": scene_rank_files(name),
             **scene_detections(name),
         }
@@ -285,6 +329,7 @@ def training_scenes_json():
             "manifest": f"results/{name}/tiles.parquet",
             "annotations": scene_annotations(name),
             "label_column": SCENES[name].get("label_column"),
+            "image_path": scene_image_name(name),
         }
         for name in TRAIN["scenes"]
     ]
@@ -298,12 +343,7 @@ def evaluated_scenes():
 def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
-        name = MODEL["name"]
-        targets += [
-            f"results/models/{name}.pt",
-            f"results/models/{name}.metrics.csv",
-            f"results/models/{name}.png",
-        ]
+        targets += trained_model_outputs(MODEL["name"])
     for name in PREDICT["scenes"]:
         targets += [
             f"results/{name}/detections.gpkg",

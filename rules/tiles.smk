@@ -16,9 +16,11 @@ rule tile_manifest:
         patch_size=CONFIG["tiling"]["patch_size"],
         overlap=CONFIG["tiling"]["overlap"],
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
+        imagery=lambda wildcards: scene_imagery(wildcards.scene),
     shell:
         "{params.entry} --raster {input.raster} --out {output}"
-        " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"
+        " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata}"
+        " --imagery {params.imagery:q} > {log} 2>&1"
 
 
 for batch, names in enumerate(BATCHES):

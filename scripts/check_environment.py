@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from rasterscale.model import DetectorConfig
+from rasterscale.modelfiles import resolve_detector
 from rasterscale.predict import run_environment_check
 from rasterscale.runtime import run_spec
 
@@ -17,7 +17,7 @@ def main() -> None:
     run_environment_check(
         args.config["dummy"],
         args.config["predict"],
-        DetectorConfig.from_config(args.config),
+        resolve_detector(args.config, None),
         run_spec(args.config, "predict"),
         args.out_dir,
         args.log_dir,

@@ -12,7 +12,9 @@ def main() -> None:
     parser.add_argument("--raster", required=True)
     parser.add_argument("--annotations", required=True)
     parser.add_argument("--label-column", default=None)
+    parser.add_argument("--image-path", default=None, help="the scene's image name in CSV/VOC annotations")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
+    parser.add_argument("--labels", type=json.loads, required=True, help="JSON list of the resolved class names")
     parser.add_argument("--out", required=True)
     parser.add_argument("--quicklook", required=True)
     args = parser.parse_args()
@@ -20,11 +22,12 @@ def main() -> None:
         args.detections,
         args.raster,
         args.annotations,
-        args.config["model"]["labels"],
+        args.labels,
         args.label_column or None,
         args.config["evaluate"],
         args.out,
         args.quicklook,
+        args.image_path,
     )
     print(
         f"{args.raster}: precision={metrics['precision']:.3f} recall={metrics['recall']:.3f} "

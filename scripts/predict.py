@@ -21,7 +21,7 @@ def main() -> None:
         scenes=read_job_file(args.job),
         checkpoint_path=args.checkpoint,
         predict_cfg=args.config["predict"],
-        score_threshold=args.config["model"]["score_threshold"],
+        config=args.config,
         spec=run_spec(args.config, "predict"),
         log_dir=args.log_dir,
         shards=args.shards,

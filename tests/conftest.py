@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import rasterio
 from affine import Affine
+from rasterio.enums import ColorInterp
 
 REPO = Path(__file__).resolve().parents[1]
 UTM17N = "EPSG:32617"
@@ -23,7 +24,9 @@ def write_raster(
     nodata: float | None = None,
     data: np.ndarray | None = None,
     tiled: bool = True,
+    alpha: bool = False,
 ) -> Path:
+    """A GeoTIFF of ``data`` (its dtype; default random uint8); ``alpha``: the last band is an alpha band."""
     transform = transform if transform is not None else Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
     if data is None:
         data = np.random.default_rng(0).integers(0, 255, size=(count, height, width), dtype=np.uint8)
@@ -32,7 +35,7 @@ def write_raster(
         "width": width,
         "height": height,
         "count": count,
-        "dtype": "uint8",
+        "dtype": data.dtype.name,
         "transform": transform,
         "nodata": nodata,
     }
@@ -42,7 +45,15 @@ def write_raster(
         profile.update(tiled=True, blockxsize=128, blockysize=128)
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
+        if alpha:
+            colours = [ColorInterp.red, ColorInterp.green, ColorInterp.blue][: count - 1]
+            dst.colorinterp = [*colours, *[ColorInterp.gray] * (count - 1 - len(colours)), ColorInterp.alpha]
     return path
+
+
+def write_rgba(path: Path, data: np.ndarray, **kwargs) -> Path:
+    """An orthomosaic as OpenDroneMap writes it: RGB and an alpha band (alpha 0: no data)."""
+    return write_raster(path, data.shape[2], data.shape[1], count=data.shape[0], data=data, alpha=True, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config import validate_config
+from rasterscale.imagery import resolve_spec
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
-from rasterscale.outputs import write_geoparquet
 from rasterscale.predict import SceneJob, run_prediction
 from rasterscale.runtime import RunSpec
-from rasterscale.tiling import build_manifest
+from rasterscale.tiling import build_manifest, write_manifest
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PredictScene:
         directory.mkdir(parents=True, exist_ok=True)
         raster = write_raster(directory / "scene.tif", width, height)
         manifest = build_manifest(raster, cls.patch_size, cls.overlap)
-        write_geoparquet(manifest, directory / "tiles.parquet")
+        write_manifest(manifest, resolve_spec(raster), directory / "tiles.parquet")
         torch.manual_seed(0)
         detector = DetectorConfig(backbone="resnet18", patch_size=cls.patch_size, score_threshold=0.0)
         save_checkpoint(build_detector(detector), detector, directory / "model.pt")
@@ -46,8 +46,10 @@ def predict_rank_file(
     channels_last: bool = True,
     batch_size: int = 3,
     workers: int = 1,
+    model: dict | None = None,
 ) -> Path:
-    """Predict the whole scene with one CPU rank, in this process; returns its rank file."""
+    """Predict the whole scene with one CPU rank, in this process; returns its rank file. ``model``: config keys
+    of the model section (over a score threshold of 0)."""
     predict_cfg = validate_config(
         {
             "predict": {
@@ -63,7 +65,7 @@ def predict_rank_file(
         [SceneJob("scene", str(scene.raster), str(scene.manifest), str(out_dir))],
         scene.checkpoint,
         predict_cfg,
-        score_threshold=0.0,
+        config={"model": {"score_threshold": 0.0, **(model or {})}},
         spec=RunSpec("cpu", 1, 1, precision),
         log_dir=out_dir / "logs",
     )

@@ -14,7 +14,7 @@ def test_defaults_are_filled_in():
     config = validate_config(MINIMAL)
     assert config["tiling"] == {"patch_size": 400, "overlap": 80, "skip_nodata": True}
     assert config["train"]["batch_size"] == 8 and config["train"]["lr_scaling"] == "linear"
-    assert config["model"]["backbone"] == "resnet50"
+    assert config["model"]["backbone"] is None  # the model file's, else resnet50: modelfiles.resolve_detector
     assert config["predict"]["devices"] == 1
 
 

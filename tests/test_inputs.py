@@ -1,8 +1,10 @@
 import geopandas as gpd
+import numpy as np
 import pytest
 import shapely
 
-from rasterscale.inputs import InputError, check_raster, read_annotations
+from conftest import write_rgba
+from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations
 
 
 def test_good_raster_passes(raster_factory):
@@ -32,9 +34,35 @@ def test_raster_without_crs(raster_factory):
         check_raster(raster_factory(width=64, height=64, crs=None))
 
 
-def test_band_count_mismatch(raster_factory):
-    with pytest.raises(InputError, match=r"scene.tif: raster has 1 band\(s\); the model needs 3"):
-        check_raster(raster_factory(width=64, height=64, count=1))
+def test_bands_out_of_range_name_the_key(raster_factory):
+    info = check_raster(raster_factory(width=64, height=64, count=1))
+    expected = r"scene.tif: raster has 1 band\(s\); scenes.a.bands \[1, 2, 3\] asks for band\(s\) 2, 3"
+    with pytest.raises(InputError, match=expected):
+        check_imagery(info, None, None, "scenes.a")
+    check_imagery(info, [1, 1, 1], None, "scenes.a")  # grey as RGB
+
+
+def test_alpha_band_is_not_a_colour(raster_factory, tmp_path):
+    info = check_raster(write_rgba(tmp_path / "rgba.tif", np.full((4, 64, 64), 9, np.uint8)))
+    assert info.alpha == 4
+    check_imagery(info, None, None, "scenes.a")
+    with pytest.raises(InputError, match=r"rgba.tif: band 4 is the alpha band .*scenes.a.bands"):
+        check_imagery(info, [1, 2, 4], None, "scenes.a")
+
+
+def test_16_bit_needs_a_scale_of_matching_length(raster_factory):
+    path = raster_factory(width=64, height=64, count=4, data=np.zeros((4, 64, 64), np.uint16))
+    info = check_raster(path)
+    with pytest.raises(InputError, match=r"scene.tif: bands are uint16, not uint8; set scenes.a.scale"):
+        check_imagery(info, None, None, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.max has 4 value\(s\) for the 3 bands of scenes.a.bands"):
+        check_imagery(info, [4, 3, 2], {"min": 0, "max": [1, 2, 3, 4]}, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.min must be below scenes.a.scale.max \(band 3\)"):
+        check_imagery(info, [4, 3, 2], {"min": [0, 5, 0], "max": [9, 5, 9]}, "scenes.a")
+    with pytest.raises(InputError, match=r"scenes.a.scale.percentile \[98, 2\] must be"):
+        check_imagery(info, None, {"percentile": [98, 2]}, "scenes.a")
+    check_imagery(info, [4, 3, 2], {"min": 0, "max": [1, 2, 3]}, "scenes.a")
+    check_imagery(info, None, {"percentile": [2, 98]}, "scenes.a")
 
 
 def write_boxes(path, boxes, crs="EPSG:32617", **columns):
@@ -73,3 +101,89 @@ def test_annotations_outside_the_raster(raster_factory, tmp_path):
     path = write_boxes(tmp_path / "far.gpkg", [(0, 0, 1, 1)])
     with pytest.raises(InputError, match=r"far.gpkg: no annotation overlaps the raster"):
         read_annotations(path, info, ["tree"])
+
+
+CSV_HEADER = "image_path,xmin,ymin,xmax,ymax,label\n"
+
+
+def test_deepforest_csv_keeps_the_rows_of_the_scene_image(raster_factory, tmp_path, caplog):
+    info = check_raster(raster_factory("OSBS_029.tif", width=200, height=200))
+    path = tmp_path / "boxes.csv"
+    rows = ["OSBS_029.tif,10,20,30,60,Tree", "other.tif,1,1,5,5,Tree", "data/OSBS_029.tif,50,50,90,80,Bird"]
+    path.write_text(CSV_HEADER + "\n".join([*rows, "other.tif,2,2,6,6,Tree"]) + "\n")
+    with caplog.at_level("WARNING", logger="rasterscale.inputs"):
+        truth = read_annotations(path, info, ["Tree", "Bird"], label_column="ignored for CSV")
+    assert truth.boxes.tolist() == [[10, 20, 30, 60], [50, 50, 90, 80]]
+    assert truth.labels.tolist() == [0, 1] and truth.ignored == 2
+    assert "boxes.csv: 2 box(es) of other images than OSBS_029.tif ignored" in caplog.text
+    other = read_annotations(path, info, ["Tree"], image_path="other.tif")  # scenes.X.image_path
+    assert other.boxes.tolist() == [[1, 1, 5, 5], [2, 2, 6, 6]] and other.ignored == 2
+
+
+def test_bad_deepforest_csvs_fail_with_one_line(raster_factory, tmp_path):
+    info = check_raster(raster_factory(width=200, height=200))
+    cases = {
+        "empty.csv": ("", r"empty.csv: annotation file holds no boxes"),
+        "header.csv": (CSV_HEADER, r"header.csv: annotation file holds no boxes"),
+        "columns.csv": ("image_path,x,y\nscene.tif,1,2\n", r"columns.csv: DeepForest CSV lacks column\(s\) xmin, "),
+        "other.csv": (
+            CSV_HEADER + "a.tif,1,1,5,5,Tree\n",
+            r"other.csv: no box for image scene.tif \(it has boxes of a.tif",
+        ),
+        "label.csv": (
+            CSV_HEADER + "scene.tif,1,1,5,5,Bird\n",
+            r"label.csv: label\(s\) Bird are not in model.labels \(Tree\)",
+        ),
+        "box.csv": (CSV_HEADER + "scene.tif,1,1,5,5,Tree\nscene.tif,9,1,5,x,Tree\n", r"box.csv: line 3 has a bad box"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InputError, match=message):
+            read_annotations(tmp_path / name, info, ["Tree"])
+
+
+def voc(filename: str, objects: list[tuple[str, tuple]]) -> str:
+    parts = [f"<annotation><folder>x</folder><filename>{filename}</filename><size><width>200</width></size>"]
+    for name, (x0, y0, x1, y1) in objects:
+        parts.append(
+            f"<object><name>{name}</name><difficult>0</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
+            f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
+        )
+    return "".join(parts) + "</annotation>"
+
+
+def test_pascal_voc_xml(raster_factory, tmp_path):
+    info = check_raster(raster_factory("crop.tif", width=200, height=200))
+    path = tmp_path / "crop.xml"
+    path.write_text(voc("crop.tif", [("Tree", (10, 20, 30, 60)), ("Tree", (100, 100, 150, 120))]))
+    truth = read_annotations(path, info, ["Tree"])
+    assert truth.boxes.tolist() == [[10, 20, 30, 60], [100, 100, 150, 120]] and truth.labels.tolist() == [0, 0]
+    path.write_text(voc("crop.png", [("Tree", (10, 20, 30, 60))]))
+    assert read_annotations(path, info, ["Tree"], image_path="crop.png").boxes.tolist() == [[10, 20, 30, 60]]
+    with pytest.raises(InputError, match=r"crop.xml: no box for image crop.tif \(it has boxes of crop.png"):
+        read_annotations(path, info, ["Tree"])
+
+
+def test_bad_voc_files_fail_with_one_line(raster_factory, tmp_path):
+    info = check_raster(raster_factory(width=200, height=200))
+    cases = {
+        "broken.xml": ("<annotation><filename>scene.tif", r"broken.xml: not a readable XML file"),
+        "notvoc.xml": ("<svg></svg>", r"notvoc.xml: not a Pascal VOC file"),
+        "none.xml": (voc("scene.tif", []), r"none.xml: annotation file holds no boxes"),
+        "label.xml": (
+            voc("scene.tif", [("Bird", (1, 1, 5, 5))]),
+            r"label.xml: label\(s\) Bird are not in model.labels",
+        ),
+        "box.xml": (
+            voc("scene.tif", [("Tree", (1, 1, 5, 5)), ("Tree", (9, 1, 5, 5))]),
+            r"box.xml: <object> 2 has a bad",
+        ),
+        "nobox.xml": (
+            "<annotation><filename>scene.tif</filename><object><name>Tree</name></object></annotation>",
+            r"nobox.xml: <object> 1 lacks <name> or <bndbox>",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InputError, match=message):
+            read_annotations(tmp_path / name, info, ["Tree"])

@@ -38,18 +38,18 @@ def test_a_scene_table_is_the_mapping_form(workdir):
     write_table(
         workdir / "config/scenes.tsv",
         [
-            ["name", "path", "annotations", "label_column"],
-            ["# a comment line", "", "", ""],
-            ["a", "rasters/a.tif", "boxes/a.gpkg", "species"],
-            ["b", "rasters/b.tif", "", ""],
+            ["name", "path", "annotations", "label_column", "bands"],
+            ["# a comment line", "", "", "", ""],
+            ["a", "rasters/a.tif", "boxes/a.gpkg", "species", "[3, 2, 1]"],
+            ["b", "rasters/b.tif", "", "", ""],
         ],
     )
     config = validate_config(
         {"scenes": "config/scenes.tsv", "predict": {"scenes": "all"}, "model": {"checkpoint": "m"}}
     )
     assert config["scenes"] == {
-        "a": {"path": "rasters/a.tif", "annotations": "boxes/a.gpkg", "label_column": "species"},
-        "b": {"path": "rasters/b.tif"},
+        "a": {"path": "rasters/a.tif", "annotations": "boxes/a.gpkg", "label_column": "species", "bands": [3, 2, 1]},
+        "b": {"path": "rasters/b.tif", "bands": [1, 2, 3]},  # cells of other types than strings are YAML
     }
     assert config["predict"]["scenes"] == ["a", "b"]
 
@@ -66,10 +66,10 @@ def test_a_glob_names_scenes_by_their_sanitized_stems(workdir):
     for name in ("tile 1.tif", "tile.2.tif", "-x.tif"):
         (workdir / "rasters" / name).write_bytes(b"")
     config = validate_config({"scenes": "rasters/*.tif"})
-    assert config["scenes"] == {
-        "x": {"path": "rasters/-x.tif"},
-        "tile_1": {"path": "rasters/tile 1.tif"},
-        "tile_2": {"path": "rasters/tile.2.tif"},
+    assert {name: scene["path"] for name, scene in config["scenes"].items()} == {
+        "x": "rasters/-x.tif",
+        "tile_1": "rasters/tile 1.tif",
+        "tile_2": "rasters/tile.2.tif",
     }
 
 
@@ -322,10 +322,11 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
         return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest), str(out))
 
     both = [job(first, tmp_path / "both/first"), job(second, tmp_path / "both/second")]
-    run_prediction(both, first.checkpoint, predict_cfg, 0.0, spec, tmp_path / "logs")
+    config = {"model": {"score_threshold": 0.0}}
+    run_prediction(both, first.checkpoint, predict_cfg, config, spec, tmp_path / "logs")
     for scene in (first, second):
         name = scene.raster.parent.name
-        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, predict_cfg, 0.0, spec, tmp_path)
+        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, predict_cfg, config, spec, tmp_path)
         together = gpd.read_parquet(tmp_path / f"both/{name}/rank-0.parquet")
         alone = gpd.read_parquet(tmp_path / f"alone/{name}/rank-0.parquet")
         assert len(together) == len(alone) > 20

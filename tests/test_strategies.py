@@ -17,12 +17,14 @@ from rasterscale.data import (
     prediction_dataset,
     to_model_input,
 )
+from rasterscale.imagery import ImageSpec
 from rasterscale.merge import read_rank_tile_ids
 from rasterscale.model import DetectorConfig, build_detector
 from rasterscale.predict import fuse_conv_bn, prepare_for_inference
 from rasterscale.tiling import Tile, build_manifest, tiles_from_frame
 
 STRATEGIES = ["window", "single", "batch"]
+RGB = ImageSpec()  # bands 1-3 of a uint8 raster without a mask
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,9 @@ def scene(tmp_path_factory):
 
 def test_every_strategy_gives_each_tile_the_same_pixels(scene):
     tiles = tiles_from_frame(build_manifest(scene.raster, scene.patch_size, scene.overlap))[3:9]
-    window = [WindowDataset(scene.raster, tiles)[k] for k in range(len(tiles))]
+    window = [WindowDataset(scene.raster, tiles, RGB)[k] for k in range(len(tiles))]
     for strategy in ("single", "batch"):
-        dataset = prediction_dataset(strategy, scene.raster, tiles)
+        dataset = prediction_dataset(strategy, scene.raster, tiles, RGB)
         assert isinstance(dataset, RegionDataset)
         for (image, tile_id), (expected, expected_id) in zip(
             (dataset[k] for k in range(len(tiles))), window, strict=True
@@ -48,8 +50,8 @@ def test_region_is_the_bounding_window_of_the_rank_tiles_read_in_chunks(scene):
     tiles = [Tile(0, 100, 40, 64, 64), Tile(1, 150, 60, 64, 64)]
     window = bounding_window(tiles)
     assert (window.col_off, window.row_off, window.width, window.height) == (100, 40, 114, 84)
-    whole = load_region(scene.raster, window)
-    assert torch.equal(load_region(scene.raster, window, chunk_rows=7), whole)
+    whole = load_region(scene.raster, window, RGB)
+    assert torch.equal(load_region(scene.raster, window, RGB, chunk_rows=7), whole)
     assert whole.shape == (3, 84, 114)
 
 
@@ -64,7 +66,7 @@ def test_read_cache_is_bounded_in_bytes():
 def test_only_the_window_strategy_reads_in_worker_processes():
     assert [loader_workers(s, 3) for s in STRATEGIES] == [3, 0, 0]
     with pytest.raises(ValueError, match="unknown dataloader strategy"):
-        prediction_dataset("tiles", "x.tif", [])
+        prediction_dataset("tiles", "x.tif", [], RGB)
 
 
 def test_folding_batch_norms_and_channels_last_keep_the_outputs():

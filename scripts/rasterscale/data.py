@@ -12,6 +12,8 @@ Prediction has three dataloader strategies (``predict.strategy``, DeepForest's n
 - ``batch``: the rank's region is read once onto the device; tiles are views of the device tensor (no copies,
   no worker processes). The region must fit in device memory.
 
+Every reader takes the scene's :class:`~rasterscale.imagery.ImageSpec` (stored with its manifest): the bands,
+the mask and the scale that make the raster's pixels uint8 RGB (:func:`rasterscale.imagery.read_tile`).
 Prediction tiles stay uint8 until they reach the device (:func:`to_model_input` scales them there): a quarter
 of the bytes to read, pin and copy.
 """
@@ -32,22 +34,23 @@ from rasterio.windows import Window
 from torch.utils.data import Dataset
 
 from rasterscale.geo import box_areas
+from rasterscale.imagery import ImageSpec, read_tile
 from rasterscale.tiling import Tile
 
-RGB = [1, 2, 3]  # the bands the model sees
+RGB_BANDS = 3  # the bands the model sees
 PREDICT_STRATEGIES = ("window", "single", "batch")
 
 
 class RasterHandle:
     """A lazily opened, per-process rasterio handle (safe across fork and pickling)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
+    def __init__(self, path: str | Path, spec: ImageSpec) -> None:
+        self.path, self.spec = str(path), spec
         self._src: rasterio.io.DatasetReader | None = None
         self._pid: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_src": None, "_pid": None}
+        return {"path": self.path, "spec": self.spec, "_src": None, "_pid": None}
 
     @property
     def src(self) -> rasterio.io.DatasetReader:
@@ -57,11 +60,11 @@ class RasterHandle:
         return self._src
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
-        """The tile's first three bands as read, shape (3, height, width)."""
-        return self.src.read(indexes=RGB, window=tile_window(tile))
+        """The tile as the model's uint8 RGB (the spec's bands, scale and fill), shape (3, height, width)."""
+        return read_tile(self.src, self.spec, tile_window(tile))
 
     def read_rgb(self, tile: Tile) -> torch.Tensor:
-        """The tile's first three bands as a float tensor in [0, 1], shape (3, height, width)."""
+        """The tile as a float tensor in [0, 1], shape (3, height, width)."""
         return pixels_to_tensor(self.read_pixels(tile))
 
 
@@ -76,28 +79,28 @@ def tile_window(tile: Tile) -> Window:
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
-    scale = 255.0 if pixels.dtype == np.uint8 else float(np.iinfo(pixels.dtype).max)
-    return torch.from_numpy(np.ascontiguousarray(pixels)).float().div_(scale)
+    """uint8 pixels as a float tensor in [0, 1] (training)."""
+    return to_model_input(pixels_to_raw_tensor(pixels))
 
 
 def pixels_to_raw_tensor(pixels: np.ndarray) -> torch.Tensor:
-    """Pixels for prediction: uint8 stays uint8 (scaled on the device); other types become floats in [0, 1]."""
-    if pixels.dtype == np.uint8:
-        return torch.from_numpy(np.ascontiguousarray(pixels))
-    return pixels_to_tensor(pixels)
+    """uint8 pixels as a uint8 tensor (prediction: scaled on the device)."""
+    if pixels.dtype != np.uint8:
+        raise TypeError(f"tiles reach the model as uint8, not {pixels.dtype} (read them through an ImageSpec)")
+    return torch.from_numpy(np.ascontiguousarray(pixels))
 
 
 def to_model_input(image: torch.Tensor) -> torch.Tensor:
-    """A tile as the model takes it, float in [0, 1], where the tile is (on the device): the same scaling as
-    :func:`pixels_to_tensor`, which training uses."""
+    """A uint8 tile as the model takes it, float in [0, 1], where the tile is (on the device): training's
+    :func:`pixels_to_tensor` scales the same way."""
     return image.float().div_(255.0) if image.dtype == torch.uint8 else image
 
 
 class WindowDataset(Dataset):
     """Prediction tiles read window by window (strategy ``window``): item -> (uint8 image, tile_id)."""
 
-    def __init__(self, raster_path: str | Path, tiles: Sequence[Tile]) -> None:
-        self.raster = RasterHandle(raster_path)
+    def __init__(self, raster_path: str | Path, tiles: Sequence[Tile], spec: ImageSpec) -> None:
+        self.raster = RasterHandle(raster_path, spec)
         self.tiles = list(tiles)
 
     def __len__(self) -> int:
@@ -115,28 +118,29 @@ def bounding_window(tiles: Sequence[Tile]) -> Window:
     return Window(col0, row0, col1 - col0, row1 - row0)
 
 
-def region_nbytes(raster_path: str | Path, window: Window) -> int:
-    """Bytes that :func:`load_region` holds for ``window``."""
-    with rasterio.open(raster_path) as src:
-        itemsize = 1 if src.dtypes[0] == "uint8" else 4
-    return len(RGB) * int(window.width) * int(window.height) * itemsize
+def region_nbytes(window: Window) -> int:
+    """Bytes that :func:`load_region` holds for ``window`` (uint8 RGB)."""
+    return RGB_BANDS * int(window.width) * int(window.height)
 
 
 def load_region(
-    raster_path: str | Path, window: Window, device: torch.device | str = "cpu", chunk_rows: int = 1024
+    raster_path: str | Path,
+    window: Window,
+    spec: ImageSpec,
+    device: torch.device | str = "cpu",
+    chunk_rows: int = 1024,
 ) -> torch.Tensor:
-    """Bands 1-3 of a window as one (3, height, width) tensor on ``device`` (uint8, or float in [0, 1]).
+    """A window as one uint8 RGB (3, height, width) tensor on ``device``, read through ``spec``.
 
     It is read ``chunk_rows`` rows at a time into the tensor allocated on the device, so that beyond the
     region itself only one chunk is ever held in host memory.
     """
     height, width = int(window.height), int(window.width)
+    region = torch.empty((RGB_BANDS, height, width), dtype=torch.uint8, device=device)
     with rasterio.open(raster_path) as src:
-        dtype = torch.uint8 if src.dtypes[0] == "uint8" else torch.float32
-        region = torch.empty((len(RGB), height, width), dtype=dtype, device=device)
         for row in range(0, height, chunk_rows):
             rows = min(chunk_rows, height - row)
-            chunk = src.read(indexes=RGB, window=Window(window.col_off, window.row_off + row, width, rows))
+            chunk = read_tile(src, spec, Window(window.col_off, window.row_off + row, width, rows))
             region[:, row : row + rows].copy_(pixels_to_raw_tensor(chunk))
     return region
 
@@ -158,17 +162,21 @@ class RegionDataset(Dataset):
 
 
 def prediction_dataset(
-    strategy: str, raster_path: str | Path, tiles: Sequence[Tile], device: torch.device | str = "cpu"
+    strategy: str,
+    raster_path: str | Path,
+    tiles: Sequence[Tile],
+    spec: ImageSpec,
+    device: torch.device | str = "cpu",
 ) -> Dataset:
     """A rank's tiles under a dataloader strategy; ``single`` and ``batch`` read only the rank's region."""
     if strategy not in PREDICT_STRATEGIES:
         raise ValueError(f"unknown dataloader strategy {strategy!r} (one of {', '.join(PREDICT_STRATEGIES)})")
     if strategy == "window" or not tiles:
-        return WindowDataset(raster_path, tiles)
+        return WindowDataset(raster_path, tiles, spec)
     window = bounding_window(tiles)
     target = torch.device(device if strategy == "batch" else "cpu")
-    check_region_fits(region_nbytes(raster_path, window), target)
-    region = load_region(raster_path, window, target)
+    check_region_fits(region_nbytes(window), target)
+    region = load_region(raster_path, window, spec, target)
     return RegionDataset(region, (int(window.col_off), int(window.row_off)), tiles)
 
 
@@ -246,12 +254,13 @@ class TrainTileDataset(Dataset):
         self,
         raster_path: str | Path,
         tiles: Sequence[Tile],
+        spec: ImageSpec,
         boxes: np.ndarray,
         labels: np.ndarray,
         min_visible_fraction: float = 0.5,
         augment: bool = True,
     ) -> None:
-        self.raster = RasterHandle(raster_path)
+        self.raster = RasterHandle(raster_path, spec)
         self.tiles = list(tiles)
         self.boxes, self.labels = np.asarray(boxes, dtype=np.float64), np.asarray(labels, dtype=np.int64)
         self.min_visible_fraction, self.augment = min_visible_fraction, augment

@@ -113,8 +113,10 @@ def evaluate_scene(
     evaluate_cfg: dict[str, float],
     json_path: str | Path,
     quicklook_path: str | Path,
+    image_path: str | None = None,
 ) -> dict[str, Any]:
-    """Score a merged detection layer against a scene's annotations; write the JSON and the quicklook."""
+    """Score a merged detection layer against a scene's annotations; write the JSON and the quicklook.
+    ``image_path``: the scene's image name in CSV/VOC annotations (default: the raster's file name)."""
     import geopandas as gpd
 
     from rasterscale.inputs import check_raster, read_annotations
@@ -123,7 +125,7 @@ def evaluate_scene(
     from rasterscale.quicklook import render_quicklook
 
     raster = check_raster(raster_path)
-    truth = read_annotations(annotations_path, raster, labels, label_column)
+    truth = read_annotations(annotations_path, raster, labels, label_column, image_path)
     detections = gpd.read_parquet(detections_path)
     index = {name: k for k, name in enumerate(labels)}
     metrics = evaluate_detections(

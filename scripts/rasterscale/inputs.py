@@ -2,23 +2,37 @@
 
 These run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
 They read metadata only, never pixels.
+
+Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
+label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
+A CSV or XML names its image: only the rows of the scene's raster (its file name, or ``scenes.X.image_path``)
+are used, the others are counted in the log.
 """
 
 from __future__ import annotations
 
+import logging
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import Any
 
 import geopandas as gpd
 import numpy as np
+import pandas as pd
 import rasterio
 from affine import Affine
 from rasterio.crs import CRS
+from rasterio.enums import ColorInterp, MaskFlags
 from rasterio.errors import RasterioIOError
 
 from rasterscale.geo import geometries_to_pixel_boxes
 
 RGB_BANDS = 3
+DEFAULT_BANDS = (1, 2, 3)
+CSV_COLUMNS = ["image_path", "xmin", "ymin", "xmax", "ymax", "label"]
+LOGGER = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
@@ -34,11 +48,33 @@ class RasterInfo:
     crs: CRS
     transform: Affine
     block_shapes: tuple[tuple[int, int], ...]
+    dtypes: tuple[str, ...] = ()
+    alpha: int | None = None  # one-based index of the alpha band
+    nodata: float | None = None
+    dataset_mask: bool = False  # a per-dataset mask (internal or .msk) marks invalid pixels
 
     @property
     def is_tiled(self) -> bool:
         """Internally tiled (square-ish blocks), not striped: windowed reads touch only nearby blocks."""
         return all(cols < self.width or self.width <= cols == rows for rows, cols in self.block_shapes)
+
+
+def raster_info(src: rasterio.io.DatasetReader) -> RasterInfo:
+    """The header facts of an open raster."""
+    alphas = [k + 1 for k, interp in enumerate(src.colorinterp) if interp == ColorInterp.alpha]
+    return RasterInfo(
+        str(src.name),
+        src.width,
+        src.height,
+        src.count,
+        src.crs,
+        src.transform,
+        tuple(src.block_shapes),
+        tuple(src.dtypes),
+        alphas[0] if alphas else None,
+        src.nodata,
+        MaskFlags.per_dataset in src.mask_flag_enums[0],
+    )
 
 
 def check_raster(path: str | Path) -> RasterInfo:
@@ -48,7 +84,7 @@ def check_raster(path: str | Path) -> RasterInfo:
         raise InputError(f"{path}: raster not found")
     try:
         with rasterio.open(path) as src:
-            info = RasterInfo(path, src.width, src.height, src.count, src.crs, src.transform, tuple(src.block_shapes))
+            info = raster_info(src)
     except RasterioIOError as err:
         raise InputError(f"{path}: not a readable raster ({err})") from err
     if info.crs is None:
@@ -57,15 +93,58 @@ def check_raster(path: str | Path) -> RasterInfo:
         )
     if info.transform == Affine.identity():
         raise InputError(f"{path}: raster has no geotransform (pixel coordinates only)")
-    if info.count < RGB_BANDS:
-        raise InputError(f"{path}: raster has {info.count} band(s); the model needs {RGB_BANDS} (RGB)")
     return info
+
+
+def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mapping[str, Any] | None, key: str) -> None:
+    """Check that a scene's ``bands`` and ``scale`` (config ``<key>.bands``/``<key>.scale``, e.g. key
+    ``scenes.ortho``) can make uint8 RGB tiles of the raster: one line naming the file and the key otherwise."""
+    path = raster.path
+    bands = list(bands or DEFAULT_BANDS)
+    if len(bands) != RGB_BANDS:
+        raise InputError(f"{path}: {key}.bands lists {len(bands)} band(s); the model needs {RGB_BANDS} (RGB)")
+    outside = [b for b in bands if not 1 <= b <= raster.count]
+    if outside:
+        raise InputError(
+            f"{path}: raster has {raster.count} band(s); {key}.bands {bands} asks for band(s) "
+            f"{', '.join(map(str, outside))} (set {key}.bands to 3 of 1..{raster.count})"
+        )
+    if raster.alpha is not None and raster.alpha in bands:
+        raise InputError(f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands")
+    dtypes = sorted({raster.dtypes[b - 1] for b in bands}) if raster.dtypes else ["uint8"]
+    if not scale:
+        if dtypes != ["uint8"]:
+            raise InputError(
+                f"{path}: bands are {'/'.join(dtypes)}, not uint8; set {key}.scale ({{min: [..], max: [..]}} per "
+                "band, or {percentile: [2, 98]}) to map them to 0-255"
+            )
+        return
+    if "percentile" in scale:
+        low, high = scale["percentile"]
+        if not 0 <= low < high <= 100:
+            raise InputError(f"{path}: {key}.scale.percentile [{low}, {high}] must be 0 <= low < high <= 100")
+        return
+    limits = {}
+    for name in ("min", "max"):
+        value = scale.get(name)
+        if value is None:
+            raise InputError(f"{path}: {key}.scale needs both min and max (or percentile)")
+        values = [value] * len(bands) if isinstance(value, int | float) else list(value)
+        if len(values) != len(bands):
+            raise InputError(
+                f"{path}: {key}.scale.{name} has {len(values)} value(s) for the {len(bands)} bands of {key}.bands"
+            )
+        limits[name] = values
+    wrong = [k for k, (lo, hi) in enumerate(zip(limits["min"], limits["max"], strict=True)) if not lo < hi]
+    if wrong:
+        raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")
 
 
 @dataclass(frozen=True)
 class Annotations:
     boxes: np.ndarray  # (N, 4) pixel boxes in the raster
     labels: np.ndarray  # (N,) int64 label indices (0-based into the label list)
+    ignored: int = 0  # rows of a CSV/VOC file that name another image
 
 
 def read_annotations(
@@ -73,11 +152,54 @@ def read_annotations(
     raster: RasterInfo,
     labels: list[str],
     label_column: str | None = None,
+    image_path: str | None = None,
 ) -> Annotations:
-    """Ground-truth boxes of a scene in the raster's pixel space; bad files fail with one line."""
+    """Ground-truth boxes of a scene in the raster's pixel space; bad files fail with one line.
+
+    ``.csv`` is read as DeepForest CSV and ``.xml`` as Pascal VOC, keeping the rows whose image is
+    ``image_path`` (compared by file name; default: the raster's file name); anything else as an OGR vector
+    file (``label_column`` names its class column). Class names map through ``labels``.
+    """
     path = str(path)
     if not Path(path).exists():
         raise InputError(f"{path}: annotation file not found")
+    suffix = Path(path).suffix.lower()
+    if suffix in (".csv", ".xml"):
+        image = PurePath(image_path or raster.path).name
+        reader = read_deepforest_csv if suffix == ".csv" else read_voc_xml
+        frame = reader(path)
+        mine = frame["image_path"].map(lambda p: PurePath(str(p).replace("\\", "/")).name) == image
+        ignored = int((~mine).sum())
+        if not mine.any():
+            images = ", ".join(sorted(frame["image_path"].astype(str).unique())[:5])
+            raise InputError(f"{path}: no box for image {image} (it has boxes of {images}; set scenes.X.image_path)")
+        if ignored:
+            LOGGER.warning("%s: %d box(es) of other images than %s ignored", path, ignored, image)
+        frame = frame[mine]
+        boxes = frame[["xmin", "ymin", "xmax", "ymax"]].to_numpy(dtype=np.float64)
+        label_ids = label_indexes(path, frame["label"].astype(str).to_numpy(), labels)
+    else:
+        boxes, label_ids = read_vector_boxes(path, raster, labels, label_column)
+        ignored = 0
+    inside = (boxes[:, 2] > 0) & (boxes[:, 3] > 0) & (boxes[:, 0] < raster.width) & (boxes[:, 1] < raster.height)
+    if not inside.any():
+        raise InputError(f"{path}: no annotation overlaps the raster {raster.path}")
+    return Annotations(boxes[inside], label_ids[inside], ignored)
+
+
+def label_indexes(path: str, names: np.ndarray, labels: list[str]) -> np.ndarray:
+    """Class names -> 0-based indexes into ``labels``; an unknown name fails with one line."""
+    unknown = sorted(set(names) - set(labels))
+    if unknown:
+        raise InputError(f"{path}: label(s) {', '.join(unknown)} are not in model.labels ({', '.join(labels)})")
+    index = {name: k for k, name in enumerate(labels)}
+    return np.array([index[name] for name in names], dtype=np.int64)
+
+
+def read_vector_boxes(
+    path: str, raster: RasterInfo, labels: list[str], label_column: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes (pixels of the raster) and label indexes of an OGR vector file or GeoParquet."""
     try:
         frame = gpd.read_parquet(path) if path.endswith(".parquet") else gpd.read_file(path)
     except Exception as err:  # pyogrio and pyarrow raise many types
@@ -92,16 +214,61 @@ def read_annotations(
     if label_column:
         if label_column not in frame.columns:
             raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, frame.columns))})")
-        names = frame[label_column].astype(str).to_numpy()
-        unknown = sorted(set(names) - set(labels))
-        if unknown:
-            raise InputError(f"{path}: label(s) {', '.join(unknown)} are not in model.labels ({', '.join(labels)})")
-        index = {name: k for k, name in enumerate(labels)}
-        label_ids = np.array([index[name] for name in names], dtype=np.int64)
+        label_ids = label_indexes(path, frame[label_column].astype(str).to_numpy(), labels)
     else:
         label_ids = np.zeros(len(frame), dtype=np.int64)
-    boxes = geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform)
-    inside = (boxes[:, 2] > 0) & (boxes[:, 3] > 0) & (boxes[:, 0] < raster.width) & (boxes[:, 1] < raster.height)
-    if not inside.any():
-        raise InputError(f"{path}: no annotation overlaps the raster {raster.path}")
-    return Annotations(boxes[inside], label_ids[inside])
+    return geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform), label_ids
+
+
+def read_deepforest_csv(path: str) -> pd.DataFrame:
+    """A DeepForest CSV's rows (image_path, xmin, ymin, xmax, ymax, label; pixel coordinates), checked."""
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}: annotation file holds no boxes") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from err
+    missing = [c for c in CSV_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: DeepForest CSV lacks column(s) {', '.join(missing)} (needs {','.join(CSV_COLUMNS)})")
+    if len(frame) == 0:
+        raise InputError(f"{path}: annotation file holds no boxes")
+    return check_pixel_boxes(path, frame, row_offset=2)
+
+
+def read_voc_xml(path: str) -> pd.DataFrame:
+    """A Pascal VOC file's boxes as DeepForest CSV rows (its ``<filename>`` is every row's image_path)."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as err:
+        raise InputError(f"{path}: not a readable XML file ({err})") from err
+    filename = root.findtext("filename")
+    if root.tag != "annotation" or not filename:
+        raise InputError(f"{path}: not a Pascal VOC file (needs <annotation> with <filename>)")
+    rows = []
+    for number, obj in enumerate(root.iter("object"), start=1):
+        box = obj.find("bndbox")
+        name = obj.findtext("name")
+        if box is None or not name:
+            raise InputError(f"{path}: <object> {number} lacks <name> or <bndbox>")
+        try:
+            coords = [float(box.findtext(k) or "nan") for k in ("xmin", "ymin", "xmax", "ymax")]
+        except ValueError as err:
+            raise InputError(f"{path}: <object> {number} has a bad <bndbox> ({err})") from err
+        rows.append([filename, *coords, name.strip()])
+    if not rows:
+        raise InputError(f"{path}: annotation file holds no boxes")
+    return check_pixel_boxes(path, pd.DataFrame(rows, columns=CSV_COLUMNS), row_offset=1, row_name="<object>")
+
+
+def check_pixel_boxes(path: str, frame: pd.DataFrame, row_offset: int, row_name: str = "line") -> pd.DataFrame:
+    """Pixel boxes must be numbers with xmin < xmax and ymin < ymax; the first bad row fails with one line."""
+    coords = frame[["xmin", "ymin", "xmax", "ymax"]].apply(pd.to_numeric, errors="coerce")
+    bad = coords.isna().any(axis=1) | (coords["xmax"] <= coords["xmin"]) | (coords["ymax"] <= coords["ymin"])
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        values = ", ".join(str(v) for v in frame.iloc[first][["xmin", "ymin", "xmax", "ymax"]])
+        raise InputError(
+            f"{path}: {row_name} {first + row_offset} has a bad box ({values}); needs numbers, xmin < xmax, ymin < ymax"
+        )
+    return frame.assign(**{c: coords[c] for c in coords.columns})

@@ -217,6 +217,7 @@ def merge_scene(
     layer: str = "detections",
 ) -> gpd.GeoDataFrame:
     """Check exactly-once accounting, merge across tile overlaps, write GeoPackage and GeoParquet."""
+    from rasterscale.imagery import drop_masked, read_spec
     from rasterscale.inputs import check_raster
     from rasterscale.outputs import write_geoparquet, write_gpkg
     from rasterscale.tiling import read_manifest
@@ -225,6 +226,7 @@ def merge_scene(
     raster = check_raster(raster_path)
     detections, processed = read_rank_files(rank_files)
     check_exactly_once(manifest["tile_id"].to_numpy(), processed)
+    detections = drop_masked(detections, raster_path, read_spec(manifest_path))  # none on nodata pixels
     merged = merge_detections(
         detections,
         manifest,

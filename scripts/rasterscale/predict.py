@@ -46,6 +46,7 @@ from rasterscale.data import (
     to_model_input,
 )
 from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.imagery import ImageSpec, read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.merge import empty_detections, write_rank_file
 from rasterscale.model import load_checkpoint
@@ -490,30 +491,35 @@ def read_job_file(path: str | Path) -> list[SceneJob]:
 
 @dataclass(frozen=True)
 class PredictScene:
-    """A scene of the job with what prediction needs of it: its tiles and its raster's georeference."""
+    """A scene of the job with what prediction needs of it: its tiles, its imagery spec (from the manifest) and
+    its raster's georeference."""
 
     job: SceneJob
     tiles: list[Tile]
+    imagery: ImageSpec
     transform: Any
     crs: Any
 
     @classmethod
     def load(cls, job: SceneJob) -> PredictScene:
         raster = check_raster(job.raster)
-        return cls(job, tiles_from_frame(read_manifest(job.manifest)), raster.transform, raster.crs)
+        tiles = tiles_from_frame(read_manifest(job.manifest))
+        return cls(job, tiles, read_spec(job.manifest), raster.transform, raster.crs)
 
 
-def scene_dataset(strategy: str, raster_path: str, tiles: list[Tile], device: torch.device) -> Dataset:
+def scene_dataset(
+    strategy: str, raster_path: str, tiles: list[Tile], imagery: ImageSpec, device: torch.device
+) -> Dataset:
     """One scene's tiles of a rank under the strategy (single and batch read the rank's region of it here)."""
     if strategy != "window" and tiles:
         logging.getLogger(LOGGER_NAME).info(
             "strategy %s holds the region of %s of %.0f MB on %s",
             strategy,
             raster_path,
-            region_nbytes(raster_path, bounding_window(tiles)) / 2**20,
+            region_nbytes(bounding_window(tiles)) / 2**20,
             device if strategy == "batch" else "cpu",
         )
-    return prediction_dataset(strategy, raster_path, tiles, device)
+    return prediction_dataset(strategy, raster_path, tiles, imagery, device)
 
 
 class ScenesDataset(Dataset):
@@ -548,7 +554,7 @@ def run_prediction(
     scenes: Sequence[SceneJob],
     checkpoint_path: str | Path,
     predict_cfg: dict[str, Any],
-    score_threshold: float,
+    config: dict[str, Any],
     spec: RunSpec,
     log_dir: str | Path,
     shards: int = 1,
@@ -559,8 +565,8 @@ def run_prediction(
     logger = setup_rank_logging(rank, log_dir, name=LOGGER_NAME)
     quiet_non_zero_ranks(rank)
     limit_read_cache(predict_cfg["read_cache_mb"])
-    model, detector, _ = load_checkpoint(checkpoint_path)
-    model.score_thresh = score_threshold
+    # every model.* key set in the config overrides what the model file says
+    model, detector, _ = load_checkpoint(checkpoint_path, config)
     prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
     warn_if_slow_precision(spec, logger)
     if spec.accelerator == "cpu":
@@ -577,7 +583,7 @@ def run_prediction(
     def dataset_for_rank(world: int, rank_: int, device: torch.device) -> Dataset:
         own = tiles_of_rank(world, rank_)
         factories = [
-            functools.partial(scene_dataset, strategy, scene.job.raster, tiles, device)
+            functools.partial(scene_dataset, strategy, scene.job.raster, tiles, scene.imagery, device)
             for scene, tiles in zip(loaded, own, strict=True)
         ]
         return ScenesDataset(factories, [len(tiles) for tiles in own])
@@ -592,6 +598,15 @@ def run_prediction(
         benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
+        logger.info(
+            "model %s: labels %s, %s, score %.3g, nms %.3g, %d detections per tile",
+            checkpoint_path,
+            ", ".join(detector.labels),
+            detector.describe_resize(),
+            detector.score_threshold,
+            detector.nms_threshold,
+            detector.detections_per_tile,
+        )
         logger.info(
             "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
             "%d worker(s) per rank",

@@ -10,6 +10,16 @@ import rasterio
 from rasterscale.outputs import atomic_path
 
 
+def display_uint8(image: np.ndarray) -> np.ndarray:
+    """uint8 as it is; other types (16-bit, float) stretched per band between their 2nd and 98th percentiles,
+    for the picture only."""
+    if image.dtype == np.uint8:
+        return image
+    values = image.astype(np.float32)
+    low, high = np.nanpercentile(values, [2, 98], axis=(1, 2), keepdims=True)
+    return np.nan_to_num(np.clip((values - low) / np.maximum(high - low, 1e-6) * 255, 0, 255)).astype(np.uint8)
+
+
 def render_quicklook(
     raster_path: str | Path,
     pred_boxes: np.ndarray,
@@ -28,7 +38,7 @@ def render_quicklook(
     with rasterio.open(raster_path) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)
         shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
-        image = src.read(indexes=[1, 2, 3], out_shape=shape)
+        image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
         width, height = src.width, src.height
     fig, ax = plt.subplots(figsize=(shape[2] / 100, shape[1] / 100), dpi=100)
     ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))

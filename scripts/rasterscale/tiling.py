@@ -1,8 +1,10 @@
 """Tile manifests: the windows that cut a raster into overlapping patches, with their footprints in the CRS.
 
-A manifest is computed from the raster's metadata (size and transform) only. Offsets step by
+A manifest is computed from the raster's metadata (size and transform), and, for rasters that mark invalid
+pixels, from a decimated read of their mask: tiles wholly masked are left out. Offsets step by
 ``patch_size - overlap``; the last row and column of tiles are flush with the raster's edge, so every pixel is
-covered and no tile reads past the raster.
+covered and no tile reads past the raster. The scene's :class:`~rasterscale.imagery.ImageSpec` travels in the
+manifest's parquet metadata (:func:`write_manifest`, :func:`rasterscale.imagery.read_spec`).
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
+import pyarrow.parquet as pq
 import rasterio
 from affine import Affine
+from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.crs import CRS
 
 from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.imagery import SPEC_KEY, ImageSpec, mask_of, valid_mask
+from rasterscale.inputs import DEFAULT_BANDS, raster_info
+from rasterscale.outputs import atomic_path
 
 MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
 
@@ -72,15 +79,20 @@ def manifest_frame(grid: np.ndarray, transform: Affine, crs: CRS | str | None) -
     )
 
 
-def valid_tile_mask(src: rasterio.io.DatasetReader, grid: np.ndarray, max_side: int = 2048) -> np.ndarray:
-    """True for tiles that hold at least one valid pixel, judged on a reduced-resolution dataset mask.
+def valid_tile_mask(
+    src: rasterio.io.DatasetReader, grid: np.ndarray, spec: ImageSpec, max_side: int = 2048
+) -> np.ndarray:
+    """True for tiles that hold at least one valid pixel, judged on a reduced-resolution mask (the spec's:
+    alpha, nodata or the dataset's mask).
 
     The mask is read decimated (GDAL uses overviews where present) and each tile's window is grown by one
-    cell, so that a tile is only dropped when it is certainly all nodata.
+    cell, so that a tile is only dropped when it is certainly all masked.
     """
     scale = max(1, math.ceil(max(src.width, src.height) / max_side))
     out_shape = (max(1, math.ceil(src.height / scale)), max(1, math.ceil(src.width / scale)))
-    mask = src.dataset_mask(out_shape=out_shape) > 0
+    mask = valid_mask(src, spec, out_shape=out_shape)
+    if mask is None:
+        return np.ones(len(grid), dtype=bool)
     keep = np.zeros(len(grid), dtype=bool)
     for k, (col, row, width, height) in enumerate(grid):
         c0, r0 = max(0, col // scale - 1), max(0, row // scale - 1)
@@ -89,28 +101,29 @@ def valid_tile_mask(src: rasterio.io.DatasetReader, grid: np.ndarray, max_side: 
     return keep
 
 
-def has_nodata(src: rasterio.io.DatasetReader) -> bool:
-    """Whether the raster declares invalid pixels (a nodata value, an alpha band or a mask)."""
-    flags = src.mask_flag_enums[0]
-    return src.nodata is not None or any(
-        flag in flags
-        for flag in (
-            rasterio.enums.MaskFlags.alpha,
-            rasterio.enums.MaskFlags.per_dataset,
-            rasterio.enums.MaskFlags.nodata,
-        )
-    )
-
-
 def build_manifest(
-    raster_path: str | Path, patch_size: int, overlap: int, skip_nodata: bool = True
+    raster_path: str | Path,
+    patch_size: int,
+    overlap: int,
+    skip_nodata: bool = True,
+    spec: ImageSpec | None = None,
 ) -> gpd.GeoDataFrame:
-    """The tile manifest of a raster; tiles that are certainly all nodata are left out when asked."""
+    """The tile manifest of a raster; tiles that are certainly all masked (by ``spec``'s mask; default: the
+    raster's own, bands 1-3) are left out when asked. Rasters without a mask are not read."""
     with rasterio.open(raster_path) as src:
+        spec = spec or ImageSpec(DEFAULT_BANDS, *mask_of(raster_info(src)))
         grid = tile_grid(src.width, src.height, patch_size, overlap)
-        if skip_nodata and has_nodata(src):
-            grid = grid[valid_tile_mask(src, grid)]
+        if skip_nodata and spec.mask != "none":
+            grid = grid[valid_tile_mask(src, grid, spec)]
         return manifest_frame(grid, src.transform, src.crs)
+
+
+def write_manifest(frame: gpd.GeoDataFrame, spec: ImageSpec, path: str | Path) -> None:
+    """Write a manifest as GeoParquet with the scene's imagery spec in its metadata, atomically."""
+    table = _geopandas_to_arrow(frame, index=False)  # what GeoDataFrame.to_parquet writes, "geo" metadata included
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), SPEC_KEY: spec.to_json().encode()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def tiles_from_frame(frame: gpd.GeoDataFrame) -> list[Tile]:

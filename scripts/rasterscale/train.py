@@ -26,8 +26,17 @@ from torch.utils.data import ConcatDataset, DataLoader
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.data import TrainTileDataset, collate_lists
 from rasterscale.evaluate import evaluate_detections
+from rasterscale.imagery import on_data, read_spec
 from rasterscale.inputs import check_raster, read_annotations
-from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.model import (
+    DetectorConfig,
+    build_detector,
+    freeze_pretrained_backbone,
+    init_from_model_file,
+    load_backbone_weights,
+    save_checkpoint,
+)
+from rasterscale.modelfiles import write_deepforest_folder
 from rasterscale.runtime import (
     RunSpec,
     cpu_threads_per_rank,
@@ -48,6 +57,7 @@ class TrainScene:
     manifest: str
     annotations: str
     label_column: str | None = None
+    image_path: str | None = None  # the scene's image name in CSV/VOC annotations
 
 
 def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
@@ -68,11 +78,35 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def initial_weights(model: torch.nn.Module, detector: DetectorConfig, init: str, backbone_weights: str) -> str:
+    """Start the detector from ``train.init`` (any model file rasterscale reads), or its backbone from
+    ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch; returns what for the log.
+    A pretrained backbone is fine-tuned as DeepForest does (frozen batch norms and stem)."""
+    if init:
+        loaded = init_from_model_file(model, detector, init)
+    elif backbone_weights:
+        loaded = load_backbone_weights(model, backbone_weights) + ", the rest initialized at random"
+    else:
+        return "no weights: training from scratch (random initialization)"
+    return f"{loaded}; {freeze_pretrained_backbone(model)}"
+
+
+def log_deepforest_compatibility(detector: DetectorConfig, folder: str | Path) -> None:
+    """DeepForest's RetinaNetHub builds a resnet50 (torchvision's retinanet_resnet50_fpn) whatever the folder."""
+    if detector.backbone != "resnet50":
+        _logger().warning(
+            "%s: written for rasterscale (model.checkpoint reads it); DeepForest itself builds resnet50 models only "
+            "and cannot load this %s",
+            folder,
+            detector.backbone,
+        )
+
+
 class DetectorTrainingModule(L.LightningModule):
     def __init__(self, detector: DetectorConfig, plan: BatchPlan, train_cfg: dict[str, Any]) -> None:
         super().__init__()
         self.detector_cfg, self.plan, self.train_cfg = detector, plan, train_cfg
-        self.model = build_detector(detector)
+        self.model = build_detector(detector)  # its transform resizes as the model records (model.resize)
 
     def training_step(self, batch: tuple[list, list], batch_idx: int) -> torch.Tensor:
         images, targets = batch
@@ -103,17 +137,20 @@ class TrainingDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         for scene in self.scenes:
             raster = check_raster(scene.raster)
-            truth = read_annotations(scene.annotations, raster, list(self.detector.labels), scene.label_column)
+            labels = list(self.detector.labels)
+            truth = read_annotations(scene.annotations, raster, labels, scene.label_column, scene.image_path)
             tiles = tiles_from_frame(read_manifest(scene.manifest))
+            spec = read_spec(scene.manifest)
+            keep = on_data(scene.raster, spec, truth.boxes)  # boxes on masked pixels: the tiles show none
             train, validation = split_train_validation(tiles, raster.height, self.cfg["validation_fraction"])
             common = {
-                "boxes": truth.boxes,
-                "labels": truth.labels,
+                "boxes": truth.boxes[keep],
+                "labels": truth.labels[keep],
                 "min_visible_fraction": self.cfg["min_visible_fraction"],
             }
-            self.train_sets.append(TrainTileDataset(scene.raster, train, augment=True, **common))
+            self.train_sets.append(TrainTileDataset(scene.raster, train, spec, augment=True, **common))
             if validation:
-                self.val_sets.append(TrainTileDataset(scene.raster, validation, augment=False, **common))
+                self.val_sets.append(TrainTileDataset(scene.raster, validation, spec, augment=False, **common))
 
     def train_dataloader(self) -> DataLoader:
         workers = self.cfg["workers"]
@@ -270,8 +307,11 @@ def run_training(
     metrics_path: str | Path,
     plot_path: str | Path,
     log_dir: str | Path,
+    deepforest_folder: str | Path | None = None,
+    backbone_weights: str = "",
 ) -> None:
-    """Train with ``spec.world_size`` ranks; rank 0 writes checkpoint, metrics CSV and plot."""
+    """Train with ``spec.world_size`` ranks, starting from ``train.init`` or ``backbone_weights`` when given;
+    rank 0 writes the checkpoint, the DeepForest model folder, the metrics CSV and the plot."""
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=LOGGER_NAME)
     quiet_non_zero_ranks(rank)
@@ -287,6 +327,7 @@ def run_training(
     L.seed_everything(train_cfg["seed"], workers=True, verbose=False)
     datamodule = TrainingDataModule(scenes, detector, plan, train_cfg)
     module = DetectorTrainingModule(detector, plan, train_cfg)
+    loaded = initial_weights(module.model, detector, train_cfg.get("init", ""), backbone_weights)
     validation = RankZeroValidation(datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     trainer = make_trainer(
@@ -303,6 +344,16 @@ def run_training(
     if trainer.is_global_zero:
         logger.info("batch plan: %s", plan.describe())
         logger.info("run: %s", spec)
+        logger.info("start: %s", loaded)
+        logger.info(
+            "detector: %s, labels %s, %s, score %.3g, nms %.3g, %d detections per tile",
+            detector.backbone,
+            ", ".join(detector.labels),
+            detector.describe_resize(),
+            detector.score_threshold,
+            detector.nms_threshold,
+            detector.detections_per_tile,
+        )
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     if not trainer.is_global_zero:
@@ -319,10 +370,19 @@ def run_training(
         seconds=round(seconds, 1),
         validation=validation.last,
     )
+    if deepforest_folder is not None:
+        write_deepforest_folder(module.model.state_dict(), detector, deepforest_folder)
+        log_deepforest_compatibility(detector, deepforest_folder)
     from rasterscale.outputs import atomic_path
 
     logged = Path(csv_logger.log_dir, "metrics.csv")
     with atomic_path(metrics_path) as tmp:
         tmp.write_bytes(logged.read_bytes() if logged.exists() else b"step,epoch\n")
     plot_curves(metrics_path, plot_path)
-    logger.info("trained %d steps in %.0f s; checkpoint %s", trainer.global_step, seconds, checkpoint_path)
+    logger.info(
+        "trained %d steps in %.0f s; checkpoint %s, DeepForest model folder %s",
+        trainer.global_step,
+        seconds,
+        checkpoint_path,
+        deepforest_folder,
+    )

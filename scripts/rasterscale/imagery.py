@@ -1,0 +1,249 @@
+"""How a scene's pixels become the model's tile: three bands, a mask of invalid pixels, a linear scale to uint8.
+
+The :class:`ImageSpec` of a scene is resolved once, by the tile_manifest rule, from the raster's header and the
+scene's config (``scenes.X.bands``, ``scenes.X.scale``); a percentile stretch is computed then, from a
+decimated read (GDAL takes overviews where present), never from the whole raster. The spec is stored in the
+manifest's parquet metadata (:data:`SPEC_KEY`) and every reader takes it from there (:func:`read_spec`), so
+training and prediction see the same pixels:
+
+- the three ``bands`` (one-based), in that order;
+- each band scaled linearly from ``[low, high]`` to ``[0, 255]`` and clipped (uint8 rasters without a
+  declared scale are taken as they are);
+- invalid pixels (alpha 0, the raster's nodata value in all three bands, the per-dataset mask, non-finite
+  floats) set to ``fill``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import rasterio
+from rasterio.windows import Window
+
+from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, check_imagery, check_raster
+
+SPEC_KEY = b"rasterscale:imagery"
+FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
+MASKS = ("none", "alpha", "nodata", "dataset")
+PERCENTILE_SIDE = 2048  # longest side of the decimated read a percentile stretch is computed from
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How to read a scene's tiles as uint8 RGB (see the module docstring)."""
+
+    bands: tuple[int, int, int] = DEFAULT_BANDS
+    mask: str = "none"  # how invalid pixels are known: none, alpha (band `alpha`), nodata (value), dataset
+    alpha: int | None = None
+    nodata: float | None = None
+    low: tuple[float, float, float] | None = None  # per band; None: uint8 taken as is
+    high: tuple[float, float, float] | None = None
+    scale: str = "none"  # where low/high came from: none, declared, percentile <low>-<high>
+    fill: int = FILL_VALUE
+
+    def __post_init__(self) -> None:
+        if self.mask not in MASKS:
+            raise ValueError(f"unknown mask {self.mask!r} (one of {', '.join(MASKS)})")
+        if (self.low is None) != (self.high is None):
+            raise ValueError("low and high are given together")
+
+    @property
+    def indexes(self) -> list[int]:
+        """Bands to read in one call: the three bands, then the alpha band when the mask is alpha."""
+        return [*self.bands, self.alpha] if self.mask == "alpha" else list(self.bands)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ImageSpec:
+        data = json.loads(text)
+        for key in ("bands", "low", "high"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for the log."""
+        text = f"bands {list(self.bands)}, mask {self.mask}"
+        if self.mask == "alpha":
+            text += f" (band {self.alpha})"
+        elif self.mask == "nodata":
+            text += f" (value {self.nodata})"
+        if self.low is not None and self.high is not None:
+            ranges = ", ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(self.low, self.high, strict=True))
+            text += f", scale {self.scale}: {ranges} -> [0, 255]"
+        else:
+            text += ", uint8 as stored"
+        return text + f", masked pixels filled with {self.fill}"
+
+
+def mask_of(info: RasterInfo) -> tuple[str, int | None, float | None]:
+    """How a raster marks invalid pixels: (kind, alpha band, nodata value)."""
+    if info.alpha is not None:
+        return "alpha", info.alpha, None
+    if info.nodata is not None:
+        return "nodata", None, info.nodata
+    if info.dataset_mask:
+        return "dataset", None, None
+    return "none", None, None
+
+
+def resolve_spec(
+    path: str | Path, bands: Sequence[int] | None = None, scale: Mapping[str, Any] | None = None, key: str = "scene"
+) -> ImageSpec:
+    """A scene's spec from its raster and config; a percentile stretch is computed here, once. Bad
+    combinations fail with the one line of :func:`rasterscale.inputs.check_imagery` (``key``: the scene's
+    config key, e.g. ``scenes.ortho``)."""
+    info = check_raster(path)
+    check_imagery(info, bands, scale, key)
+    kind, alpha, nodata = mask_of(info)
+    spec = ImageSpec(tuple(bands or DEFAULT_BANDS), kind, alpha, nodata)
+    if not scale:
+        return spec
+    if "percentile" in scale:
+        low_q, high_q = (float(q) for q in scale["percentile"])
+        low, high = percentile_range(path, spec, low_q, high_q, key)
+        return ImageSpec(spec.bands, kind, alpha, nodata, low, high, f"percentile {low_q:g}-{high_q:g}")
+    low, high = (per_band(scale[name]) for name in ("min", "max"))
+    return ImageSpec(spec.bands, kind, alpha, nodata, low, high, "declared")
+
+
+def per_band(value: float | Sequence[float]) -> tuple[float, float, float]:
+    values = [float(value)] * 3 if isinstance(value, int | float) else [float(v) for v in value]
+    return (values[0], values[1], values[2])
+
+
+def percentile_range(
+    path: str | Path, spec: ImageSpec, low_q: float, high_q: float, key: str, max_side: int = PERCENTILE_SIDE
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Per-band percentiles of the valid pixels, from a read decimated to at most ``max_side`` pixels a side
+    (overviews where the raster has them): the whole raster is never held in memory."""
+    with rasterio.open(path) as src:
+        factor = max(1, math.ceil(max(src.width, src.height) / max_side))
+        shape = (max(1, math.ceil(src.height / factor)), max(1, math.ceil(src.width / factor)))
+        pixels, valid = read_masked(src, spec, out_shape=shape)
+    lows, highs = [], []
+    for values in pixels:
+        chosen = values[valid] if valid is not None else values.ravel()
+        if not chosen.size:
+            raise InputError(f"{path}: no valid pixel to compute {key}.scale.percentile from")
+        lo, hi = np.percentile(chosen.astype(np.float64), [low_q, high_q])
+        if hi <= lo:  # a constant band: any span maps it to one value
+            hi = lo + 1.0
+        lows.append(float(lo))
+        highs.append(float(hi))
+    return (lows[0], lows[1], lows[2]), (highs[0], highs[1], highs[2])
+
+
+def read_masked(
+    src: rasterio.io.DatasetReader,
+    spec: ImageSpec,
+    window: Window | None = None,
+    out_shape: tuple[int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The spec's three bands as stored, shape (3, h, w), and the valid-pixel mask (None: all valid). One read
+    for bands and alpha; ``out_shape`` reads decimated."""
+    shape = None if out_shape is None else (len(spec.indexes), *out_shape)
+    raw = src.read(indexes=spec.indexes, window=window, out_shape=shape)
+    pixels, valid = raw[:3], None
+    if spec.mask == "alpha":
+        valid = raw[3] > 0
+    elif spec.mask == "nodata":
+        nodata = spec.nodata
+        invalid = np.isnan(pixels) if nodata is not None and math.isnan(nodata) else pixels == nodata
+        valid = ~invalid.all(axis=0)
+    elif spec.mask == "dataset":
+        valid = src.dataset_mask(window=window, out_shape=out_shape) > 0
+    if pixels.dtype.kind == "f":
+        finite = np.isfinite(pixels).all(axis=0)
+        valid = finite if valid is None else valid & finite
+    return pixels, valid
+
+
+def valid_mask(
+    src: rasterio.io.DatasetReader, spec: ImageSpec, out_shape: tuple[int, int] | None = None
+) -> np.ndarray | None:
+    """Valid pixels of the whole raster at ``out_shape`` (None: the raster marks none invalid); reads only
+    the mask where it is a band or GDAL's mask, the bands only for a nodata value."""
+    if spec.mask == "none":
+        return None
+    if spec.mask == "alpha":
+        return src.read(spec.alpha, out_shape=out_shape) > 0
+    if spec.mask == "dataset":
+        return src.dataset_mask(out_shape=out_shape) > 0
+    return read_masked(src, spec, out_shape=out_shape)[1]
+
+
+def valid_at(path: str | Path, spec: ImageSpec, cols: np.ndarray, rows: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """Whether the pixels at (``cols``, ``rows``) are valid under the spec's mask (pixels outside the raster
+    are not). Exact: the mask is read in ``chunk``-pixel squares, only where there are points."""
+    cols, rows = np.floor(cols).astype(np.int64), np.floor(rows).astype(np.int64)
+    with rasterio.open(path) as src:
+        inside = (cols >= 0) & (rows >= 0) & (cols < src.width) & (rows < src.height)
+        if spec.mask == "none":
+            return inside
+        valid = np.zeros(len(cols), dtype=bool)
+        keys = (rows // chunk) * (src.width // chunk + 1) + cols // chunk
+        for key in np.unique(keys[inside]):
+            members = np.flatnonzero(inside & (keys == key))
+            row0, col0 = int(rows[members[0]]) // chunk * chunk, int(cols[members[0]]) // chunk * chunk
+            window = Window(col0, row0, min(chunk, src.width - col0), min(chunk, src.height - row0))
+            mask = read_masked(src, spec, window=window)[1]
+            valid[members] = True if mask is None else mask[rows[members] - row0, cols[members] - col0]
+    return valid
+
+
+def on_data(path: str | Path, spec: ImageSpec, boxes: np.ndarray) -> np.ndarray:
+    """Whether each (N, 4) pixel box (xmin, ymin, xmax, ymax) is centred on a valid pixel: no data, no object."""
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if spec.mask == "none" or not len(boxes):
+        return np.ones(len(boxes), dtype=bool)
+    return valid_at(path, spec, (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2)
+
+
+def drop_masked(detections: Any, path: str | Path, spec: ImageSpec) -> Any:
+    """Detections (raster pixel columns px_xmin..px_ymax) centred on valid pixels (a tile partly masked may
+    still see an object in its fill)."""
+    if spec.mask == "none" or not len(detections):
+        return detections
+    return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]
+
+
+def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """Bands as stored -> uint8 by the spec's linear scale (clipped); uint8 without a scale as it is."""
+    if spec.low is None or spec.high is None:
+        if pixels.dtype != np.uint8:
+            raise ValueError(f"{pixels.dtype} pixels need a scale to uint8 (scenes.X.scale)")
+        return pixels
+    low = np.asarray(spec.low, dtype=np.float32)[:, None, None]
+    gain = 255.0 / (np.asarray(spec.high, dtype=np.float32)[:, None, None] - low)
+    scaled = (pixels.astype(np.float32) - low) * gain
+    np.clip(scaled, 0.0, 255.0, out=scaled)
+    return np.rint(scaled, out=scaled).astype(np.uint8)
+
+
+def read_tile(src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window) -> np.ndarray:
+    """A window as the model's uint8 (3, h, w) tile: bands, scale, masked pixels filled."""
+    pixels, valid = read_masked(src, spec, window=window)
+    tile = to_uint8(pixels, spec)
+    if valid is not None and not valid.all():
+        tile[:, ~valid] = spec.fill
+    return tile
+
+
+def read_spec(manifest_path: str | Path) -> ImageSpec:
+    """The imagery spec stored with a tile manifest (by the tile_manifest rule)."""
+    metadata = pq.read_schema(manifest_path).metadata or {}
+    if SPEC_KEY not in metadata:
+        raise InputError(
+            f"{manifest_path}: tile manifest holds no imagery spec ({SPEC_KEY.decode()}); rerun rule tile_manifest"
+        )
+    return ImageSpec.from_json(metadata[SPEC_KEY])
