@@ -95,7 +95,7 @@ def test_manifests_skip_wholly_masked_tiles_and_hold_the_spec(user_run):
     assert not ((tiles.col_off == 0) & (tiles.row_off == 0)).any()
     spec = json.loads(pq.read_schema(manifest).metadata[SPEC_KEY])
     assert (spec["mask"], spec["alpha"], spec["low"], spec["high"]) == ("alpha", 4, [0, 0, 0], [65535] * 3)
-    assert "mask alpha (band 4), scale declared" in (workdir / "logs/tile_manifest/ortho16.log").read_text()
+    assert "mask alpha (band 4), scale declared" in (workdir / "logs/tile_manifest/batch-0.log").read_text()
 
 
 def test_the_masked_corner_gets_no_detections(user_run):
