@@ -94,9 +94,9 @@ def snakemake(workdir: Path, *targets: str, cores: int) -> float:
         str(workdir),
         "--configfile",
         str(workdir / "config.yaml"),
-        *targets,
         "--cores",
         str(cores),
+        *targets,  # after a one-valued option: --configfile takes several
     ]
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
@@ -112,7 +112,7 @@ def run_deepforest(python: Path, model: Path, raster: Path, out_dir: Path, **opt
         str(python),
         str(DEEPFOREST / "predict_tile.py"),
         *("--model", str(model), "--raster", str(raster)),
-        *("--out", str(out_dir / "boxes.parquet"), "--timings", str(out_dir / "timings.json")),
+        *("--out", str(out_dir / "boxes.csv"), "--timings", str(out_dir / "timings.json")),
         *(arg for key, value in options.items() if value for arg in (f"--{key.replace('_', '-')}", str(value))),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -167,7 +167,7 @@ def compare(workdir: Path, df_dir: Path) -> dict[str, Any]:
         width, height, transform, crs = src.width, src.height, src.transform, src.crs
     ours = gpd.read_parquet(workdir / f"results/{HELDOUT}/detections.parquet")
     ours_boxes, ours_scores = ours[BOX_COLUMNS].to_numpy(float), ours["score"].to_numpy(float)
-    theirs = gpd.pd.read_parquet(df_dir / "boxes.parquet")
+    theirs = gpd.pd.read_csv(df_dir / "boxes.csv")
     theirs_boxes, theirs_scores = theirs[["xmin", "ymin", "xmax", "ymax"]].to_numpy(float), theirs["score"].to_numpy()
     moved = gpd.GeoDataFrame(theirs, geometry=pixel_boxes_to_polygons(theirs_boxes, transform), crs=crs)
     moved.to_file(df_dir / "deepforest.gpkg", layer="detections", driver="GPKG")

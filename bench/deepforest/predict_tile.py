@@ -2,7 +2,7 @@
 
 ``main.deepforest`` with the model folder as ``model.name`` (its defaults otherwise: batch 1, fp32, workers 0,
 score_thresh 0.1, nms_thresh 0.05), then ``predict_tile(path, patch_size, patch_overlap)`` with its default
-dataloader strategy. Writes the boxes in raster pixels (parquet, DeepForest's own columns) and the timings.
+dataloader strategy. Writes the boxes in raster pixels (CSV, DeepForest's own columns) and the timings.
 """
 
 import argparse
@@ -19,7 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="DeepForest model folder (config.json + model.safetensors)")
     parser.add_argument("--raster", required=True)
-    parser.add_argument("--out", required=True, help="parquet of the predicted boxes (pixel coordinates)")
+    parser.add_argument("--out", required=True, help="CSV of the predicted boxes (pixel coordinates)")
     parser.add_argument("--timings", required=True, help="JSON of the timings")
     parser.add_argument("--patch-size", type=int, default=400)
     parser.add_argument("--patch-overlap", type=float, default=0.05)
@@ -43,7 +43,7 @@ def main() -> None:
     frame = boxes.drop(columns="geometry") if boxes is not None else None
     if frame is None:
         raise SystemExit(f"DeepForest found no boxes in {args.raster}")
-    frame[["xmin", "ymin", "xmax", "ymax", "score", "label"]].to_parquet(args.out, index=False)
+    frame[["xmin", "ymin", "xmax", "ymax", "score", "label"]].to_csv(args.out, index=False)
     timings = {
         "import_s": round(imported - STARTED, 2),
         "load_s": round(loaded - imported, 2),
