@@ -177,18 +177,30 @@ def job_summary(job: JobResult) -> dict:
 
 
 def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile]) -> dict:
+    """Pure forward time over the job's tiles against the job's wall, and where the in-loop rest goes: the rank's
+    batches (``compute_s``: the forward plus the first batch's warm-up and any slowdown), its waits for data
+    (``wait_s``), and the same job without a reading worker (``workers 0``: nothing else runs on the cores)."""
     predict = {"devices": 1, "workers": 1, "batch_size": 4}
     job = run_predict_job(workdir / "efficiency", raster, manifest, checkpoint, predict)
+    alone = run_predict_job(workdir / "efficiency-workers0", raster, manifest, checkpoint, {**predict, "workers": 0})
     threads = job.profiles[0]["threads"]
     torch.set_num_threads(threads)
     images = read_tiles(raster, tiles)
     forward = forward_seconds(fast_model(checkpoint), images, predict["batch_size"], "bf16-mixed")
     del images
-    profile = job.profiles[0]
+    profile, profile_alone = job.profiles[0], alone.profiles[0]
     return {
         "efficiency": round(forward / job.wall_s, 4),
         "forward_s": round(forward, 2),
         "in_loop_efficiency": round(forward / profile["wall_s"], 4),
+        "in_loop": {
+            "compute_over_forward_s": round(profile["compute_s"] - forward, 2),
+            "wait_s": profile["wait_s"],
+            "workers0_in_loop_efficiency": round(forward / profile_alone["wall_s"], 4),
+            "workers0_compute_over_forward_s": round(profile_alone["compute_s"] - forward, 2),
+            "workers0_wait_s": profile_alone["wait_s"],
+            "workers0_job_wall_s": round(alone.wall_s, 2),
+        },
         "startup_and_write_s": round(job.wall_s - profile["wall_s"], 2),
         "threads": threads,
         **job_summary(job),
