@@ -48,6 +48,7 @@ bench: $(STAMP)
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)
 	$(BIN)/python bench/many_scenes.py
+
 # DeepForest 2.1.0 in an environment of its own (not a runtime dependency), for the side-by-side bench and the
 # test that a model folder rasterscale writes loads and predicts in DeepForest.
 DF_VENV := .venv-deepforest
