@@ -90,24 +90,27 @@ def save_checkpoint(model: torch.nn.Module, cfg: DetectorConfig, path: str | Pat
 
 
 def load_weights(
-    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], path: str | Path, skip: str = ""
+    module: torch.nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    path: str | Path,
+    skip: str = "",
+    what: str = "the detector",
 ) -> None:
-    """Load a file's weights into ``model``, strictly except for batch-norm step counters (DeepForest's weights,
-    trained with frozen batch norms, have none) and the keys starting with ``skip`` (left as initialized)."""
+    """Load a file's weights into ``module`` (the detector, or its backbone's ResNet: ``what``), strictly except
+    for batch-norm step counters (DeepForest's weights, trained with frozen batch norms, have none) and the keys
+    starting with ``skip`` (left as initialized)."""
     state = {k: v for k, v in state_dict.items() if not (skip and k.startswith(skip))}
     try:
-        result = model.load_state_dict(state, strict=False)
+        result = module.load_state_dict(state, strict=False)
     except RuntimeError as err:  # shapes that do not fit
-        raise InputError(
-            f"{path}: weights do not fit the detector ({str(err).splitlines()[1].strip()[:160]})"
-        ) from None
+        raise InputError(f"{path}: weights do not fit {what} ({str(err).splitlines()[1].strip()[:160]})") from None
     missing = [
         k for k in result.missing_keys if not k.endswith("num_batches_tracked") and not (skip and k.startswith(skip))
     ]
     if missing or result.unexpected_keys:
         keys = (missing or result.unexpected_keys)[:3]
-        what = "lacks" if missing else "has unexpected"
-        raise InputError(f"{path}: weights do not fit the detector: {what} {', '.join(keys)}")
+        problem = "lacks" if missing else "has unexpected"
+        raise InputError(f"{path}: weights do not fit {what}: {problem} {', '.join(keys)}")
 
 
 def load_checkpoint(
@@ -164,16 +167,7 @@ def load_backbone_weights(model: RetinaNet, path: str | Path) -> str:
     if not isinstance(state, Mapping) or "conv1.weight" not in state:
         raise InputError(f"{path}: not a torchvision ResNet state dict (model.backbone_weights)")
     body = {k: v for k, v in state.items() if not k.startswith("fc.")}
-    try:
-        result = model.backbone.body.load_state_dict(body, strict=False)
-    except RuntimeError as err:  # shapes that do not fit
-        raise InputError(
-            f"{path}: does not fit the detector's backbone ({str(err).splitlines()[1].strip()[:160]})"
-        ) from None
-    missing = [k for k in result.missing_keys if not k.endswith("num_batches_tracked")]
-    if missing or result.unexpected_keys:
-        keys = (missing or result.unexpected_keys)[:3]
-        raise InputError(f"{path}: does not fit the detector's backbone: {', '.join(keys)}")
+    load_weights(model.backbone.body, body, path, what="the detector's backbone")
     return f"backbone from the ImageNet weights {path} ({len(body)} tensors)"
 
 
