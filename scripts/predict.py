@@ -20,7 +20,6 @@ def main() -> None:
     run_prediction(
         scenes=read_job_file(args.job),
         checkpoint_path=args.checkpoint,
-        predict_cfg=args.config["predict"],
         config=args.config,
         spec=run_spec(args.config, "predict"),
         log_dir=args.log_dir,

@@ -64,8 +64,7 @@ def predict_rank_file(
     run_prediction(
         [SceneJob("scene", str(scene.raster), str(scene.manifest), str(out_dir))],
         scene.checkpoint,
-        predict_cfg,
-        config={"model": {"score_threshold": 0.0, **(model or {})}},
+        config={"model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
         spec=RunSpec("cpu", 1, 1, precision),
         log_dir=out_dir / "logs",
     )

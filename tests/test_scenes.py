@@ -322,11 +322,11 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
         return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest), str(out))
 
     both = [job(first, tmp_path / "both/first"), job(second, tmp_path / "both/second")]
-    config = {"model": {"score_threshold": 0.0}}
-    run_prediction(both, first.checkpoint, predict_cfg, config, spec, tmp_path / "logs")
+    config = {"model": {"score_threshold": 0.0}, "predict": predict_cfg}
+    run_prediction(both, first.checkpoint, config, spec, tmp_path / "logs")
     for scene in (first, second):
         name = scene.raster.parent.name
-        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, predict_cfg, config, spec, tmp_path)
+        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, config, spec, tmp_path)
         together = gpd.read_parquet(tmp_path / f"both/{name}/rank-0.parquet")
         alone = gpd.read_parquet(tmp_path / f"alone/{name}/rank-0.parquet")
         assert len(together) == len(alone) > 20

@@ -77,6 +77,13 @@ class DetectorConfig:
     def describe_resize(self) -> str:
         return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
 
+    def describe(self) -> str:
+        """One line for the logs: labels, input scale and the detection thresholds."""
+        return (
+            f"labels {', '.join(self.labels)}, {self.describe_resize()}, score {self.score_threshold:.3g}, "
+            f"nms {self.nms_threshold:.3g}, {self.detections_per_tile} detections per tile"
+        )
+
 
 @dataclass(frozen=True)
 class ModelHeader:

@@ -553,14 +553,16 @@ class ScenesDataset(Dataset):
 def run_prediction(
     scenes: Sequence[SceneJob],
     checkpoint_path: str | Path,
-    predict_cfg: dict[str, Any],
     config: dict[str, Any],
     spec: RunSpec,
     log_dir: str | Path,
     shards: int = 1,
     shard: int = 0,
 ) -> None:
-    """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank."""
+    """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank.
+    ``config``: the validated config's ``predict`` section and any ``model.*`` keys set (they override the model
+    file's)."""
+    predict_cfg = config["predict"]
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=LOGGER_NAME)
     quiet_non_zero_ranks(rank)
@@ -598,15 +600,7 @@ def run_prediction(
         benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
-        logger.info(
-            "model %s: labels %s, %s, score %.3g, nms %.3g, %d detections per tile",
-            checkpoint_path,
-            ", ".join(detector.labels),
-            detector.describe_resize(),
-            detector.score_threshold,
-            detector.nms_threshold,
-            detector.detections_per_tile,
-        )
+        logger.info("model %s: %s", checkpoint_path, detector.describe())
         logger.info(
             "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
             "%d worker(s) per rank",

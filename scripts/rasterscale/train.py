@@ -345,15 +345,7 @@ def run_training(
         logger.info("batch plan: %s", plan.describe())
         logger.info("run: %s", spec)
         logger.info("start: %s", loaded)
-        logger.info(
-            "detector: %s, labels %s, %s, score %.3g, nms %.3g, %d detections per tile",
-            detector.backbone,
-            ", ".join(detector.labels),
-            detector.describe_resize(),
-            detector.score_threshold,
-            detector.nms_threshold,
-            detector.detections_per_tile,
-        )
+        logger.info("detector: %s, %s", detector.backbone, detector.describe())
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     if not trainer.is_global_zero:
