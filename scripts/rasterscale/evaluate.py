@@ -119,7 +119,7 @@ def evaluate_scene(
     ``image_path``: the scene's image name in CSV/VOC annotations (default: the raster's file name)."""
     import geopandas as gpd
 
-    from rasterscale.inputs import check_raster, read_annotations
+    from rasterscale.inputs import check_raster, label_indexes, read_annotations
     from rasterscale.merge import BOX_COLUMNS
     from rasterscale.outputs import write_json
     from rasterscale.quicklook import render_quicklook
@@ -127,11 +127,10 @@ def evaluate_scene(
     raster = check_raster(raster_path)
     truth = read_annotations(annotations_path, raster, labels, label_column, image_path)
     detections = gpd.read_parquet(detections_path)
-    index = {name: k for k, name in enumerate(labels)}
     metrics = evaluate_detections(
         detections[BOX_COLUMNS].to_numpy(dtype=np.float64),
         detections["score"].to_numpy(),
-        np.array([index[name] for name in detections["label"]], dtype=np.int64),
+        label_indexes(str(detections_path), detections["label"].astype(str).to_numpy(), labels),
         truth.boxes,
         truth.labels,
         iou_threshold=evaluate_cfg["iou_threshold"],
