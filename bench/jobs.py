@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config import validate_config
-from rasterscale.profiling import read_rank_profile
+from rasterscale.rankfiles import rank_stem, read_profiles
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = REPO / "scripts" / "predict.py"
@@ -30,11 +30,11 @@ class JobResult:
 
 
 def predict_config(predict: dict[str, Any], score_threshold: float = 0.3) -> dict[str, Any]:
-    """The model and predict sections of a validated config (defaults filled in), CPU ranks."""
+    """The task, model and predict sections of a validated config (defaults filled in), CPU ranks."""
     config = validate_config(
         {"model": {"score_threshold": score_threshold}, "predict": {"accelerator": "cpu", **predict}}
     )
-    return {"model": config["model"], "predict": config["predict"]}
+    return {"task": config["task"], "model": config["model"], "predict": config["predict"]}
 
 
 def run_predict_job(
@@ -51,13 +51,13 @@ def run_predict_job(
     out_dir = workdir / "predict"
     job = workdir / "job.json"
     workdir.mkdir(parents=True, exist_ok=True)
-    scene = {"name": "scene", "raster": str(raster), "manifest": str(manifest), "out_dir": str(out_dir)}
+    scene = {"name": "scene", "raster": str(raster), "manifest": str(manifest)}
     job.write_text(json.dumps({"scenes": [scene]}))
     command = [
         sys.executable,
         str(ENTRY),
         *("--job", str(job), "--checkpoint", str(checkpoint)),
-        *("--config", json.dumps(config), "--log-dir", str(workdir / "logs")),
+        *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
     ]
     affinity = set(cores) if cores is not None else None
 
@@ -71,5 +71,4 @@ def run_predict_job(
     if result.returncode != 0:
         raise RuntimeError(f"predict job failed ({result.returncode}):\n{result.stderr[-4000:]}")
     world = config["predict"]["devices"]
-    profiles = [read_rank_profile(out_dir / f"rank-{r}.parquet") for r in range(world)]
-    return JobResult(wall, [p for p in profiles if p is not None])
+    return JobResult(wall, read_profiles([rank_stem(out_dir, "scene", r) for r in range(world)]))

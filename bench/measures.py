@@ -34,7 +34,7 @@ from rasterscale.imagery import resolve_spec
 from rasterscale.merge import merge_detections
 from rasterscale.model import load_checkpoint
 from rasterscale.outputs import write_geoparquet
-from rasterscale.predict import prepare_for_inference
+from rasterscale.tasks.detection import prepare_for_inference
 from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 

@@ -12,7 +12,7 @@ rule check_environment:
     params:
         entry=entry_point("check_environment"),
         launcher=launcher(PREDICT),
-        config=config_json("model", "tiling", "predict", "dummy"),
+        config=config_json("task", "model", "tiling", "predict", "dummy"),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         log_dir="logs/check_environment",
     shell:

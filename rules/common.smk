@@ -9,8 +9,10 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.cog import striped_sources  # noqa: E402
 from rasterscale.config import ConfigError, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_imagery, check_raster, read_annotations  # noqa: E402
-from rasterscale.modelfiles import FOLDER_FILES, detector_of_config  # noqa: E402
+from rasterscale.inputs import InputError, check_imagery, check_raster  # noqa: E402
+from rasterscale.preflight import launch_geometry  # noqa: E402
+from rasterscale.rankfiles import rank_stem  # noqa: E402
+from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
 
 
 def fail(message):
@@ -20,10 +22,13 @@ def fail(message):
 
 
 SCENE_ORIGINS = {}  # scene -> the scene table's file and line it came from (config.scene_key)
+NOTICES = []  # deprecation warnings of renamed keys
 try:
-    CONFIG = validate_config(config, origins=SCENE_ORIGINS)
+    CONFIG = validate_config(config, origins=SCENE_ORIGINS, notices=NOTICES)
 except ConfigError as err:
     fail(err)
+for notice in NOTICES:
+    sys.stderr.write(f"rasterscale: warning: {notice}\n")
 
 SCENES = CONFIG["scenes"]
 DEMO = CONFIG["demo"]
@@ -31,13 +36,15 @@ MODEL = CONFIG["model"]
 TRAIN = CONFIG["train"]
 PREDICT = CONFIG["predict"]
 PYTHON = sys.executable
+TASK = task_info(CONFIG["task"])
+# launch geometry (ranks per node, nodes, shards) of each DDP section: computed in one place
+GEOMETRY = {section: launch_geometry(CONFIG, section) for section in ("train", "predict")}
 
 try:
-    # the effective detector: config keys over what the model file (model.checkpoint / train.init) says
-    DETECTOR = detector_of_config(CONFIG)[0]
+    # the effective class names: config keys over what the model file (model.checkpoint / train.init) says
+    LABELS = model_labels(CONFIG)  # use these, never MODEL["labels"]
 except (ConfigError, InputError) as err:
     fail(err)
-LABELS = list(DETECTOR.labels)  # the resolved class names: use these, never MODEL["labels"]
 
 
 def is_demo_scene(name):
@@ -102,7 +109,9 @@ def check_scene(name, scene):
         UNTILED[name] = striped
     annotations = scene.get("annotations")
     if annotations and (Path(annotations).exists() or not demo):
-        read_annotations(annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name))
+        check_annotations(
+            CONFIG["task"], annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name)
+        )
 
 
 def check_scene_inputs():
@@ -131,18 +140,13 @@ def entry_point(name):
     return f"{PYTHON} {SCRIPTS / name}.py"
 
 
-def job_nodes(section):
-    """Nodes of one job: training spans train.nodes (multi-node DDP); a prediction shard runs on one node."""
-    return 1 if section is PREDICT else section.get("nodes", 1)
-
-
 def world_size(section):
-    """Ranks of one job (for prediction: of one shard)."""
-    return section["devices"] * job_nodes(section)
+    """Ranks of one job of a DDP section (for prediction: of one shard)."""
+    return GEOMETRY[section_name(section)].world_size
 
 
 def predict_shards():
-    return PREDICT.get("nodes", 1)
+    return GEOMETRY["predict"].shards
 
 
 def checkpoint_path():
@@ -150,13 +154,9 @@ def checkpoint_path():
 
 
 def trained_model_outputs(name):
-    """Everything train_detector writes for a model: checkpoint, DeepForest folder, curves."""
-    return [
-        f"results/models/{name}.pt",
-        *(f"results/models/{name}/{file}" for file in FOLDER_FILES),
-        f"results/models/{name}.metrics.csv",
-        f"results/models/{name}.png",
-    ]
+    """Everything training writes for a model: the model file (and, for detection, its DeepForest folder),
+    curves."""
+    return TASK.trained_model_files(name)
 
 
 def train_start_inputs(wildcards):
@@ -174,20 +174,22 @@ def scene_manifest(name):
     return f"results/{name}/tiles.parquet"
 
 
-def scene_rank_files(name, shard=None):
-    """A scene's rank files: every shard's (rank-{shard * world_size + r}.parquet), or one shard's."""
+def shard_dir(batch, shard):
+    """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
+    return f"results/predict/batch-{batch}/shard-{shard}"
+
+
+def scene_rank_files(name, batch):
+    """A scene's rank files (paths without suffix: rasterscale.rankfiles), every shard's, in rank order."""
     world = world_size(PREDICT)
-    shards = range(predict_shards()) if shard is None else [shard]
-    return [f"results/{name}/predict/rank-{s * world + r}.parquet" for s in shards for r in range(world)]
+    return [
+        rank_stem(shard_dir(batch, s), name, s * world + r) for s in range(predict_shards()) for r in range(world)
+    ]
 
 
-def scene_detections(name):
-    """A scene's merged outputs, by the merge's names for them."""
-    return {
-        "gpkg": f"results/{name}/detections.gpkg",
-        "parquet": f"results/{name}/detections.parquet",
-        "profile": f"results/{name}/predict_profile.json",
-    }
+def scene_outputs(name):
+    """A scene's merged outputs (the task's, and the gathered profile), by the merge's names for them."""
+    return TASK.outputs_of_scene(CONFIG, name)
 
 
 # Batches of scenes: predict.scenes, predict.scenes_per_job at a time, in config order (static, computed once).
@@ -217,10 +219,9 @@ def batch_job(batch):
             "name": name,
             "raster": scene_raster(name),
             "manifest": scene_manifest(name),
-            "out_dir": f"results/{name}/predict",
             "imagery": json.loads(scene_imagery(name)),
-            "rank_files": scene_rank_files(name),
-            **scene_detections(name),
+            "rank_files": scene_rank_files(name, int(batch)),
+            **scene_outputs(name),
         }
         for name in BATCHES[int(batch)]
     ]
@@ -234,14 +235,21 @@ def batch_inputs(batch):
 
 
 def predict_job_config():
-    """The model and predict sections a prediction job uses (not predict.scenes: the job file has its scenes)."""
+    """The task, model and predict sections a prediction job uses (not predict.scenes: the job file has them)."""
     predict = {key: value for key, value in PREDICT.items() if key != "scenes"}
-    return json.dumps({"model": MODEL, "predict": predict}, separators=(",", ":"))
+    return json.dumps({"task": CONFIG["task"], "model": MODEL, "predict": predict}, separators=(",", ":"))
+
+
+def merge_job_config():
+    """What a merge job uses: the task, the resolved class names, the merge and predict sections."""
+    predict = {key: value for key, value in PREDICT.items() if key != "scenes"}
+    config = {"task": CONFIG["task"], "labels": LABELS, "merge": CONFIG["merge"], "predict": predict}
+    return json.dumps(config, separators=(",", ":"))
 
 
 # Launching the ranks: locally Lightning starts them; under the SLURM profile (slurm.launcher: srun) Slurm does,
-# one task per device. README.md, "SLURM", explains; rasterscale/preflight.py holds the checks.
-from rasterscale.preflight import Geometry, PreflightError, plan_launch  # noqa: E402
+# one task per device. docs/slurm.md explains; rasterscale/preflight.py holds the checks.
+from rasterscale.preflight import PreflightError, plan_launch  # noqa: E402
 
 SLURM_NUMBERS = ("gpus_per_node", "mem_mb", "train_runtime", "predict_runtime")
 
@@ -266,7 +274,8 @@ def ddp_resources(section):
     """
     if slurm_setting("launcher") != "srun":
         return {}
-    devices, nodes = section["devices"], job_nodes(section)
+    geometry = GEOMETRY[section_name(section)]
+    devices, nodes = geometry.devices, geometry.nodes
     resources = {"nodes": nodes, "cpus_per_task": section["workers"] + 1}  # workers are spawned per rank
     if devices > 1:
         resources.update(mpi="srun", tasks_per_node=devices)
@@ -294,7 +303,7 @@ def launcher(section):
     otherwise `srun --nodes=N --ntasks-per-node=G --cpus-per-task=C --kill-on-bad-exit=1 `, from the job's
     final resources (the profile's overrides included), which must match the config.
     """
-    geometry = Geometry(section_name(section), section["devices"], job_nodes(section))
+    geometry = GEOMETRY[section_name(section)]
 
     def prefix(wildcards, resources):
         plugin = workflow.executor_plugin
@@ -340,16 +349,25 @@ def evaluated_scenes():
     return [name for name in PREDICT["scenes"] if scene_annotations(name)]
 
 
+def evaluation_scene(name):
+    """What a scene's evaluation reads (JSON): its raster, its merged outputs, its ground truth."""
+    scene = {
+        "name": name,
+        "raster": scene_raster(name),
+        "annotations": scene_annotations(name),
+        "label_column": SCENES[name].get("label_column"),
+        "image_path": scene_image_name(name),
+        **scene_outputs(name),
+    }
+    return json.dumps(scene, separators=(",", ":"))
+
+
 def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
         targets += trained_model_outputs(MODEL["name"])
     for name in PREDICT["scenes"]:
-        targets += [
-            f"results/{name}/detections.gpkg",
-            f"results/{name}/detections.parquet",
-            f"results/{name}/predict_profile.json",
-        ]
+        targets += list(scene_outputs(name).values())
     for name in evaluated_scenes():
         targets += [f"results/{name}/evaluation.json", f"results/{name}/quicklook.png"]
     return targets
@@ -361,12 +379,9 @@ def print_evaluation_summary():
         path = Path(f"results/{name}/evaluation.json")
         if path.exists():
             m = json.loads(path.read_text())
-            rows.append(
-                f"  {name:<20} precision={m['precision']:.3f} recall={m['recall']:.3f} "
-                f"f1={m['f1']:.3f} map50={m['map50']:.3f}"
-            )
+            rows.append(f"  {name:<20} {TASK.summarize(m)}")
     if rows:
-        print("rasterscale evaluation (IoU >= %.2f):" % CONFIG["evaluate"]["iou_threshold"])
+        print(f"rasterscale evaluation ({TASK.name}):")
         print("\n".join(rows))
 
 

@@ -1,6 +1,6 @@
 rule evaluate_scene:
     input:
-        detections="results/{scene}/detections.parquet",
+        output=lambda wildcards: scene_outputs(wildcards.scene)[TASK.evaluated_output],
         raster=lambda wildcards: scene_raster(wildcards.scene),
         annotations=lambda wildcards: scene_annotations(wildcards.scene),
     output:
@@ -8,16 +8,15 @@ rule evaluate_scene:
         quicklook="results/{scene}/quicklook.png",
     log:
         "logs/evaluate_scene/{scene}.log",
+    benchmark:
+        "benchmarks/evaluate_scene/{scene}.tsv"
     conda:
         "../envs/environment.yaml"
     params:
         entry=entry_point("evaluate"),
-        config=config_json("evaluate"),
+        scene=lambda wildcards: evaluation_scene(wildcards.scene),
+        config=config_json("task", "evaluate"),
         labels=labels_json(),
-        label_column=lambda wildcards: SCENES[wildcards.scene].get("label_column", ""),
-        image_path=lambda wildcards: scene_image_name(wildcards.scene),
     shell:
-        "{params.entry} --detections {input.detections} --raster {input.raster}"
-        " --annotations {input.annotations} --label-column '{params.label_column}' --config {params.config:q}"
-        " --image-path {params.image_path:q} --labels {params.labels:q}"
+        "{params.entry} --scene {params.scene:q} --config {params.config:q} --labels {params.labels:q}"
         " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"

@@ -1,5 +1,6 @@
-# One merge job per batch of scenes (common.smk: BATCHES): each scene's rank files into one layer, in one
-# process (a merge job's start-up, its imports, costs about what merging a small scene does).
+# One merge job per batch of scenes (common.smk: BATCHES): each scene's rank files into its layers, in one process
+# (a merge job's start-up, its imports, costs about what merging a small scene does). It checks from the rank
+# records that every tile of each scene was processed exactly once before it reads any output.
 for batch, names in enumerate(BATCHES):
 
     rule:
@@ -8,9 +9,9 @@ for batch, names in enumerate(BATCHES):
         input:
             **batch_inputs(batch),
             job=batch_file(batch),
-            ranks=[path for name in names for path in scene_rank_files(name)],
+            shards=[shard_dir(batch, shard) for shard in range(predict_shards())],
         output:
-            [path for name in names for path in scene_detections(name).values()],
+            [path for name in names for path in scene_outputs(name).values()],
         log:
             f"logs/merge/batch-{batch}.log",
         benchmark:
@@ -19,6 +20,6 @@ for batch, names in enumerate(BATCHES):
             "../envs/environment.yaml"
         params:
             entry=entry_point("merge"),
-            config=json.dumps(CONFIG["merge"]),
+            config=merge_job_config(),
         shell:
             "{params.entry} --job {input.job} --config {params.config:q} > {log} 2>&1"

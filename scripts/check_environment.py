@@ -3,8 +3,7 @@
 import argparse
 import json
 
-from rasterscale.modelfiles import resolve_detector
-from rasterscale.predict import run_environment_check
+from rasterscale.envcheck import run_environment_check
 from rasterscale.runtime import run_spec
 
 
@@ -14,14 +13,7 @@ def main() -> None:
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     args = parser.parse_args()
-    run_environment_check(
-        args.config["dummy"],
-        args.config["predict"],
-        resolve_detector(args.config, None),
-        run_spec(args.config, "predict"),
-        args.out_dir,
-        args.log_dir,
-    )
+    run_environment_check(args.config, run_spec(args.config, "predict"), args.out_dir, args.log_dir)
 
 
 if __name__ == "__main__":

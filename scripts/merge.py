@@ -1,24 +1,29 @@
-"""Entry: merge each scene of a batch (its job file lists them) from its rank files into one layer, checking every
-tile was processed exactly once, and gather the ranks' prediction profiles into one file and one table."""
+"""Entry: merge each scene of a batch (its job file lists them) from its rank files into its layers, after checking
+from the rank records that every tile was processed exactly once, and gather the ranks' prediction profiles into
+one file and one table."""
 
 import argparse
 import json
 from pathlib import Path
 
-from rasterscale.merge import merge_scene
 from rasterscale.profiling import format_profile_table, write_scene_profile
+from rasterscale.rankfiles import check_scene_records
+from rasterscale.tasks import load_task
+from rasterscale.tiling import read_manifest
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with their rank files)")
-    parser.add_argument("--config", type=json.loads, required=True, help="JSON of the merge section")
+    parser.add_argument("--config", type=json.loads, required=True, help="JSON: task, labels, merge and predict")
     args = parser.parse_args()
+    task = load_task(args.config["task"])
     for scene in json.loads(Path(args.job).read_text())["scenes"]:
-        ranks = scene["rank_files"]
-        merged = merge_scene(ranks, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], args.config)
-        print(f"{scene['name']}: merged {len(ranks)} rank files -> {len(merged)} detections -> {scene['gpkg']}")
-        profile = write_scene_profile(ranks, scene["profile"])
+        stems = scene["rank_files"]
+        check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
+        outputs = [stem + task.info.rank_suffix for stem in stems]
+        print(f"{scene['name']}: merged {len(stems)} rank files: {task.merge_scene(scene, outputs, args.config)}")
+        profile = write_scene_profile(stems, scene["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene['profile']})"))
 
 

@@ -13,6 +13,7 @@ def main() -> None:
     parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with raster, manifest, ...)")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
+    parser.add_argument("--out-dir", required=True, help="the shard's folder of rank files")
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--shard", type=int, default=0)
@@ -22,6 +23,7 @@ def main() -> None:
         checkpoint_path=args.checkpoint,
         config=args.config,
         spec=run_spec(args.config, "predict"),
+        out_dir=args.out_dir,
         log_dir=args.log_dir,
         shards=args.shards,
         shard=args.shard,

@@ -48,7 +48,8 @@ def predict_rank_file(
     workers: int = 1,
     model: dict | None = None,
 ) -> Path:
-    """Predict the whole scene with one CPU rank, in this process; returns its rank file. ``model``: config keys
+    """Predict the whole scene with one CPU rank, in this process; returns its rank file (its record is beside
+    it: ``path.with_suffix(".json")``). ``model``: config keys
     of the model section (over a score threshold of 0)."""
     predict_cfg = validate_config(
         {
@@ -62,10 +63,11 @@ def predict_rank_file(
         }
     )["predict"]
     run_prediction(
-        [SceneJob("scene", str(scene.raster), str(scene.manifest), str(out_dir))],
+        [SceneJob("scene", str(scene.raster), str(scene.manifest))],
         scene.checkpoint,
-        config={"model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
+        config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
         spec=RunSpec("cpu", 1, 1, precision),
+        out_dir=out_dir,
         log_dir=out_dir / "logs",
     )
-    return out_dir / "rank-0.parquet"
+    return out_dir / "scene/rank-0.parquet"

@@ -6,14 +6,18 @@ from affine import Affine
 
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.merge import (
-    TileAccountingError,
-    check_exactly_once,
     cross_tile_nms,
     empty_detections,
     merge_detections,
-    read_rank_files,
-    read_rank_tile_ids,
-    write_rank_file,
+    read_detection_files,
+    write_detections_file,
+)
+from rasterscale.rankfiles import (
+    TileAccountingError,
+    check_exactly_once,
+    check_scene_records,
+    read_tile_ids,
+    write_rank_record,
 )
 from rasterscale.tiling import manifest_frame, tile_grid
 
@@ -92,16 +96,22 @@ def test_exactly_once_passes_and_names_missing_and_duplicated_tiles():
         check_exactly_once(ids, {"rank-0.parquet": np.array([0, 1, 2, 3, 4, 5, 9])})
 
 
-def test_rank_file_roundtrip_keeps_crs_and_processed_tiles(tmp_path):
+def test_rank_files_roundtrip_keeps_crs_and_processed_tiles(tmp_path):
     path = tmp_path / "rank-0.parquet"
-    write_rank_file(detections([(3, 0.9, 10, 10, 20, 20)]), [3, 4, 7], path)
+    write_detections_file(detections([(3, 0.9, 10, 10, 20, 20)]), path)
+    write_rank_record(tmp_path / "rank-0", [3, 4, 7])
     empty = tmp_path / "rank-1.parquet"
-    write_rank_file(empty_detections(CRS), [5], empty)
-    assert read_rank_tile_ids(path).tolist() == [3, 4, 7]
-    assert read_rank_tile_ids(empty).tolist() == [5]
-    frame, processed = read_rank_files([path, empty])
+    write_detections_file(empty_detections(CRS), empty)
+    write_rank_record(tmp_path / "rank-1", [5])
+    assert read_tile_ids(tmp_path / "rank-0").tolist() == [3, 4, 7]
+    assert read_tile_ids(tmp_path / "rank-1").tolist() == [5]
+    frame = read_detection_files([path, empty])
     assert len(frame) == 1 and frame.crs.to_epsg() == 32617
-    assert {k: v.tolist() for k, v in processed.items()} == {str(path): [3, 4, 7], str(empty): [5]}
+    check_scene_records([tmp_path / "rank-0", tmp_path / "rank-1"], np.array([3, 4, 5, 7]))
+    with pytest.raises(TileAccountingError, match=r"missing tile_id\(s\) 6"):
+        check_scene_records([tmp_path / "rank-0", tmp_path / "rank-1"], np.arange(3, 8))
+    with pytest.raises(TileAccountingError, match=r"rank-2\.json: rank record missing"):
+        check_scene_records([tmp_path / "rank-0", tmp_path / "rank-2"], np.array([3, 4, 7]))
     assert not list(tmp_path.glob(".*tmp*"))
 
 

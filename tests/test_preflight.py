@@ -264,11 +264,11 @@ def plan_2x4(tmp_path_factory):
 
 
 def test_dry_run_plans_2_nodes_x_4_gpus(plan_2x4):
-    assert "predict_batch_0_shard_0" in plan_2x4 and "predict_batch_0_shard_1" in plan_2x4
+    assert "wildcards: batch=0, shard=0" in plan_2x4 and "wildcards: batch=0, shard=1" in plan_2x4
     assert "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=5 --kill-on-bad-exit=1 " in plan_2x4  # training
     assert plan_2x4.count("srun --nodes=1 --ntasks-per-node=4 --cpus-per-task=3 --kill-on-bad-exit=1 ") == 2
-    assert all(f"results/tiny_test/predict/rank-{r}.parquet" in plan_2x4 for r in range(8))
-    train = resources_of(plan_2x4, "train_detector")
+    assert all(f"--out-dir results/predict/batch-0/shard-{s} " in plan_2x4 for s in (0, 1))
+    train = resources_of(plan_2x4, "train_model")
     assert {k: train[k] for k in ("nodes", "mpi", "tasks_per_node", "cpus_per_task", "gres")} == {
         "nodes": 2,
         "mpi": "srun",
@@ -295,11 +295,11 @@ def sbatch_call(resources: dict) -> str:
 
 
 def test_executor_plugin_turns_the_plan_into_the_right_sbatch_options(plan_2x4):
-    train = sbatch_call(resources_of(plan_2x4, "train_detector"))
+    train = sbatch_call(resources_of(plan_2x4, "train_model"))
     for option in ("--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=5", "--gres=gpu:4", "-t 720", "--mem 64000"):
         assert option in train, train
     assert "--ntasks=" not in train and "--ntasks-per-gpu" not in train
-    shard = sbatch_call(resources_of(plan_2x4, "predict_batch_0_shard_1"))
+    shard = sbatch_call(resources_of(plan_2x4, "predict"))
     assert all(o in shard for o in ("--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=3", "--gres=gpu:4"))
 
 
@@ -313,7 +313,7 @@ def test_one_gpu_per_node_on_two_nodes_plans_and_submits_one_task_per_node(tmp_p
     result = snakemake(tmp_path, "-n", "-p", "--profile", str(REPO / "profiles/slurm"), config=config_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=5 --kill-on-bad-exit=1 " in result.stdout
-    call = sbatch_call(resources_of(result.stdout, "train_detector"))
+    call = sbatch_call(resources_of(result.stdout, "train_model"))
     for option in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:1"):
         assert option in call, call
     assert "--ntasks-per-gpu" not in call, call
@@ -323,11 +323,11 @@ def test_one_gpu_per_node_on_two_nodes_plans_and_submits_one_task_per_node(tmp_p
     ("args", "message"),
     [
         (
-            ["--set-resources", "train_detector:tasks_per_node=2"],
+            ["--set-resources", "train_model:tasks_per_node=2"],
             "train: the job asks Slurm for --ntasks-per-node=2 but train.devices=4",
         ),
-        (["--set-resources", "train_detector:nodes=1"], "train: the job asks Slurm for --nodes=1 but train.nodes=2"),
-        (["--set-resources", "train_detector:tasks=4"], "--ntasks=4 but 8 ranks were asked for"),
+        (["--set-resources", "train_model:nodes=1"], "train: the job asks Slurm for --nodes=1 but train.nodes=2"),
+        (["--set-resources", "train_model:tasks=4"], "--ntasks=4 but 8 ranks were asked for"),
         (["--config", "slurm={launcher: srun, gpus_per_node: 2}"], "a node has 2 GPUs (slurm.gpus_per_node)"),
     ],
     ids=["ntasks-per-node", "nodes", "world-size", "gpus-per-node"],

@@ -7,13 +7,12 @@ import pytest
 
 from prediction import PredictScene, predict_rank_file
 from rasterscale.profiling import (
-    PROFILE_KEY,
     RankProfile,
     format_profile_table,
-    read_rank_profile,
     summarize,
     write_scene_profile,
 )
+from rasterscale.rankfiles import read_rank_record, write_rank_record
 
 FIELDS = set(RankProfile.__dataclass_fields__)
 
@@ -46,7 +45,7 @@ def rank(index, tiles, wall, wait, **extra):
 @pytest.mark.slow
 def test_rank_file_holds_the_rank_profile(profiled):
     scene, path = profiled
-    profile = read_rank_profile(path)
+    profile = read_rank_record(path.with_suffix(""))["profile"]
     assert set(profile) == FIELDS
     assert profile["rank"] == 0 and profile["world_size"] == 1 and profile["device"] == "cpu"
     assert profile["strategy"] == "window" and profile["workers"] == 1 and profile["batch_size"] == 5
@@ -68,7 +67,7 @@ def test_rank_file_holds_the_rank_profile(profiled):
 @pytest.mark.slow
 def test_prediction_logs_its_ranks_table(profiled):
     _, path = profiled
-    log = (path.parent / "logs" / "rank-0.log").read_text()
+    log = (path.parent.parent / "logs" / "rank-0.log").read_text()
     assert "predict profile, shard 0: 1 rank(s)" in log and "tiles/s" in log
 
 
@@ -76,7 +75,7 @@ def test_prediction_logs_its_ranks_table(profiled):
 def test_scene_profile_gathers_every_rank_file(profiled, tmp_path):
     scene, path = profiled
     out = tmp_path / "predict_profile.json"
-    written = write_scene_profile([path], out)
+    written = write_scene_profile([path.with_suffix("")], out)
     assert json.loads(out.read_text()) == written
     assert [r["rank"] for r in written["ranks"]] == [0]
     assert written["total"]["tiles"] == scene.tiles
@@ -97,13 +96,11 @@ def test_totals_add_rates_and_take_the_longest_wall():
     assert total["memory_peak_mb"] == 901.0 and total["host_rss_peak_mb"] == 1001.0
 
 
-def test_files_without_a_profile_are_left_out(tmp_path):
-    from rasterscale.merge import empty_detections, write_rank_file
-
-    plain, profiled = tmp_path / "rank-0.parquet", tmp_path / "rank-1.parquet"
-    write_rank_file(empty_detections("EPSG:32617"), [0], plain)
+def test_records_without_a_profile_are_left_out(tmp_path):
+    plain, profiled = tmp_path / "rank-0", tmp_path / "rank-1"
+    write_rank_record(plain, [0])
     stored = {name: 0 for name in FIELDS} | rank(1, 3, 1.0, 0.1)
-    write_rank_file(empty_detections("EPSG:32617"), [1], profiled, metadata={PROFILE_KEY: json.dumps(stored).encode()})
-    assert read_rank_profile(plain) is None
+    write_rank_record(profiled, [1], stored)
+    assert read_rank_record(plain)["profile"] is None
     gathered = write_scene_profile([plain, profiled], tmp_path / "p.json")
     assert [r["rank"] for r in gathered["ranks"]] == [1]

@@ -18,8 +18,8 @@ from conftest import write_raster, write_vrt
 from prediction import PredictScene
 from rasterscale.cog import striped_sources
 from rasterscale.config import ConfigError, validate_config
-from rasterscale.merge import read_rank_tile_ids
-from workflow import matched_fraction, run_workflow, workflow_command
+from rasterscale.rankfiles import read_tile_ids
+from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, workflow_command
 
 
 def write_table(path: Path, rows: list[list[str]]) -> Path:
@@ -186,20 +186,22 @@ def dry_run(workdir: Path, config: dict) -> subprocess.CompletedProcess:
 
 def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     root, model = project
+    # predict.nodes: the old name of predict.shards, still read, with a warning
     result = dry_run(root, table_config(model, devices=2, nodes=2, scenes_per_job=2))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "key 'predict.nodes' is deprecated: it is now 'predict.shards'" in result.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
     assert {k: v for k, v in jobs.items() if k.startswith(("tile", "predict", "merge", "scene_batch"))} == {
         "scene_batch": "2",
         "tile_manifests_batch_0": "1",
         "tile_manifests_batch_1": "1",
-        "predict_batch_0_shard_0": "1",
-        "predict_batch_0_shard_1": "1",
-        "predict_batch_1_shard_0": "1",
-        "predict_batch_1_shard_1": "1",
+        "predict": "4",
         "merge_batch_0": "1",
         "merge_batch_1": "1",
     }
+    for batch in (0, 1):
+        for shard in (0, 1):
+            assert f"wildcards: batch={batch}, shard={shard}" in result.stdout
     assert "convert_to_cog" not in jobs  # the VRT's sources are tiled
     assert "--job results/batches/batch-0.json" in dry_run_commands(root, table_config(model, scenes_per_job=2))
 
@@ -241,18 +243,18 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(p
         for name in ("rasters", "config"):
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
             (workdir / name).symlink_to(root / name)
-    result = run_workflow(batched, table_config(model, devices=2, nodes=2, scenes_per_job=3))
-    assert re.search(r"^predict_batch_0_shard_1\s+1$", result.stdout + result.stderr, flags=re.M)
+    result = run_workflow(batched, table_config(model, devices=2, shards=2, scenes_per_job=3))
+    assert re.search(r"^predict\s+2$", result.stdout + result.stderr, flags=re.M)
     empty = 0
     for name in ("a", "b", "mosaic"):
         manifest = gpd.read_parquet(batched / f"results/{name}/tiles.parquet")
-        files = sorted((batched / f"results/{name}/predict").glob("rank-*.parquet"))
-        assert [p.name for p in files] == [f"rank-{r}.parquet" for r in range(4)]
-        processed = [read_rank_tile_ids(p) for p in files]
+        files = rank_stems(batched, name)
+        assert [p.name for p in files] == [f"rank-{r}" for r in range(4)]
+        processed = [np.asarray(ids) for ids in rank_tile_ids(batched, name)]
         empty += sum(len(ids) == 0 for ids in processed)
         assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
     assert empty > 0  # ranks own contiguous runs of the batch's tiles: some got none of a scene
-    run_workflow(single, table_config(model, devices=1, nodes=1, scenes_per_job=1))
+    run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=1))
     for name in ("a", "b", "mosaic"):
         one = gpd.read_parquet(single / f"results/{name}/detections.parquet")
         many = gpd.read_parquet(batched / f"results/{name}/detections.parquet")
@@ -268,7 +270,7 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(p
 
 
 def test_batch_tiles_split_over_shards_and_ranks_exactly_once_and_balanced():
-    from rasterscale.predict import batch_rank_tiles
+    from rasterscale.sharding import batch_rank_tiles
     from rasterscale.tiling import Tile
 
     scenes = [[Tile(i, 0, 0, 8, 8) for i in range(n)] for n in (5, 0, 7, 1)]
@@ -303,7 +305,7 @@ def test_scenes_dataset_holds_one_scene_at_a_time():
 
     dataset = ScenesDataset([factory([4, 5]), factory([]), factory([7, 8, 9])], [2, 0, 3])
     assert len(dataset) == 5
-    assert [dataset[k][1] for k in range(5)] == [(0, 4), (0, 5), (2, 7), (2, 8), (2, 9)]
+    assert [dataset[k][1] for k in range(5)] == [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]  # (scene, position)
     assert len(made) == 2  # the empty scene made nothing
 
 
@@ -318,17 +320,16 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
     predict_cfg = validated({"predict": {"strategy": strategy, "workers": 0, "batch_size": 4}})["predict"]
     spec = RunSpec("cpu", 1, 1, "32-true")
 
-    def job(scene: PredictScene, out: Path) -> SceneJob:
-        return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest), str(out))
+    def job(scene: PredictScene) -> SceneJob:
+        return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest))
 
-    both = [job(first, tmp_path / "both/first"), job(second, tmp_path / "both/second")]
-    config = {"model": {"score_threshold": 0.0}, "predict": predict_cfg}
-    run_prediction(both, first.checkpoint, config, spec, tmp_path / "logs")
+    config = {"task": "detection", "model": {"score_threshold": 0.0}, "predict": predict_cfg}
+    run_prediction([job(first), job(second)], first.checkpoint, config, spec, tmp_path / "both", tmp_path / "logs")
     for scene in (first, second):
         name = scene.raster.parent.name
-        run_prediction([job(scene, tmp_path / f"alone/{name}")], first.checkpoint, config, spec, tmp_path)
+        run_prediction([job(scene)], first.checkpoint, config, spec, tmp_path / "alone", tmp_path / "logs")
         together = gpd.read_parquet(tmp_path / f"both/{name}/rank-0.parquet")
         alone = gpd.read_parquet(tmp_path / f"alone/{name}/rank-0.parquet")
         assert len(together) == len(alone) > 20
         assert matched_fraction(together, alone, 0.99) == 1.0
-        assert sorted(read_rank_tile_ids(tmp_path / f"both/{name}/rank-0.parquet")) == list(range(scene.tiles))
+        assert sorted(read_tile_ids(tmp_path / f"both/{name}/rank-0")) == list(range(scene.tiles))

@@ -24,21 +24,23 @@ import pytest
 import yaml
 
 from conftest import REPO, report
-from rasterscale.merge import read_rank_tile_ids
 from slurm_cluster import SlurmCluster
-from workflow import matched_fraction, run_workflow, tiny_config, workflow_command
+from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config, workflow_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = REPO / "profiles/slurm/config.yaml"
-SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+?)/")
+# the executor's log path: .snakemake/slurm_logs/rule_<rule>/[<wildcard values joined by _>/]<jobid>.log
+SUBMITTED = re.compile(
+    r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+?)/(?:([^/\s]+)/)?[^/\s]+\.log"
+)
 
 
 def slurm_config() -> dict:
     """The tiny config on CPU ranks: training on 2 nodes x 1 rank, prediction in 2 shards x 2 ranks."""
     return tiny_config(
         train={"accelerator": "cpu", "devices": 1, "nodes": 2},
-        predict={"accelerator": "cpu", "devices": 2, "nodes": 2},
+        predict={"accelerator": "cpu", "devices": 2, "shards": 2},
     )
 
 
@@ -124,25 +126,27 @@ def slurm_run(cluster, tmp_path_factory):
             f"{cluster.log_tail()}"
         )
     jobs: dict[str, list[str]] = {}
-    for job_id, rule in SUBMITTED.findall(result.stdout + result.stderr):
+    for job_id, rule, wildcards in SUBMITTED.findall(result.stdout + result.stderr):
         jobs.setdefault(rule, []).append(job_id)
+        if rule == "predict":  # one rule, a job per (batch, shard): wildcards "<batch>_<shard>"
+            jobs.setdefault(f"predict/{wildcards}", []).append(job_id)
     report(f"\n[slurm workflow] {seconds:.0f} s; Slurm jobs by rule: {jobs}")
     return workdir, jobs
 
 
 def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
     workdir, jobs = slurm_run
-    (job_id,) = jobs["train_detector"]
+    (job_id,) = jobs["train_model"]
     info = scontrol_job(cluster, job_id)
     report(
-        f"[train_detector] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
+        f"[train_model] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
         f" NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
     )
     assert info["JobState"] == "COMPLETED"
     assert (info["NumNodes"], info["NumTasks"]) == ("2", "2")
     ranks = placements(workdir / "logs/train/tiny")
     for rank in ranks:
-        report(f"[train_detector] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+        report(f"[train_model] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
     assert sorted((rank, world, local, job) for rank, world, local, job, _ in ranks) == [
         (0, 2, 0, job_id),
         (1, 2, 0, job_id),
@@ -156,12 +160,13 @@ def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
 
 def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_run):
     workdir, jobs = slurm_run
-    shard_jobs = {shard: jobs[f"predict_batch_0_shard_{shard}"] for shard in (0, 1)}
+    assert len(jobs["predict"]) == 2
+    shard_jobs = {shard: jobs[f"predict/0_{shard}"] for shard in (0, 1)}
     nodes_of_shard = {}
     for shard, (job_id,) in shard_jobs.items():
         info = scontrol_job(cluster, job_id)
         report(
-            f"[predict_batch_0_shard_{shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
+            f"[predict batch 0 shard {shard}] job {job_id}: {info['JobState']} NodeList={info['NodeList']}"
             f" NumNodes={info['NumNodes']} NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
         )
         assert info["JobState"] == "COMPLETED"
@@ -169,7 +174,7 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
         ranks = placements(workdir / f"logs/predict/batch-0/shard-{shard}")
         for rank in ranks:
             report(
-                f"[predict_batch_0_shard_{shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]}"
+                f"[predict batch 0 shard {shard}] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]}"
                 f" node {rank[4]}"
             )
         assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
@@ -185,9 +190,10 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
 def test_every_tile_predicted_exactly_once_across_shards_and_ranks(slurm_run):
     workdir, _ = slurm_run
     manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
-    files = sorted((workdir / "results/tiny_test/predict").glob("rank-*.parquet"))
-    assert [p.name for p in files] == [f"rank-{r}.parquet" for r in range(4)]
-    processed = [read_rank_tile_ids(p) for p in files]
+    files = rank_stems(workdir, "tiny_test")
+    assert [p.name for p in files] == [f"rank-{r}" for r in range(4)]
+    assert [p.parent.parent.name for p in files] == ["shard-0", "shard-0", "shard-1", "shard-1"]
+    processed = [np.asarray(ids) for ids in rank_tile_ids(workdir, "tiny_test")]
     assert all(len(ids) for ids in processed)
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 

@@ -17,10 +17,11 @@ from rasterscale.data import (
     prediction_dataset,
     to_model_input,
 )
+from rasterscale.fastpath import fuse_conv_bn
 from rasterscale.imagery import ImageSpec
-from rasterscale.merge import read_rank_tile_ids
 from rasterscale.model import DetectorConfig, build_detector
-from rasterscale.predict import fuse_conv_bn, prepare_for_inference
+from rasterscale.rankfiles import read_tile_ids
+from rasterscale.tasks.detection import prepare_for_inference
 from rasterscale.tiling import Tile, build_manifest, tiles_from_frame
 
 STRATEGIES = ["window", "single", "batch"]
@@ -93,7 +94,7 @@ def test_window_single_and_batch_strategies_give_identical_detections(scene, tmp
     frames = {}
     for strategy in STRATEGIES:
         path = predict_rank_file(scene, tmp_path / strategy, strategy=strategy)
-        assert sorted(read_rank_tile_ids(path).tolist()) == list(range(scene.tiles))
+        assert sorted(read_tile_ids(path.with_suffix("")).tolist()) == list(range(scene.tiles))
         frames[strategy] = pd.DataFrame(pd.read_parquet(path).drop(columns="geometry"))
     assert len(frames["window"]) > 100  # the untrained model at a low threshold: plenty of boxes to compare
     for strategy in ("single", "batch"):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import rasterio
 
-from rasterscale.merge import DETECTION_COLUMNS, read_rank_tile_ids
-from workflow import matched_fraction, run_workflow, tiny_config
+from rasterscale.merge import DETECTION_COLUMNS
+from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,8 @@ def tiny_run(tmp_path_factory):
 
 def test_dry_run_plans_without_reading_pixels(tmp_path):
     result = run_workflow(tmp_path, tiny_config(), "-n")
-    assert "predict_batch_0_shard_0" in result.stdout and "train_detector" in result.stdout
+    assert "rule predict:" in result.stdout and "wildcards: batch=0, shard=0" in result.stdout
+    assert "train_model" in result.stdout
     assert not (tmp_path / "resources").exists()
 
 
@@ -45,9 +46,10 @@ def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):
 def test_every_tile_processed_exactly_once_across_ranks(tiny_run):
     workdir, _ = tiny_run
     manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
-    ranks = sorted((workdir / "results/tiny_test/predict").glob("rank-*.parquet"))
-    assert [p.name for p in ranks] == ["rank-0.parquet", "rank-1.parquet"]
-    processed = [read_rank_tile_ids(p) for p in ranks]
+    ranks = rank_stems(workdir, "tiny_test")
+    assert [p.name for p in ranks] == ["rank-0", "rank-1"]
+    assert all(p.with_suffix(".parquet").exists() for p in ranks)
+    processed = [np.asarray(ids) for ids in rank_tile_ids(workdir, "tiny_test")]
     assert all(len(ids) for ids in processed)  # both ranks did work
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 
@@ -89,7 +91,7 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     run_workflow(tmp_path, config)
     two = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
     one = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
-    assert len(read_rank_tile_ids(tmp_path / "results/tiny_test/predict/rank-0.parquet")) == len(
+    assert len(rank_tile_ids(tmp_path, "tiny_test")[0]) == len(
         gpd.read_parquet(tmp_path / "results/tiny_test/tiles.parquet")
     )
     assert len(two) > 100  # plenty of boxes, many near the score threshold: a real comparison
@@ -107,7 +109,7 @@ def test_more_ranks_than_tiles_still_accounts_for_every_tile(tiny_run, tmp_path)
         "predict": {"scenes": ["small"], "devices": 2, "workers": 0},
     }
     run_workflow(tmp_path, config)
-    ranks = [read_rank_tile_ids(tmp_path / f"results/small/predict/rank-{r}.parquet").tolist() for r in (0, 1)]
+    ranks = rank_tile_ids(tmp_path, "small")
     assert ranks == [[0], []]
     assert gpd.read_parquet(tmp_path / "results/small/detections.parquet").crs.to_epsg() == 32617
 

@@ -60,3 +60,18 @@ def matched_fraction(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -
     good = np.zeros(len(boxes_a), dtype=bool)
     good[i[pair_ious(boxes_a[i], boxes_b[j]) >= min_iou]] = True
     return float(good.mean()) if len(good) else 1.0
+
+
+def rank_stems(workdir: Path, scene: str, suffix: str = ".parquet") -> list[Path]:
+    """A scene's rank files (paths without suffix) under results/predict/batch-*/shard-*/, in rank order; each has
+    its output ``{stem}{suffix}`` beside its record ``{stem}.json``."""
+    outputs = (workdir / "results/predict").glob(f"batch-*/shard-*/{scene}/rank-*{suffix}")
+    stems = [path.with_suffix("") for path in outputs]
+    return sorted(stems, key=lambda stem: int(stem.name.split("-")[1]))
+
+
+def rank_tile_ids(workdir: Path, scene: str) -> list[list[int]]:
+    """Each rank's processed tile_ids of a scene (from its record), in rank order."""
+    from rasterscale.rankfiles import read_tile_ids
+
+    return [read_tile_ids(stem).tolist() for stem in rank_stems(workdir, scene)]

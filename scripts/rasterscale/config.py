@@ -173,14 +173,56 @@ def expand_all(config: dict[str, Any]) -> None:
         config["train"]["scenes"] = [name for name, scene in scenes.items() if scene.get("annotations")]
 
 
+RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (read, with a warning)
+
+# keys that only one task reads: setting them under the other task is an error, not a silent no-op
+TASK_KEYS = {
+    "detection": {
+        "model": ("score_threshold", "nms_threshold", "detections_per_tile", "resize", "backbone_weights"),
+        "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
+        "evaluate": ("iou_threshold", "score_threshold"),
+    },
+    "segmentation": {"model": ("architecture",), "predict": ("probabilities",)},
+}
+DEFAULT_MODEL_NAMES = {"detection": "detector", "segmentation": "segmenter"}
+
+
+def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
+    """Move renamed keys to their new names, with a notice each; both set is an error."""
+    for (section, old), (_, new) in RENAMED.items():
+        values = instance.get(section)
+        if isinstance(values, dict) and old in values:
+            if new in values:
+                raise ConfigError(f"config: key '{section}.{old}' is the old name of '{section}.{new}': set only {new}")
+            values[new] = values.pop(old)
+            notices.append(f"config: key '{section}.{old}' is deprecated: it is now '{section}.{new}' (same meaning)")
+
+
+def check_task_keys(raw: Mapping[str, Any]) -> None:
+    """A key set for the other task fails with one line (it would otherwise be silently ignored)."""
+    task = raw.get("task", "detection")
+    for other, sections in TASK_KEYS.items():
+        if other == task:
+            continue
+        for section, keys in sections.items():
+            values = raw.get(section)
+            for key in keys:
+                if isinstance(values, dict) and values.get(key) is not None:
+                    raise ConfigError(f"config: key '{section}.{key}' applies to task {other} only, and task is {task}")
+
+
 def validate_config(
-    config: Mapping[str, Any], schema: dict[str, Any] | None = None, origins: dict[str, str] | None = None
+    config: Mapping[str, Any],
+    schema: dict[str, Any] | None = None,
+    origins: dict[str, str] | None = None,
+    notices: list[str] | None = None,
 ) -> dict[str, Any]:
     """Return a validated copy of ``config`` with defaults filled in; raise ConfigError on the first problem.
 
     ``origins``, when given, is filled with where each scene of a table or glob came from (see
-    :func:`scene_key`)."""
+    :func:`scene_key`); ``notices`` with the deprecation warnings of renamed keys."""
     instance = copy.deepcopy(dict(config))
+    rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
     if origins is not None:
@@ -191,6 +233,9 @@ def validate_config(
         path = list(errors[0].absolute_path)
         where = f"{found[path[1]]}: " if path[:1] == ["scenes"] and len(path) > 1 and path[1] in found else ""
         raise ConfigError(f"config: {where}{describe_error(errors[0])}")
+    check_task_keys(config)
+    if instance["model"]["name"] is None:
+        instance["model"]["name"] = DEFAULT_MODEL_NAMES[instance["task"]]
     expand_all(instance)
     check_consistency(instance)
     return instance

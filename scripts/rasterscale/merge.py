@@ -1,9 +1,8 @@
-"""Per-rank detection files, exactly-once tile accounting, and the cross-tile merge.
+"""Detection's merge: per-rank detection files into one layer, without the duplicates tile overlaps create.
 
-Each prediction rank writes one GeoParquet file: its detections (boxes in raster pixels and as polygons in the
-raster's CRS) plus, in the file's metadata, the tile_ids it processed (also those without any detection). The
-merge checks that the processed tile_ids are the manifest's, each exactly once, and removes the duplicates that
-tile overlaps create:
+Each prediction rank writes one GeoParquet file of its detections (boxes in raster pixels and as polygons in the
+raster's CRS); which tiles it processed is in its record (:mod:`rasterscale.rankfiles`), checked before. The merge
+removes the duplicates that tile overlaps create:
 
 1. a box *cut* by an inner tile edge (an edge that is not the raster's) is dropped when most of it lies inside
    a whole box of the same label, which the neighbouring tile saw in full;
@@ -13,7 +12,6 @@ tile overlaps create:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,13 +24,8 @@ from geopandas.io.arrow import _geopandas_to_arrow
 from rasterscale.geo import box_areas, box_pairs, intersection_areas, pair_ious
 from rasterscale.outputs import atomic_path
 
-TILE_IDS_KEY = b"rasterscale:tile_ids"
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
-
-
-class TileAccountingError(ValueError):
-    """Processed tiles differ from the manifest: a tile is missing, duplicated or unknown."""
 
 
 def empty_detections(crs: object) -> gpd.GeoDataFrame:
@@ -47,53 +40,11 @@ def empty_detections(crs: object) -> gpd.GeoDataFrame:
     return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries([], crs=crs), crs=crs)
 
 
-def write_rank_file(
-    detections: gpd.GeoDataFrame,
-    tile_ids: Sequence[int],
-    path: str | Path,
-    metadata: Mapping[bytes, bytes] | None = None,
-) -> None:
-    """GeoParquet of one rank's detections, with the processed tile_ids (and any other ``metadata``, such as
-    the rank's profile) in the file's metadata."""
+def write_detections_file(detections: gpd.GeoDataFrame, path: str | Path) -> None:
+    """GeoParquet of detections in the merge's columns (a rank's output), atomically."""
     table = _geopandas_to_arrow(detections[DETECTION_COLUMNS].reset_index(drop=True))
-    metadata = {**(table.schema.metadata or {}), **(metadata or {})}
-    metadata[TILE_IDS_KEY] = json.dumps([int(t) for t in tile_ids]).encode()
     with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp)
-
-
-def read_rank_tile_ids(path: str | Path) -> np.ndarray:
-    metadata = pq.read_schema(path).metadata or {}
-    if TILE_IDS_KEY not in metadata:
-        raise TileAccountingError(f"{path}: not a rasterscale rank file (no processed tile_ids)")
-    return np.asarray(json.loads(metadata[TILE_IDS_KEY]), dtype=np.int64)
-
-
-def _ids_text(ids: np.ndarray, limit: int = 10) -> str:
-    shown = ", ".join(str(int(i)) for i in ids[:limit])
-    return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
-
-
-def check_exactly_once(manifest_ids: np.ndarray, processed: Mapping[str, np.ndarray]) -> None:
-    """Raise TileAccountingError naming the tiles that are missing, duplicated or not in the manifest."""
-    all_ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in processed.values()] or [np.zeros(0, int)])
-    ids, counts = np.unique(all_ids, return_counts=True)
-    duplicated = ids[counts > 1]
-    missing = np.setdiff1d(np.asarray(manifest_ids), ids)
-    unknown = np.setdiff1d(ids, np.asarray(manifest_ids))
-    problems = []
-    if len(missing):
-        problems.append(f"missing tile_id(s) {_ids_text(missing)}")
-    if len(duplicated):
-        where = {
-            int(t): [Path(p).name for p, v in processed.items() if int(t) in set(np.asarray(v).tolist())]
-            for t in duplicated[:3]
-        }
-        problems.append(f"duplicated tile_id(s) {_ids_text(duplicated)} (e.g. {where})")
-    if len(unknown):
-        problems.append(f"tile_id(s) not in the manifest {_ids_text(unknown)}")
-    if problems:
-        raise TileAccountingError("tile accounting failed: " + "; ".join(problems))
+        pq.write_table(table, tmp)
 
 
 def cut_by_inner_edge(
@@ -197,14 +148,13 @@ def merge_detections(
     return merged.reset_index(drop=True)
 
 
-def read_rank_files(paths: Sequence[str | Path]) -> tuple[gpd.GeoDataFrame, dict[str, np.ndarray]]:
-    """All ranks' detections (one frame) and each file's processed tile_ids."""
-    processed = {str(p): read_rank_tile_ids(p) for p in paths}
+def read_detection_files(paths: Sequence[str | Path]) -> gpd.GeoDataFrame:
+    """All ranks' detections of a scene, as one frame."""
     frames = [gpd.read_parquet(p) for p in paths]
     crs = next((f.crs for f in frames if f.crs is not None), None)
     non_empty = [f for f in frames if len(f)]
     detections = pd.concat(non_empty, ignore_index=True) if non_empty else empty_detections(crs)
-    return gpd.GeoDataFrame(detections, geometry="geometry", crs=crs), processed
+    return gpd.GeoDataFrame(detections, geometry="geometry", crs=crs)
 
 
 def merge_scene(
@@ -216,7 +166,8 @@ def merge_scene(
     merge_cfg: Mapping[str, float],
     layer: str = "detections",
 ) -> gpd.GeoDataFrame:
-    """Check exactly-once accounting, merge across tile overlaps, write GeoPackage and GeoParquet."""
+    """Merge a scene's rank detection files (their records already checked: :mod:`rasterscale.rankfiles`) across
+    tile overlaps; write GeoPackage and GeoParquet."""
     from rasterscale.imagery import drop_masked, read_spec
     from rasterscale.inputs import check_raster
     from rasterscale.outputs import write_geoparquet, write_gpkg
@@ -224,8 +175,7 @@ def merge_scene(
 
     manifest = read_manifest(manifest_path)
     raster = check_raster(raster_path)
-    detections, processed = read_rank_files(rank_files)
-    check_exactly_once(manifest["tile_id"].to_numpy(), processed)
+    detections = read_detection_files(rank_files)
     detections = drop_masked(detections, raster_path, read_spec(manifest_path))  # none on nodata pixels
     merged = merge_detections(
         detections,

@@ -35,11 +35,15 @@ class PreflightError(RuntimeError):
 
 @dataclass(frozen=True)
 class Geometry:
-    """What a config section asks for in one job: ``devices`` ranks on each of ``nodes`` nodes."""
+    """The launch geometry of a config section: ``devices`` ranks on each of ``nodes`` nodes in one job, and
+    ``shards`` such jobs (prediction; training is one job). The one place these figures are computed
+    (:func:`launch_geometry`): the workflow's resources and launchers, the ranks' run spec and the pre-flight
+    checks all read them from here."""
 
     section: str  # config section: "train" or "predict"
     devices: int
     nodes: int
+    shards: int = 1
 
     @property
     def world_size(self) -> int:
@@ -49,8 +53,27 @@ class Geometry:
         nodes = "1 node" if self.nodes == 1 else f"{self.nodes} nodes"
         return f"{self.section}.devices={self.devices} x {nodes}"
 
+    @property
+    def rank_files(self) -> int:
+        """Rank files per scene: every rank of every shard writes one."""
+        return self.world_size * self.shards
+
     def srun_hint(self) -> str:
         return f"srun --nodes={self.nodes} --ntasks-per-node={self.devices}"
+
+
+def launch_geometry(config: Mapping[str, Any], section: str) -> Geometry:
+    """The geometry of a validated config's ``train`` or ``predict`` section.
+
+    Training spans ``train.nodes`` nodes (multi-node DDP, Lightning's num_nodes) in one job. Prediction runs
+    ``predict.shards`` jobs, each on one node: a shard's tiles never need another node's ranks.
+    """
+    if section not in ("train", "predict"):
+        raise ValueError(f"no run section '{section}' (train or predict)")
+    values = config[section]
+    if section == "train":
+        return Geometry(section, int(values["devices"]), int(values["nodes"]))
+    return Geometry(section, int(values["devices"]), 1, int(values["shards"]))
 
 
 def srun_prefix(nodes: int, tasks_per_node: int, cpus_per_task: int) -> str:

@@ -14,28 +14,26 @@ Like the seeds' mgpr summary, but every figure is measured over the whole run ra
 - **utilization**: on a GPU, NVML's busy fraction sampled every 0.2 s by a thread for the whole wall; on a CPU,
   the rank's CPU time over wall x its threads (OpenMP threads waiting at a barrier spin and count as busy).
 
-The Lightning callback that measures is :class:`rasterscale.predict.PredictProfiler`; this module holds what a
-profile is, its probes, and how profiles are stored, gathered and printed (without importing torch, so that the
-workflow can print them). Each rank stores its profile in its rank file's metadata (:data:`PROFILE_KEY`); the
-merge gathers a scene's into ``results/{scene}/predict_profile.json`` and prints them as one table.
+The Lightning callback that measures is :class:`rasterscale.profiler.PredictProfiler`; this module holds what a
+profile is, its probes, and how profiles are gathered and printed (without importing torch, so that the workflow
+can print them). Each rank stores its profile in its rank record (:mod:`rasterscale.rankfiles`); the merge gathers
+a scene's into ``results/{scene}/predict_profile.json`` and prints them as one table.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import resource
 import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-PROFILE_KEY = b"rasterscale:profile"
 MB = 1024 * 1024
 NVML_PERIOD_S = 0.2
 WORKER_SAMPLE_PERIOD_S = 1.0
@@ -141,18 +139,6 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-def profile_metadata(profile: RankProfile) -> dict[bytes, bytes]:
-    return {PROFILE_KEY: json.dumps(asdict(profile)).encode()}
-
-
-def read_rank_profile(path: str | Path) -> dict[str, Any] | None:
-    """The profile stored in a rank file's metadata (None for a file written without one)."""
-    import pyarrow.parquet as pq
-
-    metadata = pq.read_schema(path).metadata or {}
-    return json.loads(metadata[PROFILE_KEY]) if PROFILE_KEY in metadata else None
-
-
 def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A scene's (or a job's) profile: its ranks, by rank, and their totals."""
     ranks = sorted((dict(r) for r in ranks), key=lambda r: r["rank"])
@@ -171,17 +157,18 @@ def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"ranks": ranks, "total": total}
 
 
-def gather_profile(rank_files: Sequence[str | Path]) -> dict[str, Any]:
-    """The profiles of all of a scene's rank files (all shards), with totals."""
-    profiles = [p for p in (read_rank_profile(path) for path in rank_files) if p is not None]
-    return summarize(profiles)
+def gather_profile(rank_stems: Sequence[str | Path]) -> dict[str, Any]:
+    """The profiles of all of a scene's rank records (all shards), with totals."""
+    from rasterscale.rankfiles import read_profiles
+
+    return summarize(read_profiles(rank_stems))
 
 
-def write_scene_profile(rank_files: Sequence[str | Path], path: str | Path) -> dict[str, Any]:
+def write_scene_profile(rank_stems: Sequence[str | Path], path: str | Path) -> dict[str, Any]:
     """Gather a scene's rank profiles into ``path`` (JSON, atomically); returns what was written."""
     from rasterscale.outputs import write_json
 
-    profile = gather_profile(rank_files)
+    profile = gather_profile(rank_stems)
     write_json(profile, path)
     return profile
 

@@ -27,6 +27,7 @@ from rasterscale.preflight import (
     check_devices_visible,
     check_launch,
     check_world_size,
+    launch_geometry,
 )
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
@@ -69,20 +70,15 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
 
 def run_spec(config: dict[str, Any], name: str) -> RunSpec:
-    """The run of one job of the config's ``train`` or ``predict`` section.
-
-    Training spans ``train.nodes`` nodes (multi-node DDP, Lightning's num_nodes). ``predict.nodes`` instead
-    counts prediction shards, each one job on one node, so a prediction job always runs on one node.
-    """
-    if name not in ("train", "predict"):
-        raise ValueError(f"no run section '{name}' (train or predict)")
-    section = config[name]
-    accelerator = resolve_accelerator(section["accelerator"])
+    """The run of one job of the config's ``train`` or ``predict`` section (its geometry:
+    :func:`rasterscale.preflight.launch_geometry`)."""
+    geometry = launch_geometry(config, name)
+    accelerator = resolve_accelerator(config[name]["accelerator"])
     return RunSpec(
         accelerator=accelerator,
-        devices=int(section["devices"]),
-        nodes=int(section.get("nodes", 1)) if name == "train" else 1,
-        precision=resolve_precision(section["precision"], accelerator),
+        devices=geometry.devices,
+        nodes=geometry.nodes,
+        precision=resolve_precision(config[name]["precision"], accelerator),
         section=name,
     )
 
@@ -230,6 +226,26 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
         sys.__excepthook__(kind, value, traceback)
 
     sys.excepthook = hook
+
+
+def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.Logger:
+    """What every rank does first, in training, prediction and the environment check: its own log file (rank 0
+    also logging to the rule's log), Lightning quiet on the other ranks, and on CPUs its share of the cores."""
+    rank = current_rank()
+    logger = setup_rank_logging(rank, log_dir, name=logger_name)
+    quiet_non_zero_ranks(rank)
+    if spec.accelerator == "cpu":
+        torch.set_num_threads(cpu_threads_per_rank(spec.devices))
+    return logger
+
+
+def gather_to_all(trainer: L.Trainer, item: Any) -> list[Any]:
+    """Every rank's ``item`` (a small picklable object) on every rank of the job; never used for predictions."""
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        items: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(items, item)
+        return items
+    return [item]
 
 
 def quiet_non_zero_ranks(rank: int) -> None:

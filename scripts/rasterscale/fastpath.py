@@ -1,0 +1,63 @@
+"""The inference fast path that any convolutional model takes: batch norms folded into their convolutions,
+channels_last weights and inputs, chosen layers kept in fp32 under autocast, and a warning where bf16 is
+emulated. Tasks apply it to their models (:meth:`rasterscale.tasks.base.Task.prepare_for_inference`)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+
+def fuse_conv_bn(module: torch.nn.Module) -> int:
+    """Fold every eval-mode batch norm into the convolution that feeds it (ResNet's ``convN``/``bnN`` pairs and
+    ``Sequential(conv, bn, ...)`` runs); the norm becomes an identity. Returns how many were folded."""
+    fused = 0
+    for parent in list(module.modules()):
+        children = parent._modules
+        if isinstance(parent, torch.nn.Sequential):
+            names = list(children)
+            pairs = list(itertools.pairwise(names))
+        else:
+            pairs = [(f"conv{k}", f"bn{k}") for k in ("", 1, 2, 3)]
+        for conv_name, bn_name in pairs:
+            conv, bn = children.get(conv_name), children.get(bn_name)
+            if isinstance(conv, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d) and not bn.training:
+                children[conv_name] = fuse_conv_bn_eval(conv, bn)
+                children[bn_name] = torch.nn.Identity()
+                fused += 1
+    return fused
+
+
+class Float32Output(torch.nn.Module):
+    """Runs a layer outside autocast, in fp32: for output layers whose values need fp32 accuracy (box deltas,
+    class logits). Cheap (a few output channels)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.layer(x.float())
+
+
+def channels_last_input(module: torch.nn.Module, args: tuple) -> tuple:
+    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+
+
+def to_channels_last(model: torch.nn.Module, entry: torch.nn.Module) -> None:
+    """channels_last weights, and inputs made channels_last where they enter ``entry`` (oneDNN and cuDNN run such
+    convolutions fastest)."""
+    model.to(memory_format=torch.channels_last)
+    entry.register_forward_pre_hook(channels_last_input)
+
+
+def warn_if_slow_precision(accelerator: str, precision: str, logger: logging.Logger) -> None:
+    """bf16 autocast on a CPU without native bf16 (AVX512-BF16 or AMX) is emulated, slower than fp32."""
+    if accelerator == "cpu" and precision.startswith("bf16"):
+        supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        if not supported:
+            logger.warning("this CPU has no native bf16: predict.precision '32-true' is likely faster")

@@ -1,0 +1,201 @@
+"""The task interface: what the task-neutral core (training, prediction, merge, evaluation) asks of a task.
+
+The core owns everything that does not depend on what is predicted: tile manifests, the batch plan, launching
+ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
+(:mod:`rasterscale.rankfiles`), the exactly-once check. A task owns its model, its training samples, how a batch's
+output becomes a rank output, how rank outputs merge into a scene's layers, and how they are scored.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from torch.utils.data import Dataset
+
+from rasterscale.batching import BatchPlan
+from rasterscale.imagery import ImageSpec
+from rasterscale.tasks import TaskInfo
+from rasterscale.tiling import Tile
+
+
+@dataclass(frozen=True)
+class TrainScene:
+    """A training scene, as the workflow lists it: raster, tile manifest and ground truth."""
+
+    name: str
+    raster: str
+    manifest: str
+    annotations: str
+    label_column: str | None = None
+    image_path: str | None = None  # the scene's image name in CSV/VOC annotations (detection)
+
+
+@dataclass(frozen=True)
+class PredictScene:
+    """A scene of a prediction job: its raster, its tiles and imagery spec (from its manifest), and its raster's
+    size and georeference."""
+
+    name: str
+    raster: str
+    tiles: list[Tile]
+    imagery: ImageSpec
+    width: int
+    height: int
+    transform: Any
+    crs: Any
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Learning-rate factor: linear warm-up, then cosine decay to 5% of the peak."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TrainingModule(L.LightningModule):
+    """The Lightning module of every task: the task's model, its loss, and one optimizer and schedule for all
+    (AdamW at the batch plan's learning rate, warm-up then cosine)."""
+
+    def __init__(self, model: torch.nn.Module, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.model, self.plan, self.train_cfg = model, plan, dict(train_cfg)
+
+    def losses(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The task's loss terms of a batch (their sum is optimized)."""
+        raise NotImplementedError
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        losses = self.losses(batch)
+        loss = sum(losses.values())
+        size = len(batch[0])
+        self.log("train_loss", loss.detach(), batch_size=size)
+        for name, value in losses.items():
+            self.log(f"train_{name}", value.detach(), batch_size=size)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.plan.lr, weight_decay=self.train_cfg["weight_decay"])
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = min(self.train_cfg["warmup_steps"], max(0, total // 5))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class RankOutput(ABC):
+    """One rank's output of one scene, filled tile by tile in prediction order and written once at the end."""
+
+    @abstractmethod
+    def add(self, tile: Tile, result: Any) -> None:
+        """One predicted tile's result (what :meth:`Task.predict_batch` returned for it)."""
+
+    @abstractmethod
+    def write(self) -> str:
+        """Write the output atomically; return what it holds, for the log (e.g. "12 detections")."""
+
+
+class Task(ABC):
+    """One kind of prediction over rasters (see the module docstring for what the core does instead)."""
+
+    info: ClassVar[TaskInfo]
+
+    # --- the model -----------------------------------------------------------------------------------------
+    @abstractmethod
+    def model_config(self, config: Mapping[str, Any]) -> Any:
+        """The effective model configuration: the config's model keys over the model file's (dry-run cheap)."""
+
+    @abstractmethod
+    def describe(self, model_cfg: Any) -> str:
+        """One line for the logs."""
+
+    @abstractmethod
+    def build_model(self, model_cfg: Any) -> torch.nn.Module:
+        """A fresh (untrained) model."""
+
+    @abstractmethod
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, Any]:
+        """A trained model file's model and its effective configuration."""
+
+    # --- training ------------------------------------------------------------------------------------------
+    training_module_class: ClassVar[type[TrainingModule]]
+
+    def training_module(self, model_cfg: Any, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> TrainingModule:
+        """A fresh model in the task's Lightning module."""
+        return self.training_module_class(self.build_model(model_cfg), plan, train_cfg)
+
+    @abstractmethod
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+        """Start the model from train.init / model.backbone_weights (or not); returns what, for the log."""
+
+    @abstractmethod
+    def training_datasets(
+        self,
+        scene: TrainScene,
+        model_cfg: Any,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[Dataset, Dataset | None]:
+        """A scene's training samples (augmented) and validation samples, made from its tiles."""
+
+    @abstractmethod
+    def collate(self, batch: list[Any]) -> Any:
+        """A training batch from samples."""
+
+    @abstractmethod
+    def validate(self, model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+        """Validation scores (``val_*``) of the model on validation samples."""
+
+    @abstractmethod
+    def save_model(self, model: torch.nn.Module, model_cfg: Any, model_path: str | Path, **meta: Any) -> list[Path]:
+        """Write the trained model (``results/models/{name}.pt`` and anything beside it); returns the files."""
+
+    # --- prediction ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        """The model's fast path (eval mode, folded norms, channels_last...)."""
+
+    @abstractmethod
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[Any]:
+        """A batch of tiles (float [0, 1] tensors on the device) to one host-side result per tile."""
+
+    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
+        """The tiles a rank predicts for its own tiles (a blending task also needs their neighbours')."""
+        return list(own)
+
+    @abstractmethod
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: Any,
+        config: Mapping[str, Any],
+    ) -> RankOutput:
+        """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``)."""
+
+    # --- merge and evaluation ------------------------------------------------------------------------------
+    @abstractmethod
+    def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+        """Merge a scene's rank outputs (its records already checked) into its layers (``scene`` is its entry in
+        the batch's job file: raster, manifest, output paths); returns a line for the log."""
+
+    @abstractmethod
+    def evaluate_scene(
+        self,
+        scene: Mapping[str, Any],
+        config: Mapping[str, Any],
+        labels: Sequence[str],
+        out: str | Path,
+        quicklook: str | Path,
+    ) -> dict[str, Any]:
+        """Score a scene's merged output against its annotations; write ``out`` (JSON) and a quicklook."""
