@@ -8,7 +8,8 @@ core's class is the argmax of the weighted mean of the probabilities of every ti
 its inner edges, where a model sees least context (:func:`edge_weights`).
 
 :class:`StripBlender` takes the tiles' probabilities in manifest order and keeps a weighted sum only for the own
-cores still waiting for a contributor (about one row of tiles); a finished core goes into the buffer of its row of
+cores from their own tile to their last contributor (about one row of tiles; earlier tiles' slivers of overlap
+are kept as they are until then); a finished core goes into the buffer of its row of
 cores, and finished rows go to the rank raster strip by strip, in row order, each strip written once. Sums run over
 the contributors in manifest order, so a pixel's class is the same whichever rank owns it.
 """
@@ -24,7 +25,6 @@ import numpy as np
 import rasterio
 from affine import Affine
 from rasterio.windows import Window
-from rasterio.windows import transform as window_transform
 
 from rasterscale.outputs import atomic_path
 from rasterscale.tiling import Tile
@@ -149,10 +149,11 @@ def overlap_slices(inner: Window, outer: Window) -> tuple[slice, slice]:
 
 
 def intersection(a: Window, b: Window) -> Window:
+    """The common part of two windows (zero width or height when they do not intersect)."""
     c0, r0 = max(a.col_off, b.col_off), max(a.row_off, b.row_off)
     c1 = min(a.col_off + a.width, b.col_off + b.width)
     r1 = min(a.row_off + a.height, b.row_off + b.height)
-    return Window(c0, r0, c1 - c0, r1 - r0)
+    return Window(c0, r0, max(0, c1 - c0), max(0, r1 - r0))
 
 
 class StripBlender:
@@ -190,6 +191,7 @@ class StripBlender:
         self.remaining, self.targets = self._contributors(own_ids)
         self.next_index = 0
         self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # own id -> (Σ w·p (C,h,w), Σ w (h,w))
+        self.slivers: dict[int, list] = {}  # own id -> parts of earlier tiles, kept until its own tile comes
         self.own_ids = own_ids
         self.window = bounding_window(cores[i] for i in own_ids) or Window(0, 0, 1, 1)
         self.band_pending: dict[int, set[int]] = {}  # first row of a row of cores -> own cores not finished
@@ -220,7 +222,7 @@ class StripBlender:
             "count": self.count,
             "dtype": "uint8",
             "crs": crs,
-            "transform": window_transform(self.window, transform),
+            "transform": transform @ Affine.translation(self.window.col_off, self.window.row_off),
             "tiled": False,
             "blockysize": self.strip_rows,
             "compress": "deflate",
@@ -245,6 +247,7 @@ class StripBlender:
     def pending_bytes(self) -> int:
         """Bytes held for unfinished cores, rows of cores being filled and rows short of a strip."""
         sums = sum(acc.nbytes + weight.nbytes for acc, weight in self.sums.values())
+        sums += sum(p.nbytes + w.nbytes for parts in self.slivers.values() for _, p, w in parts)
         return sums + sum(band.nbytes for band in self.bands.values()) + self.tail.nbytes
 
     def add(self, tile_id: int, probs: np.ndarray) -> None:
@@ -272,19 +275,33 @@ class StripBlender:
                 self._finish_core(own_id)
 
     def _accumulate(self, own_id: int, tile: Tile, probs: np.ndarray, weights: np.ndarray) -> None:
+        """Add a tile's weighted probabilities to an own core. Until the core's own tile comes, the parts of
+        earlier tiles (slivers of their overlap) are kept as they are and summed, in order, when it does: the
+        sums of a row of cores are then held from their own tile to their last contributor only."""
         core = self.cores[own_id]
+        common = intersection(tile_window(tile), core)
+        in_tile, in_core = overlap_slices(common, tile_window(tile)), overlap_slices(common, core)
+        part = weights[in_tile]
+        contribution = (in_core, probs[(slice(None), *in_tile)] * part, part)
         if own_id not in self.sums:
+            if tile.tile_id != own_id and self.remaining[own_id] > 1:
+                self.slivers.setdefault(own_id, []).append((in_core, contribution[1], part.copy()))
+                return
             shape = (int(core.height), int(core.width))
             self.sums[own_id] = (
                 np.zeros((self.num_classes, *shape), dtype=np.float32),
                 np.zeros(shape, dtype=np.float32),
             )
+            for earlier in self.slivers.pop(own_id, []):
+                self._add_to_sums(own_id, *earlier)
+        self._add_to_sums(own_id, *contribution)
+
+    def _add_to_sums(
+        self, own_id: int, in_core: tuple[slice, slice], weighted: np.ndarray, weights: np.ndarray
+    ) -> None:
         acc, weight_sum = self.sums[own_id]
-        common = intersection(tile_window(tile), core)
-        in_tile, in_core = overlap_slices(common, tile_window(tile)), overlap_slices(common, core)
-        part = weights[in_tile]
-        acc[(slice(None), *in_core)] += probs[(slice(None), *in_tile)] * part
-        weight_sum[in_core] += part
+        acc[(slice(None), *in_core)] += weighted
+        weight_sum[in_core] += weights
 
     def _finish_core(self, own_id: int) -> None:
         acc, weight_sum = self.sums.pop(own_id)

@@ -62,7 +62,12 @@ def rank_window(src: rasterio.io.DatasetReader, scene: rasterio.io.DatasetReader
     ):
         raise ValueError(f"{path}: rank raster is not on the scene's pixel grid (CRS, resolution or offset)")
     window = Window(round(col), round(row), src.width, src.height)
-    if window.col_off < 0 or window.row_off < 0 or col + src.width > scene.width or row + src.height > scene.height:
+    if (
+        window.col_off < 0
+        or window.row_off < 0
+        or window.col_off + window.width > scene.width
+        or window.row_off + window.height > scene.height
+    ):
         raise ValueError(f"{path}: rank raster reaches outside the scene ({window} in {scene.width}x{scene.height})")
     return window
 
