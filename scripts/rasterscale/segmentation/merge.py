@@ -35,6 +35,7 @@ from rasterscale.outputs import atomic_path
 from rasterscale.segmentation.blend import NODATA_CLASS, PROBABILITY_SCALE, intersection
 
 MERGE_BLOCK = 512
+CACHE_MB = 64  # GDAL's block cache while merging or vectorizing (its default, 5% of the node's memory, fills up)
 VECTOR_LAYER = "classes"
 WRITE_BATCH = 10_000  # polygons per append to the GeoPackage
 
@@ -118,15 +119,18 @@ def merge_class_rasters(
     probabilities_path: str | Path | None,
     labels: Sequence[str],
     block: int = MERGE_BLOCK,
+    cache_mb: int = CACHE_MB,
 ) -> dict:
     """Assemble the rank rasters into ``classes_path`` (uint8 COG, nodata 255, mode overviews; the scene's CRS,
     transform and size) and, when asked, ``probabilities_path`` (one uint8 band per class, scale 1/255, an
     internal mask where there is no class, average overviews). Returns pixels per class label and no data pixels.
+    GDAL's block cache is bounded to ``cache_mb`` meanwhile.
     """
     num_classes = len(labels)
     counts = np.zeros(256, dtype=np.int64)
     classes_path = Path(classes_path)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
         scene = stack.enter_context(rasterio.open(raster_path))
         ranks = []
         for path in rank_rasters:
@@ -285,14 +289,19 @@ def vectorize_classes(
     labels: Sequence[str],
     skip_background: bool = True,
     strip_rows: int = 1024,
+    cache_mb: int = CACHE_MB,
 ) -> int:
     """Polygons of the class map (columns class_id, label, area in CRS units; the raster's CRS; layer "classes")
     in a GeoPackage, atomically; class 0 is skipped when it is "background" and ``skip_background``. Returns the
-    number of polygons."""
+    number of polygons. GDAL's block cache is bounded to ``cache_mb`` meanwhile."""
     skip = [NODATA_CLASS, *([0] if skip_background and labels and labels[0] == "background" else [])]
     records: list[dict] = []
     written = 0
-    with rasterio.open(classes_path) as src, atomic_path(gpkg_path) as tmp:
+    with (
+        rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20),
+        rasterio.open(classes_path) as src,
+        atomic_path(gpkg_path) as tmp,
+    ):
 
         def flush(force: bool) -> None:
             nonlocal written
