@@ -243,3 +243,15 @@ def test_pending_buffers_of_a_16k_wide_strip_stay_within_a_row_of_tiles(tmp_path
     )
     assert blender.peak_pending_bytes <= bound
     assert traced_peak < bound + 16 * 2**20
+
+
+def test_a_rank_without_tiles_writes_one_pixel_of_no_data(tmp_path):
+    width, height = 700, 500
+    tiles = grid_tiles(width, height)
+    cores = tile_cores(tiles, width, height)
+    assert halo_tiles(tiles, [], cores) == []
+    path = tmp_path / "rank-3.tif"
+    blender = StripBlender([], set(), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
+    assert blender.close() == []
+    with rasterio.open(path) as src:
+        assert (src.width, src.height, src.transform) == (1, 1, TRANSFORM) and src.read(1)[0, 0] == NODATA_CLASS
