@@ -194,11 +194,11 @@ class StripBlender:
         self.slivers: dict[int, list] = {}  # own id -> parts of earlier tiles, kept until its own tile comes
         self.own_ids = own_ids
         self.window = bounding_window(cores[i] for i in own_ids) or Window(0, 0, 1, 1)
-        self.band_pending: dict[int, set[int]] = {}  # first row of a row of cores -> own cores not finished
+        self.row_pending: dict[int, set[int]] = {}  # first row of a row of cores -> own cores not finished
         for tile_id in own_ids:
-            self.band_pending.setdefault(cores[tile_id].row_off, set()).add(tile_id)
-        self.band_order = sorted(self.band_pending)
-        self.bands: dict[int, np.ndarray] = {}  # row of cores -> (bands, h, window width) uint8, being filled
+            self.row_pending.setdefault(cores[tile_id].row_off, set()).add(tile_id)
+        self.row_order = sorted(self.row_pending)
+        self.row_buffers: dict[int, np.ndarray] = {}  # row of cores -> (bands, h, window width) uint8, being filled
         self.tail = np.zeros((self.count, 0, self.window.width), dtype=np.uint8)  # rows short of a strip
         self.rows_written = 0  # rows of the rank window written or in the tail
         self.peak_pending_bytes = 0
@@ -248,7 +248,7 @@ class StripBlender:
         """Bytes held for unfinished cores, rows of cores being filled and rows short of a strip."""
         sums = sum(acc.nbytes + weight.nbytes for acc, weight in self.sums.values())
         sums += sum(p.nbytes + w.nbytes for parts in self.slivers.values() for _, p, w in parts)
-        return sums + sum(band.nbytes for band in self.bands.values()) + self.tail.nbytes
+        return sums + sum(buffer.nbytes for buffer in self.row_buffers.values()) + self.tail.nbytes
 
     def add(self, tile_id: int, probs: np.ndarray) -> None:
         """A tile's softmax probabilities, (C, h, w) float32; tiles come in ``tiles_to_predict`` order."""
@@ -306,27 +306,27 @@ class StripBlender:
     def _finish_core(self, own_id: int) -> None:
         acc, weight_sum = self.sums.pop(own_id)
         core = self.cores[own_id]
-        band = self.bands.get(core.row_off)
-        if band is None:
-            band = np.zeros((self.count, core.height, self.window.width), dtype=np.uint8)
-            band[0] = NODATA_CLASS
-            self.bands[core.row_off] = band
+        buffer = self.row_buffers.get(core.row_off)
+        if buffer is None:
+            buffer = np.zeros((self.count, core.height, self.window.width), dtype=np.uint8)
+            buffer[0] = NODATA_CLASS
+            self.row_buffers[core.row_off] = buffer
         col = core.col_off - self.window.col_off
-        band[0, :, col : col + core.width] = np.argmax(acc, axis=0)
+        buffer[0, :, col : col + core.width] = np.argmax(acc, axis=0)
         if self.probabilities:
             mean = acc / weight_sum
-            band[1:, :, col : col + core.width] = np.rint(np.clip(mean, 0.0, 1.0) * 255.0)
-        self.band_pending[core.row_off].discard(own_id)
-        self._flush_finished_bands()
+            buffer[1:, :, col : col + core.width] = np.rint(np.clip(mean, 0.0, 1.0) * 255.0)
+        self.row_pending[core.row_off].discard(own_id)
+        self._flush_finished_rows()
 
-    def _flush_finished_bands(self) -> None:
-        while self.band_order and not self.band_pending[self.band_order[0]]:
-            row = self.band_order.pop(0)
-            band = self.bands.pop(row)
+    def _flush_finished_rows(self) -> None:
+        while self.row_order and not self.row_pending[self.row_order[0]]:
+            row = self.row_order.pop(0)
+            buffer = self.row_buffers.pop(row)
             gap = row - self.window.row_off - self.rows_written  # rows of no core (tile rows left out)
             if gap > 0:
                 self._append_rows(self._empty_rows(gap))
-            self._append_rows(band)
+            self._append_rows(buffer)
             self._write_strips(final=False)
 
     def _empty_rows(self, count: int) -> np.ndarray:
