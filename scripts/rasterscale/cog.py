@@ -15,9 +15,17 @@ from rasterscale.outputs import atomic_path
 BLOCK_SIZE = 512
 
 
-def convert_to_cog(src: str | Path, dst: str | Path, block_size: int = BLOCK_SIZE, threads: int = 1) -> None:
+def convert_to_cog(
+    src: str | Path,
+    dst: str | Path,
+    block_size: int = BLOCK_SIZE,
+    threads: int = 1,
+    overview_resampling: str = "nearest",
+    add_mask: bool = False,
+) -> None:
     """Write ``src`` as a tiled, deflate-compressed COG with overviews (same pixels, bands, nodata, CRS and
-    transform), atomically."""
+    transform), atomically. ``overview_resampling``: how overviews are computed (``mode`` for class ids,
+    ``average`` for continuous values); ``add_mask``: keep ``src``'s mask as an internal mask band."""
     from rio_cogeo.cogeo import cog_translate
     from rio_cogeo.profiles import cog_profiles
 
@@ -25,7 +33,16 @@ def convert_to_cog(src: str | Path, dst: str | Path, block_size: int = BLOCK_SIZ
     profile.update(blockxsize=block_size, blockysize=block_size, predictor=2)
     config = {"GDAL_NUM_THREADS": str(threads), "GDAL_TIFF_OVR_BLOCKSIZE": str(block_size)}
     with atomic_path(dst) as tmp:
-        cog_translate(str(src), str(tmp), profile, config=config, in_memory=False, quiet=True)
+        cog_translate(
+            str(src),
+            str(tmp),
+            profile,
+            config=config,
+            in_memory=False,
+            quiet=True,
+            overview_resampling=overview_resampling,
+            add_mask=add_mask,
+        )
 
 
 def striped_sources(path: str | Path) -> list[str]:

@@ -1,0 +1,257 @@
+"""Blending tile predictions into rank rasters: cores partition the raster, any split over ranks gives the same
+class map, edge weights beat one tile per pixel near tile edges, and a wide strip's pending buffers stay small."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import rasterio
+from affine import Affine
+
+from conftest import UTM17N, report
+from rasterscale.imagery import read_masked, resolve_spec
+from rasterscale.segmentation.blend import (
+    NODATA_CLASS,
+    StripBlender,
+    axis_weights,
+    edge_weights,
+    halo_tiles,
+    tile_cores,
+)
+from rasterscale.segmentation.merge import merge_class_rasters
+from rasterscale.tiling import Tile, build_manifest, tile_grid, tiles_from_frame
+from segmentation_tiles import (
+    NUM_CLASSES,
+    class_map,
+    predict_ranks,
+    scene_with_hole,
+    split_contiguous,
+    tile_probabilities,
+)
+
+PATCH, OVERLAP = 256, 64
+LABELS = ["background", "disc", "rectangle"]
+TRANSFORM = Affine(0.5, 0, 404000.0, 0, -0.5, 3285000.0)
+
+
+def grid_tiles(width: int, height: int, patch: int = PATCH, overlap: int = OVERLAP) -> list[Tile]:
+    return [Tile(k, *map(int, row)) for k, row in enumerate(tile_grid(width, height, patch, overlap))]
+
+
+def coverage(cores: dict, width: int, height: int) -> np.ndarray:
+    count = np.zeros((height, width), dtype=np.int32)
+    for core in cores.values():
+        count[core.row_off : core.row_off + core.height, core.col_off : core.col_off + core.width] += 1
+    return count
+
+
+def reference_blend(tiles: list[Tile], truth: np.ndarray) -> np.ndarray:
+    """The whole raster's Σ w·p at once, in manifest order (what the blender must equal, core by core)."""
+    height, width = truth.shape
+    total = np.zeros((NUM_CLASSES, height, width), dtype=np.float32)
+    for tile in tiles:
+        rows = slice(tile.row_off, tile.row_off + tile.height)
+        cols = slice(tile.col_off, tile.col_off + tile.width)
+        total[:, rows, cols] += tile_probabilities(tile, truth) * edge_weights(tile, width, height, OVERLAP)
+    return np.argmax(total, axis=0).astype(np.uint8)
+
+
+@pytest.mark.parametrize("size", [(1000, 700), (256, 256), (200, 900)])
+def test_cores_partition_the_raster(size):
+    width, height = size
+    tiles = grid_tiles(width, height)
+    cores = tile_cores(tiles, width, height)
+    assert np.all(coverage(cores, width, height) == 1)
+    for tile in tiles:
+        core = cores[tile.tile_id]
+        assert tile.col_off <= core.col_off and core.col_off + core.width <= tile.col_off + tile.width
+        assert tile.row_off <= core.row_off and core.row_off + core.height <= tile.row_off + tile.height
+
+
+def test_cores_of_a_manifest_with_tiles_left_out_hold_every_valid_pixel_once(tmp_path):
+    width, height = 1000, 700
+    scene = scene_with_hole(tmp_path / "scene.tif", width, height, hole_cols=(370, 660))
+    spec = resolve_spec(scene)
+    tiles = tiles_from_frame(build_manifest(scene, PATCH, OVERLAP, skip_nodata=True, spec=spec))
+    full = grid_tiles(width, height)
+    assert len(tiles) < len(full) and 384 not in {t.col_off for t in tiles}  # a whole column of tiles left out
+    count = coverage(tile_cores(tiles, width, height), width, height)
+    with rasterio.open(scene) as src:
+        valid = read_masked(src, spec)[1]
+    assert count.max() == 1 and np.all(count[valid] == 1)
+    report(
+        f"cores: {len(tiles)} of {len(full)} tiles kept; {int(valid.sum())} valid pixels each in exactly one core, "
+        f"{int((count == 0).sum())} pixels in none (all no data)"
+    )
+
+
+def test_edge_weights_taper_inner_edges_only_and_sum_to_one_across_an_overlap():
+    width, height = 1000, 700
+    tiles = {(t.row_off, t.col_off): t for t in grid_tiles(width, height)}
+    corner = edge_weights(tiles[(0, 0)], width, height, OVERLAP)
+    assert corner.shape == (PATCH, PATCH) and corner.dtype == np.float32
+    assert corner[0, 0] == 1.0 and corner[0, PATCH // 2] == 1.0  # raster edges are not tapered
+    assert corner[PATCH // 2, -1] < 0.001 + 1e-6 and corner.min() >= 1e-3
+    left = axis_weights(0, PATCH, width, OVERLAP)
+    right = axis_weights(PATCH - OVERLAP, PATCH, width, OVERLAP)
+    np.testing.assert_allclose(left[PATCH - OVERLAP :] + right[:OVERLAP], 1.0, atol=1e-12)
+    assert np.all(np.diff(right[:OVERLAP]) > 0)
+
+
+def test_halo_of_an_inner_tile_is_its_eight_neighbours():
+    width, height = 1000, 700
+    tiles = grid_tiles(width, height)
+    cores = tile_cores(tiles, width, height)
+    middle = next(t for t in tiles if (t.row_off, t.col_off) == (192, 384))
+    halo = halo_tiles(tiles, [middle.tile_id], cores)
+    assert {(t.row_off, t.col_off) for t in halo} == {(r, c) for r in (0, 192, 384) for c in (192, 384, 576)}
+    assert halo == sorted(halo, key=lambda t: (t.row_off, t.col_off))
+
+
+def test_any_split_over_ranks_gives_the_same_class_map(tmp_path):
+    width, height = 1000, 700
+    scene = scene_with_hole(tmp_path / "scene.tif", width, height, hole_cols=(370, 660))
+    spec = resolve_spec(scene)
+    tiles = tiles_from_frame(build_manifest(scene, PATCH, OVERLAP, skip_nodata=True, spec=spec))
+    truth = class_map(width, height)
+    with rasterio.open(scene) as src:
+        transform = src.transform
+    maps, probabilities = [], []
+    for ranks in (1, 2, 3):
+        out = tmp_path / f"ranks-{ranks}"
+        out.mkdir()
+        rank_rasters = predict_ranks(tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True)
+        merge_class_rasters(rank_rasters, scene, spec, out / "classes.tif", out / "probabilities.tif", LABELS)
+        with rasterio.open(out / "classes.tif") as classes, rasterio.open(out / "probabilities.tif") as probs:
+            maps.append(classes.read(1))
+            probabilities.append(probs.read())
+    assert all(np.array_equal(maps[0], other) for other in maps[1:])
+    assert all(np.array_equal(probabilities[0], other) for other in probabilities[1:])
+    with rasterio.open(scene) as src:
+        valid = read_masked(src, spec)[1]
+    assert np.all((maps[0] == NODATA_CLASS) == ~valid)
+    reference = reference_blend(tiles, truth)
+    assert np.array_equal(maps[0][valid], reference[valid])
+    accuracy = float((maps[0][valid] == truth[valid]).mean())
+    report(f"blend: 1, 2 and 3 ranks give identical class maps and probabilities; pixel accuracy {accuracy:.4f}")
+
+
+def one_tile_per_pixel(tiles: list[Tile], truth: np.ndarray) -> np.ndarray:
+    """Each pixel's class from the one tile whose core holds it (no blending)."""
+    height, width = truth.shape
+    cores = tile_cores(tiles, width, height)
+    classes = np.full((height, width), NODATA_CLASS, dtype=np.uint8)
+    for tile in tiles:
+        core = cores[tile.tile_id]
+        r0, c0 = core.row_off - tile.row_off, core.col_off - tile.col_off
+        probs = tile_probabilities(tile, truth)[:, r0 : r0 + core.height, c0 : c0 + core.width]
+        classes[core.row_off : core.row_off + core.height, core.col_off : core.col_off + core.width] = np.argmax(
+            probs, axis=0
+        )
+    return classes
+
+
+def near_lines(positions: set[int], length: int, distance: int) -> np.ndarray:
+    near = np.zeros(length, dtype=bool)
+    for position in positions:
+        near[max(0, position - distance) : position + distance] = True
+    return near
+
+
+def test_edge_weights_beat_one_tile_per_pixel_near_inner_tile_edges(tmp_path):
+    width, height = 1400, 1000
+    tiles = grid_tiles(width, height)
+    truth = class_map(width, height, seed=3)
+    (rank_raster,) = predict_ranks(tiles, truth, OVERLAP, tmp_path, 1, TRANSFORM, UTM17N)
+    with rasterio.open(rank_raster) as src:
+        blended = src.read(1)
+    single = one_tile_per_pixel(tiles, truth)
+    cores = tile_cores(tiles, width, height)
+    edge_cols = {t.col_off for t in tiles if t.col_off > 0} | {
+        t.col_off + t.width for t in tiles if t.col_off + t.width < width
+    }
+    edge_rows = {t.row_off for t in tiles if t.row_off > 0} | {
+        t.row_off + t.height for t in tiles if t.row_off + t.height < height
+    }
+    seam_cols = {c.col_off for c in cores.values() if c.col_off > 0}
+    seam_rows = {c.row_off for c in cores.values() if c.row_off > 0}
+    regions = {
+        "within 16 px of inner tile edges": near_lines(edge_rows, height, 16)[:, None]
+        | near_lines(edge_cols, width, 16)[None, :],
+        "within 16 px of core seams": near_lines(seam_rows, height, 16)[:, None]
+        | near_lines(seam_cols, width, 16)[None, :],
+    }
+    for name, region in regions.items():
+        blend_accuracy = float((blended[region] == truth[region]).mean())
+        single_accuracy = float((single[region] == truth[region]).mean())
+        report(
+            f"blend accuracy {name}: edge weights {blend_accuracy:.4f}, one tile per pixel {single_accuracy:.4f} "
+            f"({int(region.sum())} pixels)"
+        )
+        assert blend_accuracy > single_accuracy + 0.005
+
+
+def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
+    width, height = 700, 500
+    tiles = grid_tiles(width, height)
+    truth = class_map(width, height)
+    cores = tile_cores(tiles, width, height)
+    own = split_contiguous(tiles, 2)[0]
+    todo = halo_tiles(tiles, own, cores)
+    path = tmp_path / "rank-0.tif"
+    blender = StripBlender(todo, set(own), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
+    with pytest.raises(ValueError, match=f"tile {todo[1].tile_id} added out of order"):
+        blender.add(todo[1].tile_id, tile_probabilities(todo[1], truth))
+    for tile in todo[:-1]:
+        blender.add(tile.tile_id, tile_probabilities(tile, truth))
+    with pytest.raises(RuntimeError, match="own cores unfinished"):
+        blender.close()
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_pending_buffers_of_a_16k_wide_strip_stay_within_a_row_of_tiles(tmp_path):
+    width, height, patch, overlap, classes = 16384, 1600, 400, 100, 2
+    tiles = grid_tiles(width, height, patch, overlap)
+    cores = tile_cores(tiles, width, height)
+    per_row = len({t.col_off for t in tiles})
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rank-0.tif"
+    own = {t.tile_id for t in tiles}
+    tracemalloc.start()
+    blender = StripBlender(tiles, own, cores, width, height, classes, overlap, path, TRANSFORM, UTM17N, True)
+    for tile in tiles:
+        probs = rng.random((classes, tile.height, tile.width), dtype=np.float32)
+        blender.add(tile.tile_id, probs / probs.sum(axis=0, keepdims=True))
+    blender.close()
+    _, traced_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    core_rows: dict[int, int] = {}  # first row of a row of cores -> bytes of its sums (Σ w·p and Σ w, float32)
+    for core in cores.values():
+        core_rows[core.row_off] = core_rows.get(core.row_off, 0) + (classes + 1) * 4 * core.width * core.height
+    row_buffers = (classes + 1) * width * (max(c.height for c in cores.values()) + 32)  # a row of cores, a tail
+    bound = 1.5 * max(core_rows.values()) + 2 * row_buffers
+    region_sums = (classes + 1) * 4 * width * height
+    with rasterio.open(path) as src:
+        assert (src.width, src.height, src.count) == (width, height, 1 + classes)
+        assert src.block_shapes[0] == (32, width)
+    report(
+        f"blend memory, {width} px wide strip ({len(tiles)} tiles of {patch} px, {per_row} a row): peak pending "
+        f"{blender.peak_pending_bytes / 2**20:.1f} MiB (bound {bound / 2**20:.1f} MiB; the region's float sums would "
+        f"be {region_sums / 2**20:.0f} MiB); tracemalloc peak {traced_peak / 2**20:.1f} MiB"
+    )
+    assert blender.peak_pending_bytes <= bound
+    assert traced_peak < bound + 16 * 2**20
+
+
+def test_a_rank_without_tiles_writes_one_pixel_of_no_data(tmp_path):
+    width, height = 700, 500
+    tiles = grid_tiles(width, height)
+    cores = tile_cores(tiles, width, height)
+    assert halo_tiles(tiles, [], cores) == []
+    path = tmp_path / "rank-3.tif"
+    blender = StripBlender([], set(), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
+    assert blender.close() == []
+    with rasterio.open(path) as src:
+        assert (src.width, src.height, src.transform) == (1, 1, TRANSFORM) and src.read(1)[0, 0] == NODATA_CLASS
