@@ -1,4 +1,5 @@
-# rasterscale: `make demo` runs the workflow on the demo config, `make test` runs the test suite.
+# rasterscale: `make demo` runs the workflow on the demo config, `make test` runs the test suite,
+# `make docs` writes docs/configuration.md from config/schema.yaml.
 # Both create .venv from the pinned envs/requirements.txt when it is missing or older than the pins.
 
 # The newest Python 3.13, 3.12 or 3.11 on the PATH that runs and can make a venv (a pyenv shim of a version that
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo test lint format bench bench-scenes bench-deepforest test-deepforest clean
+.PHONY: demo test docs lint format bench bench-scenes bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -31,6 +32,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+docs: $(STAMP)
+	$(BIN)/python scripts/config_reference.py --out docs/configuration.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check scripts tests bench
