@@ -93,7 +93,7 @@ def test_plan_nodes_differ_from_num_nodes():
     message = raises_one_line(plan_launch, TRAIN_2X4, {**RESOURCES_2X4, "nodes": 1}, "srun")
     assert "--nodes=1 but train.nodes=2" in message
     message = raises_one_line(plan_launch, PREDICT_4, {**RESOURCES_SHARD_4, "nodes": 2}, "srun")
-    assert "each shard runs on 1 node" in message and "predict.nodes" in message
+    assert "each shard runs on 1 node" in message and "predict.shards" in message
 
 
 def test_plan_world_size_other_than_asked():

@@ -134,7 +134,7 @@ def plan_launch(
         if s == "predict":
             raise PreflightError(
                 f"predict: a prediction shard job asks Slurm for --nodes={nodes} but each shard runs on 1 node: "
-                "remove the nodes override from the profile and set predict.nodes (the number of shard jobs)"
+                "remove the nodes override from the profile and set predict.shards (the number of shard jobs)"
             )
         raise PreflightError(
             f"{s}: the job asks Slurm for --nodes={nodes} but {s}.nodes={g.nodes} (Lightning's num_nodes): "
@@ -260,7 +260,7 @@ def check_launch(geometry: Geometry, env: Mapping[str, str] | None = None) -> Sl
         )
     if step.nnodes != g.nodes:
         if s == "predict":
-            fix = "launch each prediction shard with srun --nodes=1 (predict.nodes counts shard jobs)"
+            fix = "launch each prediction shard with srun --nodes=1 (predict.shards counts shard jobs)"
         else:
             fix = f"set {s}.nodes: {step.nnodes} or launch with srun --nodes={g.nodes}"
         raise PreflightError(
