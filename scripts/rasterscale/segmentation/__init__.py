@@ -1,0 +1,1 @@
+"""Semantic segmentation: model, ground truth, blending, merge and metrics."""
