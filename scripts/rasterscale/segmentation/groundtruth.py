@@ -92,7 +92,7 @@ class PolygonTruth(SegmentationTruth):
 
     def _burn(self, transform: Affine, shape: tuple[int, int]) -> np.ndarray:
         rows, cols = shape
-        corners = [transform * (0, 0), transform * (cols, rows)]
+        corners = [transform @ (0, 0), transform @ (cols, rows)]
         (x0, y0), (x1, y1) = corners
         hits = np.sort(self.tree.query(shapely.box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))))
         if not len(hits):
@@ -104,7 +104,7 @@ class PolygonTruth(SegmentationTruth):
         return self._burn(window_transform(window, self.transform), (int(window.height), int(window.width)))
 
     def classes_at(self, shape: tuple[int, int]) -> np.ndarray:
-        scaled = self.transform * Affine.scale(self.width / shape[1], self.height / shape[0])
+        scaled = self.transform @ Affine.scale(self.width / shape[1], self.height / shape[0])
         return self._burn(scaled, shape)
 
 
