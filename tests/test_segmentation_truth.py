@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import geopandas as gpd
@@ -13,7 +16,7 @@ import torch
 from affine import Affine
 from rasterio.windows import Window
 
-from conftest import UTM17N, write_raster, write_rgba
+from conftest import REPO, UTM17N, write_raster, write_rgba
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import InputError
@@ -184,3 +187,17 @@ def test_synth_crown_polygons_leave_raster_and_boxes_unchanged(tmp_path: Path) -
     at_edge = ~polygons.geometry.within(bounds.buffer(-pixel)).to_numpy()
     assert (in_a_box | at_edge).all()  # each polygon lies in a box (to a pixel), or it is cut by the edge
     assert in_a_box.sum() >= n - 2
+
+
+def test_synthesize_scene_entry_writes_crown_polygons_with_crowns(tmp_path: Path) -> None:
+    entry = REPO / "scripts" / "synthesize_scene.py"
+    args = ["--width", "128", "--height", "96", "--seed", "3", "--crs", "EPSG:32617", "--pixel-size", "0.1"]
+    raster, boxes, crowns = tmp_path / "s.tif", tmp_path / "s.gpkg", tmp_path / "s.crowns.gpkg"
+    command = [sys.executable, str(entry), "--raster", str(raster), "--boxes", str(boxes), "--crowns", str(crowns)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, check=True)
+    assert f"outlines -> {crowns}" in done.stdout
+    polygons = gpd.read_file(crowns, layer="crowns")
+    assert len(polygons) > 0 and polygons.crs == UTM17N
+    truth = read_segmentation_truth(crowns, raster, ("background", "tree"))
+    assert 0.1 < truth.tile_classes(Window(0, 0, 128, 96)).mean() < 0.9  # crowns and ground both
