@@ -1,4 +1,4 @@
-"""Entry: synthesize a demo orthomosaic and its ground-truth crown boxes."""
+"""Entry: synthesize a demo orthomosaic and its ground-truth crown boxes (and, with --crowns, crown polygons)."""
 
 import argparse
 
@@ -14,6 +14,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--crs", required=True)
     parser.add_argument("--pixel-size", type=float, required=True)
+    parser.add_argument("--crowns", help="also write the crowns' visible outlines (polygons) to this GeoPackage")
     args = parser.parse_args()
     count = synthesize_scene(
         args.raster,
@@ -23,8 +24,10 @@ def main() -> None:
         seed=args.seed,
         crs=args.crs,
         pixel_size=args.pixel_size,
+        crowns_path=args.crowns,
     )
-    print(f"{args.raster}: {args.width}x{args.height} px, {count} crowns -> {args.boxes}")
+    crowns = f", outlines -> {args.crowns}" if args.crowns else ""
+    print(f"{args.raster}: {args.width}x{args.height} px, {count} crowns -> {args.boxes}{crowns}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 The workflow's embedded demo data. One call to :func:`synthesize_scene` writes
 
 * a 3-band uint8 RGB GeoTIFF (tiled, deflate) of textured ground with tree crowns on it, and
-* a GeoPackage (layer ``crowns``) with one axis-aligned box per visible crown, labelled ``"tree"``.
+* a GeoPackage (layer ``crowns``) with one axis-aligned box per visible crown, labelled ``"tree"``, and
+* optionally (``crowns_path``), a GeoPackage (layer ``crowns``) with the visible outline of every crown drawn, as
+  polygons labelled ``"tree"`` (segmentation ground truth); computing them draws no random numbers, so the raster
+  and the boxes are the same with or without them.
 
 Crowns vary in size, colour and outline; they are shaded as lumpy domes lit from the upper-left, cast a
 shadow to the lower-right, and touch or partly overlap their neighbours (no crown is more than
@@ -20,6 +23,7 @@ from typing import NamedTuple
 import geopandas as gpd
 import numpy as np
 import rasterio
+import shapely
 from rasterio.transform import Affine
 
 from rasterscale.geo import pixel_boxes_to_polygons
@@ -90,12 +94,14 @@ def synthesize_scene(
     crown_diameter_m: tuple[float, float] = (2.5, 7.0),
     crown_cover: float = 0.35,
     block_size: int = 256,
+    crowns_path: str | Path | None = None,
 ) -> int:
     """Write a synthetic canopy orthomosaic and its crown boxes; return the number of crowns written.
 
     ``origin`` is the upper-left corner (x, y) in ``crs`` units, ``pixel_size`` the ground size of a pixel,
     ``crown_diameter_m`` the (min, max) crown box size in metres, ``crown_cover`` the approximate fraction
-    of the scene covered by crowns. Both files are written atomically (temporary file, then rename).
+    of the scene covered by crowns. ``crowns_path``: also write the crowns' visible outlines (polygons) there.
+    Files are written atomically (temporary file, then rename).
     """
     if width < 1 or height < 1:
         raise ValueError(f"width and height must be positive, got {width} x {height}")
@@ -122,6 +128,8 @@ def synthesize_scene(
 
     _write_raster(Path(raster_path), canvas, crs, transform, block_size)
     _write_boxes(Path(boxes_path), pixel_boxes, crs, transform)
+    if crowns_path is not None:
+        _write_crown_polygons(Path(crowns_path), _visible_outlines(drawn, width, height), crs, transform)
     return len(pixel_boxes)
 
 
@@ -465,6 +473,45 @@ def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, b
     }
     with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
         dst.write(canvas)
+
+
+def _outline_polygon(crown: _Crown) -> shapely.Polygon:
+    """The crown's outline (where :func:`_draw_crown`'s rim is half opaque) in pixel coordinates, one vertex
+    about every pixel of its perimeter."""
+    count = max(64, math.ceil(2 * math.pi * crown.reach))
+    theta = np.linspace(0, 2 * math.pi, count, endpoint=False, dtype=np.float64)
+    radius = crown.radius * _profile(theta, crown.ks.astype(np.float64), crown.amps, crown.phases)
+    return shapely.Polygon(np.stack([crown.cx + radius * np.cos(theta), crown.cy + radius * np.sin(theta)], axis=1))
+
+
+def _visible_outlines(drawn: list[_Crown], width: int, height: int) -> list[shapely.Geometry]:
+    """What shows of each crown drawn (bottom to top), pixel coordinates: its outline inside the raster, less
+    the outlines of the crowns drawn above it. Crowns :func:`_draw_crown` skips, and crowns wholly hidden, have
+    none."""
+    outlines = [_outline_polygon(crown) for crown in drawn]
+    tree = shapely.STRtree(outlines)
+    frame = shapely.box(0, 0, width, height)
+    visible = []
+    for index, (crown, outline) in enumerate(zip(drawn, outlines, strict=True)):
+        r0, r1, c0, c1, _, _ = _local_grid(crown.cx, crown.cy, crown.reach + 2, width, height, clip=True)
+        if r1 - r0 < 2 or c1 - c0 < 2:
+            continue
+        shape = shapely.intersection(outline, frame)
+        above = [j for j in tree.query(outline, predicate="intersects") if j > index]
+        if above:
+            shape = shapely.difference(shape, shapely.union_all([outlines[j] for j in above]))
+        if not shape.is_empty and shape.area > 0:
+            visible.append(shape)
+    return visible
+
+
+def _write_crown_polygons(path: Path, shapes: list[shapely.Geometry], crs: str, transform: Affine) -> None:
+    """Write pixel-coordinate polygons georeferenced by ``transform``, layer ``crowns``, labelled ``tree``."""
+    a, b, c, d, e, f = transform.a, transform.b, transform.c, transform.d, transform.e, transform.f
+    geoms = shapely.transform(np.asarray(shapes, dtype=object), lambda xy: xy @ np.array([[a, d], [b, e]]) + (c, f))
+    frame = gpd.GeoDataFrame({"label": [LABEL] * len(geoms)}, geometry=gpd.GeoSeries(geoms, crs=crs), crs=crs)
+    with atomic_path(path) as tmp:
+        frame.to_file(tmp, layer=LAYER, driver="GPKG", geometry_type="MultiPolygon", promote_to_multi=True)
 
 
 def _write_boxes(path: Path, pixel_boxes: list[tuple[int, int, int, int]], crs: str, transform: Affine) -> None:
