@@ -59,6 +59,7 @@ def demo_boxes(name):
     return f"{DEMO['directory']}/{name}.gpkg"
 
 
+
 UNTILED = {}  # scene -> its striped rasters (itself, or a VRT's sources): read from a tiled COG (rules/cog.smk)
 
 
@@ -235,9 +236,11 @@ def batch_inputs(batch):
 
 
 def predict_job_config():
-    """The task, model and predict sections a prediction job uses (not predict.scenes: the job file has them)."""
+    """The task, model, tiling and predict sections a prediction job uses (not predict.scenes: the job file has
+    them)."""
     predict = {key: value for key, value in PREDICT.items() if key != "scenes"}
-    return json.dumps({"task": CONFIG["task"], "model": MODEL, "predict": predict}, separators=(",", ":"))
+    config = {"task": CONFIG["task"], "model": MODEL, "tiling": CONFIG["tiling"], "predict": predict}
+    return json.dumps(config, separators=(",", ":"))
 
 
 def merge_job_config():

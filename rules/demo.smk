@@ -2,6 +2,7 @@ rule synthesize_scene:
     output:
         raster=f"{DEMO['directory']}/{{name}}.tif",
         boxes=f"{DEMO['directory']}/{{name}}.gpkg",
+        crowns=f"{DEMO['directory']}/{{name}}.crowns.gpkg",
     log:
         "logs/synthesize_scene/{name}.log",
     benchmark:
@@ -18,6 +19,6 @@ rule synthesize_scene:
         crs=DEMO["crs"],
         pixel_size=DEMO["pixel_size"],
     shell:
-        "{params.entry} --raster {output.raster} --boxes {output.boxes}"
+        "{params.entry} --raster {output.raster} --boxes {output.boxes} --crowns {output.crowns}"
         " --width {params.width} --height {params.height} --seed {params.seed}"
         " --crs {params.crs} --pixel-size {params.pixel_size} > {log} 2>&1"

@@ -204,3 +204,36 @@ def load_segmenter(
         detail = (lines[1] if len(lines) > 1 else lines[0]).strip()[:160]
         raise InputError(f"{path}: weights do not fit {cfg.describe()} ({detail})") from None
     return model, cfg, dict(payload.get("meta", {}))
+
+
+DEFAULT_LABELS = ("background", "tree")
+
+
+def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
+    """The effective segmenter of a validated config: each ``model.*`` key set, else what the model file
+    (``model.checkpoint``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
+    ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes the config's
+    labels contradict, raises a one-line InputError naming it (at dry run)."""
+    from rasterscale.modelfiles import model_file
+
+    model = config.get("model", {})
+    path, _ = model_file(config)
+    header = read_segmenter_header(path) if path else None
+    labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
+    if header is not None and len(labels) != header.num_classes:
+        raise InputError(
+            f"{path}: model.labels names {len(labels)} classes but the segmenter has {header.num_classes} "
+            f"({', '.join(header.labels)})"
+        )
+    if len(labels) < 2:
+        raise InputError(f"model.labels: a segmenter needs at least 2 classes (e.g. [background, tree]), got {labels}")
+    architecture = model.get("architecture") or (header.architecture if header else "unet")
+    backbone = model.get("backbone") or (header.backbone if header else "resnet18")
+    if header is not None and (architecture, backbone) != (header.architecture, header.backbone):
+        raise InputError(
+            f"{path}: a {header.architecture} on {header.backbone}, but model.architecture/model.backbone ask for "
+            f"a {architecture} on {backbone}"
+        )
+    patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
+    decoder = header.decoder_channels if header else None
+    return SegmenterConfig(labels, architecture, backbone, int(patch_size), decoder)

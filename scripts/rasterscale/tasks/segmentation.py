@@ -1,0 +1,219 @@
+"""Segmentation: a class per pixel with a segmentation-models-pytorch network, one COG of classes per scene (with
+its probabilities and its polygons).
+
+Each rank blends its tiles' class probabilities with weights that taper toward inner tile edges and writes the
+classes of its own tiles' cores (:mod:`rasterscale.segmentation.blend`: memory bounded by a strip of tiles); the
+merge assembles the cores into ``classes.tif`` (:mod:`rasterscale.segmentation.merge`). The library is
+:mod:`rasterscale.segmentation`; this module is what the core asks of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
+from rasterscale.imagery import ImageSpec
+from rasterscale.segmentation.blend import NODATA_CLASS, StripBlender, halo_tiles, tile_cores
+from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, load_segmenter, segmenter_of_config
+from rasterscale.tasks import SEGMENTATION
+from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
+from rasterscale.tiling import Tile
+
+
+class SegmentationTrainingModule(TrainingModule):
+    def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images, masks = batch
+        logits = self.model(images)
+        return {"cross_entropy": torch.nn.functional.cross_entropy(logits, masks, ignore_index=NODATA_CLASS)}
+
+
+def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    images, masks = zip(*batch, strict=True)
+    return torch.stack(images), torch.stack(masks)
+
+
+def validate_segmenter(model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+    """mIoU and pixel accuracy on the validation tiles (rank 0 only: no collectives)."""
+    from rasterscale.segmentation.metrics import confusion_matrix, iou_scores
+
+    was_training = model.training
+    model.eval()
+    confusion: np.ndarray | None = None
+    with torch.inference_mode():
+        for dataset in datasets:
+            for start in range(0, len(dataset), batch_size):
+                images, masks = collate_stack([dataset[i] for i in range(start, min(len(dataset), start + batch_size))])
+                logits = model(images)
+                part = confusion_matrix(logits.argmax(1).numpy().astype(np.uint8), masks.numpy(), logits.shape[1])
+                confusion = part if confusion is None else confusion + part
+    model.train(was_training)
+    if confusion is None:
+        return {}
+    scores = iou_scores(confusion, [str(k) for k in range(len(confusion))])
+    return {"val_miou": float(scores["miou"]), "val_pixel_accuracy": float(scores["pixel_accuracy"])}
+
+
+def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
+    """The segmenter's fast path: eval mode, batch norms folded into convolutions, the last layer (the class
+    logits) in fp32 under autocast, and (when asked) channels_last weights and inputs."""
+    model.eval()
+    fuse_conv_bn(model)
+    head = model.net.segmentation_head
+    head[0] = Float32Output(head[0])
+    if channels_last:
+        to_channels_last(model, model.net)
+    return model
+
+
+class SegmentationRankOutput(RankOutput):
+    """A rank's class raster of one scene: the blended classes of its own tiles' cores."""
+
+    def __init__(self, blender: StripBlender, path: str | Path) -> None:
+        self.blender, self.path = blender, path
+
+    def add(self, tile: Tile, result: np.ndarray) -> None:
+        self.blender.add(tile.tile_id, result)
+
+    def write(self) -> str:
+        written = self.blender.close()
+        return f"classes of {len(written)} tile cores -> {self.path}"
+
+
+class SegmentationTask(Task):
+    info = SEGMENTATION
+    training_module_class = SegmentationTrainingModule
+
+    def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig:
+        return segmenter_of_config(config)
+
+    def describe(self, model_cfg: SegmenterConfig) -> str:
+        return model_cfg.describe()
+
+    def build_model(self, model_cfg: SegmenterConfig) -> torch.nn.Module:
+        return build_segmenter(model_cfg)
+
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, SegmenterConfig]:
+        model, cfg, _ = load_segmenter(path, config.get("model", {}).get("labels"))
+        return model, cfg
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: SegmenterConfig, config: Mapping[str, Any]) -> str:
+        """Start from ``train.init`` (a rasterscale segmenter of the same classes and network), or from scratch."""
+        init = config["train"]["init"]
+        if not init:
+            return "no weights: training from scratch (random initialization)"
+        start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
+        model.load_state_dict(start.state_dict())
+        return f"all weights from {init} ({start_cfg.describe()})"
+
+    def training_datasets(
+        self,
+        scene: TrainScene,
+        model_cfg: SegmenterConfig,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[Dataset, Dataset | None]:
+        from rasterscale.segmentation.groundtruth import SegmentationTileDataset, read_segmentation_truth
+
+        truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
+        train_set = SegmentationTileDataset(scene.raster, train, spec, truth, augment=True)
+        val_set = SegmentationTileDataset(scene.raster, validation, spec, truth, augment=False) if validation else None
+        return train_set, val_set
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_stack(batch)
+
+    def validate(self, model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+        return validate_segmenter(model, datasets, batch_size)
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: SegmenterConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        from rasterscale.segmentation.model import save_segmenter
+
+        save_segmenter(model, model_cfg, model_path, **meta)
+        return [Path(model_path)]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
+        probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
+        return list(probabilities.cpu().numpy())
+
+    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
+        """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
+        if not own:
+            return []
+        cores = tile_cores(scene.tiles, scene.width, scene.height)
+        return halo_tiles(scene.tiles, {t.tile_id for t in own}, cores)
+
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: SegmenterConfig,
+        config: Mapping[str, Any],
+    ) -> RankOutput:
+        blender = StripBlender(
+            list(predicted),
+            {t.tile_id for t in own},
+            tile_cores(scene.tiles, scene.width, scene.height),
+            scene.width,
+            scene.height,
+            model_cfg.num_classes,
+            config["tiling"]["overlap"],
+            path,
+            scene.transform,
+            scene.crs,
+            probabilities=config["predict"]["probabilities"],
+        )
+        return SegmentationRankOutput(blender, path)
+
+    def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+        from rasterscale.imagery import read_spec
+        from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
+
+        labels = config["labels"]
+        summary = merge_class_rasters(
+            list(outputs),
+            scene["raster"],
+            read_spec(scene["manifest"]),
+            scene["classes"],
+            scene.get("probabilities"),
+            labels,
+        )
+        polygons = vectorize_classes(scene["classes"], scene["gpkg"], labels)
+        pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
+        return (
+            f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
+        )
+
+    def evaluate_scene(
+        self,
+        scene: Mapping[str, Any],
+        config: Mapping[str, Any],
+        labels: Sequence[str],
+        out: str | Path,
+        quicklook: str | Path,
+    ) -> dict[str, Any]:
+        from rasterscale.outputs import write_json
+        from rasterscale.segmentation.groundtruth import read_segmentation_truth
+        from rasterscale.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
+
+        truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
+        metrics = evaluate_class_map(scene["classes"], truth)
+        metrics["scene_raster"] = str(scene["raster"])
+        write_json(metrics, out)
+        title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
+        render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
+        return metrics
