@@ -45,9 +45,11 @@ def run_predict_job(
     predict: dict[str, Any],
     cores: Iterable[int] | None = None,
     timeout: float = 900,
+    config: dict[str, Any] | None = None,
 ) -> JobResult:
-    """One prediction job (all its ranks), optionally bound to ``cores``; its wall time and rank profiles."""
-    config = predict_config(predict)
+    """One prediction job (all its ranks), optionally bound to ``cores``; its wall time and rank profiles.
+    ``config``: the job's whole config (task, model, tiling, predict), instead of a detection's with ``predict``."""
+    config = config or predict_config(predict)
     out_dir = workdir / "predict"
     job = workdir / "job.json"
     workdir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from conftest import UTM17N, report, write_raster, write_rgba
 from rasterscale.imagery import ImageSpec, read_masked, resolve_spec
-from rasterscale.segmentation.blend import NODATA_CLASS
+from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
 from rasterscale.tiling import build_manifest, tiles_from_frame
 from segmentation_tiles import class_map, predict_ranks, scene_with_hole

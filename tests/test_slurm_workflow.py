@@ -223,6 +223,50 @@ def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
     assert matched == (1.0, 1.0)
 
 
+def test_segmentation_runs_two_shards_on_the_cluster(cluster, slurm_run, tmp_path):
+    """The segmentation task through the same launch, shard and record machinery: 2 shard jobs of 2 ranks."""
+    import yaml
+    from rio_cogeo.cogeo import cog_validate
+
+    from rasterscale.rankfiles import read_tile_ids
+    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
+
+    workdir, _ = slurm_run
+    base = tmp_path / "seg"
+    run = base / "work"
+    for name in ("resources/demo/tiny_test.tif",):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(workdir / name, run / name)
+    cfg = SegmenterConfig(("background", "tree"), patch_size=256)
+    save_segmenter(build_segmenter(cfg), cfg, run / "segmenter.pt")  # untrained: the machinery is under test
+    config = yaml.safe_load((REPO / "tests/configs/tiny_segmentation.yaml").read_text())
+    config["scenes"]["tiny_test"].pop("annotations")
+    config.update(
+        model={"checkpoint": "segmenter.pt"},
+        train={"scenes": []},
+        predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
+    )
+    command = workflow_command(run, config, "--profile", str(edited_profile(base / "profile", cluster)))
+    started = time.monotonic()
+    result = subprocess.run(
+        command, env=cluster_env(cluster, base / "bin"), capture_output=True, text=True, timeout=600, check=False
+    )
+    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(run.glob("logs/**/*.log")))
+    assert result.returncode == 0, f"{result.stderr[-4000:]}\n{logs}"
+    submitted = SUBMITTED.findall(result.stdout + result.stderr)
+    shards = {wildcards: job_id for job_id, rule, wildcards in submitted if rule == "predict"}
+    assert sorted(shards) == ["0_0", "0_1"]
+    nodes = {scontrol_job(cluster, job_id)["NodeList"] for job_id in shards.values()}
+    report(f"[segmentation on slurm] {time.monotonic() - started:.0f} s; shard jobs {shards} on nodes {nodes}")
+    manifest = gpd.read_parquet(run / "results/tiny_test/tiles.parquet")
+    stems = rank_stems(run, "tiny_test", ".tif")
+    assert len(stems) == 4
+    processed = np.concatenate([read_tile_ids(stem) for stem in stems])
+    assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
+    valid, errors, _ = cog_validate(str(run / "results/tiny_test/classes.tif"))
+    assert valid, errors
+
+
 PROBE = """
 import sys
 sys.path.insert(0, {scripts!r})

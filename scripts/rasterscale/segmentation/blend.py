@@ -27,9 +27,9 @@ from affine import Affine
 from rasterio.windows import Window
 
 from rasterscale.outputs import atomic_path
+from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
 
-NODATA_CLASS = 255  # no data in classes.tif; "not this rank's" in a rank raster
 WEIGHT_FLOOR = 1e-3  # a tile's weight at its very edge: every pixel of a tile counts a little
 STRIP_ROWS = 32  # rows per strip of a rank raster (deflate, striped: written once each, in row order)
 PROBABILITY_SCALE = 1 / 255  # probability bands hold round(p * 255)

@@ -36,9 +36,9 @@ from torch.utils.data import Dataset
 from rasterscale.data import RasterHandle, tile_window
 from rasterscale.imagery import ImageSpec, read_masked
 from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, raster_info
+from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
 
-NODATA_CLASS = 255  # no data in a class raster; "ignore" in a training mask
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
 BACKGROUND = "background"
 

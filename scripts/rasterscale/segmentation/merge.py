@@ -32,7 +32,8 @@ from rasterio.windows import Window
 from rasterscale.cog import convert_to_cog
 from rasterscale.imagery import ImageSpec, read_masked
 from rasterscale.outputs import atomic_path
-from rasterscale.segmentation.blend import NODATA_CLASS, PROBABILITY_SCALE, intersection
+from rasterscale.segmentation import NODATA_CLASS
+from rasterscale.segmentation.blend import PROBABILITY_SCALE, intersection
 
 MERGE_BLOCK = 512
 CACHE_MB = 64  # GDAL's block cache while merging or vectorizing (its default, 5% of the node's memory, fills up)

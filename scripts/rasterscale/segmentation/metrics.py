@@ -1,7 +1,7 @@
 """Segmentation scores against ground truth: confusion matrix, per-class IoU, mean IoU and pixel accuracy.
 
 The confusion matrix counts pixels by (true class, predicted class), rows truth; pixels that either side marks
-:data:`~rasterscale.segmentation.groundtruth.NODATA_CLASS` are left out. A class absent from both truth and
+:data:`~rasterscale.segmentation.NODATA_CLASS` are left out. A class absent from both truth and
 prediction has no IoU (None) and is left out of the mean. :func:`evaluate_class_map` streams a scene's class
 raster block by block against its :class:`~rasterscale.segmentation.groundtruth.SegmentationTruth`, so memory
 stays flat whatever the scene's size.
@@ -18,7 +18,8 @@ import rasterio
 from rasterio.windows import Window
 
 from rasterscale.outputs import atomic_path
-from rasterscale.segmentation.groundtruth import NODATA_CLASS, SegmentationTruth
+from rasterscale.segmentation import NODATA_CLASS
+from rasterscale.segmentation.groundtruth import SegmentationTruth
 
 
 def confusion_matrix(pred: np.ndarray, truth: np.ndarray, num_classes: int, ignore: int = NODATA_CLASS) -> np.ndarray:

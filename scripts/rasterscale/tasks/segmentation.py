@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 
 from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
 from rasterscale.imagery import ImageSpec
-from rasterscale.segmentation.blend import NODATA_CLASS, StripBlender, halo_tiles, tile_cores
+from rasterscale.segmentation import NODATA_CLASS
+from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
 from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, load_segmenter, segmenter_of_config
 from rasterscale.tasks import SEGMENTATION
 from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene

@@ -1,0 +1,132 @@
+"""The segmentation task end to end through the real workflow (2 CPU ranks over gloo): a trained segmenter, its
+class map as a COG on the raster's grid, no seams at tile edges, the same class map from 1, 2 and 3 ranks and
+from 2 shards x 2 ranks, and a merge that refuses a doubled tile naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import rasterio
+import yaml
+from rasterio.features import rasterize
+
+from conftest import REPO
+from rasterscale.rankfiles import read_tile_ids, write_rank_record
+from workflow import rank_stems, run_workflow
+
+TINY = REPO / "tests/configs/tiny_segmentation.yaml"
+SEAM_BAND = 16  # px either side of an inner tile edge
+
+
+def seg_config(**overrides: dict) -> dict:
+    config = yaml.safe_load(TINY.read_text())
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
+    return config
+
+
+@pytest.fixture(scope="module")
+def seg_run(tmp_path_factory):
+    """Train long enough for a useful class map (about a minute on 2 cores), predict with 2 ranks."""
+    workdir = tmp_path_factory.mktemp("seg")
+    config = seg_config(train={"max_steps": 60, "epochs": 20, "lr": 0.003, "warmup_steps": 5, "batch_size": 4})
+    result = run_workflow(workdir, config)
+    return workdir, result
+
+
+def classes_of(workdir) -> np.ndarray:
+    with rasterio.open(workdir / "results/tiny_test/classes.tif") as src:
+        return src.read(1)
+
+
+def truth_of(workdir) -> np.ndarray:
+    import geopandas as gpd
+
+    with rasterio.open(workdir / "resources/demo/tiny_test.tif") as src:
+        crowns = gpd.read_file(workdir / "resources/demo/tiny_test.crowns.gpkg").to_crs(src.crs)
+        return rasterize(((g, 1) for g in crowns.geometry), out_shape=(src.height, src.width), transform=src.transform)
+
+
+def test_class_map_is_a_valid_cog_on_the_rasters_grid(seg_run):
+    from rio_cogeo.cogeo import cog_validate
+
+    workdir, result = seg_run
+    for name in ("classes.tif", "probabilities.tif"):
+        valid, errors, _ = cog_validate(str(workdir / f"results/tiny_test/{name}"))
+        assert valid, errors
+    with (
+        rasterio.open(workdir / "resources/demo/tiny_test.tif") as src,
+        rasterio.open(workdir / "results/tiny_test/classes.tif") as out,
+    ):
+        assert (out.crs, out.transform, out.width, out.height) == (src.crs, src.transform, src.width, src.height)
+        assert out.dtypes == ("uint8",) and out.nodata == 255 and out.overviews(1)
+    evaluation = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    assert set(evaluation["iou"]) == {"background", "tree"} and 0 <= evaluation["miou"] <= 1
+    assert "rasterscale evaluation (segmentation)" in result.stdout + result.stderr
+    import geopandas as gpd
+
+    polygons = gpd.read_file(workdir / "results/tiny_test/classes.gpkg", layer="classes")
+    assert len(polygons) > 10 and set(polygons["label"]) == {"tree"} and polygons.crs == out.crs
+
+
+def test_no_seams_at_inner_tile_edges(seg_run):
+    import geopandas as gpd
+
+    workdir, _ = seg_run
+    classes, truth = classes_of(workdir), truth_of(workdir)
+    height, width = classes.shape
+    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    near = np.zeros(classes.shape, dtype=bool)
+    cols = np.concatenate([manifest.col_off, manifest.col_off + manifest.width])
+    rows = np.concatenate([manifest.row_off, manifest.row_off + manifest.height])
+    for edge in np.unique(cols):
+        if 0 < edge < width:
+            near[:, max(0, edge - SEAM_BAND) : edge + SEAM_BAND] = True
+    for edge in np.unique(rows):
+        if 0 < edge < height:
+            near[max(0, edge - SEAM_BAND) : edge + SEAM_BAND, :] = True
+    correct = classes == truth
+    at_edges, away = correct[near].mean(), correct[~near].mean()
+    print(f"\npixel accuracy within {SEAM_BAND} px of inner tile edges {at_edges:.4f}, away from them {away:.4f}")
+    assert away > 0.85  # a model worth measuring seams of
+    assert abs(at_edges - away) <= 0.005
+
+
+def test_one_two_three_ranks_and_two_shards_give_the_same_class_map(seg_run, tmp_path):
+    workdir, _ = seg_run
+    two = classes_of(workdir)
+    checkpoint = workdir / "results/models/tiny_seg.pt"
+    for name, predict in [("one", {"devices": 1}), ("three", {"devices": 3}), ("shards", {"devices": 2, "shards": 2})]:
+        run = tmp_path / name
+        shutil.copytree(workdir / "resources", run / "resources")
+        run_workflow(run, seg_config(model={"checkpoint": str(checkpoint)}, train={"scenes": []}, predict=predict))
+        other = classes_of(run)
+        equal = float((other == two).mean())
+        print(f"\n{name}: {equal:.6%} of pixels equal to the 2-rank class map")
+        assert equal >= 0.9999
+        assert len(rank_stems(run, "tiny_test", ".tif")) == predict["devices"] * predict.get("shards", 1)
+
+
+def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
+    workdir, _ = seg_run
+    run = tmp_path / "doubled"
+    shutil.copytree(workdir, run, ignore=shutil.ignore_patterns(".snakemake"))
+    first, second = rank_stems(run, "tiny_test", ".tif")
+    doubled = int(read_tile_ids(first)[-1])
+    write_rank_record(second, [doubled, *read_tile_ids(second).tolist()])
+    job = run / "results/batches/batch-0.json"
+    config = {"task": "segmentation", "labels": ["background", "tree"], "merge": {}, "predict": {}}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)],
+        cwd=run,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert f"duplicated tile_id(s) {doubled} " in result.stderr and "rank-0.json" in result.stderr
