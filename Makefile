@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo test docs lint format bench bench-scenes bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation test docs lint format bench bench-scenes bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -29,6 +29,9 @@ $(STAMP): envs/requirements.txt
 
 demo: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
+
+demo-segmentation: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/segmentation.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
