@@ -59,7 +59,6 @@ def demo_boxes(name):
     return f"{DEMO['directory']}/{name}.gpkg"
 
 
-
 UNTILED = {}  # scene -> its striped rasters (itself, or a VRT's sources): read from a tiled COG (rules/cog.smk)
 
 
@@ -183,9 +182,7 @@ def shard_dir(batch, shard):
 def scene_rank_files(name, batch):
     """A scene's rank files (paths without suffix: rasterscale.rankfiles), every shard's, in rank order."""
     world = world_size(PREDICT)
-    return [
-        rank_stem(shard_dir(batch, s), name, s * world + r) for s in range(predict_shards()) for r in range(world)
-    ]
+    return [rank_stem(shard_dir(batch, s), name, s * world + r) for s in range(predict_shards()) for r in range(world)]
 
 
 def scene_outputs(name):
@@ -368,7 +365,7 @@ def evaluation_scene(name):
 def final_targets():
     targets = []
     if TRAIN["scenes"] and not MODEL["checkpoint"]:
-        targets += trained_model_outputs(MODEL["name"])
+        targets += list(trained_model_outputs(MODEL["name"]).values())
     for name in PREDICT["scenes"]:
         targets += list(scene_outputs(name).values())
     for name in evaluated_scenes():

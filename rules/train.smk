@@ -5,7 +5,7 @@ rule train_model:
         annotations=[scene_annotations(name) for name in TRAIN["scenes"]],
         manifests=[f"results/{name}/tiles.parquet" for name in TRAIN["scenes"]],
     output:
-        trained_model_outputs("{model}"),
+        **trained_model_outputs("{model}"),
     log:
         "logs/train/{model}.log",
     benchmark:
@@ -20,11 +20,8 @@ rule train_model:
         launcher=launcher(TRAIN),
         scenes=training_scenes_json(),
         config=config_json("task", "model", "tiling", "train"),
-        model="results/models/{model}.pt",
-        metrics="results/models/{model}.metrics.csv",
-        plot="results/models/{model}.png",
         log_dir="logs/train/{model}",
     shell:
         "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"
-        " --model {params.model} --metrics {params.metrics} --plot {params.plot} --log-dir {params.log_dir}"
+        " --model {output.model} --metrics {output.metrics} --plot {output.plot} --log-dir {params.log_dir}"
         " > {log} 2>&1"

@@ -43,17 +43,17 @@ class TaskInfo:
     rank_suffix: str
     scene_outputs: Callable[[Mapping[str, Any]], dict[str, str]]  # config -> {key: file name}
     evaluated_output: str  # the key of scene_outputs that the evaluation reads
-    model_files: tuple[str, ...]  # relative to results/models/{name}: "{name}.pt", ...
+    model_files: dict[str, str]  # key -> file under results/models/ ("model", "metrics", "plot", ...)
     summarize: Callable[[Mapping[str, Any]], str]
-    default_labels: tuple[str, ...]
 
     def outputs_of_scene(self, config: Mapping[str, Any], scene: str) -> dict[str, str]:
         """A scene's merged outputs, with the gathered prediction profile."""
         files = {**self.scene_outputs(config), "profile": "predict_profile.json"}
         return {key: f"results/{scene}/{name}" for key, name in files.items()}
 
-    def trained_model_files(self, name: str) -> list[str]:
-        return [f"results/models/{file.format(name=name)}" for file in self.model_files]
+    def trained_model_files(self, name: str) -> dict[str, str]:
+        """What training writes for the model ``name``, by key (model, metrics, plot, and the task's others)."""
+        return {key: f"results/models/{file.format(name=name)}" for key, file in self.model_files.items()}
 
 
 DETECTION = TaskInfo(
@@ -61,15 +61,14 @@ DETECTION = TaskInfo(
     rank_suffix=".parquet",
     scene_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
     evaluated_output="parquet",
-    model_files=(
-        "{name}.pt",
-        "{name}/config.json",
-        "{name}/model.safetensors",
-        "{name}.metrics.csv",
-        "{name}.png",
-    ),
+    model_files={
+        "model": "{name}.pt",
+        "deepforest_config": "{name}/config.json",
+        "deepforest_weights": "{name}/model.safetensors",
+        "metrics": "{name}.metrics.csv",
+        "plot": "{name}.png",
+    },
     summarize=_detection_summary,
-    default_labels=("tree",),
 )
 
 SEGMENTATION = TaskInfo(
@@ -81,9 +80,8 @@ SEGMENTATION = TaskInfo(
         **({"probabilities": "probabilities.tif"} if config["predict"]["probabilities"] else {}),
     },
     evaluated_output="classes",
-    model_files=("{name}.pt", "{name}.metrics.csv", "{name}.png"),
+    model_files={"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"},
     summarize=_segmentation_summary,
-    default_labels=("background", "tree"),
 )
 
 INFO = {"detection": DETECTION, "segmentation": SEGMENTATION}
