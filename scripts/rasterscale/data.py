@@ -41,16 +41,16 @@ RGB_BANDS = 3  # the bands the model sees
 PREDICT_STRATEGIES = ("window", "single", "batch")
 
 
-class RasterHandle:
+class ProcessRaster:
     """A lazily opened, per-process rasterio handle (safe across fork and pickling)."""
 
-    def __init__(self, path: str | Path, spec: ImageSpec) -> None:
-        self.path, self.spec = str(path), spec
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
         self._src: rasterio.io.DatasetReader | None = None
         self._pid: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "spec": self.spec, "_src": None, "_pid": None}
+        return {**self.__dict__, "_src": None, "_pid": None}
 
     @property
     def src(self) -> rasterio.io.DatasetReader:
@@ -58,6 +58,14 @@ class RasterHandle:
             self._src = rasterio.open(self.path)
             self._pid = os.getpid()
         return self._src
+
+
+class RasterHandle(ProcessRaster):
+    """A scene's per-process handle that reads tiles as the model's uint8 RGB, through its imagery spec."""
+
+    def __init__(self, path: str | Path, spec: ImageSpec) -> None:
+        super().__init__(path)
+        self.spec = spec
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
         """The tile as the model's uint8 RGB (the spec's bands, scale and fill), shape (3, height, width)."""

@@ -16,7 +16,6 @@ Truths pickle and cross forks (a raster is opened lazily, once per process), so 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
 from torch.utils.data import Dataset
 
-from rasterscale.data import RasterHandle, tile_window
+from rasterscale.data import ProcessRaster, RasterHandle, tile_window
 from rasterscale.imagery import ImageSpec, read_masked
 from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, raster_info
 from rasterscale.segmentation import NODATA_CLASS
@@ -115,18 +114,7 @@ class RasterTruth(SegmentationTruth):
         self.path, self.labels = path, tuple(labels)
         self.width, self.height, self.transform = info.width, info.height, info.transform
         self.nodata = info.nodata
-        self._src: rasterio.io.DatasetReader | None = None
-        self._pid: int | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_src": None, "_pid": None}
-
-    @property
-    def src(self) -> rasterio.io.DatasetReader:
-        if self._src is None or self._pid != os.getpid():
-            self._src = rasterio.open(self.path)
-            self._pid = os.getpid()
-        return self._src
+        self.raster = ProcessRaster(path)
 
     def _checked(self, values: np.ndarray) -> np.ndarray:
         unknown = values != NODATA_CLASS
@@ -143,10 +131,10 @@ class RasterTruth(SegmentationTruth):
         return classes
 
     def tile_classes(self, window: Window) -> np.ndarray:
-        return self._checked(self.src.read(1, window=window))
+        return self._checked(self.raster.src.read(1, window=window))
 
     def classes_at(self, shape: tuple[int, int]) -> np.ndarray:
-        return self._checked(self.src.read(1, out_shape=shape))
+        return self._checked(self.raster.src.read(1, out_shape=shape))
 
 
 # --- checks ---------------------------------------------------------------------------------------------------
