@@ -8,8 +8,10 @@ A segmenter file (``.pt``) is ``torch.save`` of ``{"format": SEGMENTER_FORMAT, "
 config, "state_dict": weights, "meta": training figures}``. :func:`load_segmenter` refuses anything else with one
 line naming the file (a detector, a DeepForest folder: "a detection model, but task is segmentation").
 
-The U-Net's default decoder here is narrower than smp's (:data:`UNET_DECODER`): on a CPU it trains about twice
-as fast per tile and still separates crowns from ground (figures in the README).
+The U-Net's default decoder here is half as wide as smp's (:data:`UNET_DECODER`, 12.5 M parameters instead of
+14.3 M): on a CPU a training step (forward, backward, AdamW) costs 1.5-2x less per tile (one thread: 0.19 s instead
+of 0.28 s at 256 px, 0.49 s instead of 0.77 s at 400 px) and it learns the synthetic crowns at least as fast
+(held-out mIoU 0.87 after 20 steps of 4 tiles of 256 px, 0.96 after 60; smp's decoder: 0.76 and 0.95).
 """
 
 from __future__ import annotations
