@@ -4,7 +4,7 @@ Ground truth is either
 
 * polygons in any OGR format (or GeoParquet) and any CRS, reprojected to the raster's CRS. Their class comes from
   ``label_column``: class names (matching ``labels``) or integer class ids; without it every polygon is
-  :func:`default_class` (``labels[1]`` when ``labels[0]`` is ``"background"``). Pixels whose centre lies in no
+  :func:`default_class` (``labels[1]``: class 0 is what no polygon covers). Pixels whose centre lies in no
   polygon are class 0; where polygons overlap, the later one in the file wins. Or
 * a class-id raster (``.tif``, ``.tiff``, ``.vrt``, ``.img``, ``.jp2``) on the scene's pixel grid (same CRS,
   transform and size), band 1 integer class ids; its nodata value (if any) and :data:`NODATA_CLASS` are ignored.
@@ -39,12 +39,12 @@ from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
-BACKGROUND = "background"
 
 
 def default_class(labels: Sequence[str]) -> int:
-    """The class of a polygon without a class column: the first class that is not ``background``."""
-    return 1 if labels[0].casefold() == BACKGROUND else 0
+    """The class of a polygon without a class column: ``labels[1]``, since class 0 is what no polygon covers
+    (``background``, or whatever ``labels[0]`` names); a segmenter has at least 2 classes."""
+    return 1
 
 
 def is_class_raster(path: str | Path) -> bool:
