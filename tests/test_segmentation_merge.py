@@ -170,6 +170,19 @@ def test_vectorize_joins_regions_cut_by_strip_boundaries(tmp_path):
     )
 
 
+def test_vectorize_writes_a_region_larger_than_the_limit_in_parts_at_strip_boundaries(tmp_path):
+    classes, _ = shapes_raster(tmp_path / "classes.tif")
+    whole, parts = tmp_path / "whole.gpkg", tmp_path / "parts.gpkg"
+    vectorize_classes(tmp_path / "classes.tif", whole, LABELS, strip_rows=32)
+    disc_pixels = int((classes[:, 40:300] == 1).sum())
+    vectorize_classes(tmp_path / "classes.tif", parts, LABELS, strip_rows=32, max_region_pixels=disc_pixels // 4)
+    before, after = gpd.read_file(whole, layer="classes"), gpd.read_file(parts, layer="classes")
+    assert len(after) > len(before)  # the disc in several polygons, each ending at a strip boundary
+    assert after["area"].sum() == pytest.approx(before["area"].sum())
+    assert shapely.union_all(after.geometry).area == pytest.approx(shapely.union_all(before.geometry).area)
+    assert after.geometry.is_valid.all()
+
+
 def test_vectorize_an_all_background_map_writes_an_empty_layer(tmp_path):
     path = tmp_path / "classes.tif"
     write_raster(path, 64, 64, count=1, data=np.zeros((1, 64, 64), dtype=np.uint8), nodata=NODATA_CLASS)

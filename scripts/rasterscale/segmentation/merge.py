@@ -39,6 +39,7 @@ MERGE_BLOCK = 512
 CACHE_MB = 64  # GDAL's block cache while merging or vectorizing (its default, 5% of the node's memory, fills up)
 VECTOR_LAYER = "classes"
 WRITE_BATCH = 10_000  # polygons per append to the GeoPackage
+MAX_REGION_PIXELS = 2048 * 2048  # a region larger than this is written at a strip boundary, its rest as a new one
 
 
 @contextlib.contextmanager
@@ -291,10 +292,15 @@ def vectorize_classes(
     skip_background: bool = True,
     strip_rows: int = 1024,
     cache_mb: int = CACHE_MB,
+    max_region_pixels: int = MAX_REGION_PIXELS,
 ) -> int:
     """Polygons of the class map (columns class_id, label, area in CRS units; the raster's CRS; layer "classes")
     in a GeoPackage, atomically; class 0 is skipped when it is "background" and ``skip_background``. Returns the
-    number of polygons. GDAL's block cache is bounded to ``cache_mb`` meanwhile."""
+    number of polygons. GDAL's block cache is bounded to ``cache_mb`` meanwhile.
+
+    A region is one polygon however many strips it crosses, up to ``max_region_pixels``: a larger one (a forest
+    across the raster) is written at the strip boundary where it passes that size and goes on as a new polygon,
+    so that memory stays bounded by a strip and regions of bounded size."""
     skip = [NODATA_CLASS, *([0] if skip_background and labels and labels[0] == "background" else [])]
     records: list[dict] = []
     written = 0
@@ -330,6 +336,7 @@ def vectorize_classes(
             still_open = sorted({region_of_piece[k - 1] for k in np.unique(bottom[bottom > 0]).tolist()})
             if row_off + height >= src.height:
                 still_open = []
+            still_open = [k for k in still_open if sum(p.area for p in regions[k].pieces) <= max_region_pixels]
             keep = set(still_open)
             records.extend(region_record(r, src.transform, labels) for k, r in enumerate(regions) if k not in keep)
             flush(force=False)
