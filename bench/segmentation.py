@@ -4,7 +4,9 @@ Each raster gets the manifest of a full-width band of tile rows across its middl
 strip-bounded blend (it holds a whole row of tiles' class sums until the row below is predicted), so the figure
 shows what the rank's memory grows with (the raster's width, by a row of tiles), and that it does not grow with
 the raster's area. The merge then writes the whole classes.tif and probabilities.tif COGs and classes.gpkg of the
-raster, block by block. The model is an untrained segmenter (memory does not depend on its weights).
+raster, block by block. The model is an untrained segmenter, seeded: the rank's memory does not depend on its
+weights, but the merge's does, through classes.gpkg: an untrained model's noisy class map is a worst case of
+many polygons and one region with thousands of holes across the band.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ PEAK_OF = (
 
 
 def write_segmenter(path: Path) -> Path:
+    """An untrained segmenter, the same in every run (its class map, noisy, decides the merge's polygons)."""
+    import torch
+
+    torch.manual_seed(0)
     cfg = SegmenterConfig(LABELS, patch_size=PATCH)
     save_segmenter(build_segmenter(cfg), cfg, path)
     return path
