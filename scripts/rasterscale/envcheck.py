@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from rasterscale.data import DummyDataset
 from rasterscale.outputs import write_json
 from rasterscale.predict import PredictionDataModule, PredictionModule
-from rasterscale.runtime import RunSpec, make_trainer, start_rank
+from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
 from rasterscale.sharding import split_balanced
 from rasterscale.tasks import load_task
 
@@ -87,3 +87,4 @@ def run_environment_check(config: Mapping[str, Any], spec: RunSpec, out_dir: str
     )
     trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
     report.write(trainer)
+    end_rank()

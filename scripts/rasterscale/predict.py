@@ -47,7 +47,7 @@ from rasterscale.inputs import check_raster
 from rasterscale.profiler import PredictProfiler
 from rasterscale.profiling import format_profile_table, summarize
 from rasterscale.rankfiles import rank_stem, write_rank_record
-from rasterscale.runtime import RunSpec, gather_to_all, make_trainer, start_rank
+from rasterscale.runtime import RunSpec, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import PredictScene, RankOutput, Task
@@ -353,3 +353,4 @@ def run_prediction(
     )
     trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
     writer.write(trainer)
+    end_rank()

@@ -248,6 +248,14 @@ def gather_to_all(trainer: L.Trainer, item: Any) -> list[Any]:
     return [item]
 
 
+def end_rank() -> None:
+    """What every rank does last: leave the process group, so that no communication thread (gloo, NCCL) is still
+    running when the interpreter exits (a C++ ``terminate called without an active exception``, exit 134, after
+    every file was written)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def quiet_non_zero_ranks(rank: int) -> None:
     """Lightning's own info messages only from rank 0."""
     if rank != 0:

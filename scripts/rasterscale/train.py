@@ -23,7 +23,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
-from rasterscale.runtime import RunSpec, make_trainer, start_rank
+from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import Task, TrainScene
 from rasterscale.tiling import Tile, read_manifest, tiles_from_frame
@@ -217,6 +217,7 @@ def run_training(
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     if not trainer.is_global_zero:
+        end_rank()
         return
     seconds = time.perf_counter() - started
     csv_logger.finalize("success")
@@ -239,3 +240,4 @@ def run_training(
     logger.info(
         "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
     )
+    end_rank()
