@@ -30,6 +30,16 @@ def write_json(data: Any, path: str | Path) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def save_figure(figure: Any, path: str | Path, **savefig: Any) -> None:
+    """Lay out a matplotlib figure, write it (PNG, ...) atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, **savefig)
+    plt.close(figure)
+
+
 def write_geoparquet(frame: Any, path: str | Path) -> None:
     """Write a GeoDataFrame as GeoParquet, atomically."""
     with atomic_path(path) as tmp:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import rasterio
 
-from rasterscale.outputs import atomic_path
+from rasterscale.outputs import save_figure
 
 
 def display_uint8(image: np.ndarray) -> np.ndarray:
@@ -52,7 +52,4 @@ def render_quicklook(
         ax.add_collection(PolyCollection(outlines(pred_boxes), facecolors="none", edgecolors="red", linewidths=0.6))
     ax.set_axis_off()
     ax.set_title(title + "  (red: predicted, cyan: true)", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, png_path)

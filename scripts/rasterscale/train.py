@@ -142,7 +142,7 @@ def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rasterscale.outputs import atomic_path
+    from rasterscale.outputs import save_figure
 
     with open(metrics_csv) as handle:
         rows = list(csv.DictReader(handle))
@@ -163,10 +163,7 @@ def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
     ax_val.set_xlabel("step")
     ax_val.set_ylim(0, 1)
     ax_val.legend()
-    fig.tight_layout()
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png_path, dpi=100)
 
 
 def run_training(

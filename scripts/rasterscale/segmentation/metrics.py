@@ -17,7 +17,7 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
-from rasterscale.outputs import atomic_path
+from rasterscale.outputs import save_figure
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.groundtruth import SegmentationTruth
 
@@ -121,7 +121,4 @@ def render_segmentation_quicklook(
         ax.contour(true_classes, levels=levels, colors="cyan", linewidths=0.6)
     ax.set_axis_off()
     ax.set_title(title + "  (filled: predicted, cyan: true outlines)", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, png)
