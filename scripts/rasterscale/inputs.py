@@ -77,16 +77,21 @@ def raster_info(src: rasterio.io.DatasetReader) -> RasterInfo:
     )
 
 
+def read_raster_header(path: str | Path) -> RasterInfo:
+    """A raster's header; one line naming the file when it cannot be read."""
+    try:
+        with rasterio.open(path) as src:
+            return raster_info(src)
+    except RasterioIOError as err:
+        raise InputError(f"{path}: not a readable raster ({err})") from err
+
+
 def check_raster(path: str | Path) -> RasterInfo:
     """Open a raster's header and check it can feed an RGB model in a georeferenced way."""
     path = str(path)
     if not Path(path).exists():
         raise InputError(f"{path}: raster not found")
-    try:
-        with rasterio.open(path) as src:
-            info = raster_info(src)
-    except RasterioIOError as err:
-        raise InputError(f"{path}: not a readable raster ({err})") from err
+    info = read_raster_header(path)
     if info.crs is None:
         raise InputError(
             f"{path}: raster has no CRS; outputs could not be placed on the map (set one with gdal_edit.py -a_srs)"

@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rasterio
 import shapely
 import torch
 from affine import Affine
 from rasterio.crs import CRS
-from rasterio.errors import RasterioIOError
 from rasterio.features import rasterize
 from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
@@ -34,7 +32,7 @@ from torch.utils.data import Dataset
 
 from rasterscale.data import ProcessRaster, RasterHandle, tile_window
 from rasterscale.imagery import ImageSpec, read_masked
-from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, raster_info
+from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, read_raster_header
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
 
@@ -146,11 +144,7 @@ def _raster_of(raster: RasterInfo | str | Path) -> RasterInfo:
 
 def _check_class_raster(path: str, raster: RasterInfo) -> RasterInfo:
     """The header of a class raster, checked against the scene's grid."""
-    try:
-        with rasterio.open(path) as src:
-            info = raster_info(src)
-    except RasterioIOError as err:
-        raise InputError(f"{path}: not a readable raster ({err})") from None
+    info = read_raster_header(path)
     if info.crs is None:
         raise InputError(f"{path}: class raster has no CRS")
     if not info.dtypes[0].startswith(("uint", "int")):
