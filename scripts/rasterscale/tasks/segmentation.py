@@ -90,6 +90,15 @@ class SegmentationTask(Task):
     info = SEGMENTATION
     training_module_class = SegmentationTrainingModule
 
+    def __init__(self) -> None:
+        self.cores: dict[str, dict[int, Any]] = {}  # scene name -> its tiles' cores (a rank needs them twice)
+
+    def cores_of(self, scene: PredictScene) -> dict[int, Any]:
+        """The cores of a scene's tiles (:func:`tile_cores`), computed once per scene of the job."""
+        if scene.name not in self.cores:
+            self.cores[scene.name] = tile_cores(scene.tiles, scene.width, scene.height)
+        return self.cores[scene.name]
+
     def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig:
         return segmenter_of_config(config)
 
@@ -153,8 +162,7 @@ class SegmentationTask(Task):
         """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
         if not own:
             return []
-        cores = tile_cores(scene.tiles, scene.width, scene.height)
-        return halo_tiles(scene.tiles, {t.tile_id for t in own}, cores)
+        return halo_tiles(scene.tiles, {t.tile_id for t in own}, self.cores_of(scene))
 
     def rank_output(
         self,
@@ -168,7 +176,7 @@ class SegmentationTask(Task):
         blender = StripBlender(
             list(predicted),
             {t.tile_id for t in own},
-            tile_cores(scene.tiles, scene.width, scene.height),
+            self.cores_of(scene),
             scene.width,
             scene.height,
             model_cfg.num_classes,
