@@ -11,6 +11,7 @@ import geopandas as gpd
 import numpy as np
 import pytest
 import rasterio
+import rasterio.features
 import shapely
 from affine import Affine
 from rasterio.windows import Window
@@ -143,12 +144,12 @@ def shapes_raster(path, width: int = 500, height: int = 400) -> tuple[np.ndarray
     return classes, transform
 
 
-def test_vectorize_joins_regions_cut_by_strip_boundaries(tmp_path):
+def test_vectorize_joins_regions_cut_by_block_boundaries(tmp_path):
     classes, transform = shapes_raster(tmp_path / "classes.tif")
     pixel_area = abs(transform.a * transform.e)
     strips, whole = tmp_path / "strips.gpkg", tmp_path / "whole.gpkg"
-    count = vectorize_classes(tmp_path / "classes.tif", strips, LABELS, strip_rows=32)
-    assert vectorize_classes(tmp_path / "classes.tif", whole, LABELS, strip_rows=400) == count == 7
+    count = vectorize_classes(tmp_path / "classes.tif", strips, LABELS, block=32)
+    assert vectorize_classes(tmp_path / "classes.tif", whole, LABELS, block=400) == count == 7
     frame = gpd.read_file(strips, layer="classes")
     assert frame.crs == UTM17N and list(frame.columns) == ["class_id", "label", "area", "geometry"]
     assert set(frame["class_id"]) == {1, 2}  # background and no data skipped
@@ -165,28 +166,50 @@ def test_vectorize_joins_regions_cut_by_strip_boundaries(tmp_path):
     by_strips = sorted(frame["area"].round(6))
     assert by_strips == sorted(gpd.read_file(whole, layer="classes")["area"].round(6))
     report(
-        f"vectorize: 32-row strips give {count} polygons, as one strip does; disc {disc['area'].iloc[0]:.2f} m² "
+        f"vectorize: 32 px blocks give {count} polygons, as one strip does; disc {disc['area'].iloc[0]:.2f} m² "
         f"({disc_pixels} px), ring with {len(ring.geometry.iloc[0].interiors)} hole"
     )
 
 
-def test_vectorize_writes_a_region_larger_than_the_limit_in_parts_at_strip_boundaries(tmp_path):
-    classes, _ = shapes_raster(tmp_path / "classes.tif")
+def test_vectorize_writes_open_regions_over_the_vertex_budget_in_parts(tmp_path):
+    shapes_raster(tmp_path / "classes.tif")
     whole, parts = tmp_path / "whole.gpkg", tmp_path / "parts.gpkg"
-    vectorize_classes(tmp_path / "classes.tif", whole, LABELS, strip_rows=32)
-    disc_pixels = int((classes[:, 40:300] == 1).sum())
-    vectorize_classes(tmp_path / "classes.tif", parts, LABELS, strip_rows=32, max_region_pixels=disc_pixels // 4)
+    vectorize_classes(tmp_path / "classes.tif", whole, LABELS, block=32)
+    vectorize_classes(tmp_path / "classes.tif", parts, LABELS, block=32, max_open_vertices=40)
     before, after = gpd.read_file(whole, layer="classes"), gpd.read_file(parts, layer="classes")
-    assert len(after) > len(before)  # the disc in several polygons, each ending at a strip boundary
+    assert len(after) > len(before)  # the disc in several polygons, each ending at a block boundary
     assert after["area"].sum() == pytest.approx(before["area"].sum())
     assert shapely.union_all(after.geometry).area == pytest.approx(shapely.union_all(before.geometry).area)
     assert after.geometry.is_valid.all()
 
 
+def test_vectorize_by_blocks_gives_the_regions_of_the_whole_map(tmp_path):
+    """A blotchy 3-class map (regions crossing many blocks both ways, holes, diagonal contacts): 37 px blocks give
+    exactly the polygons rasterio's shapes finds on the whole map at once."""
+    rng = np.random.default_rng(11)
+    coarse = rng.integers(0, 3, size=(30, 36), dtype=np.uint8)
+    classes = np.kron(coarse, np.ones((9, 9), dtype=np.uint8))[:263, :301]
+    noise = rng.random(classes.shape) < 0.02
+    classes[noise] = rng.integers(0, 3, size=int(noise.sum()), dtype=np.uint8)
+    path = tmp_path / "classes.tif"
+    transform = Affine(0.5, 0, 500000.0, 0, -0.5, 4000000.0)
+    write_raster(path, 301, 263, count=1, data=classes[None], nodata=NODATA_CLASS, transform=transform)
+    count = vectorize_classes(path, tmp_path / "blocks.gpkg", LABELS, block=37)
+    frame = gpd.read_file(tmp_path / "blocks.gpkg", layer="classes")
+    whole = [
+        (int(value), round(shapely.geometry.shape(geometry).area * 0.25, 6))
+        for geometry, value in rasterio.features.shapes(classes, mask=classes > 0, connectivity=4)
+    ]
+    assert count == len(frame) == len(whole)
+    assert sorted(zip(frame["class_id"], frame["area"].round(6), strict=True)) == sorted(whole)
+    assert frame.geometry.is_valid.all() and (frame.geom_type == "Polygon").all()
+    report(f"vectorize: 37 px blocks give the {count} polygons of the whole 301x263 map, areas equal")
+
+
 def test_vectorize_an_all_background_map_writes_an_empty_layer(tmp_path):
     path = tmp_path / "classes.tif"
     write_raster(path, 64, 64, count=1, data=np.zeros((1, 64, 64), dtype=np.uint8), nodata=NODATA_CLASS)
-    assert vectorize_classes(path, tmp_path / "classes.gpkg", LABELS, strip_rows=16) == 0
+    assert vectorize_classes(path, tmp_path / "classes.gpkg", LABELS, block=16) == 0
     frame = gpd.read_file(tmp_path / "classes.gpkg", layer="classes")
     assert len(frame) == 0 and frame.crs == UTM17N
 

@@ -6,9 +6,9 @@ the pixels each rank raster claims (a pixel claimed twice is an error naming bot
 imagery marks invalid become no data. The assembled raster becomes a COG whose overviews take the most frequent
 class (mode); the probabilities' overviews are averages. Memory is a block's pixels, whatever the raster's size.
 
-:func:`vectorize_classes` polygonizes the class map strip by strip (4-connected pixels of one class make one
-polygon); the pieces of a region cut by strip boundaries are joined, carried over only while they touch the
-boundary, so memory is a strip plus the regions open at its lower edge.
+:func:`vectorize_classes` polygonizes the class map block by block (4-connected pixels of one class make one
+polygon); the pieces of a region cut by block boundaries are joined, held only while they touch the frontier of
+blocks still to come and within a vertex budget, so memory is a block plus that budget.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ MERGE_BLOCK = 512
 CACHE_MB = 64  # GDAL's block cache while merging or vectorizing (its default, 5% of the node's memory, fills up)
 VECTOR_LAYER = "classes"
 WRITE_BATCH = 10_000  # polygons per append to the GeoPackage
-MAX_REGION_PIXELS = 2048 * 2048  # a region larger than this is written at a strip boundary, its rest as a new one
+VECTOR_BLOCK = 1024  # vectorizing reads the class map in blocks of this side
+MAX_OPEN_VERTICES = 1_000_000  # regions held open across blocks; beyond, the largest are written and go on anew
 
 
 @contextlib.contextmanager
@@ -221,59 +222,153 @@ def class_summary(counts: np.ndarray, labels: Sequence[str]) -> dict:
 
 @dataclass
 class Region:
-    """4-connected pixels of one class, as the polygons of its pieces in pixel coordinates (one per strip)."""
+    """4-connected pixels of one class, as the polygons of its pieces in pixel coordinates (one per block), and
+    their vertex count (what holding it open costs)."""
 
     class_id: int
     pieces: list = field(default_factory=list)
+    vertices: int = 0
 
 
-def strip_pieces(data: np.ndarray, row_off: int, skip: Sequence[int]) -> list[tuple[object, int]]:
-    """(polygon in pixel coordinates, class id) of the 4-connected regions of a strip, skipped classes left out."""
+def block_pieces(data: np.ndarray, window: Window, skip: Sequence[int]) -> list[tuple[object, int]]:
+    """(polygon in the raster's pixel coordinates, class id) of the 4-connected regions of a block, skipped
+    classes left out."""
     keep = ~np.isin(data, list(skip))
     if not keep.any():
         return []
-    found = shapes(data, mask=keep, connectivity=4, transform=Affine.translation(0, row_off))
+    offset = Affine.translation(window.col_off, window.row_off)
+    found = shapes(data, mask=keep, connectivity=4, transform=offset)
     return [(shapely.geometry.shape(geometry), int(value)) for geometry, value in found]
 
 
-def row_labels(pieces: Sequence[tuple[object, int]], row: int, width: int) -> np.ndarray:
-    """Which piece (index + 1; 0 for none) holds each pixel of raster row ``row``."""
-    touching = [
-        (polygon, k + 1) for k, (polygon, _) in enumerate(pieces) if polygon.bounds[1] <= row < polygon.bounds[3]
-    ]
-    if not touching:
-        return np.zeros(width, dtype=np.int32)
-    return rasterize(touching, out_shape=(1, width), transform=Affine.translation(0, row), fill=0, dtype="int32")[0]
+def touches_edge(bounds: tuple[float, float, float, float], window: Window) -> bool:
+    col0, row0 = window.col_off, window.row_off
+    return (
+        bounds[0] <= col0 or bounds[1] <= row0 or bounds[2] >= col0 + window.width or bounds[3] >= row0 + window.height
+    )
 
 
-def find_root(parents: list[int], k: int) -> int:
-    while parents[k] != k:
-        parents[k] = parents[parents[k]]
-        k = parents[k]
-    return k
+def piece_labels(pieces: Sequence[tuple[object, int]], window: Window) -> np.ndarray:
+    """Which piece (its index in ``pieces`` + 1; 0 for none) holds each pixel of the block."""
+    shape = (int(window.height), int(window.width))
+    if not pieces:
+        return np.zeros(shape, dtype=np.int32)
+    return rasterize(
+        ((polygon, k + 1) for k, (polygon, _) in enumerate(pieces)),
+        out_shape=shape,
+        transform=Affine.translation(window.col_off, window.row_off),
+        fill=0,
+        dtype="int32",
+    )
 
 
-def join_regions(
-    above: list[Region], above_row: np.ndarray, new: list[Region], top_row: np.ndarray
-) -> tuple[list[Region], list[int]]:
-    """Regions open above a strip boundary joined with the strip's pieces they share an edge with (``above_row``,
-    ``top_row``: the region index + 1 of each pixel either side of the boundary, 0 where none or another class).
-    Returns the joined regions and, per piece of the strip, the index of its region."""
-    parents = list(range(len(above) + len(new)))
-    linked = (above_row > 0) & (top_row > 0)
-    for a, b in set(zip(above_row[linked].tolist(), top_row[linked].tolist(), strict=True)):
-        root_a, root_b = find_root(parents, a - 1), find_root(parents, len(above) + b - 1)
+def roots_of(parents: np.ndarray) -> np.ndarray:
+    """Every node's root in a union-find forest given as a parent array (path halving until it is flat)."""
+    while True:
+        grand = parents[parents]
+        if np.array_equal(grand, parents):
+            return parents
+        parents = grand
+
+
+def union_pairs(parents: np.ndarray, pairs: np.ndarray, regions: Sequence[Region]) -> None:
+    """Join the regions of each (a, b) pair of one class (ids index ``regions`` + 1) in ``parents``."""
+    for a, b in pairs.tolist():
+        if regions[a - 1].class_id != regions[b - 1].class_id:
+            continue
+        root_a, root_b = a, b
+        while parents[root_a] != root_a:
+            root_a = parents[root_a]
+        while parents[root_b] != root_b:
+            root_b = parents[root_b]
         if root_a != root_b:
-            parents[root_b] = root_a
-    joined: dict[int, Region] = {}
-    for k, region in enumerate([*above, *new]):
-        root = find_root(parents, k)
-        if root in joined:
-            joined[root].pieces.extend(region.pieces)
-        else:
-            joined[root] = Region(region.class_id, list(region.pieces))
-    order = {root: index for index, root in enumerate(joined)}
-    return list(joined.values()), [order[find_root(parents, len(above) + k)] for k in range(len(new))]
+            parents[max(root_a, root_b)] = min(root_a, root_b)
+
+
+def edge_pairs(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """The distinct (region id, region id) of pixels facing each other across a block edge, both in a region."""
+    both = (before > 0) & (after > 0)
+    if not both.any():
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.stack([before[both], after[both]], axis=1), axis=0)
+
+
+class Vectorizer:
+    """Regions of a class map fed block by block in row-major order (see :func:`vectorize_classes`).
+
+    The regions still open are those on the frontier: the bottom row of the blocks above (``below``, one region id
+    per column of the raster) and the right column of the block to the left (``right``). A block's pieces are
+    joined with the frontier regions they share an edge with; a region that leaves the frontier is finished.
+    When the open regions hold more than ``max_open_vertices`` vertices, the largest are finished where they are
+    and their continuation starts a new region."""
+
+    def __init__(self, width: int, height: int, max_open_vertices: int) -> None:
+        self.width, self.height, self.max_open_vertices = width, height, max_open_vertices
+        self.regions: list[Region] = []  # open regions, id = index + 1
+        self.below = np.zeros(width, dtype=np.int32)
+        self.right: np.ndarray | None = None
+
+    def add_block(self, data: np.ndarray, window: Window, skip: Sequence[int]) -> list[Region]:
+        """Feed one block; returns the regions it finished."""
+        pieces = block_pieces(data, window, skip)
+        finished = [Region(c, [p], 0) for p, c in pieces if not touches_edge(p.bounds, window)]
+        edge = [(p, c) for p, c in pieces if touches_edge(p.bounds, window)]
+        labels = piece_labels(edge, window)
+        first = len(self.regions)
+        regions = [*self.regions, *(Region(c, [p], shapely.get_num_coordinates(p)) for p, c in edge)]
+        ids = np.arange(first, first + len(edge) + 1, dtype=np.int32)
+        ids[0] = 0
+        block = ids[labels]  # region id per pixel of the block
+        cols = slice(int(window.col_off), int(window.col_off + window.width))
+        pairs = [edge_pairs(self.below[cols], block[0])]
+        if window.col_off > 0 and self.right is not None:
+            pairs.append(edge_pairs(self.right, block[:, 0]))
+        parents = np.arange(len(regions) + 1, dtype=np.int64)
+        union_pairs(parents, np.concatenate(pairs), regions)
+        roots = roots_of(parents)
+        last_row = window.row_off + window.height >= self.height
+        last_col = window.col_off + window.width >= self.width
+        self.below[cols] = 0 if last_row else block[-1]
+        self.below = roots[self.below].astype(np.int32)
+        self.right = None if last_col else roots[block[:, -1]].astype(np.int32)
+        joined: dict[int, Region] = {}
+        for k, region in enumerate(regions, start=1):
+            root = int(roots[k])
+            if root not in joined:
+                joined[root] = region  # a root is its group's smallest id: met first
+            else:
+                joined[root].pieces.extend(region.pieces)
+                joined[root].vertices += region.vertices
+        open_ids = set(np.unique(self.below).tolist()) | set(
+            np.unique(self.right).tolist() if self.right is not None else []
+        )
+        open_ids.discard(0)
+        finished.extend(region for root, region in joined.items() if root not in open_ids)
+        finished.extend(self._over_budget(joined, open_ids))
+        self._renumber(joined, sorted(open_ids))
+        return finished
+
+    def _over_budget(self, joined: dict[int, Region], open_ids: set[int]) -> list[Region]:
+        """Finish the largest open regions (removed from ``open_ids``) while the open ones hold too many vertices."""
+        total = sum(joined[k].vertices for k in open_ids)
+        closed = []
+        for k in sorted(open_ids, key=lambda k: joined[k].vertices, reverse=True):
+            if total <= self.max_open_vertices:
+                break
+            total -= joined[k].vertices
+            open_ids.discard(k)
+            closed.append(joined[k])
+        return closed
+
+    def _renumber(self, joined: dict[int, Region], open_ids: list[int]) -> None:
+        """Keep the open regions only, numbered 1.. in id order, in the frontier too."""
+        remap = np.zeros(max([0, *joined]) + 1, dtype=np.int32)
+        for new, old in enumerate(open_ids, start=1):
+            remap[old] = new
+        self.below = remap[self.below]
+        if self.right is not None:
+            self.right = remap[self.right]
+        self.regions = [joined[k] for k in open_ids]
 
 
 def region_record(region: Region, transform: Affine, labels: Sequence[str]) -> dict:
@@ -290,17 +385,18 @@ def vectorize_classes(
     gpkg_path: str | Path,
     labels: Sequence[str],
     skip_background: bool = True,
-    strip_rows: int = 1024,
+    block: int = VECTOR_BLOCK,
     cache_mb: int = CACHE_MB,
-    max_region_pixels: int = MAX_REGION_PIXELS,
+    max_open_vertices: int = MAX_OPEN_VERTICES,
 ) -> int:
     """Polygons of the class map (columns class_id, label, area in CRS units; the raster's CRS; layer "classes")
     in a GeoPackage, atomically; class 0 is skipped when it is "background" and ``skip_background``. Returns the
     number of polygons. GDAL's block cache is bounded to ``cache_mb`` meanwhile.
 
-    A region is one polygon however many strips it crosses, up to ``max_region_pixels``: a larger one (a forest
-    across the raster) is written at the strip boundary where it passes that size and goes on as a new polygon,
-    so that memory stays bounded by a strip and regions of bounded size."""
+    The map is read in ``block`` x ``block`` windows, row by row; a region is one polygon whichever blocks it
+    crosses, unless the regions held open across block boundaries pass ``max_open_vertices`` vertices: then the
+    largest are written where they are and go on as new polygons (a noisy forest across a 100k px raster). Memory
+    is a block, a row of region ids across the raster and that vertex budget, whatever the raster's size."""
     skip = [NODATA_CLASS, *([0] if skip_background and labels and labels[0] == "background" else [])]
     records: list[dict] = []
     written = 0
@@ -321,31 +417,10 @@ def vectorize_classes(
                 written += len(records) or 0
                 records.clear()
 
-        open_regions: list[Region] = []
-        open_row = np.zeros(src.width, dtype=np.int32)
-        previous_classes = np.full(src.width, NODATA_CLASS, dtype=np.uint8)
-        for row_off in range(0, src.height, strip_rows):
-            height = min(strip_rows, src.height - row_off)
-            data = src.read(1, window=Window(0, row_off, src.width, height))
-            pieces = strip_pieces(data, row_off, skip)
-            new = [Region(class_id, [polygon]) for polygon, class_id in pieces]
-            top = row_labels(pieces, row_off, src.width)
-            top[data[0] != previous_classes] = 0
-            regions, region_of_piece = join_regions(open_regions, open_row, new, top)
-            bottom = row_labels(pieces, row_off + height - 1, src.width)
-            still_open = sorted({region_of_piece[k - 1] for k in np.unique(bottom[bottom > 0]).tolist()})
-            if row_off + height >= src.height:
-                still_open = []
-            still_open = [k for k in still_open if sum(p.area for p in regions[k].pieces) <= max_region_pixels]
-            keep = set(still_open)
-            records.extend(region_record(r, src.transform, labels) for k, r in enumerate(regions) if k not in keep)
+        vectorizer = Vectorizer(src.width, src.height, max_open_vertices)
+        for window in block_windows(src.width, src.height, block):
+            finished = vectorizer.add_block(src.read(1, window=window), window, skip)
+            records.extend(region_record(region, src.transform, labels) for region in finished)
             flush(force=False)
-            index = np.zeros(len(regions) + 1, dtype=np.int32)
-            for position, k in enumerate(still_open):
-                index[k + 1] = position + 1
-            piece_region = np.asarray([0, *[k + 1 for k in region_of_piece]], dtype=np.int32)
-            open_row = index[piece_region[bottom]]
-            open_regions = [regions[k] for k in still_open]
-            previous_classes = data[-1].copy()
         flush(force=True)
     return written
