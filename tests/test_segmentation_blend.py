@@ -211,7 +211,7 @@ def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
     assert not path.exists() and not list(tmp_path.iterdir())
 
 
-def test_pending_buffers_of_a_16k_wide_strip_stay_within_a_row_of_tiles(tmp_path):
+def test_pending_sums_of_a_16k_wide_strip_are_an_overlap_high_not_a_row_of_tiles(tmp_path):
     width, height, patch, overlap, classes = 16384, 1600, 400, 100, 2
     tiles = grid_tiles(width, height, patch, overlap)
     cores = tile_cores(tiles, width, height)
@@ -227,19 +227,21 @@ def test_pending_buffers_of_a_16k_wide_strip_stay_within_a_row_of_tiles(tmp_path
     blender.close()
     _, traced_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    core_rows: dict[int, int] = {}  # first row of a row of cores -> bytes of its sums (Σ w·p and Σ w, float32)
-    for core in cores.values():
-        core_rows[core.row_off] = core_rows.get(core.row_off, 0) + (classes + 1) * 4 * core.width * core.height
-    row_buffers = (classes + 1) * width * (max(c.height for c in cores.values()) + 32)  # a row of cores, a tail
-    bound = 1.5 * max(core_rows.values()) + 2 * row_buffers
+    # float sums (Σ w·p and Σ w) of a band one overlap high across the strip (the lower halves of a row of cores
+    # and the slivers the row below needs), and the uint8 buffers of a row of cores and a tail
+    overlap_sums = (classes + 1) * 4 * width * overlap
+    row_buffers = (classes + 1) * width * (max(c.height for c in cores.values()) + 32)
+    bound = 1.5 * overlap_sums + 2 * row_buffers
+    row_of_tile_sums = (classes + 1) * 4 * width * max(c.height for c in cores.values())  # what it held before
     region_sums = (classes + 1) * 4 * width * height
     with rasterio.open(path) as src:
         assert (src.width, src.height, src.count) == (width, height, 1 + classes)
         assert src.block_shapes[0] == (32, width)
     report(
         f"blend memory, {width} px wide strip ({len(tiles)} tiles of {patch} px, {per_row} a row): peak pending "
-        f"{blender.peak_pending_bytes / 2**20:.1f} MiB (bound {bound / 2**20:.1f} MiB; the region's float sums would "
-        f"be {region_sums / 2**20:.0f} MiB); tracemalloc peak {traced_peak / 2**20:.1f} MiB"
+        f"{blender.peak_pending_bytes / 2**20:.1f} MiB (bound {bound / 2**20:.1f} MiB; a row of cores' float sums "
+        f"{row_of_tile_sums / 2**20:.1f} MiB, the region's {region_sums / 2**20:.0f} MiB); tracemalloc peak "
+        f"{traced_peak / 2**20:.1f} MiB"
     )
     assert blender.peak_pending_bytes <= bound
     assert traced_peak < bound + 16 * 2**20

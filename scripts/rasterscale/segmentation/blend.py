@@ -7,11 +7,14 @@ core's class is the argmax of the weighted mean of the probabilities of every ti
 (:func:`halo_tiles` lists them: the rank predicts its own tiles and this halo); a tile's weight falls as sin² towards
 its inner edges, where a model sees least context (:func:`edge_weights`).
 
-:class:`StripBlender` takes the tiles' probabilities in manifest order and keeps a weighted sum only for the own
-cores from their own tile to their last contributor (about one row of tiles; earlier tiles' slivers of overlap
-are kept as they are until then); a finished core goes into the buffer of its row of
-cores, and finished rows go to the rank raster strip by strip, in row order, each strip written once. Sums run over
-the contributors in manifest order, so a pixel's class is the same whichever rank owns it.
+:class:`StripBlender` takes the tiles' probabilities in manifest order. Each own core is cut in two where the next
+row of tiles begins (:func:`core_parts`): the upper part is finished by the tiles of its own row, the lower part
+(half an overlap high) waits for the row below. A part's weighted sum is kept from its own tile to its last
+contributor (earlier tiles' slivers of overlap are kept as they are until then), so what waits for the next row
+is the lower parts: half an overlap of rows across the rank's width, not a row of tiles. A finished part goes into
+the buffer of its row of parts, and finished rows go to the rank raster strip by strip, in row order, each strip
+written once. Sums run over the contributors in manifest order, so a pixel's class is the same whichever rank owns
+it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,22 @@ def tile_cores(tiles: Iterable[Tile], width: int, height: int) -> dict[int, Wind
         (c0, c1), (r0, r1) = cols[tile.col_off], rows[tile.row_off]
         cores[tile.tile_id] = Window(c0, r0, c1 - c0, r1 - r0)
     return cores
+
+
+def core_parts(cores: Mapping[int, Window], tiles: Iterable[Tile]) -> list[tuple[int, Window]]:
+    """Each core cut where the next row of tiles begins: (tile id, window) of its upper part, which the tiles of
+    its own row (and the row above) finish, and of its lower part, which waits for the row below. Holding the
+    lower parts only, a rank's pending sums span a few dozen rows across the raster, not a row of tiles."""
+    starts = sorted({t.row_off for t in tiles})
+    parts = []
+    for tile_id, core in cores.items():
+        cut = next((r for r in starts if core.row_off < r < core.row_off + core.height), None)
+        if cut is None:
+            parts.append((tile_id, core))
+        else:
+            parts.append((tile_id, Window(core.col_off, core.row_off, core.width, cut - core.row_off)))
+            parts.append((tile_id, Window(core.col_off, cut, core.width, core.row_off + core.height - cut)))
+    return parts
 
 
 def windows_intersect(a: Window, b: Window) -> bool:
@@ -188,17 +207,18 @@ class StripBlender:
         known = {t.tile_id for t in self.tiles}
         if own_ids - known:
             raise ValueError(f"own tiles not among the tiles to predict: {sorted(own_ids - known)[:10]}")
-        self.remaining, self.targets = self._contributors(own_ids)
+        self.parts = core_parts({i: cores[i] for i in own_ids}, self.tiles)  # part index -> (own id, window)
+        self.remaining, self.targets = self._contributors()
         self.next_index = 0
-        self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # own id -> (Σ w·p (C,h,w), Σ w (h,w))
-        self.slivers: dict[int, list] = {}  # own id -> parts of earlier tiles, kept until its own tile comes
+        self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # part -> (Σ w·p (C,h,w), Σ w (h,w))
+        self.slivers: dict[int, list] = {}  # part -> contributions of earlier tiles, kept until its own tile comes
         self.own_ids = own_ids
         self.window = bounding_window(cores[i] for i in own_ids) or Window(0, 0, 1, 1)
-        self.row_pending: dict[int, set[int]] = {}  # first row of a row of cores -> own cores not finished
-        for tile_id in own_ids:
-            self.row_pending.setdefault(cores[tile_id].row_off, set()).add(tile_id)
+        self.row_pending: dict[int, set[int]] = {}  # first row of a row of core parts -> parts not finished
+        for part, (_, window) in enumerate(self.parts):
+            self.row_pending.setdefault(window.row_off, set()).add(part)
         self.row_order = sorted(self.row_pending)
-        self.row_buffers: dict[int, np.ndarray] = {}  # row of cores -> (bands, h, window width) uint8, being filled
+        self.row_buffers: dict[int, np.ndarray] = {}  # row of parts -> (bands, h, window width) uint8, being filled
         self.tail = np.zeros((self.count, 0, self.window.width), dtype=np.uint8)  # rows short of a strip
         self.rows_written = 0  # rows of the rank window written or in the tail
         self.peak_pending_bytes = 0
@@ -231,16 +251,16 @@ class StripBlender:
             profile["nodata"] = NODATA_CLASS  # per dataset in GeoTIFF: set only when no band holds 255 as data
         return profile
 
-    def _contributors(self, own_ids: set[int]) -> tuple[dict[int, int], dict[int, list[int]]]:
-        """Per own core, how many tiles intersect it; per tile, the own cores it contributes to."""
+    def _contributors(self) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """Per part of an own core, how many tiles intersect it; per tile, the parts it contributes to."""
         grid = TileGrid(self.tiles)
         remaining: dict[int, int] = {}
         targets: dict[int, list[int]] = {}
-        for tile_id in own_ids:
-            contributors = grid.intersecting(self.cores[tile_id])
-            remaining[tile_id] = len(contributors)
+        for part, (_, window) in enumerate(self.parts):
+            contributors = grid.intersecting(window)
+            remaining[part] = len(contributors)
             for tile in contributors:
-                targets.setdefault(tile.tile_id, []).append(tile_id)
+                targets.setdefault(tile.tile_id, []).append(part)
         return remaining, targets
 
     @property
@@ -266,46 +286,44 @@ class StripBlender:
         if not targets:
             return
         weights = edge_weights(tile, self.width, self.height, self.taper)
-        for own_id in targets:
-            self._accumulate(own_id, tile, probs, weights)
+        for part in targets:
+            self._accumulate(part, tile, probs, weights)
         self.peak_pending_bytes = max(self.peak_pending_bytes, self.pending_bytes)
-        for own_id in targets:
-            self.remaining[own_id] -= 1
-            if self.remaining[own_id] == 0:
-                self._finish_core(own_id)
+        for part in targets:
+            self.remaining[part] -= 1
+            if self.remaining[part] == 0:
+                self._finish_part(part)
 
-    def _accumulate(self, own_id: int, tile: Tile, probs: np.ndarray, weights: np.ndarray) -> None:
-        """Add a tile's weighted probabilities to an own core. Until the core's own tile comes, the parts of
-        earlier tiles (slivers of their overlap) are kept as they are and summed, in order, when it does: the
-        sums of a row of cores are then held from their own tile to their last contributor only."""
-        core = self.cores[own_id]
+    def _accumulate(self, part: int, tile: Tile, probs: np.ndarray, weights: np.ndarray) -> None:
+        """Add a tile's weighted probabilities to a part of an own core. Until the core's own tile comes, the
+        contributions of earlier tiles (slivers of their overlap) are kept as they are and summed, in order, when
+        it does: a part's sums are then held from its own tile to its last contributor only."""
+        own_id, core = self.parts[part]
         common = intersection(tile_window(tile), core)
         in_tile, in_core = overlap_slices(common, tile_window(tile)), overlap_slices(common, core)
-        part = weights[in_tile]
-        contribution = (in_core, probs[(slice(None), *in_tile)] * part, part)
-        if own_id not in self.sums:
-            if tile.tile_id != own_id and self.remaining[own_id] > 1:
-                self.slivers.setdefault(own_id, []).append((in_core, contribution[1], part.copy()))
+        tile_weights = weights[in_tile]
+        contribution = (in_core, probs[(slice(None), *in_tile)] * tile_weights, tile_weights)
+        if part not in self.sums:
+            if tile.tile_id != own_id and self.remaining[part] > 1:
+                self.slivers.setdefault(part, []).append((in_core, contribution[1], tile_weights.copy()))
                 return
             shape = (int(core.height), int(core.width))
-            self.sums[own_id] = (
+            self.sums[part] = (
                 np.zeros((self.num_classes, *shape), dtype=np.float32),
                 np.zeros(shape, dtype=np.float32),
             )
-            for earlier in self.slivers.pop(own_id, []):
-                self._add_to_sums(own_id, *earlier)
-        self._add_to_sums(own_id, *contribution)
+            for earlier in self.slivers.pop(part, []):
+                self._add_to_sums(part, *earlier)
+        self._add_to_sums(part, *contribution)
 
-    def _add_to_sums(
-        self, own_id: int, in_core: tuple[slice, slice], weighted: np.ndarray, weights: np.ndarray
-    ) -> None:
-        acc, weight_sum = self.sums[own_id]
+    def _add_to_sums(self, part: int, in_core: tuple[slice, slice], weighted: np.ndarray, weights: np.ndarray) -> None:
+        acc, weight_sum = self.sums[part]
         acc[(slice(None), *in_core)] += weighted
         weight_sum[in_core] += weights
 
-    def _finish_core(self, own_id: int) -> None:
-        acc, weight_sum = self.sums.pop(own_id)
-        core = self.cores[own_id]
+    def _finish_part(self, part: int) -> None:
+        acc, weight_sum = self.sums.pop(part)
+        _, core = self.parts[part]
         buffer = self.row_buffers.get(core.row_off)
         if buffer is None:
             buffer = np.zeros((self.count, core.height, self.window.width), dtype=np.uint8)
@@ -316,7 +334,7 @@ class StripBlender:
         if self.probabilities:
             mean = acc / weight_sum
             buffer[1:, :, col : col + core.width] = np.rint(np.clip(mean, 0.0, 1.0) * 255.0)
-        self.row_pending[core.row_off].discard(own_id)
+        self.row_pending[core.row_off].discard(part)
         self._flush_finished_rows()
 
     def _flush_finished_rows(self) -> None:
@@ -350,7 +368,7 @@ class StripBlender:
     def close(self) -> list[int]:
         """Write what is left and move the rank raster into place; the own tile ids written. Raises (and writes
         nothing) when a tile was not added."""
-        unfinished = sorted(i for i, n in self.remaining.items() if n)
+        unfinished = sorted({self.parts[part][0] for part, n in self.remaining.items() if n})
         if unfinished or self.next_index != len(self.tiles):
             self._stack.__exit__(RuntimeError, None, None)
             self.closed = True
