@@ -171,11 +171,12 @@ def test_vectorize_joins_regions_cut_by_block_boundaries(tmp_path):
     )
 
 
-def test_vectorize_writes_open_regions_over_the_vertex_budget_in_parts(tmp_path):
+@pytest.mark.parametrize("budget", [{"max_open_vertices": 40}, {"max_region_vertices": 40}])
+def test_vectorize_writes_regions_over_the_vertex_budget_in_parts(tmp_path, budget):
     shapes_raster(tmp_path / "classes.tif")
     whole, parts = tmp_path / "whole.gpkg", tmp_path / "parts.gpkg"
     vectorize_classes(tmp_path / "classes.tif", whole, LABELS, block=32)
-    vectorize_classes(tmp_path / "classes.tif", parts, LABELS, block=32, max_open_vertices=40)
+    vectorize_classes(tmp_path / "classes.tif", parts, LABELS, block=32, **budget)
     before, after = gpd.read_file(whole, layer="classes"), gpd.read_file(parts, layer="classes")
     assert len(after) > len(before)  # the disc in several polygons, each ending at a block boundary
     assert after["area"].sum() == pytest.approx(before["area"].sum())

@@ -34,7 +34,8 @@ from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
 
 WEIGHT_FLOOR = 1e-3  # a tile's weight at its very edge: every pixel of a tile counts a little
-STRIP_ROWS = 32  # rows per strip of a rank raster (deflate, striped: written once each, in row order)
+STRIP_ROWS = 32  # rows per strip of a rank raster (deflate: written once each, in row order)
+RANK_TILE_COLS = 256  # a strip is stored as tiles this wide, so the merge reads a block without decoding the strip
 PROBABILITY_SCALE = 1 / 255  # probability bands hold round(p * 255)
 
 
@@ -181,7 +182,7 @@ class StripBlender:
 
     The rank raster covers the bounding window of the own cores: band 1 the class ids (:data:`NODATA_CLASS`
     elsewhere), and with ``probabilities`` bands 2..C+1 the blended probabilities as round(p * 255) (band scale
-    1/255). It is a striped deflate GeoTIFF written atomically; GDAL's block cache bound is the caller's
+    1/255). It is a deflate GeoTIFF of tiles a strip high, written atomically; GDAL's block cache bound is the caller's
     (:func:`rasterscale.data.limit_read_cache`). A rank without own tiles writes one pixel of no data.
     """
 
@@ -243,7 +244,8 @@ class StripBlender:
             "dtype": "uint8",
             "crs": crs,
             "transform": transform @ Affine.translation(self.window.col_off, self.window.row_off),
-            "tiled": False,
+            "tiled": True,  # tiles a strip high: written a strip at a time, read by the merge block by block
+            "blockxsize": RANK_TILE_COLS,
             "blockysize": self.strip_rows,
             "compress": "deflate",
         }

@@ -36,11 +36,14 @@ from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.blend import PROBABILITY_SCALE, intersection
 
 MERGE_BLOCK = 512
-CACHE_MB = 64  # GDAL's block cache while merging or vectorizing (its default, 5% of the node's memory, fills up)
+CACHE_MB = 16  # GDAL's block cache while merging or vectorizing (each block is read once; GDAL's default, 5%
+# of the node's memory, would fill up with blocks never read again)
 VECTOR_LAYER = "classes"
-WRITE_BATCH = 10_000  # polygons per append to the GeoPackage
+WRITE_BATCH = 10_000  # polygons per append to the GeoPackage, at most
+WRITE_BATCH_VERTICES = 200_000  # and vertices, at most
 VECTOR_BLOCK = 1024  # vectorizing reads the class map in blocks of this side
-MAX_OPEN_VERTICES = 1_000_000  # regions held open across blocks; beyond, the largest are written and go on anew
+MAX_OPEN_VERTICES = 100_000  # regions held open across blocks; beyond, the largest are written and go on anew
+MAX_REGION_VERTICES = 20_000  # a region held open beyond this is written and goes on anew (joining costs its square)
 
 
 @contextlib.contextmanager
@@ -298,12 +301,14 @@ class Vectorizer:
 
     The regions still open are those on the frontier: the bottom row of the blocks above (``below``, one region id
     per column of the raster) and the right column of the block to the left (``right``). A block's pieces are
-    joined with the frontier regions they share an edge with; a region that leaves the frontier is finished.
-    When the open regions hold more than ``max_open_vertices`` vertices, the largest are finished where they are
-    and their continuation starts a new region."""
+    joined with the frontier regions they share an edge with; a region that leaves the frontier is finished. A
+    piece or region of more than ``max_region_vertices`` vertices is finished where it is, as are the largest
+    open regions while they hold more than ``max_open_vertices`` together; their continuation starts a new
+    region."""
 
-    def __init__(self, width: int, height: int, max_open_vertices: int) -> None:
-        self.width, self.height, self.max_open_vertices = width, height, max_open_vertices
+    def __init__(self, width: int, height: int, max_open_vertices: int, max_region_vertices: int) -> None:
+        self.width, self.height = width, height
+        self.max_open_vertices, self.max_region_vertices = max_open_vertices, max_region_vertices
         self.regions: list[Region] = []  # open regions, id = index + 1
         self.below = np.zeros(width, dtype=np.int32)
         self.right: np.ndarray | None = None
@@ -311,11 +316,16 @@ class Vectorizer:
     def add_block(self, data: np.ndarray, window: Window, skip: Sequence[int]) -> list[Region]:
         """Feed one block; returns the regions it finished."""
         pieces = block_pieces(data, window, skip)
-        finished = [Region(c, [p], 0) for p, c in pieces if not touches_edge(p.bounds, window)]
-        edge = [(p, c) for p, c in pieces if touches_edge(p.bounds, window)]
-        labels = piece_labels(edge, window)
+        vertices = shapely.get_num_coordinates([p for p, _ in pieces]).tolist() if pieces else []
+        joinable = [
+            touches_edge(p.bounds, window) and n <= self.max_region_vertices
+            for (p, _), n in zip(pieces, vertices, strict=True)
+        ]
+        finished = [Region(c, [p], n) for (p, c), n, j in zip(pieces, vertices, joinable, strict=True) if not j]
+        edge = [(p, c, n) for (p, c), n, j in zip(pieces, vertices, joinable, strict=True) if j]
+        labels = piece_labels([(p, c) for p, c, _ in edge], window)
         first = len(self.regions)
-        regions = [*self.regions, *(Region(c, [p], shapely.get_num_coordinates(p)) for p, c in edge)]
+        regions = [*self.regions, *(Region(c, [p], n) for p, c, n in edge)]
         ids = np.arange(first, first + len(edge) + 1, dtype=np.int32)
         ids[0] = 0
         block = ids[labels]  # region id per pixel of the block
@@ -349,11 +359,12 @@ class Vectorizer:
         return finished
 
     def _over_budget(self, joined: dict[int, Region], open_ids: set[int]) -> list[Region]:
-        """Finish the largest open regions (removed from ``open_ids``) while the open ones hold too many vertices."""
+        """Finish (and remove from ``open_ids``) the open regions of too many vertices, then the largest while the
+        open ones hold too many together."""
         total = sum(joined[k].vertices for k in open_ids)
         closed = []
         for k in sorted(open_ids, key=lambda k: joined[k].vertices, reverse=True):
-            if total <= self.max_open_vertices:
+            if total <= self.max_open_vertices and joined[k].vertices <= self.max_region_vertices:
                 break
             total -= joined[k].vertices
             open_ids.discard(k)
@@ -388,17 +399,20 @@ def vectorize_classes(
     block: int = VECTOR_BLOCK,
     cache_mb: int = CACHE_MB,
     max_open_vertices: int = MAX_OPEN_VERTICES,
+    max_region_vertices: int = MAX_REGION_VERTICES,
 ) -> int:
     """Polygons of the class map (columns class_id, label, area in CRS units; the raster's CRS; layer "classes")
     in a GeoPackage, atomically; class 0 is skipped when it is "background" and ``skip_background``. Returns the
     number of polygons. GDAL's block cache is bounded to ``cache_mb`` meanwhile.
 
     The map is read in ``block`` x ``block`` windows, row by row; a region is one polygon whichever blocks it
-    crosses, unless the regions held open across block boundaries pass ``max_open_vertices`` vertices: then the
-    largest are written where they are and go on as new polygons (a noisy forest across a 100k px raster). Memory
-    is a block, a row of region ids across the raster and that vertex budget, whatever the raster's size."""
+    crosses, unless it has more than ``max_region_vertices`` vertices (a noisy forest across a 100k px raster:
+    joining costs about the square of its size), or the regions held open across block boundaries pass
+    ``max_open_vertices`` together: such regions are written in parts that end at block boundaries. Memory is a
+    block, a row of region ids across the raster and that vertex budget, whatever the raster's size."""
     skip = [NODATA_CLASS, *([0] if skip_background and labels and labels[0] == "background" else [])]
     records: list[dict] = []
+    pending_vertices = 0
     written = 0
     with (
         rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20),
@@ -407,8 +421,9 @@ def vectorize_classes(
     ):
 
         def flush(force: bool) -> None:
-            nonlocal written
-            if (records and (force or len(records) >= WRITE_BATCH)) or (force and not written):
+            nonlocal written, pending_vertices
+            full = len(records) >= WRITE_BATCH or pending_vertices >= WRITE_BATCH_VERTICES
+            if (records and (force or full)) or (force and not written):
                 frame = gpd.GeoDataFrame(records, columns=["class_id", "label", "area", "geometry"], crs=src.crs)
                 frame = frame.astype({"class_id": "int32", "label": "str", "area": "float64"})
                 pyogrio.write_dataframe(
@@ -416,11 +431,14 @@ def vectorize_classes(
                 )
                 written += len(records) or 0
                 records.clear()
+                pending_vertices = 0
 
-        vectorizer = Vectorizer(src.width, src.height, max_open_vertices)
+        vectorizer = Vectorizer(src.width, src.height, max_open_vertices, max_region_vertices)
         for window in block_windows(src.width, src.height, block):
             finished = vectorizer.add_block(src.read(1, window=window), window, skip)
-            records.extend(region_record(region, src.transform, labels) for region in finished)
-            flush(force=False)
+            for region in finished:
+                records.append(region_record(region, src.transform, labels))
+                pending_vertices += region.vertices
+                flush(force=False)
         flush(force=True)
     return written
