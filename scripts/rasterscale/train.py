@@ -4,7 +4,7 @@ Batch semantics are explicit: ``train.batch_size`` is the effective global batch
 ``ceil(batch_size / world_size)`` tiles, and the learning rate follows the effective batch when
 ``lr_scaling: linear``. The plan is logged once, by rank 0, before the first step. Only rank 0 logs progress,
 validates (on tiles of a held-out band of each training scene) and writes the checkpoint, the training curves
-(CSV) and their plot.
+(CSV) and their plot. Resume checkpoints, and the stop on SIGTERM: :mod:`rasterscale.checkpoints`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from rasterscale.batching import BatchPlan, plan_batches
+from rasterscale.checkpoints import (
+    STOP_EXIT_CODE,
+    ResumeCheckpoints,
+    StoppedBySignal,
+    find_resume_point,
+    fingerprint,
+    remove_resume_folder,
+    resume_folder,
+)
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
@@ -111,7 +121,8 @@ def _logger() -> logging.Logger:
 
 
 class RankZeroValidation(L.Callback):
-    """Validation by rank 0 alone every n epochs and at the end; the other ranks wait at a barrier."""
+    """Validation by rank 0 alone every n epochs and at the end; the other ranks wait at a barrier. It leaves
+    training's random state as it found it (so a run resumed at an epoch's end goes on as the uninterrupted one)."""
 
     def __init__(self, task: Task, datamodule: TrainingDataModule, every_n_epochs: int, batch_size: int) -> None:
         self.task, self.datamodule, self.every, self.batch_size = task, datamodule, every_n_epochs, batch_size
@@ -123,7 +134,8 @@ class RankZeroValidation(L.Callback):
         if not self.datamodule.val_sets or (epoch % self.every and not last_epoch):
             return
         if trainer.is_global_zero:
-            self.last = self.task.validate(module.model, self.datamodule.val_sets, self.batch_size)
+            with torch.random.fork_rng():  # training's random stream is the same with or without validation
+                self.last = self.task.validate(module.model, self.datamodule.val_sets, self.batch_size)
             self.last["epoch"] = trainer.current_epoch
             if trainer.logger is not None:
                 trainer.logger.log_metrics(self.last, step=trainer.global_step)
@@ -194,6 +206,10 @@ def run_training(
     module = task.training_module(model_cfg, plan, train_cfg)
     loaded = task.initial_weights(module.model, model_cfg, config)
     validation = RankZeroValidation(task, datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
+    folder = resume_folder(model_path)
+    run_fingerprint = fingerprint(config, scenes, spec.world_size)
+    resume = find_resume_point(folder, run_fingerprint)
+    checkpoints = ResumeCheckpoints(folder, run_fingerprint, train_cfg["checkpoint_every_n_steps"], logger)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     trainer = make_trainer(
         spec,
@@ -201,7 +217,7 @@ def run_training(
         max_steps=train_cfg["max_steps"],
         logger=csv_logger,
         log_every_n_steps=train_cfg["log_every_n_steps"],
-        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation],
+        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints],
         enable_checkpointing=False,
         num_sanity_val_steps=0,
         gradient_clip_val=10.0,
@@ -211,8 +227,15 @@ def run_training(
         logger.info("run: %s", spec)
         logger.info("start: %s", loaded)
         logger.info("%s: %s", task.info.name, task.describe(model_cfg))
+        logger.info("%s", resume.why)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint)
+    except StoppedBySignal as stop:
+        if trainer.is_global_zero:
+            logger.error("%s", stop)
+        end_rank()
+        raise SystemExit(STOP_EXIT_CODE) from None
     if not trainer.is_global_zero:
         end_rank()
         return
@@ -237,4 +260,5 @@ def run_training(
     logger.info(
         "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
     )
+    remove_resume_folder(folder)
     end_rank()

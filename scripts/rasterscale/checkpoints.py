@@ -1,0 +1,213 @@
+"""Training checkpoints for resume, and a clean stop on SIGTERM.
+
+A training job can die at any step: a rank killed (kill -9, out of memory, a lost node), or the job ended by Slurm
+at its time limit or by preemption (SIGTERM first, with ``--signal``, then SIGKILL). What it learned up to its last
+checkpoint is kept, and its rerun goes on from there:
+
+- every ``train.checkpoint_every_n_steps`` optimizer steps, and when a SIGTERM has reached any rank, rank 0 writes
+  a full Lightning checkpoint (model, optimizer, schedule, loop state and every rank's random state) atomically
+  into the model's resume folder, ``results/models/.{name}.resume/`` beside the model file: outside the job's
+  declared outputs, which Snakemake deletes when a job fails;
+- the ranks agree on stopping at each step's end (a one-number all-reduce of "did a SIGTERM reach you"), so a
+  signal that reached one rank stops all of them at the same step and none is left waiting in a collective; the
+  job then exits with :data:`STOP_EXIT_CODE` and says where its checkpoint is;
+- on start, a resume checkpoint whose fingerprint (the task, model, tiling and train config, the scenes and the
+  world size) matches the run's is resumed from (``trainer.fit(ckpt_path=...)``); otherwise the run says in one
+  line why it starts at step 0. The folder is removed once the model is written.
+
+The random state of every rank is saved and restored, so a run resumed at an epoch boundary goes on exactly as
+the uninterrupted run would; resumed within an epoch, Lightning starts that epoch's data over (its loaders are not
+resumable), so the rest of the run sees other batches than the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from rasterscale.outputs import atomic_path, write_json
+from rasterscale.runtime import gather_to_all
+
+STOP_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
+RESUME_FILE = "resume.json"  # the resume folder's index: fingerprint, step, checkpoint file
+# train keys that change nothing a checkpoint holds: a run may resume with other values
+UNFINGERPRINTED_TRAIN_KEYS = ("log_every_n_steps", "checkpoint_every_n_steps")
+
+
+class StoppedBySignal(Exception):
+    """Every rank stopped training together after a SIGTERM, once the checkpoint was written."""
+
+    def __init__(self, step: int, checkpoint: Path) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(f"stopped by SIGTERM at step {step}; checkpoint {checkpoint}; rerun to resume")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: a checkpoint and its step, or none (``why`` says why, for the log)."""
+
+    checkpoint: Path | None
+    step: int
+    why: str
+
+
+def resume_folder(model_path: str | Path) -> Path:
+    """The resume folder of a model file: ``results/models/.{name}.resume/`` for ``results/models/{name}.pt``."""
+    model = Path(model_path)
+    return model.with_name(f".{model.stem}.resume")
+
+
+def fingerprint(config: Mapping[str, Any], scenes: Sequence[Any], world_size: int) -> str:
+    """What a checkpoint must have been trained with to be resumed from: the task, model, tiling and train config
+    (but the keys of :data:`UNFINGERPRINTED_TRAIN_KEYS`), the training scenes and the world size."""
+    train = {key: value for key, value in config["train"].items() if key not in UNFINGERPRINTED_TRAIN_KEYS}
+    what = {
+        "task": config["task"],
+        "model": config["model"],
+        "tiling": config["tiling"],
+        "train": train,
+        "scenes": [asdict(scene) for scene in scenes],
+        "world_size": world_size,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find_resume_point(folder: str | Path, expected: str) -> ResumePoint:
+    """The checkpoint of ``folder`` to resume from, when its fingerprint is ``expected``."""
+    index = Path(folder) / RESUME_FILE
+    if not index.exists():
+        return ResumePoint(None, 0, f"no resume checkpoint in {folder}: training from step 0")
+    try:
+        entry = json.loads(index.read_text())
+        checkpoint, step, found = Path(folder) / entry["checkpoint"], int(entry["step"]), entry["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return ResumePoint(None, 0, f"{index} is unreadable ({err}): starting over at step 0")
+    if found != expected:
+        return ResumePoint(
+            None,
+            0,
+            f"resume checkpoint {checkpoint} was written by another run (its task, model, tiling or train config, "
+            "scenes or world size differ): starting over at step 0",
+        )
+    if not checkpoint.exists():
+        return ResumePoint(None, 0, f"resume checkpoint {checkpoint} is missing: starting over at step 0")
+    return ResumePoint(checkpoint, step, f"resuming from {checkpoint} at step {step}")
+
+
+def remove_resume_folder(folder: str | Path) -> None:
+    """Drop the resume checkpoints once the model is written (rank 0)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_agreed(trainer: L.Trainer, stop: bool) -> bool:
+    """Whether any rank wants to stop (a one-number all-reduce: every rank must call it at the same point)."""
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        flag = torch.tensor([int(stop)], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+    return stop
+
+
+def random_state() -> dict[str, Any]:
+    """This process's random generators (torch, CUDA, numpy, Python), as tensors and plain values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_random_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`random_state` saved."""
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(tuple(item if not isinstance(item, list) else tuple(item) for item in state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ResumeCheckpoints(L.Callback):
+    """Periodic resume checkpoints, and the stop of every rank at the same step when a SIGTERM reached one.
+
+    At each step's end every rank takes part in one all-reduce (the stop flag) and, when a checkpoint is due, in
+    Lightning's checkpoint (only rank 0 writes it). A stop raises :class:`StoppedBySignal` on every rank.
+    """
+
+    def __init__(self, folder: str | Path, run_fingerprint: str, every_n_steps: int, logger: logging.Logger) -> None:
+        self.folder, self.fingerprint, self.every, self.logger = Path(folder), run_fingerprint, every_n_steps, logger
+        self.signalled = False
+        self._trainer: L.Trainer | None = None
+        self._restored: list[Any] | None = None
+
+    # --- the signal ----------------------------------------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.signalled:
+            self.logger.warning("received SIGTERM: stopping after this step, once its checkpoint is written")
+        self.signalled = True
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        # Lightning's own SIGTERM handler broadcasts from inside the handler (ranks hang) and stops only the ranks
+        # it reached; this one only raises a flag that the ranks agree on at the step's end. Lightning restores
+        # the previous handler when fit ends.
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self._restored is not None:
+            set_random_state(self._restored[trainer.global_rank])
+            self._restored = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stop = stop_agreed(trainer, self.signalled)
+        step = trainer.global_step
+        last = 0 < trainer.max_steps <= step
+        due = self.every > 0 and step % self.every == 0 and not last
+        if not (stop or due):
+            return
+        path = self.save(trainer)
+        if stop:
+            raise StoppedBySignal(step, path)
+
+    # --- the checkpoint ------------------------------------------------------------------------------------
+    def save(self, trainer: L.Trainer) -> Path:
+        """Every rank's part of a resume checkpoint at the current step; rank 0 writes it atomically, then the
+        folder's index, then drops the older checkpoints."""
+        step = trainer.global_step
+        path = self.folder / f"step-{step:07d}.ckpt"
+        self._trainer = trainer  # state_dict gathers every rank's random state
+        if not trainer.is_global_zero:
+            trainer.save_checkpoint(path)  # collective; only rank 0 writes
+            return path
+        with atomic_path(path) as tmp:
+            trainer.save_checkpoint(tmp)
+        write_json({"fingerprint": self.fingerprint, "step": step, "checkpoint": path.name}, self.folder / RESUME_FILE)
+        for old in self.folder.glob("step-*.ckpt"):
+            if old != path:
+                old.unlink(missing_ok=True)
+        self.logger.info("checkpoint at step %d: %s", step, path)
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        states = [random_state()]
+        if self._trainer is not None:
+            states = gather_to_all(self._trainer, states[0])
+        return {"random_state": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = state_dict.get("random_state")
