@@ -154,7 +154,6 @@ class ResumeCheckpoints(L.Callback):
         self.folder, self.fingerprint, self.every, self.logger = Path(folder), run_fingerprint, every_n_steps, logger
         self.signalled = False
         self._trainer: L.Trainer | None = None
-        self._restored: list[Any] | None = None
 
     # --- the signal ----------------------------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -167,9 +166,6 @@ class ResumeCheckpoints(L.Callback):
         # it reached; this one only raises a flag that the ranks agree on at the step's end. Lightning restores
         # the previous handler when fit ends.
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self._restored is not None:
-            set_random_state(self._restored[trainer.global_rank])
-            self._restored = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -190,7 +186,6 @@ class ResumeCheckpoints(L.Callback):
         folder's index, then drops the older checkpoints."""
         step = trainer.global_step
         path = self.folder / f"step-{step:07d}.ckpt"
-        self._trainer = trainer  # state_dict gathers every rank's random state
         if not trainer.is_global_zero:
             trainer.save_checkpoint(path)  # collective; only rank 0 writes
             return path
@@ -209,5 +204,12 @@ class ResumeCheckpoints(L.Callback):
             states = gather_to_all(self._trainer, states[0])
         return {"random_state": states}
 
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = state_dict.get("random_state")
+        # Restored at once: Lightning makes the resumed epoch's data iterator (its seed is drawn from torch's
+        # generator) before any hook after this one; the uninterrupted run makes it at that epoch's start.
+        states = state_dict.get("random_state")
+        if states and self._trainer is not None:
+            set_random_state(states[self._trainer.global_rank])
