@@ -11,6 +11,8 @@ checkpoint is kept, and its rerun goes on from there:
 - the ranks agree on stopping at each step's end (a one-number all-reduce of "did a SIGTERM reach you"), so a
   signal that reached one rank stops all of them at the same step and none is left waiting in a collective; the
   job then exits with :data:`STOP_EXIT_CODE` and says where its checkpoint is;
+- beside each checkpoint, the training curves up to it (``step-N.metrics.csv``), so that the metrics CSV of a
+  resumed run still starts at step 0;
 - on start, a resume checkpoint whose fingerprint (the task, model, tiling and train config, the scenes and the
   world size) matches the run's is resumed from (``trainer.fit(ckpt_path=...)``); otherwise the run says in one
   line why it starts at step 0. The folder is removed once the model is written.
@@ -22,6 +24,7 @@ resumable), so the rest of the run sees other batches than the uninterrupted run
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import logging
@@ -61,6 +64,32 @@ class ResumePoint:
     checkpoint: Path | None
     step: int
     why: str
+
+    def earlier_metrics(self) -> list[dict[str, str]]:
+        """The training curves up to the checkpoint (none without one)."""
+        return read_metrics(metrics_of(self.checkpoint)) if self.checkpoint is not None else []
+
+
+def metrics_of(checkpoint: Path) -> Path:
+    """The training curves saved with a resume checkpoint: ``step-N.metrics.csv`` beside ``step-N.ckpt``."""
+    return checkpoint.with_suffix(".metrics.csv")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a metrics CSV (none when it does not exist)."""
+    if not Path(path).exists():
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def write_metrics(rows: Sequence[Mapping[str, str]], path: str | Path) -> None:
+    """Rows as a CSV (atomically), with every column any row has, in the order they first appear."""
+    columns = list(dict.fromkeys(key for row in rows for key in row)) or ["step", "epoch"]
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def resume_folder(model_path: str | Path) -> Path:
@@ -150,8 +179,18 @@ class ResumeCheckpoints(L.Callback):
     Lightning's checkpoint (only rank 0 writes it). A stop raises :class:`StoppedBySignal` on every rank.
     """
 
-    def __init__(self, folder: str | Path, run_fingerprint: str, every_n_steps: int, logger: logging.Logger) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        run_fingerprint: str,
+        every_n_steps: int,
+        logger: logging.Logger,
+        metrics: tuple[list[dict[str, str]], Path] = ([], Path("metrics.csv")),
+    ) -> None:
+        """``metrics``: the curves of the runs before this one (those saved with the resumed checkpoint) and the
+        CSV this run's logger writes."""
         self.folder, self.fingerprint, self.every, self.logger = Path(folder), run_fingerprint, every_n_steps, logger
+        self.earlier_metrics, self.logged_metrics = metrics
         self.signalled = False
         self._trainer: L.Trainer | None = None
 
@@ -191,12 +230,26 @@ class ResumeCheckpoints(L.Callback):
             return path
         with atomic_path(path) as tmp:
             trainer.save_checkpoint(tmp)
+        if trainer.logger is not None:
+            trainer.logger.save()
+        write_metrics(self.metrics(trainer), metrics_of(path))
         write_json({"fingerprint": self.fingerprint, "step": step, "checkpoint": path.name}, self.folder / RESUME_FILE)
-        for old in self.folder.glob("step-*.ckpt"):
-            if old != path:
+        for old in self.folder.glob("step-*"):
+            if old not in (path, metrics_of(path)):
                 old.unlink(missing_ok=True)
         self.logger.info("checkpoint at step %d: %s", step, path)
         return path
+
+    def metrics(self, trainer: L.Trainer | None = None) -> list[dict[str, str]]:
+        """The training curves so far: the earlier runs', then this run's (rank 0, after its logger saved); with
+        ``trainer``, at a step's end, also that step's row (Lightning logs it only after the step's callbacks)."""
+        rows = [*self.earlier_metrics, *read_metrics(self.logged_metrics)]
+        if trainer is not None and trainer.global_step % trainer.log_every_n_steps == 0:
+            values = {
+                key: str(float(value)) for key, value in trainer.callback_metrics.items() if key.startswith("train_")
+            }
+            rows.append({"epoch": str(trainer.current_epoch), "step": str(trainer.global_step - 1), **values})
+        return rows
 
     def state_dict(self) -> dict[str, Any]:
         states = [random_state()]

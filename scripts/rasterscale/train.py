@@ -30,6 +30,7 @@ from rasterscale.checkpoints import (
     fingerprint,
     remove_resume_folder,
     resume_folder,
+    write_metrics,
 )
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
@@ -209,8 +210,10 @@ def run_training(
     folder = resume_folder(model_path)
     run_fingerprint = fingerprint(config, scenes, spec.world_size)
     resume = find_resume_point(folder, run_fingerprint)
-    checkpoints = ResumeCheckpoints(folder, run_fingerprint, train_cfg["checkpoint_every_n_steps"], logger)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
+    logged = Path(csv_logger.log_dir, "metrics.csv")
+    every = train_cfg["checkpoint_every_n_steps"]
+    checkpoints = ResumeCheckpoints(folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged))
     trainer = make_trainer(
         spec,
         max_epochs=train_cfg["epochs"],
@@ -251,11 +254,7 @@ def run_training(
         seconds=round(seconds, 1),
         validation=validation.last,
     )
-    from rasterscale.outputs import atomic_path
-
-    logged = Path(csv_logger.log_dir, "metrics.csv")
-    with atomic_path(metrics_path) as tmp:
-        tmp.write_bytes(logged.read_bytes() if logged.exists() else b"step,epoch\n")
+    write_metrics(checkpoints.metrics(), metrics_path)
     plot_curves(metrics_path, plot_path)
     logger.info(
         "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
