@@ -9,6 +9,7 @@ resume folder or the rank-0 log, never a blind sleep.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -23,11 +24,13 @@ import pytest
 import torch
 
 from conftest import REPO, report
-from rasterscale.checkpoints import RESUME_FILE, STOP_EXIT_CODE, resume_folder
+from rasterscale.checkpoints import RESUME_FILE, STOP_EXIT_CODE, find_resume_point, fingerprint, resume_folder
 from rasterscale.config import validate_config
+from rasterscale.outputs import write_json
+from rasterscale.tasks.base import TrainScene
 from workflow import tiny_config, workflow_command
 
-MAX_STEPS = 6
+MAX_STEPS = 7  # the last SIGTERM (at step 5 or 6) leaves the last rerun a step or two
 EVERY = 2  # checkpoint_every_n_steps (an epoch of the tiny scene: 8 training tiles, 4 per step)
 ENDS_WITHIN_S = 30  # a stopped or broken job must be gone by then (measured: a few seconds)
 START_TIMEOUT_S = 240
@@ -193,3 +196,24 @@ def test_the_last_rerun_reaches_max_steps_and_writes_the_model(chain):
     model = torch.load(workdir / "results/models/tiny.pt", map_location="cpu", weights_only=False)
     assert model["meta"]["steps"] == MAX_STEPS
     assert not resume_folder(workdir / "results/models/tiny.pt").exists()
+    # the curves of all four runs, one training row per step: none lost, none doubled
+    with open(workdir / "results/models/tiny.metrics.csv") as handle:
+        steps = [int(row["step"]) for row in csv.DictReader(handle) if row["train_loss"]]
+    assert steps == list(range(MAX_STEPS))
+
+
+def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):
+    config = validate_config(tiny_config())
+    scenes = [TrainScene("a", "a.tif", "a.parquet", "a.gpkg")]
+    run = fingerprint(config, scenes, 2)
+    assert fingerprint({**config, "train": {**config["train"], "log_every_n_steps": 7}}, scenes, 2) == run
+    assert fingerprint({**config, "train": {**config["train"], "lr": 0.5}}, scenes, 2) != run
+    assert fingerprint(config, scenes, 4) != run
+    assert find_resume_point(tmp_path, run).why == f"no resume checkpoint in {tmp_path}: training from step 0"
+    write_json({"fingerprint": run, "step": 4, "checkpoint": "step-0000004.ckpt"}, tmp_path / RESUME_FILE)
+    assert "is missing: starting over at step 0" in find_resume_point(tmp_path, run).why
+    (tmp_path / "step-0000004.ckpt").write_bytes(b"written by a run")
+    point = find_resume_point(tmp_path, run)
+    assert (point.checkpoint, point.step) == (tmp_path / "step-0000004.ckpt", 4)
+    other = find_resume_point(tmp_path, fingerprint(config, scenes, 4))
+    assert other.checkpoint is None and "written by another run" in other.why and "starting over" in other.why
