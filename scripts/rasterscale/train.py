@@ -13,6 +13,7 @@ import csv
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.checkpoints import (
-    STOP_EXIT_CODE,
     ResumeCheckpoints,
     StoppedBySignal,
+    exit_stopped,
     find_resume_point,
     fingerprint,
+    init_training_worker,
     remove_resume_folder,
     resume_folder,
     write_metrics,
@@ -82,6 +84,7 @@ class TrainingDataModule(L.LightningDataModule):
             shuffle=True,
             num_workers=workers,
             persistent_workers=workers > 0,
+            worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank) if workers > 0 else None,
             collate_fn=self.task.collate,
             drop_last=False,
         )
@@ -238,7 +241,7 @@ def run_training(
         if trainer.is_global_zero:
             logger.error("%s", stop)
         end_rank()
-        raise SystemExit(STOP_EXIT_CODE) from None
+        exit_stopped()
     if not trainer.is_global_zero:
         end_rank()
         return
