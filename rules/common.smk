@@ -251,7 +251,7 @@ def merge_job_config():
 # one task per device. docs/slurm.md explains; rasterscale/preflight.py holds the checks.
 from rasterscale.preflight import PreflightError, plan_launch  # noqa: E402
 
-SLURM_NUMBERS = ("gpus_per_node", "mem_mb", "train_runtime", "predict_runtime")
+SLURM_NUMBERS = ("gpus_per_node", "mem_mb", "train_runtime", "predict_runtime", "train_stop_before_s")
 
 
 def slurm_setting(key):
@@ -281,6 +281,11 @@ def ddp_resources(section):
         resources.update(mpi="srun", tasks_per_node=devices)
     elif nodes > 1:
         resources.update(mpi="srun", tasks=nodes, slurm_extra="--ntasks-per-node=1")
+    stop_before = slurm_setting("train_stop_before_s") if section is TRAIN else 0
+    if stop_before:  # SIGTERM to every rank ahead of the time limit: a checkpoint, a clean stop (checkpoints.py)
+        resources["slurm_extra"] = " ".join(
+            filter(None, [resources.get("slurm_extra"), f"--signal=TERM@{stop_before}"])
+        )
     if slurm_setting("gres") and section["accelerator"] != "cpu":
         resources["gres"] = f"{slurm_setting('gres')}:{devices}"
         if "tasks" in resources:

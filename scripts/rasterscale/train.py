@@ -4,7 +4,7 @@ Batch semantics are explicit: ``train.batch_size`` is the effective global batch
 ``ceil(batch_size / world_size)`` tiles, and the learning rate follows the effective batch when
 ``lr_scaling: linear``. The plan is logged once, by rank 0, before the first step. Only rank 0 logs progress,
 validates (on tiles of a held-out band of each training scene) and writes the checkpoint, the training curves
-(CSV) and their plot.
+(CSV) and their plot. Resume checkpoints, and the stop on SIGTERM: :mod:`rasterscale.checkpoints`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,27 @@ import csv
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from rasterscale.batching import BatchPlan, plan_batches
+from rasterscale.checkpoints import (
+    ResumeCheckpoints,
+    StoppedBySignal,
+    exit_stopped,
+    find_resume_point,
+    fingerprint,
+    init_training_worker,
+    remove_resume_folder,
+    resume_folder,
+    write_metrics,
+)
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
@@ -71,6 +84,7 @@ class TrainingDataModule(L.LightningDataModule):
             shuffle=True,
             num_workers=workers,
             persistent_workers=workers > 0,
+            worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank) if workers > 0 else None,
             collate_fn=self.task.collate,
             drop_last=False,
         )
@@ -111,7 +125,8 @@ def _logger() -> logging.Logger:
 
 
 class RankZeroValidation(L.Callback):
-    """Validation by rank 0 alone every n epochs and at the end; the other ranks wait at a barrier."""
+    """Validation by rank 0 alone every n epochs and at the end; the other ranks wait at a barrier. It leaves
+    training's random state as it found it (so a run resumed at an epoch's end goes on as the uninterrupted one)."""
 
     def __init__(self, task: Task, datamodule: TrainingDataModule, every_n_epochs: int, batch_size: int) -> None:
         self.task, self.datamodule, self.every, self.batch_size = task, datamodule, every_n_epochs, batch_size
@@ -123,7 +138,8 @@ class RankZeroValidation(L.Callback):
         if not self.datamodule.val_sets or (epoch % self.every and not last_epoch):
             return
         if trainer.is_global_zero:
-            self.last = self.task.validate(module.model, self.datamodule.val_sets, self.batch_size)
+            with torch.random.fork_rng():  # training's random stream is the same with or without validation
+                self.last = self.task.validate(module.model, self.datamodule.val_sets, self.batch_size)
             self.last["epoch"] = trainer.current_epoch
             if trainer.logger is not None:
                 trainer.logger.log_metrics(self.last, step=trainer.global_step)
@@ -194,14 +210,20 @@ def run_training(
     module = task.training_module(model_cfg, plan, train_cfg)
     loaded = task.initial_weights(module.model, model_cfg, config)
     validation = RankZeroValidation(task, datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
+    folder = resume_folder(model_path)
+    run_fingerprint = fingerprint(config, scenes, spec.world_size)
+    resume = find_resume_point(folder, run_fingerprint)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
+    logged = Path(csv_logger.log_dir, "metrics.csv")
+    every = train_cfg["checkpoint_every_n_steps"]
+    checkpoints = ResumeCheckpoints(folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged))
     trainer = make_trainer(
         spec,
         max_epochs=train_cfg["epochs"],
         max_steps=train_cfg["max_steps"],
         logger=csv_logger,
         log_every_n_steps=train_cfg["log_every_n_steps"],
-        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation],
+        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints],
         enable_checkpointing=False,
         num_sanity_val_steps=0,
         gradient_clip_val=10.0,
@@ -211,8 +233,15 @@ def run_training(
         logger.info("run: %s", spec)
         logger.info("start: %s", loaded)
         logger.info("%s: %s", task.info.name, task.describe(model_cfg))
+        logger.info("%s", resume.why)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint)
+    except StoppedBySignal as stop:
+        if trainer.is_global_zero:
+            logger.error("%s", stop)
+        end_rank()
+        exit_stopped()
     if not trainer.is_global_zero:
         end_rank()
         return
@@ -228,13 +257,10 @@ def run_training(
         seconds=round(seconds, 1),
         validation=validation.last,
     )
-    from rasterscale.outputs import atomic_path
-
-    logged = Path(csv_logger.log_dir, "metrics.csv")
-    with atomic_path(metrics_path) as tmp:
-        tmp.write_bytes(logged.read_bytes() if logged.exists() else b"step,epoch\n")
+    write_metrics(checkpoints.metrics(), metrics_path)
     plot_curves(metrics_path, plot_path)
     logger.info(
         "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
     )
+    remove_resume_folder(folder)
     end_rank()
