@@ -17,8 +17,14 @@ Who launches a rank, and what ends it when that launcher is gone (:func:`bind_ra
   its dataloader workers) and exits. On a Slurm cluster the process is the job's own ``snakemake`` (the executor
   runs one inside the job); ranks on other nodes rely on srun's ``--kill-on-bad-exit=1`` and Slurm's end of the job.
 
-A peer that dies inside a collective: locally Lightning's launcher (rank 0) polls its child ranks every 5 s and
-SIGKILLs everything when one exited non-zero; under srun, ``--kill-on-bad-exit=1`` ends the step.
+A peer that dies: locally Lightning's launcher (rank 0) polls its child ranks every 5 s and SIGKILLs everything
+when one exited non-zero (and a rank blocked in a gloo collective gets a connection reset from its dead peer);
+under srun, ``--kill-on-bad-exit=1`` ends the step: Slurm sends SIGTERM to the other ranks, and SIGKILL KillWait
+later (30 s by default). Lightning's own SIGTERM handler only logs ("Bypassing SIGTERM") and a prediction rank
+would predict on (or block in that handler's broadcast to the dead peer) until that SIGKILL, so a prediction rank
+ends at SIGTERM (:func:`end_on_sigterm`; also at the time limit or an scancel: its finished work is in atomically
+written files). Training keeps Lightning's handling
+(the trainer's: a checkpoint, then exit).
 
 Processes are told apart by :class:`ProcessId` (host, pid, and the start time in /proc, so a reused pid is not
 mistaken for the original). Linux only; elsewhere :func:`bind_rank` does nothing.
@@ -43,6 +49,8 @@ RANK_LAUNCHER = "RASTERSCALE_RANK_LAUNCHER"  # host:pid:start of the rank that s
 POLL_SECONDS = 1.0
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 EXIT_CODE = 1
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+_SIGTERM_THREAD: threading.Thread | None = None  # end_on_sigterm's, once per process
 
 
 @dataclass(frozen=True)
@@ -117,13 +125,40 @@ def kill_children() -> int:
     return len(children)
 
 
-def end_rank_now(reason: str, logger: logging.Logger) -> None:
+def end_rank_now(reason: str, logger: logging.Logger, code: int = EXIT_CODE) -> None:
     """Log why (one line), kill this rank's child processes, and exit at once, whatever the other threads do."""
     logger.error("rasterscale: %s: ending this rank (pid %d)", reason, os.getpid())
     for handler in logger.handlers:
         handler.flush()
     kill_children()
-    os._exit(EXIT_CODE)
+    os._exit(code)
+
+
+def end_on_sigterm(logger: logging.Logger) -> threading.Thread:
+    """SIGTERM ends this rank at once (:func:`end_rank_now`, exit 143), from a thread woken by the signal.
+
+    Not from a Python signal handler: Lightning installs its own at ``trainer.predict`` and runs it first, and it
+    broadcasts over the process group, which blocks for good when a peer is dead. The interpreter's C-level handler
+    writes every signal that has a Python handler to the wakeup fd before any Python handler runs; a thread reading
+    that fd sees SIGTERM whatever the main thread is blocked in. Call from the main thread; once per process (a
+    later call returns the first one's thread)."""
+    global _SIGTERM_THREAD
+    if _SIGTERM_THREAD is not None:
+        return _SIGTERM_THREAD
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a Python handler, so it reaches the wakeup fd
+    signal.set_wakeup_fd(write_end)
+
+    def run() -> None:
+        while signal.SIGTERM not in os.read(read_end, 64):
+            pass
+        end_rank_now("received SIGTERM", logger, SIGTERM_EXIT_CODE)
+
+    _SIGTERM_THREAD = threading.Thread(target=run, name="rasterscale-sigterm", daemon=True)
+    _SIGTERM_THREAD.start()
+    return _SIGTERM_THREAD
 
 
 def watch(
@@ -151,11 +186,13 @@ def check_launcher(logger: logging.Logger) -> None:
         end_rank_now(f"the rank that launched this one (pid {launcher.pid}) is gone", logger)
 
 
-def bind_rank(launches_ranks: bool, logger: logging.Logger) -> None:
+def bind_rank(launches_ranks: bool, logger: logging.Logger, sigterm_ends: bool = False) -> None:
     """Tie this rank's life to its job's (module docstring): die with the parent, check the launching rank, watch
     the workflow's process; ``logger`` gets the one line said before a rank is ended. ``launches_ranks``: this
     process will start the other local ranks (Lightning's local launcher, rank 0), which then check that it is
-    their parent."""
+    their parent. ``sigterm_ends``: SIGTERM ends the rank at once (prediction: :func:`end_on_sigterm`)."""
+    if sigterm_ends:
+        end_on_sigterm(logger)
     if not sys.platform.startswith("linux"):
         return
     die_with_parent()

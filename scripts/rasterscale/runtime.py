@@ -236,7 +236,8 @@ def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
     launches_ranks = rank == 0 and spec.devices > 1 and not launched_by_slurm()  # Lightning's local launcher
-    bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER))
+    # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
+    bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
     quiet_non_zero_ranks(rank)
     if spec.accelerator == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(spec.devices))
