@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -450,3 +451,109 @@ def test_a_writer_killed_mid_write_leaves_nothing_at_the_final_path(writer, tmp_
     report(f"[faults] {writer} writer killed mid-write: {size / 2**20:.1f} MiB in its temporary, final path empty")
     assert not final.exists()
     assert size > 0  # the kill did land mid-write
+
+
+PROBE = """
+import logging, os, sys, threading, time
+sys.path.insert(0, {scripts!r})
+from rasterscale.lifetime import bind_rank
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+bind_rank(False, logging.getLogger("probe"), sigterm_ends=True)
+{after}
+print("bound", flush=True)
+time.sleep(120)
+"""
+
+
+def start_probe(after: str = "", **env: str) -> subprocess.Popen:
+    """A process that binds its life as a rank does (rasterscale.lifetime.bind_rank), then sleeps; ``env``: the
+    variables it is started with."""
+    script = PROBE.format(scripts=str(REPO / "scripts"), after=after)
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | env
+    )
+
+
+def wait_bound(probe: subprocess.Popen) -> None:
+    assert probe.stdout is not None and probe.stdout.readline() == "bound\n", probe.communicate()
+
+
+def process_id(pid: int) -> str:
+    from rasterscale.lifetime import ProcessId, process_start
+
+    return str(ProcessId(socket.gethostname(), pid, process_start(pid) or 0))
+
+
+def test_a_rank_ends_once_the_workflow_process_is_gone():
+    from rasterscale.lifetime import JOB_PARENT
+
+    snakemake = subprocess.Popen(["sleep", "120"])  # stands for the snakemake process (not the probe's parent)
+    probe = start_probe(**{JOB_PARENT: process_id(snakemake.pid)})
+    wait_bound(probe)
+    snakemake.kill()
+    killed = time.monotonic()
+    code = probe.wait(30)
+    seconds = time.monotonic() - killed
+    report(f"[lifetime] watched workflow process killed: the rank ended {code} after {seconds:.1f} s")
+    assert code == 1 and seconds < 5
+    assert f"the workflow process that started this job (pid {snakemake.pid} on " in probe.stderr.read()
+
+
+def test_a_rank_ends_at_once_when_its_workflow_process_or_launcher_is_already_gone():
+    from rasterscale.lifetime import JOB_PARENT, RANK_LAUNCHER
+
+    sleeper = subprocess.Popen(["sleep", "120"])
+    host, pid, start = process_id(sleeper.pid).split(":")
+    reused = f"{host}:{pid}:{int(start) + 1}"  # the pid now runs another process: the original is gone
+    other_host = f"elsewhere-{host}:{pid}:{int(start) + 1}"  # not watched: another host's process
+    try:
+        for env, message in [
+            ({JOB_PARENT: reused}, f"the workflow process that started this job (pid {pid} on {host}) is gone"),
+            ({RANK_LAUNCHER: process_id(sleeper.pid)}, f"the rank that launched this one (pid {pid}) is gone"),
+        ]:
+            probe = start_probe(**env)
+            out, err = probe.communicate(timeout=30)
+            assert probe.returncode == 1 and "bound" not in out and message in err, (env, out, err)
+        probe = start_probe(**{JOB_PARENT: other_host})
+        wait_bound(probe)
+        probe.kill()
+        probe.wait()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+LAUNCHER = """
+import subprocess, sys, time
+probe = subprocess.Popen([sys.executable, "-c", {probe!r}], stdout=subprocess.PIPE, text=True)
+assert probe.stdout.readline() == "bound\\n"
+print(probe.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_rank_dies_with_its_parent():
+    """What PR_SET_PDEATHSIG gives: a rank started by another (as Lightning starts rank 1) dies with it."""
+    probe = PROBE.format(scripts=str(REPO / "scripts"), after="")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(probe=probe)], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    rank = psutil.Process(int(launcher.stdout.readline()))
+    launcher.kill()
+    killed = time.monotonic()
+    launcher.wait()
+    ended = wait_gone({"rank": rank}, killed, 10)
+    report(f"[lifetime] parent of a rank killed: the rank was gone after {ended['rank']:.2f} s")
+
+
+def test_sigterm_ends_a_rank_whose_main_thread_is_stuck_in_a_signal_handler():
+    """What Lightning's SIGTERM handler does when a peer is dead: it blocks in a broadcast (here: forever)."""
+    after = "import signal\nsignal.signal(signal.SIGTERM, lambda signum, frame: threading.Event().wait())"
+    probe = start_probe(after)
+    wait_bound(probe)
+    probe.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code = probe.wait(30)
+    seconds = time.monotonic() - sent
+    report(f"[lifetime] SIGTERM to a rank stuck in a blocking handler: it ended {code} after {seconds:.2f} s")
+    assert code == 143 and seconds < 5
+    assert "received SIGTERM: ending this rank" in probe.stderr.read()
