@@ -420,7 +420,7 @@ WRITERS = {
         "detections.gpkg",
         "import numpy as np, geopandas as gpd, shapely\n"
         "from rasterscale.outputs import write_gpkg\n"
-        "x = np.random.default_rng(0).uniform(0, 1000, 1_000_000)\n"
+        "x = np.random.default_rng(0).uniform(0, 1000, 300_000)\n"
         "frame = gpd.GeoDataFrame({'score': x}, geometry=shapely.box(x, x, x + 1, x + 1), crs='EPSG:32617')\n"
         "write_gpkg(frame, final, layer='detections')\n",
     ),
