@@ -23,8 +23,7 @@ under srun, ``--kill-on-bad-exit=1`` ends the step: Slurm sends SIGTERM to the o
 later (30 s by default). Lightning's own SIGTERM handler only logs ("Bypassing SIGTERM") and a prediction rank
 would predict on (or block in that handler's broadcast to the dead peer) until that SIGKILL, so a prediction rank
 ends at SIGTERM (:func:`end_on_sigterm`; also at the time limit or an scancel: its finished work is in atomically
-written files). Training keeps Lightning's handling
-(the trainer's: a checkpoint, then exit).
+written files). Training's SIGTERM is left to the trainer (a checkpoint, then exit).
 
 Processes are told apart by :class:`ProcessId` (host, pid, and the start time in /proc, so a reused pid is not
 mistaken for the original). Linux only; elsewhere :func:`bind_rank` does nothing.
