@@ -294,8 +294,9 @@ def faults(reference, tmp_path_factory):
 
 
 def rank_processes_gone(fault: Fault) -> None:
-    ranks = {role: s for role, s in fault.ended_s.items() if role in ("rank0", "rank1")}
-    assert ranks and all(seconds < PROCESSES_GONE_WITHIN_S for seconds in fault.ended_s.values()), fault.ended_s
+    """Every rank and dataloader worker was gone within seconds of the kill."""
+    job = {role: seconds for role, seconds in fault.ended_s.items() if role != "snakemake"}
+    assert {"rank0", "rank1"} & set(job) and all(s < PROCESSES_GONE_WITHIN_S for s in job.values()), fault.ended_s
 
 
 def test_killing_snakemake_ends_every_rank_within_seconds(faults):
@@ -304,9 +305,11 @@ def test_killing_snakemake_ends_every_rank_within_seconds(faults):
     assert fault.code == -signal.SIGKILL
     rank_processes_gone(fault)
     assert {"rank0", "rank1", "rank0 worker", "rank1 worker"} <= set(fault.ended_s)
-    for rank in ("rank0", "rank1"):  # each rank's own log says why it ended
-        assert f"{rank} ERROR rasterscale: the workflow process that started this job (pid" in fault.rank_logs
-    assert fault.rank_logs.count("is gone: ending this rank") == 2
+    # the rank whose watchdog saw it first says why in its own log (rank 0 then kills rank 1 with its other children)
+    noticed = [
+        r for r in ("rank0", "rank1") if f"{r} ERROR rasterscale: the workflow process that started" in fault.rank_logs
+    ]
+    assert noticed and "is gone: ending this rank" in fault.rank_logs, fault.rank_logs[-2000:]
     # what the README's recovery commands are for: the lock and the incomplete marker of the killed run
     assert found["locks"] and found["incomplete"] == 1
 
