@@ -249,7 +249,12 @@ def merge_job_config():
 
 # Launching the ranks: locally Lightning starts them; under the SLURM profile (slurm.launcher: srun) Slurm does,
 # one task per device. docs/slurm.md explains; rasterscale/preflight.py holds the checks.
+from rasterscale.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.preflight import PreflightError, plan_launch  # noqa: E402
+
+# Every rank ends when this snakemake process is gone (rasterscale.lifetime): the rule's shell outlives a killed
+# snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
+os.environ[JOB_PARENT] = str(this_process())
 
 SLURM_NUMBERS = ("gpus_per_node", "mem_mb", "train_runtime", "predict_runtime", "train_stop_before_s")
 

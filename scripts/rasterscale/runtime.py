@@ -21,6 +21,7 @@ import torch
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
+from rasterscale.lifetime import bind_rank
 from rasterscale.preflight import (
     Geometry,
     PreflightError,
@@ -230,9 +231,13 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
 
 def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.Logger:
     """What every rank does first, in training, prediction and the environment check: its own log file (rank 0
-    also logging to the rule's log), Lightning quiet on the other ranks, and on CPUs its share of the cores."""
+    also logging to the rule's log), its life tied to its job's (:mod:`rasterscale.lifetime`), Lightning quiet on
+    the other ranks, and on CPUs its share of the cores."""
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
+    launches_ranks = rank == 0 and spec.devices > 1 and not launched_by_slurm()  # Lightning's local launcher
+    # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
+    bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
     quiet_non_zero_ranks(rank)
     if spec.accelerator == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(spec.devices))
