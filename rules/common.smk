@@ -1,6 +1,7 @@
 # Python helpers for the workflow: config validation, input checks, paths and launchers.
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -8,8 +9,14 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.cog import striped_sources  # noqa: E402
-from rasterscale.config import ConfigError, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_imagery, check_raster  # noqa: E402
+from rasterscale.config import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
+from rasterscale.inputs import (  # noqa: E402
+    InputError,
+    check_imagery,
+    check_raster,
+    check_validation_band,
+    unwritable_folder,
+)
 from rasterscale.preflight import launch_geometry  # noqa: E402
 from rasterscale.rankfiles import rank_stem  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
@@ -29,6 +36,12 @@ except ConfigError as err:
     fail(err)
 for notice in NOTICES:
     sys.stderr.write(f"rasterscale: warning: {notice}\n")
+UNWRITABLE = unwritable_folder(".", [CONFIG["demo"]["directory"]] if CONFIG["demo"]["scenes"] else [])
+if UNWRITABLE is not None:
+    fail(
+        f"{Path(UNWRITABLE).resolve()}: folder is not writable, and the workflow writes its results, logs and "
+        "Snakemake's state there; run from a folder you can write (--directory), or make it writable"
+    )
 
 SCENES = CONFIG["scenes"]
 DEMO = CONFIG["demo"]
@@ -104,6 +117,9 @@ def check_scene(name, scene):
         fail(f"{path}: raster not found ({scene_key(name, 'path', SCENE_ORIGINS)})")
     raster = check_raster(path)
     check_imagery(raster, scene.get("bands"), scene.get("scale"), f"scenes.{name}")
+    if name in TRAIN["scenes"] and not MODEL["checkpoint"]:
+        tiling = CONFIG["tiling"]
+        check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], TRAIN["validation_fraction"])
     striped = striped_sources(path)
     if striped:
         UNTILED[name] = striped
@@ -136,8 +152,9 @@ for name in [name for name in SCENES if name in UNTILED and name in {*TRAIN["sce
 
 
 def entry_point(name):
-    """Command that runs the entry script scripts/{name}.py with this workflow's Python."""
-    return f"{PYTHON} {SCRIPTS / name}.py"
+    """Command that runs the entry script scripts/{name}.py with this workflow's Python (quoted: either path may
+    hold a space)."""
+    return f"{shlex.quote(PYTHON)} {shlex.quote(str(SCRIPTS / name) + '.py')}"
 
 
 def world_size(section):
@@ -371,6 +388,14 @@ def final_targets():
     for name in evaluated_scenes():
         targets += [f"results/{name}/evaluation.json", f"results/{name}/quicklook.png"]
     return targets
+
+
+def default_targets(wildcards):
+    """Input function of rule all (evaluated only when it is the target, not for `snakemake check_environment`):
+    everything the config asks for, or one line when it asks for nothing."""
+    if nothing_to_do(CONFIG):
+        fail(nothing_to_do(CONFIG))
+    return final_targets()
 
 
 def print_evaluation_summary():
