@@ -29,9 +29,10 @@ def fail(message):
 
 
 SCENE_ORIGINS = {}  # scene -> the scene table's file and line it came from (config.scene_key)
-NOTICES = []  # deprecation warnings of renamed keys
+NOTICES = []  # warnings: renamed keys, scenes scored on their training data
+DEFAULT_BANDS = set()  # scenes whose bands the config leaves out: a raster of more than 3 colours stops them
 try:
-    CONFIG = validate_config(config, origins=SCENE_ORIGINS, notices=NOTICES)
+    CONFIG = validate_config(config, origins=SCENE_ORIGINS, notices=NOTICES, default_bands=DEFAULT_BANDS)
 except ConfigError as err:
     fail(err)
 for notice in NOTICES:
@@ -39,8 +40,8 @@ for notice in NOTICES:
 UNWRITABLE = unwritable_folder(".", [CONFIG["demo"]["directory"]] if CONFIG["demo"]["scenes"] else [])
 if UNWRITABLE is not None:
     fail(
-        f"{Path(UNWRITABLE).resolve()}: folder is not writable, and the workflow writes its results, logs and "
-        "Snakemake's state there; run from a folder you can write (--directory), or make it writable"
+        f"{Path(UNWRITABLE).resolve()}: folder is not writable, and the workflow writes into it; make it writable "
+        "(chmod u+w), or run in a folder you can write (--directory)"
     )
 
 SCENES = CONFIG["scenes"]
@@ -116,7 +117,8 @@ def check_scene(name, scene):
             return
         fail(f"{path}: raster not found ({scene_key(name, 'path', SCENE_ORIGINS)})")
     raster = check_raster(path)
-    check_imagery(raster, scene.get("bands"), scene.get("scale"), f"scenes.{name}")
+    bands = None if name in DEFAULT_BANDS else scene.get("bands")
+    check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}")
     if name in TRAIN["scenes"] and not MODEL["checkpoint"]:
         tiling = CONFIG["tiling"]
         check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], TRAIN["validation_fraction"])
@@ -390,9 +392,9 @@ def final_targets():
     return targets
 
 
-def default_targets(wildcards):
-    """Input function of rule all (evaluated only when it is the target, not for `snakemake check_environment`):
-    everything the config asks for, or one line when it asks for nothing."""
+def default_targets():
+    """Rule all's input (through a lambda: evaluated only when all is the target, not for `snakemake
+    check_environment`): everything the config asks for, or one line when it asks for nothing."""
     if nothing_to_do(CONFIG):
         fail(nothing_to_do(CONFIG))
     return final_targets()

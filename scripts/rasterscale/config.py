@@ -216,17 +216,23 @@ def validate_config(
     schema: dict[str, Any] | None = None,
     origins: dict[str, str] | None = None,
     notices: list[str] | None = None,
+    default_bands: set[str] | None = None,
 ) -> dict[str, Any]:
     """Return a validated copy of ``config`` with defaults filled in; raise ConfigError on the first problem.
 
     ``origins``, when given, is filled with where each scene of a table or glob came from (see
-    :func:`scene_key`); ``notices`` with warnings: renamed keys, scenes scored on their own training data."""
+    :func:`scene_key`); ``notices`` with warnings: renamed keys, scenes scored on their own training data;
+    ``default_bands`` with the scenes whose ``bands`` are the default (not the user's choice)."""
     instance = copy.deepcopy(dict(config))
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
     if origins is not None:
         origins.update(found)
+    if default_bands is not None and isinstance(instance["scenes"], dict):  # which scenes' bands the user left out
+        default_bands.update(
+            n for n, scene in instance["scenes"].items() if isinstance(scene, dict) and "bands" not in scene
+        )
     validator = _DefaultingValidator(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:

@@ -221,7 +221,7 @@ def _overlaps_raster(crs: Any, bounds: Any, raster: RasterInfo) -> bool:
     if bounds is None or not np.all(np.isfinite(bounds)):
         return True
     left, bottom, right, top = transform_bounds(crs, raster.crs, *bounds)
-    corners = [raster.transform * (0, 0), raster.transform * (raster.width, raster.height)]
+    corners = [raster.transform @ (0, 0), raster.transform @ (raster.width, raster.height)]
     (x0, y0), (x1, y1) = corners
     return left <= max(x0, x1) and right >= min(x0, x1) and bottom <= max(y0, y1) and top >= min(y0, y1)
 
