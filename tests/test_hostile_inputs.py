@@ -175,6 +175,7 @@ def test_config_and_ground_truth_checks_of_the_dry_run(data):
         ({"train": {"scenes": ["train", "train"]}}, "key 'train.scenes' names scene 'train' twice"),
         ({"model": {"labels": ["tree", "Tree"]}}, "key 'model.labels' names class 'Tree' twice \\(tree, Tree\\)"),
         ({"train": {"max_steps": 0}}, "key 'train.max_steps' is 0: -1 \\(no limit, train.epochs decide\\) or at"),
+        ({"model": {"checkpoint": "m.pt"}}, "model.checkpoint and train.scenes are both set, and a checkpoint is"),
     ]:
         with pytest.raises(ConfigError, match=f"^config: {message}"):
             validate_config({**base, **{k: {**base[k], **v} for k, v in sections.items()}})

@@ -286,6 +286,11 @@ def check_consistency(config: Mapping[str, Any]) -> None:
     for name in config["train"]["scenes"]:
         if not scenes[name].get("annotations"):
             raise ConfigError(f"config: training scene '{name}' has no 'annotations' (scenes.{name}.annotations)")
+    if config["train"]["scenes"] and config["model"]["checkpoint"]:
+        raise ConfigError(
+            "config: model.checkpoint and train.scenes are both set, and a checkpoint is predicted with, not trained: "
+            "leave train.scenes empty to predict with it, or give it as train.init to fine-tune it"
+        )
     if config["predict"]["scenes"] and not config["train"]["scenes"] and not config["model"]["checkpoint"]:
         raise ConfigError(
             "config: predict.scenes is set but there is nothing to predict with: set train.scenes or model.checkpoint"
