@@ -13,6 +13,7 @@ are used, the others are counted in the log.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -110,20 +111,32 @@ def read_raster_header(path: str | Path) -> RasterInfo:
         raise InputError(f"{path}: not a readable raster ({err})") from err
 
 
+ALL_BLOCKS_UP_TO = 16384  # blocks a band whose offsets are all read; beyond, only its last two block rows
+
+
 def truncated_end(path: str | Path) -> tuple[int, int] | None:
     """(file size, where its blocks end) of a GeoTIFF cut short, from the offsets and sizes of its blocks in the
     header (GDAL's ``BLOCK_OFFSET_x_y``/``BLOCK_SIZE_x_y``, microseconds a block); None when every block lies in
-    the file, or the raster is no GeoTIFF (a VRT's sources are GeoTIFFs checked on their own)."""
-    size = Path(path).stat().st_size
+    the file, or the raster is no GeoTIFF (a VRT's sources are GeoTIFFs checked on their own). Writers put blocks
+    in row order, so a band of more than :data:`ALL_BLOCKS_UP_TO` blocks is judged on its last two block rows."""
+    path = Path(path)
+    stat = path.stat()
+    return _truncated_end(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)  # once per raster and version in a process (the dry run checks a scene twice)
+def _truncated_end(path: str, size: int, mtime_ns: int) -> tuple[int, int] | None:
     with rasterio.open(path) as src:
         if src.driver != "GTiff":
             return None
         rows, cols = src.block_shapes[0]
+        block_rows, block_cols = -(-src.height // rows), -(-src.width // cols)
+        first_row = 0 if block_rows * block_cols <= ALL_BLOCKS_UP_TO else max(0, block_rows - 2)
         bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "band" else [1]
         end = 0
         for band in bands:
-            for y in range((src.height + rows - 1) // rows):
-                for x in range((src.width + cols - 1) // cols):
+            for y in range(first_row, block_rows):
+                for x in range(block_cols):
                     offset = src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=band)
                     nbytes = src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=band)
                     if offset and nbytes:
