@@ -196,13 +196,15 @@ def detector_file(data) -> Path:
     import torch
 
     from rasterscale.model import build_detector, save_checkpoint
-    from rasterscale.modelfiles import DetectorConfig
+    from rasterscale.modelfiles import DetectorConfig, write_deepforest_folder
 
     folder = data / "my models"
     folder.mkdir()
     cfg = DetectorConfig(backbone="resnet18", labels=("tree", "shrub"), patch_size=PATCH)
     torch.manual_seed(0)
-    save_checkpoint(build_detector(cfg), cfg, folder / "my model.pt")
+    model = build_detector(cfg)
+    save_checkpoint(model, cfg, folder / "my model.pt")
+    write_deepforest_folder(model.state_dict(), cfg, folder / "deepforest")
     return folder / "my model.pt"
 
 
@@ -217,6 +219,12 @@ def test_rasters_and_model_files_that_fail_from_their_headers(data, detector_fil
     for path in (data / "text.pt", half):
         with pytest.raises(InputError, match=f"^{re.escape(str(path))}: not a model file rasterscale reads \\("):
             read_header(path)
+    cut = tmp_path / "deepforest"
+    shutil.copytree(detector_file.parent / "deepforest", cut)
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(InputError, match=r"model.safetensors: unreadable weights \(.*\); copy or download them again"):
+        read_header(cut)
     other = validate_config({"model": {"checkpoint": str(detector_file), "labels": ["shrub", "tree"]}})
     with pytest.raises(
         ConfigError, match=r"'model.labels' is \[shrub, tree\] but .*my model.pt predicts \[tree, shrub\]"

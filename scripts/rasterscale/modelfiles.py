@@ -156,13 +156,24 @@ def _folder_header(path: Path) -> ModelHeader:
     missing = [name for name in FOLDER_FILES if not (path / name).is_file()]
     if missing:
         raise _fail(path, f"a DeepForest model folder needs {' and '.join(FOLDER_FILES)}; missing {', '.join(missing)}")
+    from safetensors import SafetensorError
+
     try:
         config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    try:
         with safe_open(str(path / "model.safetensors"), framework="numpy") as handle:
             shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
             metadata = handle.metadata() or {}
-    except (OSError, ValueError) as err:
-        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    except (
+        OSError,
+        ValueError,
+        SafetensorError,
+    ) as err:  # a file cut short: "incomplete metadata, file not fully covered"
+        raise _fail(
+            path / "model.safetensors", f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
+        ) from None
     backbone, classes = architecture(path, shapes)
     if config.get("num_classes", classes) != classes:
         raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
