@@ -132,6 +132,10 @@ CASES = {
         "\\(train.validation_fraction 0.3, the bottom 90 px\\) holds no whole 128 px tile, so validation would never "
         "run; set train.validation_fraction to at least 0.43, or 0 to train without validation",
     ),
+    "a text file as model.checkpoint (was a traceback)": (
+        lambda d: config_of(d, model={"checkpoint": str(d / "text.pt")}, train={"scenes": []}),
+        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt checkpoint, .*\\)",
+    ),
     "nothing to train or predict": (
         lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),
         "rasterscale: config: train.scenes and predict.scenes are both empty \\(scenes: test, train\\): nothing to "
