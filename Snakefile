@@ -19,7 +19,7 @@ include: "rules/check.smk"
 rule all:
     default_target: True
     input:
-        final_targets(),
+        lambda wildcards: default_targets(),
 
 
 onsuccess:

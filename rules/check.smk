@@ -17,4 +17,4 @@ rule check_environment:
         log_dir="logs/check_environment",
     shell:
         "{params.launcher}{params.entry} --config {params.config:q}"
-        " --out-dir {params.out_dir} --log-dir {params.log_dir} > {log} 2>&1"
+        " --out-dir {params.out_dir:q} --log-dir {params.log_dir:q} > {log:q} 2>&1"

@@ -16,4 +16,4 @@ rule convert_to_cog:
     params:
         entry=entry_point("convert_to_cog"),
     shell:
-        "{params.entry} --src {input} --dst {output} --threads {threads} > {log} 2>&1"
+        "{params.entry} --src {input:q} --dst {output:q} --threads {threads} > {log:q} 2>&1"

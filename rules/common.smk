@@ -1,6 +1,7 @@
 # Python helpers for the workflow: config validation, input checks, paths and launchers.
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -8,8 +9,14 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.cog import striped_sources  # noqa: E402
-from rasterscale.config import ConfigError, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_imagery, check_raster  # noqa: E402
+from rasterscale.config import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
+from rasterscale.inputs import (  # noqa: E402
+    InputError,
+    check_imagery,
+    check_raster,
+    check_validation_band,
+    unwritable_folder,
+)
 from rasterscale.preflight import launch_geometry  # noqa: E402
 from rasterscale.rankfiles import rank_stem  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
@@ -22,13 +29,20 @@ def fail(message):
 
 
 SCENE_ORIGINS = {}  # scene -> the scene table's file and line it came from (config.scene_key)
-NOTICES = []  # deprecation warnings of renamed keys
+NOTICES = []  # warnings: renamed keys, scenes scored on their training data
+DEFAULT_BANDS = set()  # scenes whose bands the config leaves out: a raster of more than 3 colours stops them
 try:
-    CONFIG = validate_config(config, origins=SCENE_ORIGINS, notices=NOTICES)
+    CONFIG = validate_config(config, origins=SCENE_ORIGINS, notices=NOTICES, default_bands=DEFAULT_BANDS)
 except ConfigError as err:
     fail(err)
 for notice in NOTICES:
     sys.stderr.write(f"rasterscale: warning: {notice}\n")
+UNWRITABLE = unwritable_folder(".", [CONFIG["demo"]["directory"]] if CONFIG["demo"]["scenes"] else [])
+if UNWRITABLE is not None:
+    fail(
+        f"{Path(UNWRITABLE).resolve()}: folder is not writable, and the workflow writes into it; make it writable "
+        "(chmod u+w), or run in a folder you can write (--directory)"
+    )
 
 SCENES = CONFIG["scenes"]
 DEMO = CONFIG["demo"]
@@ -103,7 +117,11 @@ def check_scene(name, scene):
             return
         fail(f"{path}: raster not found ({scene_key(name, 'path', SCENE_ORIGINS)})")
     raster = check_raster(path)
-    check_imagery(raster, scene.get("bands"), scene.get("scale"), f"scenes.{name}")
+    bands = None if name in DEFAULT_BANDS else scene.get("bands")
+    check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}")
+    if name in TRAIN["scenes"] and not MODEL["checkpoint"]:
+        tiling = CONFIG["tiling"]
+        check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], TRAIN["validation_fraction"])
     striped = striped_sources(path)
     if striped:
         UNTILED[name] = striped
@@ -136,8 +154,9 @@ for name in [name for name in SCENES if name in UNTILED and name in {*TRAIN["sce
 
 
 def entry_point(name):
-    """Command that runs the entry script scripts/{name}.py with this workflow's Python."""
-    return f"{PYTHON} {SCRIPTS / name}.py"
+    """Command that runs the entry script scripts/{name}.py with this workflow's Python (quoted: either path may
+    hold a space)."""
+    return f"{shlex.quote(PYTHON)} {shlex.quote(str(SCRIPTS / name) + '.py')}"
 
 
 def world_size(section):
@@ -381,6 +400,14 @@ def final_targets():
     for name in evaluated_scenes():
         targets += [f"results/{name}/evaluation.json", f"results/{name}/quicklook.png"]
     return targets
+
+
+def default_targets():
+    """Rule all's input (through a lambda: evaluated only when all is the target, not for `snakemake
+    check_environment`): everything the config asks for, or one line when it asks for nothing."""
+    if nothing_to_do(CONFIG):
+        fail(nothing_to_do(CONFIG))
+    return final_targets()
 
 
 def print_evaluation_summary():

@@ -19,6 +19,6 @@ rule synthesize_scene:
         crs=DEMO["crs"],
         pixel_size=DEMO["pixel_size"],
     shell:
-        "{params.entry} --raster {output.raster} --boxes {output.boxes} --crowns {output.crowns}"
+        "{params.entry} --raster {output.raster:q} --boxes {output.boxes:q} --crowns {output.crowns:q}"
         " --width {params.width} --height {params.height} --seed {params.seed}"
-        " --crs {params.crs} --pixel-size {params.pixel_size} > {log} 2>&1"
+        " --crs {params.crs:q} --pixel-size {params.pixel_size} > {log:q} 2>&1"

@@ -19,4 +19,4 @@ rule evaluate_scene:
         labels=labels_json(),
     shell:
         "{params.entry} --scene {params.scene:q} --config {params.config:q} --labels {params.labels:q}"
-        " --out {output.evaluation} --quicklook {output.quicklook} > {log} 2>&1"
+        " --out {output.evaluation:q} --quicklook {output.quicklook:q} > {log:q} 2>&1"

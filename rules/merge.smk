@@ -22,4 +22,4 @@ for batch, names in enumerate(BATCHES):
             entry=entry_point("merge"),
             config=merge_job_config(),
         shell:
-            "{params.entry} --job {input.job} --config {params.config:q} > {log} 2>&1"
+            "{params.entry} --job {input.job:q} --config {params.config:q} > {log:q} 2>&1"

@@ -41,6 +41,6 @@ rule predict:
         shards=predict_shards(),
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
     shell:
-        "{params.launcher}{params.entry} --job {input.job} --checkpoint {input.checkpoint}"
-        " --config {params.config:q} --out-dir {output} --log-dir {params.log_dir}"
-        " --shards {params.shards} --shard {wildcards.shard} > {log} 2>&1"
+        "{params.launcher}{params.entry} --job {input.job:q} --checkpoint {input.checkpoint:q}"
+        " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"
+        " --shards {params.shards} --shard {wildcards.shard} > {log:q} 2>&1"

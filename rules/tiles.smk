@@ -18,9 +18,9 @@ rule tile_manifest:
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
         imagery=lambda wildcards: scene_imagery(wildcards.scene),
     shell:
-        "{params.entry} --raster {input.raster} --out {output}"
+        "{params.entry} --raster {input.raster:q} --out {output:q}"
         " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata}"
-        " --imagery {params.imagery:q} > {log} 2>&1"
+        " --imagery {params.imagery:q} > {log:q} 2>&1"
 
 
 for batch, names in enumerate(BATCHES):
@@ -45,5 +45,5 @@ for batch, names in enumerate(BATCHES):
             overlap=CONFIG["tiling"]["overlap"],
             skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
         shell:
-            "{params.entry} --job {input.job}"
-            " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log} 2>&1"
+            "{params.entry} --job {input.job:q}"
+            " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log:q} 2>&1"

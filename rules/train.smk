@@ -23,5 +23,5 @@ rule train_model:
         log_dir="logs/train/{model}",
     shell:
         "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"
-        " --model {output.model} --metrics {output.metrics} --plot {output.plot} --log-dir {params.log_dir}"
-        " > {log} 2>&1"
+        " --model {output.model:q} --metrics {output.metrics:q} --plot {output.plot:q} --log-dir {params.log_dir:q}"
+        " > {log:q} 2>&1"

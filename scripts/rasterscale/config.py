@@ -216,17 +216,23 @@ def validate_config(
     schema: dict[str, Any] | None = None,
     origins: dict[str, str] | None = None,
     notices: list[str] | None = None,
+    default_bands: set[str] | None = None,
 ) -> dict[str, Any]:
     """Return a validated copy of ``config`` with defaults filled in; raise ConfigError on the first problem.
 
     ``origins``, when given, is filled with where each scene of a table or glob came from (see
-    :func:`scene_key`); ``notices`` with the deprecation warnings of renamed keys."""
+    :func:`scene_key`); ``notices`` with warnings: renamed keys, scenes scored on their own training data;
+    ``default_bands`` with the scenes whose ``bands`` are the default (not the user's choice)."""
     instance = copy.deepcopy(dict(config))
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
     if origins is not None:
         origins.update(found)
+    if default_bands is not None and isinstance(instance["scenes"], dict):  # which scenes' bands the user left out
+        default_bands.update(
+            n for n, scene in instance["scenes"].items() if isinstance(scene, dict) and "bands" not in scene
+        )
     validator = _DefaultingValidator(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
@@ -238,6 +244,8 @@ def validate_config(
         instance["model"]["name"] = DEFAULT_MODEL_NAMES[instance["task"]]
     expand_all(instance)
     check_consistency(instance)
+    if notices is not None:
+        notices.extend(scored_on_training_data(instance))
     return instance
 
 
@@ -262,13 +270,53 @@ def check_consistency(config: Mapping[str, Any]) -> None:
                     f"config: key '{section}.scenes' names scene '{name}', which is not under 'scenes' "
                     f"(known: {', '.join(sorted(scenes))})"
                 )
+    for key, values in (("train.scenes", config["train"]["scenes"]), ("predict.scenes", config["predict"]["scenes"])):
+        twice = sorted({name for name in values if values.count(name) > 1})
+        if twice:
+            raise ConfigError(f"config: key '{key}' names scene '{twice[0]}' twice: list each scene once")
+    labels = config["model"]["labels"] or []
+    twice = sorted({name for name in labels if [x.casefold() for x in labels].count(name.casefold()) > 1})
+    if twice:
+        raise ConfigError(f"config: key 'model.labels' names class '{twice[0]}' twice ({', '.join(labels)})")
+    if config["train"]["max_steps"] == 0 or config["train"]["max_steps"] < -1:
+        raise ConfigError(
+            f"config: key 'train.max_steps' is {config['train']['max_steps']}: -1 (no limit, train.epochs decide) or "
+            "at least 1"
+        )
     for name in config["train"]["scenes"]:
         if not scenes[name].get("annotations"):
             raise ConfigError(f"config: training scene '{name}' has no 'annotations' (scenes.{name}.annotations)")
+    if config["train"]["scenes"] and config["model"]["checkpoint"]:
+        raise ConfigError(
+            "config: model.checkpoint and train.scenes are both set, and a checkpoint is predicted with, not trained: "
+            "leave train.scenes empty to predict with it, or give it as train.init to fine-tune it"
+        )
     if config["predict"]["scenes"] and not config["train"]["scenes"] and not config["model"]["checkpoint"]:
         raise ConfigError(
             "config: predict.scenes is set but there is nothing to predict with: set train.scenes or model.checkpoint"
         )
+
+
+def nothing_to_do(config: Mapping[str, Any]) -> str | None:
+    """Why the default target of a validated config would do nothing (no scene to train on or predict), or None."""
+    if config["train"]["scenes"] or config["predict"]["scenes"]:
+        return None
+    known = f"scenes: {', '.join(config['scenes'])}" if config["scenes"] else "no scenes"
+    return (
+        f"config: train.scenes and predict.scenes are both empty ({known}): nothing to do; name the scenes to train "
+        "on or predict"
+    )
+
+
+def scored_on_training_data(config: Mapping[str, Any]) -> list[str]:
+    """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data)."""
+    trained = set(config["train"]["scenes"]) if not config["model"]["checkpoint"] else set()
+    return [
+        f"scene {name} is trained on (train.scenes) and predicted and scored (predict.scenes): "
+        f"results/{name}/evaluation.json scores the model on its own training data"
+        for name in config["predict"]["scenes"]
+        if name in trained and config["scenes"][name].get("annotations")
+    ]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

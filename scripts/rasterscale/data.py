@@ -69,7 +69,7 @@ class RasterHandle(ProcessRaster):
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
         """The tile as the model's uint8 RGB (the spec's bands, scale and fill), shape (3, height, width)."""
-        return read_tile(self.src, self.spec, tile_window(tile))
+        return read_tile(self.src, self.spec, tile_window(tile), tile.tile_id)
 
     def read_rgb(self, tile: Tile) -> torch.Tensor:
         """The tile as a float tensor in [0, 1], shape (3, height, width)."""

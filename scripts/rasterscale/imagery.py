@@ -25,9 +25,18 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import rasterio
+from rasterio.errors import RasterioIOError
 from rasterio.windows import Window
 
-from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, check_imagery, check_raster
+from rasterscale.inputs import (
+    DEFAULT_BANDS,
+    InputError,
+    RasterInfo,
+    RasterReadError,
+    check_imagery,
+    check_raster,
+    innermost_cause,
+)
 
 SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
@@ -143,6 +152,20 @@ def percentile_range(
     return (lows[0], lows[1], lows[2]), (highs[0], highs[1], highs[2])
 
 
+def describe_window(window: Window | None) -> str:
+    if window is None:
+        return "a decimated read of the whole raster"
+    return f"window col {int(window.col_off)}, row {int(window.row_off)}, {int(window.width)} x {int(window.height)} px"
+
+
+def unreadable(path: str, window: Window | None, err: BaseException, tile_id: int | None = None) -> RasterReadError:
+    """The one line of pixels that will not decode: the raster, the tile or window, GDAL's reason."""
+    where = describe_window(window) if tile_id is None else f"tile {tile_id} ({describe_window(window)})"
+    return RasterReadError(
+        f"{path}: {where} will not decode ({innermost_cause(err)}); the file is damaged: copy or export it again"
+    )
+
+
 def read_masked(
     src: rasterio.io.DatasetReader,
     spec: ImageSpec,
@@ -152,16 +175,18 @@ def read_masked(
     """The spec's three bands as stored, shape (3, h, w), and the valid-pixel mask (None: all valid). One read
     for bands and alpha; ``out_shape`` reads decimated."""
     shape = None if out_shape is None else (len(spec.indexes), *out_shape)
-    raw = src.read(indexes=spec.indexes, window=window, out_shape=shape)
-    pixels, valid = raw[:3], None
+    try:
+        raw = src.read(indexes=spec.indexes, window=window, out_shape=shape)
+        dataset_valid = src.dataset_mask(window=window, out_shape=out_shape) > 0 if spec.mask == "dataset" else None
+    except RasterioIOError as err:
+        raise unreadable(src.name, window, err) from err
+    pixels, valid = raw[:3], dataset_valid
     if spec.mask == "alpha":
         valid = raw[3] > 0
     elif spec.mask == "nodata":
         nodata = spec.nodata
         invalid = np.isnan(pixels) if nodata is not None and math.isnan(nodata) else pixels == nodata
         valid = ~invalid.all(axis=0)
-    elif spec.mask == "dataset":
-        valid = src.dataset_mask(window=window, out_shape=out_shape) > 0
     if pixels.dtype.kind == "f":
         finite = np.isfinite(pixels).all(axis=0)
         valid = finite if valid is None else valid & finite
@@ -230,9 +255,15 @@ def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
     return np.rint(scaled, out=scaled).astype(np.uint8)
 
 
-def read_tile(src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window) -> np.ndarray:
-    """A window as the model's uint8 (3, h, w) tile: bands, scale, masked pixels filled."""
-    pixels, valid = read_masked(src, spec, window=window)
+def read_tile(
+    src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window, tile_id: int | None = None
+) -> np.ndarray:
+    """A window as the model's uint8 (3, h, w) tile: bands, scale, masked pixels filled. Pixels that will not
+    decode raise :class:`~rasterscale.inputs.RasterReadError` naming the raster and the tile (``tile_id``)."""
+    try:
+        pixels, valid = read_masked(src, spec, window=window)
+    except RasterReadError as err:
+        raise unreadable(src.name, window, err.__cause__ or err, tile_id) from err.__cause__
     tile = to_uint8(pixels, spec)
     if valid is not None and not valid.all():
         tile[:, ~valid] = spec.fill

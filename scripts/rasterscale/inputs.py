@@ -1,7 +1,9 @@
 """Checks of user inputs (rasters and annotations), each failing with one line that names the file.
 
 These run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
-They read metadata only, never pixels.
+They read metadata only, never pixels: a GeoTIFF cut short is found from its header (its blocks' offsets and
+sizes reach past the end of the file). What only decoding finds (a block whose bytes are damaged) fails the
+reading rank with :class:`RasterReadError`, one line naming the raster and the window or tile.
 
 Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
 label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
@@ -11,7 +13,10 @@ are used, the others are counted in the log.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +42,26 @@ LOGGER = logging.getLogger(__name__)
 
 class InputError(ValueError):
     """A problem with an input file, worded as one line that names the file."""
+
+
+class RasterReadError(InputError):
+    """Pixels of a raster that will not decode where they are read (run time: its header was fine)."""
+
+
+def one_line(error: BaseException) -> str:
+    """An input error's one line, also when a dataloader worker raised it: PyTorch re-raises a worker's exception
+    in the rank with the worker's traceback as its message, the original line last."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught "):
+        return lines[-1].split("Error: ", 1)[-1]
+    return lines[0] if lines else type(error).__name__
+
+
+def innermost_cause(error: BaseException) -> str:
+    """The first line of the deepest exception in ``error``'s cause chain (GDAL's own words)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -86,12 +111,52 @@ def read_raster_header(path: str | Path) -> RasterInfo:
         raise InputError(f"{path}: not a readable raster ({err})") from err
 
 
+ALL_BLOCKS_UP_TO = 16384  # blocks a band whose offsets are all read; beyond, only its last two block rows
+
+
+def truncated_end(path: str | Path) -> tuple[int, int] | None:
+    """(file size, where its blocks end) of a GeoTIFF cut short, from the offsets and sizes of its blocks in the
+    header (GDAL's ``BLOCK_OFFSET_x_y``/``BLOCK_SIZE_x_y``, microseconds a block); None when every block lies in
+    the file, or the raster is no GeoTIFF (a VRT's sources are GeoTIFFs checked on their own). Writers put blocks
+    in row order, so a band of more than :data:`ALL_BLOCKS_UP_TO` blocks is judged on its last two block rows."""
+    path = Path(path)
+    stat = path.stat()
+    return _truncated_end(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)  # once per raster and version in a process (the dry run checks a scene twice)
+def _truncated_end(path: str, size: int, mtime_ns: int) -> tuple[int, int] | None:
+    with rasterio.open(path) as src:
+        if src.driver != "GTiff":
+            return None
+        rows, cols = src.block_shapes[0]
+        block_rows, block_cols = -(-src.height // rows), -(-src.width // cols)
+        first_row = 0 if block_rows * block_cols <= ALL_BLOCKS_UP_TO else max(0, block_rows - 2)
+        bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "band" else [1]
+        end = 0
+        for band in bands:
+            for y in range(first_row, block_rows):
+                for x in range(block_cols):
+                    offset = src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=band)
+                    nbytes = src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=band)
+                    if offset and nbytes:
+                        end = max(end, int(offset) + int(nbytes))
+    return (size, end) if end > size else None
+
+
 def check_raster(path: str | Path) -> RasterInfo:
-    """Open a raster's header and check it can feed an RGB model in a georeferenced way."""
+    """Open a raster's header and check it can feed an RGB model in a georeferenced way, and that a GeoTIFF
+    holds all of its blocks."""
     path = str(path)
     if not Path(path).exists():
         raise InputError(f"{path}: raster not found")
     info = read_raster_header(path)
+    cut = truncated_end(path)
+    if cut is not None:
+        raise InputError(
+            f"{path}: GeoTIFF is truncated: the file has {cut[0]} bytes but its blocks reach byte {cut[1]} "
+            "(an interrupted copy or download?); copy it again"
+        )
     if info.crs is None:
         raise InputError(
             f"{path}: raster has no CRS; outputs could not be placed on the map (set one with gdal_edit.py -a_srs)"
@@ -105,6 +170,7 @@ def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mappin
     """Check that a scene's ``bands`` and ``scale`` (config ``<key>.bands``/``<key>.scale``, e.g. key
     ``scenes.ortho``) can make uint8 RGB tiles of the raster: one line naming the file and the key otherwise."""
     path = raster.path
+    given = bands
     bands = list(bands or DEFAULT_BANDS)
     if len(bands) != RGB_BANDS:
         raise InputError(f"{path}: {key}.bands lists {len(bands)} band(s); the model needs {RGB_BANDS} (RGB)")
@@ -116,6 +182,18 @@ def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mappin
         )
     if raster.alpha is not None and raster.alpha in bands:
         raise InputError(f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands")
+    check_scale(raster, bands, scale, key)
+    colours = raster.count - (raster.alpha is not None)
+    if given is None and not scale and colours > RGB_BANDS:  # uint8 RGBN, or RGBA whose alpha is not marked so
+        raise InputError(
+            f"{path}: raster has {colours} bands{' besides its alpha band' if raster.alpha else ''}; set "
+            f"{key}.bands to the three (1-based) the model sees as red, green, blue (e.g. [1, 2, 3])"
+        )
+
+
+def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] | None, key: str) -> None:
+    """Bands that are not uint8 need ``<key>.scale``, and a scale must be well formed."""
+    path = raster.path
     dtypes = sorted({raster.dtypes[b - 1] for b in bands}) if raster.dtypes else ["uint8"]
     if not scale:
         if dtypes != ["uint8"]:
@@ -143,6 +221,55 @@ def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mappin
     wrong = [k for k, (lo, hi) in enumerate(zip(limits["min"], limits["max"], strict=True)) if not lo < hi]
     if wrong:
         raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")
+
+
+def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
+    """A training scene must hold whole tiles both above its held-out bottom band (``train.validation_fraction``
+    of its height) and inside it: otherwise training, or validation, would silently get none of its tiles (and
+    the tiles across the band's edge are used by neither). Judged on the tile grid of the raster's header."""
+    from rasterscale.tiling import Tile, split_train_validation, tile_offsets
+
+    if fraction <= 0:
+        return
+    height = raster.height
+    rows = [
+        Tile(k, 0, row, raster.width, min(patch_size, height))
+        for k, row in enumerate(tile_offsets(height, patch_size, overlap))
+    ]
+    train, validation = split_train_validation(rows, height, fraction)
+    if train and validation:
+        return
+    where = f"{raster.path}: training scene {scene} is {height} px high"
+    if height < 2 * patch_size:
+        raise InputError(
+            f"{where}, too small to hold out a validation band of whole {patch_size} px tiles below training tiles; "
+            f"set train.validation_fraction: 0 (no validation), or tiling.patch_size to at most {height // 2}"
+        )
+    if not validation:
+        least = math.ceil(100 * patch_size / height) / 100
+        raise InputError(
+            f"{where}: its validation band (train.validation_fraction {fraction:g}, the bottom "
+            f"{round(height * fraction)} px) holds no whole {patch_size} px tile, so validation would never run; set "
+            f"train.validation_fraction to at least {least:g}, or 0 to train without validation"
+        )
+    most = math.floor(100 * (1 - patch_size / height)) / 100
+    raise InputError(
+        f"{where}: above its validation band (train.validation_fraction {fraction:g}) no whole {patch_size} px tile "
+        f"is left to train on; set train.validation_fraction to at most {most:g}"
+    )
+
+
+WORKFLOW_FOLDERS = ("results", "results/models", "logs", "benchmarks", ".snakemake")
+
+
+def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = ()) -> Path | None:
+    """The first folder the workflow writes into that it cannot (the working directory, its results/, logs/,
+    benchmarks/, .snakemake/ and ``others`` where they exist), or None."""
+    workdir = Path(workdir)
+    for folder in [workdir, *(workdir / name for name in WORKFLOW_FOLDERS), *map(Path, others)]:
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    return None
 
 
 @dataclass(frozen=True)

@@ -156,13 +156,24 @@ def _folder_header(path: Path) -> ModelHeader:
     missing = [name for name in FOLDER_FILES if not (path / name).is_file()]
     if missing:
         raise _fail(path, f"a DeepForest model folder needs {' and '.join(FOLDER_FILES)}; missing {', '.join(missing)}")
+    from safetensors import SafetensorError
+
     try:
         config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    try:
         with safe_open(str(path / "model.safetensors"), framework="numpy") as handle:
             shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
             metadata = handle.metadata() or {}
-    except (OSError, ValueError) as err:
-        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    except (
+        OSError,
+        ValueError,
+        SafetensorError,
+    ) as err:  # a file cut short: "incomplete metadata, file not fully covered"
+        raise _fail(
+            path / "model.safetensors", f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
+        ) from None
     backbone, classes = architecture(path, shapes)
     if config.get("num_classes", classes) != classes:
         raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
@@ -202,7 +213,8 @@ def _torch_payload(path: Path) -> Any:
             if mmap and "mmap" in str(err):  # the legacy (non-zip) serialization
                 continue
             raise _fail(path, NOT_A_MODEL) from None
-        except (pickle.UnpicklingError, EOFError, ValueError, OSError):
+        except (pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError):
+            # what torch's unpickler raises on a file that is not (or no longer) a whole torch-saved file
             raise _fail(path, NOT_A_MODEL) from None
     raise AssertionError("unreachable")
 
@@ -219,6 +231,13 @@ def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
+    if isinstance(payload, Mapping) and str(payload.get("format", "")).startswith("rasterscale-segmenter"):
+        model = payload.get("model") if isinstance(payload.get("model"), Mapping) else {}
+        raise _fail(
+            path,
+            f"a segmentation model ({model.get('architecture', '?')} on {model.get('backbone', '?')}), but task is "
+            "detection (set task: segmentation, or give a detection model)",
+        )
     if isinstance(payload, Mapping) and payload.get("format") == CHECKPOINT_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
@@ -347,6 +366,11 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
         raise config_error(
             f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
             f"{': ' + ', '.join(header.labels) if header.labels else ''}"
+        )
+    if header and not new_head and header.labels and not same_classes(labels, header.labels):
+        raise config_error(
+            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
+            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
         )
     resize = configured_resize(model.get("resize"))
     if resize is None:

@@ -213,17 +213,25 @@ def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str =
 
 
 def _log_uncaught_exceptions(logger: logging.Logger) -> None:
-    """A rank that dies of an exception leaves its traceback in its own log file, too."""
+    """A rank that dies of an exception leaves its traceback in its own log file, too. An input error (a raster
+    whose tile will not decode, a bad input file) is the user's to fix: the rule's log gets its one line, naming
+    the file and the tile, and where the traceback is; other exceptions print their traceback there as well."""
+    from rasterscale.inputs import InputError, one_line
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
         if not issubclass(kind, KeyboardInterrupt):
-            for handler in logger.handlers:
-                if isinstance(handler, logging.FileHandler):
-                    handler.handle(
-                        logger.makeRecord(
-                            logger.name, logging.ERROR, __file__, 0, "rank failed", (), (kind, value, traceback)
-                        )
+            for handler in files:
+                handler.handle(
+                    logger.makeRecord(
+                        logger.name, logging.ERROR, __file__, 0, "rank failed", (), (kind, value, traceback)
                     )
+                )
+        if issubclass(kind, InputError) and files:
+            sys.stderr.write(
+                f"rasterscale: rank {current_rank()}: {one_line(value)} (traceback in {files[0].baseFilename})\n"
+            )
+            return
         sys.__excepthook__(kind, value, traceback)
 
     sys.excepthook = hook

@@ -51,6 +51,16 @@ def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
     return offsets
 
 
+def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
+    """Tiles wholly above the held-out bottom band train; tiles wholly inside it validate; the rest are unused."""
+    if validation_fraction <= 0:
+        return tiles, []
+    boundary = raster_height * (1.0 - validation_fraction)
+    train = [t for t in tiles if t.row_off + t.height <= boundary]
+    validation = [t for t in tiles if t.row_off >= boundary]
+    return train, validation
+
+
 def tile_grid(width: int, height: int, patch_size: int, overlap: int) -> np.ndarray:
     """``(N, 4)`` int array of col_off, row_off, width, height in row-major order."""
     cols = tile_offsets(width, patch_size, overlap)

@@ -39,19 +39,9 @@ from rasterscale.inputs import check_raster
 from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import Task, TrainScene
-from rasterscale.tiling import Tile, read_manifest, tiles_from_frame
+from rasterscale.tiling import read_manifest, split_train_validation, tiles_from_frame
 
 LOGGER_NAME = "rasterscale.train"
-
-
-def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
-    """Tiles wholly above the held-out bottom band train; tiles wholly inside it validate; the rest are unused."""
-    if validation_fraction <= 0:
-        return tiles, []
-    boundary = raster_height * (1.0 - validation_fraction)
-    train = [t for t in tiles if t.row_off + t.height <= boundary]
-    validation = [t for t in tiles if t.row_off >= boundary]
-    return train, validation
 
 
 class TrainingDataModule(L.LightningDataModule):

@@ -197,8 +197,8 @@ def _read_polygon_frame(path: str, label_column: str | None, geometry: bool) -> 
         raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from None
 
 
-def _vector_header(path: str) -> tuple[int, Any]:
-    """(feature count, CRS) of a vector file, without reading its features."""
+def _vector_header(path: str) -> tuple[int, Any, Any]:
+    """(feature count, CRS, bounds in that CRS) of a vector file, without reading its features."""
     import pyogrio
 
     try:
@@ -206,11 +206,24 @@ def _vector_header(path: str) -> tuple[int, Any]:
             import geopandas as gpd
 
             frame = gpd.read_parquet(path)
-            return len(frame), frame.crs
-        info = pyogrio.read_info(path)
-        return int(info["features"]), info["crs"]
+            return len(frame), frame.crs, frame.total_bounds
+        info = pyogrio.read_info(path, force_total_bounds=True)
+        return int(info["features"]), info["crs"], info["total_bounds"]
     except Exception as err:  # pyogrio and pyarrow raise many types
         raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from None
+
+
+def _overlaps_raster(crs: Any, bounds: Any, raster: RasterInfo) -> bool:
+    """Whether a layer's bounds (in its ``crs``) meet the raster's footprint (True when they cannot be told)."""
+    import numpy as np
+    from rasterio.warp import transform_bounds
+
+    if bounds is None or not np.all(np.isfinite(bounds)):
+        return True
+    left, bottom, right, top = transform_bounds(crs, raster.crs, *bounds)
+    corners = [raster.transform @ (0, 0), raster.transform @ (raster.width, raster.height)]
+    (x0, y0), (x1, y1) = corners
+    return left <= max(x0, x1) and right >= min(x0, x1) and bottom <= max(y0, y1) and top >= min(y0, y1)
 
 
 def check_segmentation_truth(
@@ -225,11 +238,13 @@ def check_segmentation_truth(
     if is_class_raster(path):
         _check_class_raster(path, raster)
         return
-    count, crs = _vector_header(path)
+    count, crs, bounds = _vector_header(path)
     if count == 0:
         raise InputError(f"{path}: ground truth holds no polygons")
     if crs is None:
         raise InputError(f"{path}: ground-truth polygons have no CRS")
+    if not _overlaps_raster(crs, bounds, raster):
+        raise InputError(f"{path}: no polygon overlaps the raster {raster.path} (another place, or a wrong CRS?)")
     if label_column:
         frame = _read_polygon_frame(path, label_column, geometry=False)
         _class_ids(path, frame[label_column].to_numpy(), labels, label_column)

@@ -219,13 +219,18 @@ def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
     from rasterscale.modelfiles import model_file
 
     model = config.get("model", {})
-    path, _ = model_file(config)
+    path, new_head = model_file(config)
     header = read_segmenter_header(path) if path else None
     labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
     if header is not None and len(labels) != header.num_classes:
         raise InputError(
             f"{path}: model.labels names {len(labels)} classes but the segmenter has {header.num_classes} "
             f"({', '.join(header.labels)})"
+        )
+    if header is not None and not new_head and [x.casefold() for x in labels] != [x.casefold() for x in header.labels]:
+        raise InputError(
+            f"{path}: the segmenter predicts [{', '.join(header.labels)}] but model.labels is [{', '.join(labels)}]; "
+            "leave model.labels out to use the file's"
         )
     if len(labels) < 2:
         raise InputError(f"model.labels: a segmenter needs at least 2 classes (e.g. [background, tree]), got {labels}")

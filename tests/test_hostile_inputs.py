@@ -1,0 +1,293 @@
+"""Inputs as a hostile new user brings them, through the real workflow: each bad input stops `snakemake -n` with
+one line naming the file (or key), the problem and the fix, and no traceback; pixels that only decoding finds
+bad fail the predicting rank with one line naming the raster and the tile (a real run, with spaces in every path).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pytest
+import rasterio
+import shapely
+
+from conftest import REPO, write_raster
+from rasterscale.config import ConfigError, validate_config
+from rasterscale.inputs import InputError, check_imagery, check_raster
+from rasterscale.modelfiles import detector_of_config, read_header
+from rasterscale.segmentation.groundtruth import check_segmentation_truth
+from workflow import workflow_command
+
+PATCH, OVERLAP = 128, 32
+TRANSFORM = rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
+
+
+def write_boxes(path: Path, shift: float = 0.0) -> Path:
+    boxes = [
+        shapely.box(404002 + shift + 3 * k, 3284990 + shift, 404004 + shift + 3 * k, 3284992 + shift) for k in range(5)
+    ]
+    gpd.GeoDataFrame({"label": ["tree"] * 5}, geometry=boxes, crs="EPSG:32617").to_file(path)
+    return path
+
+
+def deflate_raster(path: Path, width: int, height: int, count: int = 3, **kwargs) -> Path:
+    data = np.random.default_rng(1).integers(0, 255, size=(count, height, width), dtype=np.uint8)
+    data[:, :, : width // 2] = 90  # half compressible: blocks of unequal sizes, as real imagery
+    profile = dict(driver="GTiff", width=width, height=height, count=count, dtype="uint8", crs="EPSG:32617")
+    profile.update(transform=TRANSFORM, tiled=True, blockxsize=128, blockysize=128, compress="deflate", **kwargs)
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    return path
+
+
+def damage_block(path: Path, x: int, y: int, truncate: bool = False) -> None:
+    """Overwrite block (x, y) of a GeoTIFF with noise (its header stays right), or cut the file there."""
+    with rasterio.open(path) as src:
+        offset = int(src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=1))
+        size = int(src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=1))
+    raw = bytearray(path.read_bytes())
+    if truncate:
+        del raw[offset:]
+    else:
+        raw[offset : offset + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Real files: a training scene and its boxes, a scene to predict, and the hostile inputs."""
+    folder = tmp_path_factory.mktemp("hostile")
+    deflate_raster(folder / "train.tif", 512, 512)
+    deflate_raster(folder / "test.tif", 384, 256)
+    write_boxes(folder / "train.gpkg")
+    write_boxes(folder / "far.gpkg", shift=5000.0)
+    shutil.copy(folder / "test.tif", folder / "late.tif")
+    damage_block(folder / "late.tif", 2, 1, truncate=True)
+    (folder / "header.tif").write_bytes((folder / "test.tif").read_bytes()[:200])
+    write_raster(folder / "float.tif", 64, 64, data=np.zeros((3, 64, 64), np.float32))
+    deflate_raster(folder / "rgbn.tif", 64, 64, count=4, photometric="MINISBLACK")  # no band marked alpha
+    write_raster(folder / "small.tif", 512, 300)
+    (folder / "text.pt").write_text("not a model\n")
+    return folder
+
+
+def config_of(data: Path, task: str = "detection", **sections: dict) -> dict:
+    """A config training on train.tif and predicting test.tif; ``sections`` update its sections."""
+    config = {
+        "task": task,
+        "scenes": {
+            "train": {"path": str(data / "train.tif"), "annotations": str(data / "train.gpkg")},
+            "test": {"path": str(data / "test.tif")},
+        },
+        "tiling": {"patch_size": PATCH, "overlap": OVERLAP},
+        "model": {"labels": ["background", "tree"]} if task == "segmentation" else {"backbone": "resnet18"},
+        "train": {"scenes": ["train"], "devices": 1, "validation_fraction": 0.3},
+        "predict": {"scenes": ["test"], "devices": 1, "workers": 0},
+    }
+    for section, values in sections.items():
+        config[section] = {**config[section], **values} if isinstance(values, dict) else values
+    return config
+
+
+def dry_run(workdir: Path, config: dict, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, *workflow_command(workdir, config, "-n")], capture_output=True, text=True)
+
+
+def the_one_line(result: subprocess.CompletedProcess) -> str:
+    """The failed run's one `rasterscale:` line; no traceback, no other error line."""
+    assert result.returncode != 0, result.stderr
+    assert "Traceback" not in result.stderr and 'File "' not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# case -> (config of the data folder D, the expected line with D for the folder)
+CASES = {
+    "GeoTIFF cut halfway (late blocks)": (
+        lambda d: config_of(d, scenes={**config_of(d)["scenes"], "test": {"path": str(d / "late.tif")}}),
+        "rasterscale: D/late.tif: GeoTIFF is truncated: the file has \\d+ bytes but its blocks reach byte \\d+ "
+        "\\(an interrupted copy or download\\?\\); copy it again",
+    ),
+    "4 bands, no alpha, no bands key": (
+        lambda d: config_of(d, scenes={**config_of(d)["scenes"], "test": {"path": str(d / "rgbn.tif")}}),
+        "rasterscale: D/rgbn.tif: raster has 4 bands; set scenes.test.bands to the three \\(1-based\\) the model "
+        "sees as red, green, blue \\(e.g. \\[1, 2, 3\\]\\)",
+    ),
+    "training scene too small for its validation band": (
+        lambda d: config_of(
+            d,
+            scenes={
+                **config_of(d)["scenes"],
+                "train": {**config_of(d)["scenes"]["train"], "path": str(d / "small.tif")},
+            },
+        ),
+        "rasterscale: D/small.tif: training scene train is 300 px high: its validation band "
+        "\\(train.validation_fraction 0.3, the bottom 90 px\\) holds no whole 128 px tile, so validation would never "
+        "run; set train.validation_fraction to at least 0.43, or 0 to train without validation",
+    ),
+    "a text file as model.checkpoint (was a traceback)": (
+        lambda d: config_of(d, model={"checkpoint": str(d / "text.pt")}, train={"scenes": []}),
+        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt checkpoint, .*\\)",
+    ),
+    "nothing to train or predict": (
+        lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),
+        "rasterscale: config: train.scenes and predict.scenes are both empty \\(scenes: test, train\\): nothing to "
+        "do; name the scenes to train on or predict",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_input_stops_the_dry_run_in_one_line(data, tmp_path, case):
+    make, expected = CASES[case]
+    line = the_one_line(dry_run(tmp_path / "run", make(data)))
+    assert re.fullmatch(expected.replace("D/", re.escape(str(data)) + "/"), line), line
+
+
+def test_a_results_folder_that_is_not_writable_stops_the_dry_run(data, tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: drop its capabilities, as a user's process has none
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: no way to be refused a write")
+        prefix = ("setpriv", "--inh-caps=-all", "--bounding-set=-all")
+    else:
+        prefix = ()
+    workdir = tmp_path / "run"
+    (workdir / "results").mkdir(parents=True)
+    (workdir / "results").chmod(0o555)
+    try:
+        line = the_one_line(dry_run(workdir, config_of(data), prefix))
+    finally:
+        (workdir / "results").chmod(0o755)
+    assert line == (
+        f"rasterscale: {workdir / 'results'}: folder is not writable, and the workflow writes into it; make it "
+        "writable (chmod u+w), or run in a folder you can write (--directory)"
+    )
+
+
+def test_config_and_ground_truth_checks_of_the_dry_run(data):
+    """The dry run's checks that need no workflow to show (each is one line, as the cases above)."""
+    base = config_of(data)
+    for sections, message in [
+        ({"predict": {"scenes": ["test", "test"]}}, "key 'predict.scenes' names scene 'test' twice: list each"),
+        ({"train": {"scenes": ["train", "train"]}}, "key 'train.scenes' names scene 'train' twice"),
+        ({"model": {"labels": ["tree", "Tree"]}}, "key 'model.labels' names class 'Tree' twice \\(tree, Tree\\)"),
+        ({"train": {"max_steps": 0}}, "key 'train.max_steps' is 0: -1 \\(no limit, train.epochs decide\\) or at"),
+        ({"model": {"checkpoint": "m.pt"}}, "model.checkpoint and train.scenes are both set, and a checkpoint is"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^config: {message}"):
+            validate_config({**base, **{k: {**base[k], **v} for k, v in sections.items()}})
+    notices = []
+    validate_config({**base, "predict": {**base["predict"], "scenes": ["train"]}}, notices=notices)
+    assert notices == [
+        "scene train is trained on (train.scenes) and predicted and scored (predict.scenes): "
+        "results/train/evaluation.json scores the model on its own training data"
+    ]
+    with pytest.raises(InputError, match=r"far.gpkg: no polygon overlaps the raster .*train.tif"):
+        check_segmentation_truth(data / "far.gpkg", data / "train.tif", ["background", "tree"])
+    check_segmentation_truth(data / "train.gpkg", data / "train.tif", ["background", "tree"])
+
+
+@pytest.fixture(scope="module")
+def detector_file(data) -> Path:
+    """A real (untrained) rasterscale detector checkpoint, in a folder with a space in its name."""
+    import torch
+
+    from rasterscale.model import build_detector, save_checkpoint
+    from rasterscale.modelfiles import DetectorConfig, write_deepforest_folder
+
+    folder = data / "my models"
+    folder.mkdir()
+    cfg = DetectorConfig(backbone="resnet18", labels=("tree", "shrub"), patch_size=PATCH)
+    torch.manual_seed(0)
+    model = build_detector(cfg)
+    save_checkpoint(model, cfg, folder / "my model.pt")
+    write_deepforest_folder(model.state_dict(), cfg, folder / "deepforest")
+    return folder / "my model.pt"
+
+
+def test_rasters_and_model_files_that_fail_from_their_headers(data, detector_file, tmp_path):
+    """Checks the dry run makes (the cases above show their wiring): one InputError line naming the file."""
+    with pytest.raises(InputError, match=r"header.tif: not a readable raster \("):
+        check_raster(data / "header.tif")
+    with pytest.raises(InputError, match=r"float.tif: bands are float32, not uint8; set scenes.a.scale"):
+        check_imagery(check_raster(data / "float.tif"), None, None, "scenes.a")
+    half = tmp_path / "half.pt"
+    half.write_bytes(detector_file.read_bytes()[: detector_file.stat().st_size // 2])
+    for path in (data / "text.pt", half):
+        with pytest.raises(InputError, match=f"^{re.escape(str(path))}: not a model file rasterscale reads \\("):
+            read_header(path)
+    cut = tmp_path / "deepforest"
+    shutil.copytree(detector_file.parent / "deepforest", cut)
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(InputError, match=r"model.safetensors: unreadable weights \(.*\); copy or download them again"):
+        read_header(cut)
+    other = validate_config({"model": {"checkpoint": str(detector_file), "labels": ["shrub", "tree"]}})
+    with pytest.raises(
+        ConfigError, match=r"'model.labels' is \[shrub, tree\] but .*my model.pt predicts \[tree, shrub\]"
+    ):
+        detector_of_config(other)
+    same = validate_config({"model": {"checkpoint": str(detector_file), "labels": ["Tree", "Shrub"]}})
+    assert detector_of_config(same)[0].labels == ("Tree", "Shrub")  # the file's classes, named as the user does
+
+
+def test_header_truncation_is_told_from_a_late_cut_only(data, tmp_path):
+    check_raster(data / "test.tif")  # whole
+    shutil.copy(data / "test.tif", tmp_path / "noise.tif")
+    damage_block(tmp_path / "noise.tif", 2, 1)  # damaged bytes, whole length: only decoding finds it
+    check_raster(tmp_path / "noise.tif")
+    with pytest.raises(InputError, match="GeoTIFF is truncated"):
+        check_raster(data / "late.tif")
+
+
+def test_every_path_in_every_shell_command_is_quoted():
+    """Inputs, outputs, logs and folders in the rules' commands are `{...:q}`: a path with a space is one
+    argument (the real run below has spaces in every path)."""
+    unquoted = [
+        (path.name, match.group(0))
+        for path in sorted((REPO / "rules").glob("*.smk"))
+        for match in re.finditer(r"\{(input|output|log|params\.\w*(dir|path|crs)\w*)(\.\w+)?\}", path.read_text())
+    ]
+    assert unquoted == []
+
+
+def test_a_block_that_will_not_decode_fails_the_rank_in_one_line_naming_the_tile(data, detector_file, tmp_path):
+    """A real run, with spaces in the working directory, the raster's and the checkpoint's paths: the damaged
+    block fails prediction with one line naming the raster and the tile; the rank's log has the traceback."""
+    folder = tmp_path / "my data"
+    folder.mkdir()
+    raster = folder / "damaged scene.tif"
+    shutil.copy(data / "test.tif", raster)
+    damage_block(raster, 2, 1)  # cols 256-384, rows 128-256: tiles 6, 7, 10 and 11
+    config = config_of(
+        data,
+        scenes={"damaged": {"path": str(raster)}},
+        model={"checkpoint": str(detector_file), "backbone": None},
+        train={"scenes": []},
+        predict={"scenes": ["damaged"], "workers": 1, "batch_size": 2},
+    )
+    workdir = tmp_path / "my run"
+    result = subprocess.run(workflow_command(workdir, config, "--cores", "2"), capture_output=True, text=True)
+    assert result.returncode != 0 and "Error in rule predict" in result.stderr, result.stderr
+    job_log = (workdir / "logs/predict/batch-0/shard-0.log").read_text()
+    lines = [line for line in job_log.splitlines() if line.startswith("rasterscale:")]
+    rank_log = workdir / "logs/predict/batch-0/shard-0/rank-0.log"
+    assert len(lines) == 1 and "Traceback" not in job_log, job_log
+    expected = (
+        f"rasterscale: rank 0: {re.escape(str(raster))}: tile (6|7|10|11) "
+        "\\(window col \\d+, row \\d+, 128 x 128 px\\) "
+        "will not decode \\(.*\\); the file is damaged: copy or export it again "
+        f"\\(traceback in {re.escape(str(rank_log))}\\)"
+    )
+    assert re.fullmatch(
+        expected,
+        lines[0],
+    ), lines[0]
+    assert "Traceback" in rank_log.read_text()
