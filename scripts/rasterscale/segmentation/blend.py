@@ -12,13 +12,18 @@ cores from their own tile to their last contributor (about one row of tiles; ear
 are kept as they are until then); a finished core goes into the buffer of its row of
 cores, and finished rows go to the rank raster strip by strip, in row order, each strip written once. Sums run over
 the contributors in manifest order, so a pixel's class is the same whichever rank owns it.
+
+Finished strips are final data, so they are also what a rank checkpoints (:meth:`StripBlender.checkpoint`: a part
+raster of the strips written since the previous part, and the own tiles whose cores it completes). A blender
+resumed from such parts copies them into its raster first and blends only the cores below them (the rows of a
+core the parts cut are blended again and written from the parts' end on).
 """
 
 from __future__ import annotations
 
 import contextlib
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,11 @@ from rasterscale.tiling import Tile
 WEIGHT_FLOOR = 1e-3  # a tile's weight at its very edge: every pixel of a tile counts a little
 STRIP_ROWS = 32  # rows per strip of a rank raster (deflate, striped: written once each, in row order)
 PROBABILITY_SCALE = 1 / 255  # probability bands hold round(p * 255)
+
+
+def _raster_height(path: str | Path) -> int:
+    with rasterio.open(path) as src:
+        return src.height
 
 
 def tile_window(tile: Tile) -> Window:
@@ -164,6 +174,10 @@ class StripBlender:
     elsewhere), and with ``probabilities`` bands 2..C+1 the blended probabilities as round(p * 255) (band scale
     1/255). It is a striped deflate GeoTIFF written atomically; GDAL's block cache bound is the caller's
     (:func:`rasterscale.data.limit_read_cache`). A rank without own tiles writes one pixel of no data.
+
+    ``parts``: part rasters of the window's first rows (:meth:`checkpoint` wrote them), copied first; the own
+    cores they hold are not blended again. ``keep_strips``: keep the strips written since the last part, for
+    :meth:`checkpoint`.
     """
 
     def __init__(
@@ -180,11 +194,19 @@ class StripBlender:
         crs: object,
         probabilities: bool = False,
         strip_rows: int = STRIP_ROWS,
+        parts: Sequence[str | Path] = (),
+        keep_strips: bool = False,
     ) -> None:
         self.tiles = list(tiles_to_predict)
         self.width, self.height, self.num_classes, self.taper = width, height, num_classes, taper
         self.cores, self.probabilities, self.strip_rows = cores, probabilities, strip_rows
-        own_ids = set(own_ids)
+        self.own_ids = set(own_ids)
+        self.window = bounding_window(cores[i] for i in self.own_ids) or Window(0, 0, 1, 1)
+        self.parts = [Path(p) for p in parts]
+        self.rows_written = sum(_raster_height(p) for p in self.parts)  # rows of the window written or in the tail
+        # own cores that the parts hold entirely: not blended again
+        done = {i for i in self.own_ids if self._core_end(i) <= self.rows_written}
+        own_ids = self.own_ids - done
         known = {t.tile_id for t in self.tiles}
         if own_ids - known:
             raise ValueError(f"own tiles not among the tiles to predict: {sorted(own_ids - known)[:10]}")
@@ -192,15 +214,15 @@ class StripBlender:
         self.next_index = 0
         self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # own id -> (Σ w·p (C,h,w), Σ w (h,w))
         self.slivers: dict[int, list] = {}  # own id -> parts of earlier tiles, kept until its own tile comes
-        self.own_ids = own_ids
-        self.window = bounding_window(cores[i] for i in own_ids) or Window(0, 0, 1, 1)
+        self.checkpointed = done  # own ids whose cores are in a part
+        self.keep_strips = keep_strips
+        self.unsaved: list[tuple[int, np.ndarray]] = []  # (first row, strips) written since the last part
         self.row_pending: dict[int, set[int]] = {}  # first row of a row of cores -> own cores not finished
         for tile_id in own_ids:
             self.row_pending.setdefault(cores[tile_id].row_off, set()).add(tile_id)
         self.row_order = sorted(self.row_pending)
         self.row_buffers: dict[int, np.ndarray] = {}  # row of cores -> (bands, h, window width) uint8, being filled
         self.tail = np.zeros((self.count, 0, self.window.width), dtype=np.uint8)  # rows short of a strip
-        self.rows_written = 0  # rows of the rank window written or in the tail
         self.peak_pending_bytes = 0
         self.closed = False
         self._stack = contextlib.ExitStack()
@@ -209,6 +231,28 @@ class StripBlender:
         if probabilities:
             self._dst.scales = (1.0, *[PROBABILITY_SCALE] * num_classes)
             self._dst.descriptions = ("class", *[f"probability of class {k}" for k in range(num_classes)])
+        self._copy_parts()
+        if not self.row_order:
+            self._finish_window()
+
+    def _core_end(self, own_id: int) -> int:
+        """The row of the rank window below an own core."""
+        core = self.cores[own_id]
+        return core.row_off + core.height - self.window.row_off
+
+    def _copy_parts(self) -> None:
+        """The parts' rows into the rank raster (they start at strip boundaries), a few strips at a time."""
+        first = 0
+        for path in self.parts:
+            with rasterio.open(path) as part:
+                if (part.width, part.count) != (self.window.width, self.count) or first % self.strip_rows:
+                    raise ValueError(f"{path}: not a part of this rank raster (size, bands or rows differ)")
+                step = self.strip_rows * 8
+                for start in range(0, part.height, step):
+                    rows = min(step, part.height - start)
+                    data = part.read(window=Window(0, start, part.width, rows))
+                    self._dst.write(data, window=Window(0, first + start, self.window.width, rows))
+                first += part.height
 
     @property
     def count(self) -> int:
@@ -326,8 +370,17 @@ class StripBlender:
             gap = row - self.window.row_off - self.rows_written  # rows of no core (tile rows left out)
             if gap > 0:
                 self._append_rows(self._empty_rows(gap))
-            self._append_rows(buffer)
+            self._append_rows(buffer[:, max(0, -gap) :])  # a resumed core's rows in the parts are written
             self._write_strips(final=False)
+        if not self.row_order:
+            self._finish_window()
+
+    def _finish_window(self) -> None:
+        """Every own core is finished: the rows below the last (none) and the last strip."""
+        rest = self.window.height - self.rows_written
+        if rest > 0:
+            self._append_rows(self._empty_rows(rest))
+        self._write_strips(final=True)
 
     def _empty_rows(self, count: int) -> np.ndarray:
         rows = np.zeros((self.count, count, self.window.width), dtype=np.uint8)
@@ -344,8 +397,43 @@ class StripBlender:
         if count == 0:
             return
         first = self.rows_written - self.tail.shape[1]
-        self._dst.write(self.tail[:, :count], window=Window(0, first, self.window.width, count))
+        strips = self.tail[:, :count]
+        self._dst.write(strips, window=Window(0, first, self.window.width, count))
+        if self.keep_strips:
+            self.unsaved.append((first, strips))
         self.tail = self.tail[:, count:].copy()
+
+    def unsaved_bytes(self) -> int:
+        return sum(strips.nbytes for _, strips in self.unsaved)
+
+    def checkpoint(self, path: str | Path) -> tuple[list[int], tuple[int, int]] | None:
+        """Write the strips written since the previous part as a part raster, atomically at ``path``; the own
+        tile ids whose cores are now all in parts, and the part's rows of the rank window. None when no strip
+        was written since."""
+        if not self.unsaved:
+            return None
+        first = self.unsaved[0][0]
+        rows = sum(strips.shape[1] for _, strips in self.unsaved)
+        profile = {
+            "driver": "GTiff",
+            "width": self.window.width,
+            "height": rows,
+            "transform": self._dst.transform * Affine.translation(0, first),
+            "crs": self._dst.crs,
+            "count": self.count,
+            "dtype": "uint8",
+            "tiled": False,
+            "blockysize": self.strip_rows,
+            "compress": "deflate",
+        }
+        with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as part:
+            for start, strips in self.unsaved:
+                part.write(strips, window=Window(0, start - first, self.window.width, strips.shape[1]))
+        self.unsaved = []
+        end = first + rows
+        done = sorted(i for i in self.own_ids - self.checkpointed if self._core_end(i) <= end)
+        self.checkpointed.update(done)
+        return done, (first, end)
 
     def close(self) -> list[int]:
         """Write what is left and move the rank raster into place; the own tile ids written. Raises (and writes
@@ -359,10 +447,6 @@ class StripBlender:
                 f"{len(unfinished)} own cores unfinished (tiles {unfinished[:10]}); "
                 f"{len(missing)} tiles never added (first {missing[:10]})"
             )
-        rest = self.window.height - self.rows_written
-        if rest > 0:
-            self._append_rows(self._empty_rows(rest))
-        self._write_strips(final=True)
         self._stack.close()
         self.closed = True
         return sorted(self.own_ids)
