@@ -183,17 +183,25 @@ class RankWriter(L.Callback):
             self.seen[scene][position] += 1
             self.output(trainer, scene).add(plan.predicted[scene][position], result)
         if plan.checkpoints is not None:
-            self.checkpoint(plan.checkpoints)
+            self.checkpoint(plan, plan.checkpoints)
 
-    def checkpoint(self, checkpoints: Sequence[RankCheckpoints]) -> None:
+    def checkpoint(self, plan: RankPlan, checkpoints: Sequence[RankCheckpoints]) -> None:
         """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's
-        output holds much of them)."""
+        output holds much of them), and a line of progress."""
         due = self.clock.due()
         for scene, output in self.open.items():
             if due or self.clock.due(output.unsaved_bytes()):
-                part = output.checkpoint(checkpoints[scene].next_part_path())
+                ranked = checkpoints[scene]
+                part = output.checkpoint(ranked.next_part_path())
                 if part is not None:
-                    checkpoints[scene].commit(part)
+                    ranked.commit(part)
+                    logging.getLogger(LOGGER_NAME).info(
+                        "checkpoint %s: %d of %d own tiles of %s done",
+                        part.path.name,
+                        len(ranked.done),
+                        len(plan.own[scene]),
+                        self.scenes[scene].name,
+                    )
         if due:
             self.clock.reset()
 
