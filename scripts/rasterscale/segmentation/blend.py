@@ -424,7 +424,9 @@ class StripBlender:
             "dtype": "uint8",
             "tiled": False,
             "blockysize": self.strip_rows,
-            "compress": "deflate",
+            # fast: blending 275 tiles of 400 px took 1.55 s, 2.4 s with deflate parts, 1.7 s with these
+            "compress": "zstd",
+            "zstd_level": 1,
         }
         with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as part:
             for start, strips in self.unsaved:
