@@ -19,6 +19,7 @@ from rasterscale.inputs import (  # noqa: E402
 )
 from rasterscale.preflight import launch_geometry  # noqa: E402
 from rasterscale.rankfiles import rank_stem  # noqa: E402
+from rasterscale.resume import resume_dir  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
 
 
@@ -196,6 +197,12 @@ def scene_manifest(name):
 def shard_dir(batch, shard):
     """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
     return f"results/predict/batch-{batch}/shard-{shard}"
+
+
+def shard_resume_dir(batch, shard):
+    """Where a prediction job's ranks checkpoint finished tiles: beside its output, which a failed job loses
+    (not an output: the job removes it when it succeeds)."""
+    return resume_dir(shard_dir(batch, shard))
 
 
 def scene_rank_files(name, batch):

@@ -14,7 +14,9 @@ rule scene_batch:
 
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
-# {scene}/rank-{i}.json (rasterscale/rankfiles.py) into the shard's folder, for each scene of the batch.
+# {scene}/rank-{i}.json (rasterscale/rankfiles.py) into the shard's folder, for each scene of the batch. Its ranks
+# checkpoint finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when it
+# succeeds): a rerun predicts only the rest (rasterscale/resume.py).
 rule predict:
     input:
         unpack(lambda wildcards: batch_inputs(int(wildcards.batch))),
@@ -40,7 +42,8 @@ rule predict:
         config=predict_job_config(),
         shards=predict_shards(),
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
+        resume_dir=lambda wildcards: shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
         "{params.launcher}{params.entry} --job {input.job:q} --checkpoint {input.checkpoint:q}"
         " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"
-        " --shards {params.shards} --shard {wildcards.shard} > {log:q} 2>&1"
+        " --shards {params.shards} --shard {wildcards.shard} --resume-dir {params.resume_dir:q} > {log:q} 2>&1"

@@ -17,6 +17,7 @@ def main() -> None:
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--shard", type=int, default=0)
+    parser.add_argument("--resume-dir", help="where ranks checkpoint finished tiles, and a rerun resumes from")
     args = parser.parse_args()
     run_prediction(
         scenes=read_job_file(args.job),
@@ -27,6 +28,7 @@ def main() -> None:
         log_dir=args.log_dir,
         shards=args.shards,
         shard=args.shard,
+        resume_dir=args.resume_dir,
     )
 
 

@@ -10,6 +10,10 @@ rank ``r`` of shard ``s`` writes into ``{out_dir}/{scene}/`` its task's output `
 then its record ``rank-{i}.json``: the tiles it processed and its profile (:mod:`rasterscale.rankfiles`). No
 prediction crosses ranks; only the small profiles are gathered, for the table rank 0 prints at the end.
 
+With a resume folder (the rule's: :func:`rasterscale.resume.resume_dir`), each rank also checkpoints its finished
+tiles there every ``predict.checkpoint_every`` seconds, and a rerun of the job skips the tiles its checkpoints
+hold (:mod:`rasterscale.resume`); the job removes the folder once every rank has written its files.
+
 Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
 ahead while the model computes (strategies: :mod:`rasterscale.data`). Lightning's predict runs under
 ``torch.inference_mode`` and, with ``predict.precision`` ``bf16-mixed``/``16-mixed``, under autocast; the task
@@ -47,6 +51,7 @@ from rasterscale.inputs import check_raster
 from rasterscale.profiler import PredictProfiler
 from rasterscale.profiling import format_profile_table, summarize
 from rasterscale.rankfiles import rank_stem, write_rank_record
+from rasterscale.resume import CheckpointClock, RankCheckpoints, file_digest, fingerprint, remove_resume_dir
 from rasterscale.runtime import RunSpec, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.tasks import load_task
@@ -83,10 +88,12 @@ def load_scene(job: SceneJob) -> PredictScene:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's tiles of each scene of the job: its own (it accounts for them) and those it predicts."""
+    """One rank's tiles of each scene of the job: its own (it accounts for them) and those it predicts, and its
+    checkpoints of each scene (None without a resume folder)."""
 
     own: list[list[Tile]]
     predicted: list[list[Tile]]
+    checkpoints: list[RankCheckpoints] | None = None
 
 
 class PredictionModule(L.LightningModule):
@@ -128,8 +135,9 @@ class RankOutputs:
         plan: RankPlan = self.plan_of_rank(world, rank)
         path = self.stem(world, rank, scene) + self.task.info.rank_suffix
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        parts = plan.checkpoints[scene].parts if plan.checkpoints is not None else None
         return self.task.rank_output(
-            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.config
+            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.config, parts
         )
 
 
@@ -137,8 +145,16 @@ class RankWriter(L.Callback):
     """Feeds each predicted tile's result to its scene's rank output (in prediction order) and, when prediction
     ends, writes every scene's output and record (the record last: it vouches for a complete output)."""
 
-    def __init__(self, scenes: Sequence[PredictScene], outputs: RankOutputs, profiler: PredictProfiler) -> None:
+    def __init__(
+        self,
+        scenes: Sequence[PredictScene],
+        outputs: RankOutputs,
+        profiler: PredictProfiler,
+        resume_dir: str | Path | None = None,
+        checkpoint_every: float = 60.0,
+    ) -> None:
         self.scenes, self.outputs, self.profiler = list(scenes), outputs, profiler
+        self.resume_dir, self.clock = resume_dir, CheckpointClock(checkpoint_every)
         self.open: dict[int, RankOutput] = {}
         self.seen: list[np.ndarray] | None = None
         self.started = time.perf_counter()
@@ -166,6 +182,28 @@ class RankWriter(L.Callback):
         for scene, position, result in outputs:
             self.seen[scene][position] += 1
             self.output(trainer, scene).add(plan.predicted[scene][position], result)
+        if plan.checkpoints is not None:
+            self.checkpoint(plan, plan.checkpoints)
+
+    def checkpoint(self, plan: RankPlan, checkpoints: Sequence[RankCheckpoints]) -> None:
+        """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's
+        output holds much of them), and a line of progress."""
+        due = self.clock.due()
+        for scene, output in self.open.items():
+            if due or self.clock.due(output.unsaved_bytes()):
+                ranked = checkpoints[scene]
+                part = output.checkpoint(ranked.next_part_path())
+                if part is not None:
+                    ranked.commit(part)
+                    logging.getLogger(LOGGER_NAME).info(
+                        "checkpoint %s: %d of %d own tiles of %s done",
+                        part.path.name,
+                        len(ranked.done),
+                        len(plan.own[scene]),
+                        self.scenes[scene].name,
+                    )
+        if due:
+            self.clock.reset()
 
     def write(self, trainer: L.Trainer) -> None:
         """Write this rank's files of each scene; called after ``trainer.predict`` returns, also on a rank
@@ -184,13 +222,15 @@ class RankWriter(L.Callback):
             profile = self.profiler.finish(trainer, index)
             stem = self.outputs.stem(world, rank, index)
             own = [t.tile_id for t in plan.own[index]]
-            write_rank_record(stem, own, asdict(profile))
+            resumed = len(plan.checkpoints[index].resumed) if plan.checkpoints is not None else 0
+            write_rank_record(stem, own, asdict(profile), resumed=resumed)
             logger.info(
-                "rank %d wrote %s: %d tiles (%d predicted), %s, %.1f s",
+                "rank %d wrote %s: %d tiles (%d predicted, %d from checkpoints), %s, %.1f s",
                 rank,
                 stem,
                 len(own),
                 count,
+                resumed,
                 summary,
                 profile.wall_s,
             )
@@ -209,6 +249,8 @@ class RankWriter(L.Callback):
         if trainer.is_global_zero:
             title = f"predict profile, shard {self.outputs.shard}"
             logger.info("%s", format_profile_table(summarize(profiles), title=title))
+            if self.resume_dir is not None:
+                remove_resume_dir(self.resume_dir)
 
 
 class PredictionDataModule(L.LightningDataModule):
@@ -292,10 +334,12 @@ def run_prediction(
     log_dir: str | Path,
     shards: int = 1,
     shard: int = 0,
+    resume_dir: str | Path | None = None,
 ) -> None:
     """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank.
     ``config``: the validated config's ``task``, ``predict`` and ``model`` sections (every ``model.*`` key set
-    overrides the model file's)."""
+    overrides the model file's). ``resume_dir``: where the ranks checkpoint finished tiles and a rerun resumes
+    from (none: no checkpoints)."""
     predict_cfg = config["predict"]
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     limit_read_cache(predict_cfg["read_cache_mb"])
@@ -307,11 +351,33 @@ def run_prediction(
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
 
+    model_digest = file_digest(checkpoint_path) if resume_dir is not None else ""
+
     @functools.cache
     def plan_of_rank(world: int, rank: int) -> RankPlan:
         own = batch_rank_tiles([scene.tiles for scene in loaded], shards, shard, world, rank)
-        predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, own, strict=True)]
-        return RankPlan(own, predicted)
+        if resume_dir is None:
+            predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, own, strict=True)]
+            return RankPlan(own, predicted)
+        checkpoints = []
+        for scene in loaded:
+            tiles = [t.tile_id for t in scene.tiles]
+            mark = fingerprint(config, model_digest, world, shards, shard, tiles)
+            index = rank_file_index(shard, world, rank)
+            checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.info.rank_suffix, mark))
+            checkpoints[-1].load(logger)
+        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, checkpoints, strict=True)]
+        predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, remaining, strict=True)]
+        done = sum(len(ranked.resumed) for ranked in checkpoints)
+        if done:
+            logger.info(
+                "resuming: %d of %d tiles already done in %s; predicting %d tiles",
+                done,
+                sum(len(tiles) for tiles in own),
+                resume_dir,
+                sum(len(tiles) for tiles in predicted),
+            )
+        return RankPlan(own, predicted, checkpoints)
 
     def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
         predicted = plan_of_rank(world, rank).predicted
@@ -322,7 +388,8 @@ def run_prediction(
         return ScenesDataset(factories, [len(tiles) for tiles in predicted])
 
     profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
-    writer = RankWriter(loaded, RankOutputs(task, loaded, plan_of_rank, out_dir, shard, model_cfg, config), profiler)
+    outputs = RankOutputs(task, loaded, plan_of_rank, out_dir, shard, model_cfg, config)
+    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["checkpoint_every"])
     trainer = make_trainer(
         spec,
         logger=False,

@@ -2,7 +2,8 @@
 
 Each prediction rank writes, per scene, its task's output (``rank-{i}.parquet`` of detections, ``rank-{i}.tif`` of
 classes, ...) and then, as the last step, its record ``rank-{i}.json``: the tile_ids it processed (also those that
-gave nothing) and its profile (:mod:`rasterscale.profiling`). The record is written after the output, atomically,
+gave nothing), its profile (:mod:`rasterscale.profiling`) and how many of them an earlier run of the rank had
+checkpointed (:mod:`rasterscale.resume`). The record is written after the output, atomically,
 so a record on disk means a complete output beside it. The merge checks from the records that the processed
 tile_ids are the manifest's, each exactly once, before it reads any output.
 
@@ -35,12 +36,17 @@ def record_path(stem: str | Path) -> Path:
     return Path(f"{stem}.json")
 
 
-def write_rank_record(stem: str | Path, tile_ids: Sequence[int], profile: Mapping[str, Any] | None = None) -> Path:
-    """Write the record of a rank's output ``{stem}.*`` (atomically): its processed tile_ids and profile."""
+def write_rank_record(
+    stem: str | Path, tile_ids: Sequence[int], profile: Mapping[str, Any] | None = None, resumed: int = 0
+) -> Path:
+    """Write the record of a rank's output ``{stem}.*`` (atomically): its processed tile_ids, its profile (of
+    this run's prediction) and how many of the tiles came from an earlier run's checkpoints
+    (:mod:`rasterscale.resume`)."""
     from rasterscale.outputs import write_json
 
     path = record_path(stem)
-    write_json({"format": RECORD_FORMAT, "tile_ids": [int(t) for t in tile_ids], "profile": profile}, path)
+    record = {"format": RECORD_FORMAT, "tile_ids": [int(t) for t in tile_ids], "profile": profile, "resumed": resumed}
+    write_json(record, path)
     return path
 
 

@@ -8,20 +8,25 @@ core's class is the argmax of the weighted mean of the probabilities of every ti
 its inner edges, where a model sees least context (:func:`edge_weights`).
 
 :class:`StripBlender` takes the tiles' probabilities in manifest order. Each own core is cut in two where the next
-row of tiles begins (:func:`core_parts`): the upper part is finished by the tiles of its own row, the lower part
-(half an overlap high) waits for the row below. A part's weighted sum is kept from its own tile to its last
+row of tiles begins (:func:`core_pieces`): the upper piece is finished by the tiles of its own row, the lower piece
+(half an overlap high) waits for the row below. A piece's weighted sum is kept from its own tile to its last
 contributor (earlier tiles' slivers of overlap are kept as they are until then), so what waits for the next row
-is the lower parts: half an overlap of rows across the rank's width, not a row of tiles. A finished part goes into
-the buffer of its row of parts, and finished rows go to the rank raster strip by strip, in row order, each strip
-written once. Sums run over the contributors in manifest order, so a pixel's class is the same whichever rank owns
-it.
+is the lower pieces: half an overlap of rows across the rank's width, not a row of tiles. A finished piece goes
+into the buffer of its row of pieces, and finished rows go to the rank raster strip by strip, in row order, each
+strip written once. Sums run over the contributors in manifest order, so a pixel's class is the same whichever
+rank owns it.
+
+Finished strips are final data, so they are also what a rank checkpoints (:meth:`StripBlender.checkpoint`: a part
+raster of the strips written since the previous part, and the own tiles whose cores it completes). A blender
+resumed from such parts copies them into its raster first and blends only the cores below them (the rows of a
+core the parts cut are blended again and written from the parts' end on).
 """
 
 from __future__ import annotations
 
 import contextlib
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +42,11 @@ WEIGHT_FLOOR = 1e-3  # a tile's weight at its very edge: every pixel of a tile c
 STRIP_ROWS = 32  # rows per strip of a rank raster (deflate: written once each, in row order)
 RANK_TILE_COLS = 256  # a strip is stored as tiles this wide, so the merge reads a block without decoding the strip
 PROBABILITY_SCALE = 1 / 255  # probability bands hold round(p * 255)
+
+
+def _raster_height(path: str | Path) -> int:
+    with rasterio.open(path) as src:
+        return src.height
 
 
 def tile_window(tile: Tile) -> Window:
@@ -68,20 +78,20 @@ def tile_cores(tiles: Iterable[Tile], width: int, height: int) -> dict[int, Wind
     return cores
 
 
-def core_parts(cores: Mapping[int, Window], tiles: Iterable[Tile]) -> list[tuple[int, Window]]:
-    """Each core cut where the next row of tiles begins: (tile id, window) of its upper part, which the tiles of
-    its own row (and the row above) finish, and of its lower part, which waits for the row below. Holding the
-    lower parts only, a rank's pending sums span a few dozen rows across the raster, not a row of tiles."""
+def core_pieces(cores: Mapping[int, Window], tiles: Iterable[Tile]) -> list[tuple[int, Window]]:
+    """Each core cut where the next row of tiles begins: (tile id, window) of its upper piece, which the tiles of
+    its own row (and the row above) finish, and of its lower piece, which waits for the row below. Holding the
+    lower pieces only, a rank's pending sums span a few dozen rows across the raster, not a row of tiles."""
     starts = sorted({t.row_off for t in tiles})
-    parts = []
+    pieces = []
     for tile_id, core in cores.items():
         cut = next((r for r in starts if core.row_off < r < core.row_off + core.height), None)
         if cut is None:
-            parts.append((tile_id, core))
+            pieces.append((tile_id, core))
         else:
-            parts.append((tile_id, Window(core.col_off, core.row_off, core.width, cut - core.row_off)))
-            parts.append((tile_id, Window(core.col_off, cut, core.width, core.row_off + core.height - cut)))
-    return parts
+            pieces.append((tile_id, Window(core.col_off, core.row_off, core.width, cut - core.row_off)))
+            pieces.append((tile_id, Window(core.col_off, cut, core.width, core.row_off + core.height - cut)))
+    return pieces
 
 
 def windows_intersect(a: Window, b: Window) -> bool:
@@ -182,8 +192,12 @@ class StripBlender:
 
     The rank raster covers the bounding window of the own cores: band 1 the class ids (:data:`NODATA_CLASS`
     elsewhere), and with ``probabilities`` bands 2..C+1 the blended probabilities as round(p * 255) (band scale
-    1/255). It is a deflate GeoTIFF of tiles a strip high, written atomically; GDAL's block cache bound is the caller's
+    1/255). It is a striped deflate GeoTIFF written atomically; GDAL's block cache bound is the caller's
     (:func:`rasterscale.data.limit_read_cache`). A rank without own tiles writes one pixel of no data.
+
+    ``parts``: part rasters of the window's first rows (:meth:`checkpoint` wrote them), copied first; the own
+    cores they hold are not blended again. ``keep_strips``: keep the strips written since the last part, for
+    :meth:`checkpoint`.
     """
 
     def __init__(
@@ -200,28 +214,36 @@ class StripBlender:
         crs: object,
         probabilities: bool = False,
         strip_rows: int = STRIP_ROWS,
+        parts: Sequence[str | Path] = (),
+        keep_strips: bool = False,
     ) -> None:
         self.tiles = list(tiles_to_predict)
         self.width, self.height, self.num_classes, self.taper = width, height, num_classes, taper
         self.cores, self.probabilities, self.strip_rows = cores, probabilities, strip_rows
-        own_ids = set(own_ids)
+        self.own_ids = set(own_ids)
+        self.window = bounding_window(cores[i] for i in self.own_ids) or Window(0, 0, 1, 1)
+        self.parts = [Path(p) for p in parts]
+        self.rows_written = sum(_raster_height(p) for p in self.parts)  # rows of the window written or in the tail
+        # own cores that the parts hold entirely: not blended again
+        done = {i for i in self.own_ids if self._core_end(i) <= self.rows_written}
+        own_ids = self.own_ids - done
         known = {t.tile_id for t in self.tiles}
         if own_ids - known:
             raise ValueError(f"own tiles not among the tiles to predict: {sorted(own_ids - known)[:10]}")
-        self.parts = core_parts({i: cores[i] for i in own_ids}, self.tiles)  # part index -> (own id, window)
+        self.pieces = core_pieces({i: cores[i] for i in own_ids}, self.tiles)  # piece -> (own id, window)
         self.remaining, self.targets = self._contributors()
         self.next_index = 0
-        self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # part -> (Σ w·p (C,h,w), Σ w (h,w))
-        self.slivers: dict[int, list] = {}  # part -> contributions of earlier tiles, kept until its own tile comes
-        self.own_ids = own_ids
-        self.window = bounding_window(cores[i] for i in own_ids) or Window(0, 0, 1, 1)
-        self.row_pending: dict[int, set[int]] = {}  # first row of a row of core parts -> parts not finished
-        for part, (_, window) in enumerate(self.parts):
-            self.row_pending.setdefault(window.row_off, set()).add(part)
+        self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # piece -> (Σ w·p (C,h,w), Σ w (h,w))
+        self.slivers: dict[int, list] = {}  # piece -> contributions of earlier tiles, kept until its own tile comes
+        self.checkpointed = done  # own ids whose cores are in a part
+        self.keep_strips = keep_strips
+        self.unsaved: list[tuple[int, np.ndarray]] = []  # (first row, strips) written since the last part
+        self.row_pending: dict[int, set[int]] = {}  # first row of a row of core pieces -> pieces not finished
+        for piece, (_, window) in enumerate(self.pieces):
+            self.row_pending.setdefault(window.row_off, set()).add(piece)
         self.row_order = sorted(self.row_pending)
-        self.row_buffers: dict[int, np.ndarray] = {}  # row of parts -> (bands, h, window width) uint8, being filled
+        self.row_buffers: dict[int, np.ndarray] = {}  # row of pieces -> (bands, h, window width) uint8, being filled
         self.tail = np.zeros((self.count, 0, self.window.width), dtype=np.uint8)  # rows short of a strip
-        self.rows_written = 0  # rows of the rank window written or in the tail
         self.peak_pending_bytes = 0
         self.closed = False
         self._stack = contextlib.ExitStack()
@@ -230,6 +252,28 @@ class StripBlender:
         if probabilities:
             self._dst.scales = (1.0, *[PROBABILITY_SCALE] * num_classes)
             self._dst.descriptions = ("class", *[f"probability of class {k}" for k in range(num_classes)])
+        self._copy_parts()
+        if not self.row_order:
+            self._finish_window()
+
+    def _core_end(self, own_id: int) -> int:
+        """The row of the rank window below an own core."""
+        core = self.cores[own_id]
+        return core.row_off + core.height - self.window.row_off
+
+    def _copy_parts(self) -> None:
+        """The parts' rows into the rank raster (they start at strip boundaries), a few strips at a time."""
+        first = 0
+        for path in self.parts:
+            with rasterio.open(path) as part:
+                if (part.width, part.count) != (self.window.width, self.count) or first % self.strip_rows:
+                    raise ValueError(f"{path}: not a part of this rank raster (size, bands or rows differ)")
+                step = self.strip_rows * 8
+                for start in range(0, part.height, step):
+                    rows = min(step, part.height - start)
+                    data = part.read(window=Window(0, start, part.width, rows))
+                    self._dst.write(data, window=Window(0, first + start, self.window.width, rows))
+                first += part.height
 
     @property
     def count(self) -> int:
@@ -254,15 +298,15 @@ class StripBlender:
         return profile
 
     def _contributors(self) -> tuple[dict[int, int], dict[int, list[int]]]:
-        """Per part of an own core, how many tiles intersect it; per tile, the parts it contributes to."""
+        """Per piece of an own core, how many tiles intersect it; per tile, the pieces it contributes to."""
         grid = TileGrid(self.tiles)
         remaining: dict[int, int] = {}
         targets: dict[int, list[int]] = {}
-        for part, (_, window) in enumerate(self.parts):
+        for piece, (_, window) in enumerate(self.pieces):
             contributors = grid.intersecting(window)
-            remaining[part] = len(contributors)
+            remaining[piece] = len(contributors)
             for tile in contributors:
-                targets.setdefault(tile.tile_id, []).append(part)
+                targets.setdefault(tile.tile_id, []).append(piece)
         return remaining, targets
 
     @property
@@ -288,44 +332,44 @@ class StripBlender:
         if not targets:
             return
         weights = edge_weights(tile, self.width, self.height, self.taper)
-        for part in targets:
-            self._accumulate(part, tile, probs, weights)
+        for piece in targets:
+            self._accumulate(piece, tile, probs, weights)
         self.peak_pending_bytes = max(self.peak_pending_bytes, self.pending_bytes)
-        for part in targets:
-            self.remaining[part] -= 1
-            if self.remaining[part] == 0:
-                self._finish_part(part)
+        for piece in targets:
+            self.remaining[piece] -= 1
+            if self.remaining[piece] == 0:
+                self._finish_piece(piece)
 
-    def _accumulate(self, part: int, tile: Tile, probs: np.ndarray, weights: np.ndarray) -> None:
-        """Add a tile's weighted probabilities to a part of an own core. Until the core's own tile comes, the
+    def _accumulate(self, piece: int, tile: Tile, probs: np.ndarray, weights: np.ndarray) -> None:
+        """Add a tile's weighted probabilities to a piece of an own core. Until the core's own tile comes, the
         contributions of earlier tiles (slivers of their overlap) are kept as they are and summed, in order, when
-        it does: a part's sums are then held from its own tile to its last contributor only."""
-        own_id, core = self.parts[part]
+        it does: a piece's sums are then held from its own tile to its last contributor only."""
+        own_id, core = self.pieces[piece]
         common = intersection(tile_window(tile), core)
         in_tile, in_core = overlap_slices(common, tile_window(tile)), overlap_slices(common, core)
         tile_weights = weights[in_tile]
         contribution = (in_core, probs[(slice(None), *in_tile)] * tile_weights, tile_weights)
-        if part not in self.sums:
-            if tile.tile_id != own_id and self.remaining[part] > 1:
-                self.slivers.setdefault(part, []).append((in_core, contribution[1], tile_weights.copy()))
+        if piece not in self.sums:
+            if tile.tile_id != own_id and self.remaining[piece] > 1:
+                self.slivers.setdefault(piece, []).append((in_core, contribution[1], tile_weights.copy()))
                 return
             shape = (int(core.height), int(core.width))
-            self.sums[part] = (
+            self.sums[piece] = (
                 np.zeros((self.num_classes, *shape), dtype=np.float32),
                 np.zeros(shape, dtype=np.float32),
             )
-            for earlier in self.slivers.pop(part, []):
-                self._add_to_sums(part, *earlier)
-        self._add_to_sums(part, *contribution)
+            for earlier in self.slivers.pop(piece, []):
+                self._add_to_sums(piece, *earlier)
+        self._add_to_sums(piece, *contribution)
 
-    def _add_to_sums(self, part: int, in_core: tuple[slice, slice], weighted: np.ndarray, weights: np.ndarray) -> None:
-        acc, weight_sum = self.sums[part]
+    def _add_to_sums(self, piece: int, in_core: tuple[slice, slice], weighted: np.ndarray, weights: np.ndarray) -> None:
+        acc, weight_sum = self.sums[piece]
         acc[(slice(None), *in_core)] += weighted
         weight_sum[in_core] += weights
 
-    def _finish_part(self, part: int) -> None:
-        acc, weight_sum = self.sums.pop(part)
-        _, core = self.parts[part]
+    def _finish_piece(self, piece: int) -> None:
+        acc, weight_sum = self.sums.pop(piece)
+        _, core = self.pieces[piece]
         buffer = self.row_buffers.get(core.row_off)
         if buffer is None:
             buffer = np.zeros((self.count, core.height, self.window.width), dtype=np.uint8)
@@ -336,7 +380,7 @@ class StripBlender:
         if self.probabilities:
             mean = acc / weight_sum
             buffer[1:, :, col : col + core.width] = np.rint(np.clip(mean, 0.0, 1.0) * 255.0)
-        self.row_pending[core.row_off].discard(part)
+        self.row_pending[core.row_off].discard(piece)
         self._flush_finished_rows()
 
     def _flush_finished_rows(self) -> None:
@@ -346,8 +390,17 @@ class StripBlender:
             gap = row - self.window.row_off - self.rows_written  # rows of no core (tile rows left out)
             if gap > 0:
                 self._append_rows(self._empty_rows(gap))
-            self._append_rows(buffer)
+            self._append_rows(buffer[:, max(0, -gap) :])  # a resumed core's rows in the parts are written
             self._write_strips(final=False)
+        if not self.row_order:
+            self._finish_window()
+
+    def _finish_window(self) -> None:
+        """Every own core is finished: the rows below the last (none) and the last strip."""
+        rest = self.window.height - self.rows_written
+        if rest > 0:
+            self._append_rows(self._empty_rows(rest))
+        self._write_strips(final=True)
 
     def _empty_rows(self, count: int) -> np.ndarray:
         rows = np.zeros((self.count, count, self.window.width), dtype=np.uint8)
@@ -364,13 +417,50 @@ class StripBlender:
         if count == 0:
             return
         first = self.rows_written - self.tail.shape[1]
-        self._dst.write(self.tail[:, :count], window=Window(0, first, self.window.width, count))
+        strips = self.tail[:, :count]
+        self._dst.write(strips, window=Window(0, first, self.window.width, count))
+        if self.keep_strips:
+            self.unsaved.append((first, strips))
         self.tail = self.tail[:, count:].copy()
+
+    def unsaved_bytes(self) -> int:
+        return sum(strips.nbytes for _, strips in self.unsaved)
+
+    def checkpoint(self, path: str | Path) -> tuple[list[int], tuple[int, int]] | None:
+        """Write the strips written since the previous part as a part raster, atomically at ``path``; the own
+        tile ids whose cores are now all in parts, and the part's rows of the rank window. None when no strip
+        was written since."""
+        if not self.unsaved:
+            return None
+        first = self.unsaved[0][0]
+        rows = sum(strips.shape[1] for _, strips in self.unsaved)
+        profile = {
+            "driver": "GTiff",
+            "width": self.window.width,
+            "height": rows,
+            "transform": self._dst.transform * Affine.translation(0, first),
+            "crs": self._dst.crs,
+            "count": self.count,
+            "dtype": "uint8",
+            "tiled": False,
+            "blockysize": self.strip_rows,
+            # fast: blending 275 tiles of 400 px took 1.55 s, 2.4 s with deflate parts, 1.7 s with these
+            "compress": "zstd",
+            "zstd_level": 1,
+        }
+        with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as part:
+            for start, strips in self.unsaved:
+                part.write(strips, window=Window(0, start - first, self.window.width, strips.shape[1]))
+        self.unsaved = []
+        end = first + rows
+        done = sorted(i for i in self.own_ids - self.checkpointed if self._core_end(i) <= end)
+        self.checkpointed.update(done)
+        return done, (first, end)
 
     def close(self) -> list[int]:
         """Write what is left and move the rank raster into place; the own tile ids written. Raises (and writes
         nothing) when a tile was not added."""
-        unfinished = sorted({self.parts[part][0] for part, n in self.remaining.items() if n})
+        unfinished = sorted({self.pieces[piece][0] for piece, n in self.remaining.items() if n})
         if unfinished or self.next_index != len(self.tiles):
             self._stack.__exit__(RuntimeError, None, None)
             self.closed = True
@@ -379,10 +469,6 @@ class StripBlender:
                 f"{len(unfinished)} own cores unfinished (tiles {unfinished[:10]}); "
                 f"{len(missing)} tiles never added (first {missing[:10]})"
             )
-        rest = self.window.height - self.rows_written
-        if rest > 0:
-            self._append_rows(self._empty_rows(rest))
-        self._write_strips(final=True)
         self._stack.close()
         self.closed = True
         return sorted(self.own_ids)

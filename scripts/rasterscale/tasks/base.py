@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from rasterscale.batching import BatchPlan
 from rasterscale.imagery import ImageSpec
+from rasterscale.resume import Part
 from rasterscale.tasks import TaskInfo
 from rasterscale.tiling import Tile
 
@@ -90,15 +91,26 @@ class TrainingModule(L.LightningModule):
 
 
 class RankOutput(ABC):
-    """One rank's output of one scene, filled tile by tile in prediction order and written once at the end."""
+    """One rank's output of one scene, filled tile by tile in prediction order and written once at the end, from
+    the parts of a previous run of the rank (:mod:`rasterscale.resume`) and the tiles predicted since."""
 
     @abstractmethod
     def add(self, tile: Tile, result: Any) -> None:
         """One predicted tile's result (what :meth:`Task.predict_batch` returned for it)."""
 
     @abstractmethod
+    def checkpoint(self, path: Path) -> Part | None:
+        """Write, atomically at ``path``, what the output holds of finished own tiles and no part holds yet;
+        the part (with the own tile_ids it vouches for), or None when there is nothing new."""
+
+    def unsaved_bytes(self) -> int:
+        """Finished data held for the next part (a part is written early when it grows large)."""
+        return 0
+
+    @abstractmethod
     def write(self) -> str:
-        """Write the output atomically; return what it holds, for the log (e.g. "12 detections")."""
+        """Write the output atomically (the parts and the rest); return what it holds, for the log (e.g. "12
+        detections")."""
 
 
 class Task(ABC):
@@ -180,8 +192,12 @@ class Task(ABC):
         path: str | Path,
         model_cfg: Any,
         config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
     ) -> RankOutput:
-        """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``)."""
+        """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``). ``own``: all the rank's tiles
+        of the scene; ``parts``: what a previous run of the rank wrote of them (their tiles are not predicted
+        again), None when the rank does not checkpoint (then :meth:`RankOutput.checkpoint` is never called);
+        ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part)."""
 
     # --- merge and evaluation ------------------------------------------------------------------------------
     @abstractmethod

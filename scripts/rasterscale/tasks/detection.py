@@ -26,6 +26,7 @@ from rasterscale.imagery import ImageSpec, on_data
 from rasterscale.inputs import check_raster, read_annotations
 from rasterscale.merge import empty_detections, write_detections_file
 from rasterscale.modelfiles import DetectorConfig, detector_of_config, write_deepforest_folder
+from rasterscale.resume import Part
 from rasterscale.tasks import DETECTION
 from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
 from rasterscale.tiling import Tile
@@ -77,19 +78,37 @@ def detections_frame(
 
 
 class DetectionRankOutput(RankOutput):
-    """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons)."""
+    """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons): the parts'
+    rows, then those of the tiles predicted since, in prediction order. A part holds the boxes of the tiles
+    added since the previous one."""
 
-    def __init__(self, scene: PredictScene, labels: Sequence[str], path: str | Path) -> None:
+    def __init__(self, scene: PredictScene, labels: Sequence[str], path: str | Path, parts: Sequence[Part] = ()):
         self.scene, self.labels, self.path = scene, list(labels), Path(path)
-        self.results: list[tuple[Tile, TileDetections]] = []
+        self.parts = list(parts)
+        self.results: list[tuple[Tile, TileDetections]] = []  # tiles added and not in a part yet
 
     def add(self, tile: Tile, result: TileDetections) -> None:
         self.results.append((tile, result))
 
+    def frame(self) -> gpd.GeoDataFrame:
+        return detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
+
+    def checkpoint(self, path: Path) -> Part | None:
+        if not self.results:
+            return None
+        write_detections_file(self.frame(), path)
+        part = Part(path, [tile.tile_id for tile, _ in self.results])
+        self.parts.append(part)
+        self.results = []
+        return part
+
     def write(self) -> str:
-        frame = detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
+        frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
+        frames = [frame for frame in frames if len(frame)]
+        frame = pd.concat(frames, ignore_index=True) if frames else empty_detections(self.scene.crs)
         write_detections_file(frame, self.path)
-        return f"{len(frame)} detections"
+        resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
+        return f"{len(frame)} detections{resumed}"
 
 
 class DetectionTrainingModule(TrainingModule):
@@ -250,8 +269,9 @@ class DetectionTask(Task):
         path: str | Path,
         model_cfg: DetectorConfig,
         config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
     ) -> RankOutput:
-        return DetectionRankOutput(scene, model_cfg.labels, path)
+        return DetectionRankOutput(scene, model_cfg.labels, path, parts or ())
 
     def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
         from rasterscale.merge import merge_scene

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
 from rasterscale.imagery import ImageSpec
+from rasterscale.resume import Part
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
 from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, load_segmenter, segmenter_of_config
@@ -73,7 +74,8 @@ def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) ->
 
 
 class SegmentationRankOutput(RankOutput):
-    """A rank's class raster of one scene: the blended classes of its own tiles' cores."""
+    """A rank's class raster of one scene: the blended classes of its own tiles' cores (a part: the strips of it
+    written since the previous one)."""
 
     def __init__(self, blender: StripBlender, path: str | Path) -> None:
         self.blender, self.path = blender, path
@@ -81,9 +83,20 @@ class SegmentationRankOutput(RankOutput):
     def add(self, tile: Tile, result: np.ndarray) -> None:
         self.blender.add(tile.tile_id, result)
 
+    def checkpoint(self, path: Path) -> Part | None:
+        written = self.blender.checkpoint(path)
+        if written is None:
+            return None
+        tiles, rows = written
+        return Part(path, tiles, {"rows": list(rows)})
+
+    def unsaved_bytes(self) -> int:
+        return self.blender.unsaved_bytes()
+
     def write(self) -> str:
         written = self.blender.close()
-        return f"classes of {len(written)} tile cores -> {self.path}"
+        resumed = f" ({len(self.blender.parts)} part(s) of an earlier run)" if self.blender.parts else ""
+        return f"classes of {len(written)} tile cores{resumed} -> {self.path}"
 
 
 class SegmentationTask(Task):
@@ -172,6 +185,7 @@ class SegmentationTask(Task):
         path: str | Path,
         model_cfg: SegmenterConfig,
         config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
     ) -> RankOutput:
         blender = StripBlender(
             list(predicted),
@@ -185,6 +199,8 @@ class SegmentationTask(Task):
             scene.transform,
             scene.crs,
             probabilities=config["predict"]["probabilities"],
+            parts=[part.path for part in parts or ()],
+            keep_strips=parts is not None,
         )
         return SegmentationRankOutput(blender, path)
 
