@@ -391,7 +391,6 @@ class StripBlender:
             if gap > 0:
                 self._append_rows(self._empty_rows(gap))
             self._append_rows(buffer[:, max(0, -gap) :])  # a resumed core's rows in the parts are written
-            self._write_strips(final=False)
         if not self.row_order:
             self._finish_window()
 
@@ -400,7 +399,9 @@ class StripBlender:
         rest = self.window.height - self.rows_written
         if rest > 0:
             self._append_rows(self._empty_rows(rest))
-        self._write_strips(final=True)
+        if self.tail.shape[1]:
+            self._write_rows(self.tail, self.rows_written - self.tail.shape[1])
+            self.tail = self.tail[:, :0]
 
     def _empty_rows(self, count: int) -> np.ndarray:
         rows = np.zeros((self.count, count, self.window.width), dtype=np.uint8)
@@ -408,20 +409,27 @@ class StripBlender:
         return rows
 
     def _append_rows(self, rows: np.ndarray) -> None:
-        self.tail = np.concatenate([self.tail, rows], axis=1)
-        self.rows_written += rows.shape[1]
+        """Rows below those written so far: whole strips go to the rank raster at once, straight from ``rows``
+        (no copy of a row of cores), the tail's strip completed first; what is short of a strip waits in the
+        tail."""
+        while rows.shape[1]:
+            if self.tail.shape[1] or rows.shape[1] < self.strip_rows:
+                take = min(rows.shape[1], self.strip_rows - self.tail.shape[1])
+                self.tail = np.concatenate([self.tail, rows[:, :take]], axis=1)
+            else:
+                take = rows.shape[1] // self.strip_rows * self.strip_rows
+                self._write_rows(rows[:, :take], self.rows_written)
+            self.rows_written += take
+            rows = rows[:, take:]
+            if self.tail.shape[1] == self.strip_rows:
+                self._write_rows(self.tail, self.rows_written - self.strip_rows)
+                self.tail = self.tail[:, :0]
 
-    def _write_strips(self, final: bool) -> None:
-        """Write the tail's whole strips (all of it when ``final``), in row order."""
-        count = self.tail.shape[1] if final else self.tail.shape[1] // self.strip_rows * self.strip_rows
-        if count == 0:
-            return
-        first = self.rows_written - self.tail.shape[1]
-        strips = self.tail[:, :count]
-        self._dst.write(strips, window=Window(0, first, self.window.width, count))
+    def _write_rows(self, rows: np.ndarray, first: int) -> None:
+        """Write rows of the rank window from row ``first`` (a strip boundary), in row order."""
+        self._dst.write(rows, window=Window(0, first, self.window.width, rows.shape[1]))
         if self.keep_strips:
-            self.unsaved.append((first, strips))
-        self.tail = self.tail[:, count:].copy()
+            self.unsaved.append((first, rows.copy()))  # a copy: ``rows`` may be a view of a whole row of cores
 
     def unsaved_bytes(self) -> int:
         return sum(strips.nbytes for _, strips in self.unsaved)
