@@ -25,7 +25,7 @@ import torch
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
-from rasterscale.resume import Part, RankCheckpoints, fingerprint, resume_dir
+from rasterscale.resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
 from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
 from rasterscale.tiling import Tile, tile_grid
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
@@ -312,3 +312,18 @@ def test_segmentation_job_killed_after_some_rows_resumes_and_merges_identical_cl
         f"{case['kill_s']:.1f} s after the kill; rerun predicted {case['rerun']} of {case['full']} tiles; "
         f"classes.tif identical to an uninterrupted run's ({case['timing']})"
     )
+
+
+def test_model_digest_of_a_file_and_of_a_deepforest_folder_changes_with_any_byte(tmp_path):
+    """The fingerprint's model digest reads a .pt file or a model folder (config.json + model.safetensors)."""
+    folder = tmp_path / "tree"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"num_classes": 1}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 1000)
+    single = tmp_path / "model.pt"
+    single.write_bytes(b"\0" * 1000)
+    before_folder, before_file = file_digest(folder), file_digest(single)
+    (folder / "model.safetensors").write_bytes(b"\0" * 999 + b"\1")
+    single.write_bytes(b"\0" * 999 + b"\1")
+    assert file_digest(folder) != before_folder and file_digest(single) != before_file
+    assert file_digest(folder) == file_digest(folder) and before_folder != before_file

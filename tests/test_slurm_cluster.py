@@ -99,9 +99,10 @@ def marked_pids(cluster: SlurmCluster) -> list[int]:
     return pids
 
 
-def test_second_cluster_picks_other_ports_and_cleans_up(cluster, tmp_path):
+def test_second_cluster_picks_other_ports_and_cleans_up(cluster, tmp_path_factory):
     first = ports_of(cluster)
-    with SlurmCluster(tmp_path / "second", nodes=("n1", "n2"), cpus_per_node=2) as second:
+    # a short folder: a test's own tmp_path (longer under pytest-xdist) leaves too little for the Unix sockets
+    with SlurmCluster(tmp_path_factory.mktemp("c2"), nodes=("n1", "n2"), cpus_per_node=2) as second:
         assert second.cluster_name != cluster.cluster_name
         assert ports_of(second).isdisjoint(first)
         assert second.node_states() == {"n1": "idle", "n2": "idle"}

@@ -41,10 +41,16 @@ def resume_dir(shard_dir: str | Path) -> str:
 
 
 def file_digest(path: str | Path) -> str:
+    """SHA-256 of a model file, or of a model folder (a DeepForest folder: its files' names and bytes)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**22), b""):
-            digest.update(block)
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda handle=handle: handle.read(2**22), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
