@@ -86,3 +86,16 @@ def test_dry_run_fails_on_a_missing_raster(tmp_path):
     result = snakemake_dry_run(tmp_path, {"scenes": {"a": {"path": "nowhere.tif"}}})
     assert result.returncode != 0
     assert "rasterscale: nowhere.tif: raster not found (scenes.a.path)" in result.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--configfile", "config/segmentation.yaml"]], ids=["demo", "segmentation demo"])
+def test_the_readmes_demo_commands_plan_with_the_repositorys_configs(tmp_path, extra):
+    """`snakemake` and `snakemake --configfile config/segmentation.yaml`, as the README gives them: the second
+    config extends config/config.yaml (the Snakefile's configfile), so no detection-only key may sit there."""
+    import shutil
+
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
+    result = subprocess.run([*command, "-n", "--cores", "2", *extra], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rasterscale:" not in result.stderr and "train_model" in result.stdout
