@@ -1,3 +1,4 @@
+import shutil
 import subprocess
 import sys
 
@@ -92,8 +93,6 @@ def test_dry_run_fails_on_a_missing_raster(tmp_path):
 def test_the_readmes_demo_commands_plan_with_the_repositorys_configs(tmp_path, extra):
     """`snakemake` and `snakemake --configfile config/segmentation.yaml`, as the README gives them: the second
     config extends config/config.yaml (the Snakefile's configfile), so no detection-only key may sit there."""
-    import shutil
-
     shutil.copytree(REPO / "config", tmp_path / "config")
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
     result = subprocess.run([*command, "-n", "--cores", "2", *extra], capture_output=True, text=True, timeout=300)

@@ -44,10 +44,11 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
+from rasterscale.lifetime import SIGTERM_EXIT_CODE
 from rasterscale.outputs import atomic_path, write_json
 from rasterscale.runtime import gather_to_all
 
-STOP_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
+STOP_EXIT_CODE = SIGTERM_EXIT_CODE  # 143, what a shell reports for a process ended by SIGTERM
 RESUME_FILE = "resume.json"  # the resume folder's index: fingerprint, step, checkpoint file
 # train keys that change nothing a checkpoint holds: a run may resume with other values
 UNFINGERPRINTED_TRAIN_KEYS = ("log_every_n_steps", "checkpoint_every_n_steps")

@@ -25,7 +25,7 @@ core the parts cut are blended again and written from the parts' end on).
 from __future__ import annotations
 
 import contextlib
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -85,7 +85,8 @@ def core_pieces(cores: Mapping[int, Window], tiles: Iterable[Tile]) -> list[tupl
     starts = sorted({t.row_off for t in tiles})
     pieces = []
     for tile_id, core in cores.items():
-        cut = next((r for r in starts if core.row_off < r < core.row_off + core.height), None)
+        after = bisect_right(starts, core.row_off)  # the first row of tiles below the core's top
+        cut = starts[after] if after < len(starts) and starts[after] < core.row_off + core.height else None
         if cut is None:
             pieces.append((tile_id, core))
         else:

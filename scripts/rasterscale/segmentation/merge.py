@@ -331,7 +331,7 @@ class Vectorizer:
         block = ids[labels]  # region id per pixel of the block
         cols = slice(int(window.col_off), int(window.col_off + window.width))
         pairs = [edge_pairs(self.below[cols], block[0])]
-        if window.col_off > 0 and self.right is not None:
+        if self.right is not None:  # None at the first block of a row of blocks
             pairs.append(edge_pairs(self.right, block[:, 0]))
         parents = np.arange(len(regions) + 1, dtype=np.int64)
         union_pairs(parents, np.concatenate(pairs), regions)
