@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from conftest import write_raster
-from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
+from rasterscale.segmentation.blend import SPILL_AHEAD, TileBlender, halo_tiles, tile_cores
 from rasterscale.tiling import Tile
 
 NUM_CLASSES = 3
@@ -84,6 +84,7 @@ def predict_ranks(
     transform: object,
     crs: object,
     probabilities: bool = False,
+    spill_ahead: int = SPILL_AHEAD,
 ) -> list[Path]:
     """Each rank blends its own and halo tiles into its own rank raster; the rank rasters' paths."""
     height, width = truth.shape
@@ -92,8 +93,19 @@ def predict_ranks(
     for rank, own in enumerate(split_contiguous(tiles, ranks)):
         path = out_dir / f"rank-{rank}.tif"
         todo = halo_tiles(tiles, own, cores)
-        blender = StripBlender(
-            todo, set(own), cores, width, height, NUM_CLASSES, taper, path, transform, crs, probabilities
+        blender = TileBlender(
+            todo,
+            set(own),
+            cores,
+            width,
+            height,
+            NUM_CLASSES,
+            taper,
+            path,
+            transform,
+            crs,
+            probabilities,
+            spill_ahead=spill_ahead,
         )
         for tile in todo:
             blender.add(tile.tile_id, tile_probabilities(tile, truth))

@@ -26,7 +26,7 @@ from affine import Affine
 
 from conftest import UTM17N, report, write_raster
 from rasterscale.resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
-from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
+from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tiling import Tile, tile_grid
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
@@ -39,15 +39,15 @@ LOGGER = logging.getLogger("rasterscale.predict")
 # --- library level --------------------------------------------------------------------------------------------
 
 
-def blend(tiles, own, cores, truth, path, parts=(), stop=None, checkpoints=None, strip_rows=16):
+def blend(tiles, own, cores, truth, path, parts=(), stop=None, checkpoints=None, block_rows=16):
     """Blend a rank's tiles (checkpointing after every tile when ``checkpoints``); stop after ``stop`` tiles as a
     killed rank would (its raster never written). The tiles it predicted."""
     height, width = truth.shape
     done = {tile for part in parts for tile in part.tiles}
     todo = halo_tiles(tiles, [i for i in own if i not in done], cores)
-    blender = StripBlender(
-        todo, own, cores, width, height, NUM_CLASSES, 32, path, TRANSFORM, UTM17N, True, strip_rows,
-        parts=[p.path for p in parts], keep_strips=checkpoints is not None,
+    blender = TileBlender(
+        todo, own, cores, width, height, NUM_CLASSES, 32, path, TRANSFORM, UTM17N, True, block_rows,
+        parts=[p.path for p in parts], keep_unsaved=checkpoints is not None,
     )  # fmt: skip
     for count, tile in enumerate(todo):
         if count == stop:
@@ -58,7 +58,7 @@ def blend(tiles, own, cores, truth, path, parts=(), stop=None, checkpoints=None,
             path = checkpoints.next_part_path()
             written = blender.checkpoint(path)
             if written is not None:
-                checkpoints.commit(Part(path, written[0], {"rows": list(written[1])}))
+                checkpoints.commit(Part(path, written[0], {"blocks": written[1]}))
     assert blender.close() == sorted(own)
     return todo
 

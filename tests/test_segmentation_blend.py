@@ -1,5 +1,5 @@
 """Blending tile predictions into rank rasters: cores partition the raster, any split over ranks gives the same
-class map, edge weights beat one tile per pixel near tile edges, and a wide strip's pending buffers stay small."""
+class map, edge weights beat one tile per pixel near tile edges, and what a rank holds does not grow with the width."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from affine import Affine
 
 from conftest import UTM17N, report
 from rasterscale.imagery import read_masked, resolve_spec
+from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.blend import (
-    NODATA_CLASS,
-    StripBlender,
+    SPILL_AHEAD,
+    TileBlender,
     axis_weights,
     edge_weights,
     halo_tiles,
     tile_cores,
 )
 from rasterscale.segmentation.merge import merge_class_rasters
+from rasterscale.segmentation.rankraster import BLOCK_COLS, BLOCK_ROWS
 from rasterscale.tiling import Tile, build_manifest, tile_grid, tiles_from_frame
 from segmentation_tiles import (
     NUM_CLASSES,
@@ -119,10 +121,14 @@ def test_any_split_over_ranks_gives_the_same_class_map(tmp_path):
     with rasterio.open(scene) as src:
         transform = src.transform
     maps, probabilities = [], []
-    for ranks in (1, 2, 3):
-        out = tmp_path / f"ranks-{ranks}"
+    # (ranks, spill_ahead): 0 spills every piece not finished by the next tile
+    for ranks, spill_ahead in ((1, SPILL_AHEAD), (2, SPILL_AHEAD), (3, SPILL_AHEAD), (2, 0)):
+        out = tmp_path / f"ranks-{ranks}-spill-{spill_ahead}"
         out.mkdir()
-        rank_rasters = predict_ranks(tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True)
+        rank_rasters = predict_ranks(
+            tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True, spill_ahead=spill_ahead
+        )
+        assert sorted(p.name for p in out.iterdir()) == [p.name for p in rank_rasters]  # no spill folder left
         merge_class_rasters(rank_rasters, scene, spec, out / "classes.tif", out / "probabilities.tif", LABELS)
         with rasterio.open(out / "classes.tif") as classes, rasterio.open(out / "probabilities.tif") as probs:
             maps.append(classes.read(1))
@@ -135,7 +141,10 @@ def test_any_split_over_ranks_gives_the_same_class_map(tmp_path):
     reference = reference_blend(tiles, truth)
     assert np.array_equal(maps[0][valid], reference[valid])
     accuracy = float((maps[0][valid] == truth[valid]).mean())
-    report(f"blend: 1, 2 and 3 ranks give identical class maps and probabilities; pixel accuracy {accuracy:.4f}")
+    report(
+        "blend: 1, 2 and 3 ranks, and 2 ranks spilling every piece it can, give identical class maps and "
+        f"probabilities; pixel accuracy {accuracy:.4f}"
+    )
 
 
 def one_tile_per_pixel(tiles: list[Tile], truth: np.ndarray) -> np.ndarray:
@@ -201,7 +210,7 @@ def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
     own = split_contiguous(tiles, 2)[0]
     todo = halo_tiles(tiles, own, cores)
     path = tmp_path / "rank-0.tif"
-    blender = StripBlender(todo, set(own), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
+    blender = TileBlender(todo, set(own), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
     with pytest.raises(ValueError, match=f"tile {todo[1].tile_id} added out of order"):
         blender.add(todo[1].tile_id, tile_probabilities(todo[1], truth))
     for tile in todo[:-1]:
@@ -211,40 +220,52 @@ def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
     assert not path.exists() and not list(tmp_path.iterdir())
 
 
-def test_pending_sums_of_a_16k_wide_strip_are_an_overlap_high_not_a_row_of_tiles(tmp_path):
-    width, height, patch, overlap, classes = 16384, 1600, 400, 100, 2
+def blend_random_strip(
+    path, width: int, height: int, patch: int, overlap: int, classes: int
+) -> tuple[TileBlender, float]:
+    """Blend a strip of random probabilities; the blender (closed) and its tracemalloc peak (MiB)."""
     tiles = grid_tiles(width, height, patch, overlap)
     cores = tile_cores(tiles, width, height)
-    per_row = len({t.col_off for t in tiles})
     rng = np.random.default_rng(0)
-    path = tmp_path / "rank-0.tif"
-    own = {t.tile_id for t in tiles}
+    probs = rng.random((classes, patch, patch), dtype=np.float32)
+    probs /= probs.sum(axis=0, keepdims=True)
     tracemalloc.start()
-    blender = StripBlender(tiles, own, cores, width, height, classes, overlap, path, TRANSFORM, UTM17N, True)
+    own = {t.tile_id for t in tiles}
+    blender = TileBlender(tiles, own, cores, width, height, classes, overlap, path, TRANSFORM, UTM17N, True)
     for tile in tiles:
-        probs = rng.random((classes, tile.height, tile.width), dtype=np.float32)
-        blender.add(tile.tile_id, probs / probs.sum(axis=0, keepdims=True))
+        blender.add(tile.tile_id, probs[:, : tile.height, : tile.width])
     blender.close()
     _, traced_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    # float sums (Σ w·p and Σ w) of a band one overlap high across the strip (the lower halves of a row of cores
-    # and the slivers the row below needs), and the uint8 buffers of a row of cores and a tail
-    overlap_sums = (classes + 1) * 4 * width * overlap
-    row_buffers = (classes + 1) * width * (max(c.height for c in cores.values()) + 32)
-    bound = 1.5 * overlap_sums + 2 * row_buffers
-    row_of_tile_sums = (classes + 1) * 4 * width * max(c.height for c in cores.values())  # what it held before
-    region_sums = (classes + 1) * 4 * width * height
-    with rasterio.open(path) as src:
-        assert (src.width, src.height, src.count) == (width, height, 1 + classes)
-        assert src.block_shapes[0] == (32, 256)  # tiles a strip high
+    return blender, traced_peak / 2**20
+
+
+def test_blend_memory_of_a_strip_does_not_grow_with_its_width(tmp_path):
+    """What the rank holds is a few tiles' sums (pieces waiting for the next row of tiles are spilled) and the
+    blocks that straddle unfinished pieces, not rows of the raster: 8k and 16k wide strips hold the same."""
+    height, patch, overlap, classes = 1600, 400, 100, 2
+    peaks, traced = {}, {}
+    for width in (8192, 16384):
+        blender, traced[width] = blend_random_strip(
+            tmp_path / f"rank-{width}.tif", width, height, patch, overlap, classes
+        )
+        peaks[width] = blender.peak_pending_bytes / 2**20
+        assert blender.spilled.written_bytes > 0 and not blender.spilled.folder.exists()
+        with rasterio.open(tmp_path / f"rank-{width}.tif") as src:
+            assert (src.width, src.height, src.count) == (width, height, 1 + classes)
+            assert src.block_shapes[0] == (BLOCK_ROWS, BLOCK_COLS)
+    # what held whole rows grew by (1 + classes) * 4 B * overlap per column: 9.4 MiB more for 8192 more columns
+    overlap_band_growth = (1 + classes) * 4 * overlap * 8192 / 2**20
+    # a row of blocks straddling the edge of a row of pieces: (1 + classes) B * BLOCK_ROWS per column
+    blocks_growth = (1 + classes) * BLOCK_ROWS * 8192 / 2**20
     report(
-        f"blend memory, {width} px wide strip ({len(tiles)} tiles of {patch} px, {per_row} a row): peak pending "
-        f"{blender.peak_pending_bytes / 2**20:.1f} MiB (bound {bound / 2**20:.1f} MiB; a row of cores' float sums "
-        f"{row_of_tile_sums / 2**20:.1f} MiB, the region's {region_sums / 2**20:.0f} MiB); tracemalloc peak "
-        f"{traced_peak / 2**20:.1f} MiB"
+        f"blend memory of a strip {height} px high ({patch} px tiles, overlap {overlap}): peak pending "
+        f"{peaks[8192]:.1f} MiB at 8192 px wide, {peaks[16384]:.1f} MiB at 16384 (tracemalloc peaks "
+        f"{traced[8192]:.1f} and {traced[16384]:.1f} MiB); holding the overlap band would add "
+        f"{overlap_band_growth:.1f} MiB"
     )
-    assert blender.peak_pending_bytes <= bound
-    assert traced_peak < bound + 16 * 2**20
+    assert peaks[16384] - peaks[8192] <= blocks_growth + 0.5
+    assert traced[16384] - traced[8192] <= blocks_growth + 1.5
 
 
 def test_a_rank_without_tiles_writes_one_pixel_of_no_data(tmp_path):
@@ -253,7 +274,7 @@ def test_a_rank_without_tiles_writes_one_pixel_of_no_data(tmp_path):
     cores = tile_cores(tiles, width, height)
     assert halo_tiles(tiles, [], cores) == []
     path = tmp_path / "rank-3.tif"
-    blender = StripBlender([], set(), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
+    blender = TileBlender([], set(), cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N)
     assert blender.close() == []
     with rasterio.open(path) as src:
         assert (src.width, src.height, src.transform) == (1, 1, TRANSFORM) and src.read(1)[0, 0] == NODATA_CLASS

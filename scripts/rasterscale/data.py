@@ -36,6 +36,7 @@ from torch.utils.data import Dataset
 from rasterscale.geo import box_areas
 from rasterscale.imagery import ImageSpec, read_tile
 from rasterscale.tiling import Tile
+from rasterscale.windows import tile_window
 
 RGB_BANDS = 3  # the bands the model sees
 PREDICT_STRATEGIES = ("window", "single", "batch")
@@ -80,10 +81,6 @@ def limit_read_cache(megabytes: int) -> None:
     """Bound GDAL's block cache in this process and in the dataloader workers it forks later (GDAL's default,
     5% of the node's memory, would otherwise fill up over a large raster)."""
     set_gdal_config("GDAL_CACHEMAX", int(megabytes) * 2**20)  # set at run time, GDAL takes bytes
-
-
-def tile_window(tile: Tile) -> Window:
-    return Window(tile.col_off, tile.row_off, tile.width, tile.height)
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:

@@ -30,11 +30,12 @@ from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
 from torch.utils.data import Dataset
 
-from rasterscale.data import ProcessRaster, RasterHandle, tile_window
+from rasterscale.data import ProcessRaster, RasterHandle
 from rasterscale.imagery import ImageSpec, read_masked
 from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, read_raster_header
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.tiling import Tile
+from rasterscale.windows import tile_window
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
 

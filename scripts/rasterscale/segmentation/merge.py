@@ -33,7 +33,8 @@ from rasterscale.cog import convert_to_cog
 from rasterscale.imagery import ImageSpec, read_masked
 from rasterscale.outputs import atomic_path
 from rasterscale.segmentation import NODATA_CLASS
-from rasterscale.segmentation.blend import PROBABILITY_SCALE, intersection
+from rasterscale.segmentation.rankraster import PROBABILITY_SCALE
+from rasterscale.windows import intersection
 
 MERGE_BLOCK = 512
 CACHE_MB = 16  # GDAL's block cache while merging or vectorizing (each block is read once; GDAL's default, 5%

@@ -21,7 +21,7 @@ from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
 from rasterscale.imagery import ImageSpec
 from rasterscale.resume import Part
 from rasterscale.segmentation import NODATA_CLASS
-from rasterscale.segmentation.blend import StripBlender, halo_tiles, tile_cores
+from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, load_segmenter, segmenter_of_config
 from rasterscale.tasks import SEGMENTATION
 from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
@@ -74,10 +74,10 @@ def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) ->
 
 
 class SegmentationRankOutput(RankOutput):
-    """A rank's class raster of one scene: the blended classes of its own tiles' cores (a part: the strips of it
+    """A rank's class raster of one scene: the blended classes of its own tiles' cores (a part: the blocks of it
     written since the previous one)."""
 
-    def __init__(self, blender: StripBlender, path: str | Path) -> None:
+    def __init__(self, blender: TileBlender, path: str | Path) -> None:
         self.blender, self.path = blender, path
 
     def add(self, tile: Tile, result: np.ndarray) -> None:
@@ -87,8 +87,8 @@ class SegmentationRankOutput(RankOutput):
         written = self.blender.checkpoint(path)
         if written is None:
             return None
-        tiles, rows = written
-        return Part(path, tiles, {"rows": list(rows)})
+        tiles, blocks = written
+        return Part(path, tiles, {"blocks": blocks})
 
     def unsaved_bytes(self) -> int:
         return self.blender.unsaved_bytes()
@@ -187,7 +187,7 @@ class SegmentationTask(Task):
         config: Mapping[str, Any],
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
-        blender = StripBlender(
+        blender = TileBlender(
             list(predicted),
             {t.tile_id for t in own},
             self.cores_of(scene),
@@ -200,7 +200,7 @@ class SegmentationTask(Task):
             scene.crs,
             probabilities=config["predict"]["probabilities"],
             parts=[part.path for part in parts or ()],
-            keep_strips=parts is not None,
+            keep_unsaved=parts is not None,
         )
         return SegmentationRankOutput(blender, path)
 
