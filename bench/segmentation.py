@@ -1,12 +1,14 @@
 """Segmentation's memory at scale: peak RSS of a prediction rank and of the merge on rasters of 4k to 32k a side.
 
-Each raster gets the manifest of a full-width band of tile rows across its middle: the worst case for the rank's
-strip-bounded blend (it holds a whole row of tiles' class sums until the row below is predicted), so the figure
-shows what the rank's memory grows with (the raster's width, by a row of tiles), and that it does not grow with
-the raster's area. The merge then writes the whole classes.tif and probabilities.tif COGs and classes.gpkg of the
-raster, block by block. The model is an untrained segmenter, seeded: the rank's memory does not depend on its
-weights, but the merge's does, through classes.gpkg: an untrained model's noisy class map is a worst case of
-many polygons and one region with thousands of holes across the band.
+Each raster gets the manifest of a band of full-width tile rows across its middle, as many rows as make about
+:data:`TILES` tiles (the whole 4k raster, 4 rows of the 16k one, 2 of the 32k one): every rank does the same work,
+so what differs is the raster's size, and on the widest the blend's pieces wait for the row of tiles below across
+32k px (they wait on disk, and the rank raster is written block by block). The rank runs :data:`RUNS` times per
+raster (its peak varies by about 30 MB from run to run, with the allocator) and the highest peak is the figure.
+The merge then writes the whole classes.tif and probabilities.tif COGs and classes.gpkg of the raster, block by
+block. The model is an untrained segmenter, seeded: the rank's memory does not depend on its weights, but the
+merge's does, through classes.gpkg: an untrained model's noisy class map is a worst case of many polygons and one
+region with thousands of holes across the band.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH, OVERLAP = 400, 80
+TILES = 200  # tiles per raster (about): the same work on every raster
+RUNS = 2  # rank runs per raster
 LABELS = ("background", "tree")
 # runs a command and prints the peak RSS (KB) of its process tree's largest process: the merge's
 PEAK_OF = (
@@ -56,12 +60,14 @@ def segmentation_config() -> dict[str, Any]:
     return {key: config[key] for key in ("task", "model", "tiling", "predict")}
 
 
-def band_of_rows(side: int, rows: int) -> Any:
-    """The manifest of ``rows`` full-width tile rows across the middle of a side x side raster."""
+def band_of_rows(side: int, tiles: int = TILES) -> Any:
+    """The manifest of the full-width tile rows, about ``tiles`` tiles, across the middle of a side x side
+    raster."""
     manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
     offsets = sorted(set(manifest["row_off"]))
-    middle = offsets[len(offsets) // 2 : len(offsets) // 2 + rows]
-    return manifest[manifest["row_off"].isin(middle)]
+    rows = max(1, min(len(offsets), round(tiles * len(offsets) / len(manifest))))
+    start = max(0, min(len(offsets) - rows, len(offsets) // 2 - rows // 2))
+    return manifest[manifest["row_off"].isin(offsets[start : start + rows])]
 
 
 def merge_peak_rss_mb(directory: Path, raster: Path, manifest: Path, stem: str) -> tuple[float, float]:
@@ -87,27 +93,32 @@ def merge_peak_rss_mb(directory: Path, raster: Path, manifest: Path, stem: str) 
     return int(result.stdout.split()[-1]) / 1024, time.perf_counter() - started
 
 
-def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], rows: int = 2) -> dict[str, Any]:
+def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
     checkpoint = write_segmenter(workdir / "segmenter.pt")
     config = segmentation_config()
     result: dict[str, Any] = {}
     for side in sides:
         directory = workdir / f"seg-rss-{side}"
         directory.mkdir(parents=True, exist_ok=True)
-        chosen = band_of_rows(side, rows)
+        chosen = band_of_rows(side, tiles)
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
         manifest = directory / "tiles.parquet"
         write_manifest(chosen, resolve_spec(raster), manifest)
-        job = run_predict_job(directory, raster, manifest, checkpoint, config["predict"], config=config)
-        merge_mb, merge_s = merge_peak_rss_mb(directory, raster, manifest, rank_stem(directory / "predict", "scene", 0))
+        jobs = [
+            run_predict_job(directory / f"run-{k}", raster, manifest, checkpoint, config["predict"], config=config)
+            for k in range(RUNS)
+        ]
+        stem = rank_stem(directory / f"run-{RUNS - 1}" / "predict", "scene", 0)
+        merge_mb, merge_s = merge_peak_rss_mb(directory, raster, manifest, stem)
         raster.unlink()
-        profile = job.profiles[0]
+        peaks = [job.profiles[0]["host_rss_peak_mb"] for job in jobs]
         result[str(side)] = {
-            "rank_rss_peak_mb": profile["host_rss_peak_mb"],
+            "rank_rss_peak_mb": max(peaks),
+            "rank_rss_peaks_mb": peaks,
             "merge_rss_peak_mb": round(merge_mb, 1),
-            "predicted_tiles": profile["tiles"],
-            "tile_rows": rows,
-            "job_wall_s": round(job.wall_s, 2),
+            "predicted_tiles": jobs[0].profiles[0]["tiles"],
+            "tile_rows": int(chosen["row_off"].nunique()),
+            "job_wall_s": round(min(job.wall_s for job in jobs), 2),
             "merge_wall_s": round(merge_s, 2),
         }
     return result

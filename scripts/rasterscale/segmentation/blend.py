@@ -1,4 +1,4 @@
-"""Blending overlapping tile predictions into one rank's class raster, with memory bounded by a strip of tiles.
+"""Blending overlapping tile predictions into one rank's class raster, with memory that does not grow with the raster.
 
 Every tile of the manifest owns a *core*: along each axis, the boundary between consecutive tiles is the middle of
 their overlap, so the cores partition the raster (:func:`tile_cores`; tiles left out of the manifest leave their

@@ -2,7 +2,7 @@
 its probabilities and its polygons).
 
 Each rank blends its tiles' class probabilities with weights that taper toward inner tile edges and writes the
-classes of its own tiles' cores (:mod:`rasterscale.segmentation.blend`: memory bounded by a strip of tiles); the
+classes of its own tiles' cores (:mod:`rasterscale.segmentation.blend`: memory flat however large the raster); the
 merge assembles the cores into ``classes.tif`` (:mod:`rasterscale.segmentation.merge`). The library is
 :mod:`rasterscale.segmentation`; this module is what the core asks of it.
 """
