@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from rasterscale.tasks import load_task
+from rasterscale.tasks import task_info
 
 
 def main() -> None:
@@ -14,9 +14,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quicklook", required=True)
     args = parser.parse_args()
-    task = load_task(args.config["task"])
-    metrics = task.evaluate_scene(args.scene, args.config, args.labels, args.out, args.quicklook)
-    print(f"{args.scene['raster']}: {task.info.summarize(metrics)}")
+    info = task_info(args.config["task"])
+    metrics = info.evaluate(args.scene, args.config, args.labels, args.out, args.quicklook)
+    print(f"{args.scene['raster']}: {info.summarize(metrics)}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rasterscale.profiling import format_profile_table, write_scene_profile
 from rasterscale.rankfiles import check_scene_records
-from rasterscale.tasks import load_task
+from rasterscale.tasks import task_info
 from rasterscale.tiling import read_manifest
 
 
@@ -17,12 +17,12 @@ def main() -> None:
     parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with their rank files)")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON: task, labels, merge and predict")
     args = parser.parse_args()
-    task = load_task(args.config["task"])
+    info = task_info(args.config["task"])  # not the task itself: no torch in a merge job
     for scene in json.loads(Path(args.job).read_text())["scenes"]:
         stems = scene["rank_files"]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
-        outputs = [stem + task.info.rank_suffix for stem in stems]
-        print(f"{scene['name']}: merged {len(stems)} rank files: {task.merge_scene(scene, outputs, args.config)}")
+        outputs = [stem + info.rank_suffix for stem in stems]
+        print(f"{scene['name']}: merged {len(stems)} rank files: {info.merge(scene, outputs, args.config)}")
         profile = write_scene_profile(stems, scene["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene['profile']})"))
 

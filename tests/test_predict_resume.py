@@ -226,7 +226,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
         merged = {key: str(out / Path(scene[key]).name) for key in task.info.scene_outputs(valid)}
         merge = {"task": valid["task"], "labels": model_labels(valid), "merge": valid["merge"], "predict": predict}
-        task.merge_scene({**scene, **merged}, [stem + task.info.rank_suffix for stem in stems], merge)
+        task.info.merge({**scene, **merged}, [stem + task.info.rank_suffix for stem in stems], merge)
         return merged
     finally:
         os.sched_setaffinity(0, affinity)

@@ -16,7 +16,8 @@ from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import InputError
 from rasterscale.model import build_detector, save_checkpoint
 from rasterscale.modelfiles import DetectorConfig, write_deepforest_folder
-from rasterscale.segmentation.groundtruth import SegmentationTileDataset, read_segmentation_truth
+from rasterscale.segmentation.dataset import SegmentationTileDataset
+from rasterscale.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.segmentation.metrics import evaluate_class_map
 from rasterscale.segmentation.model import (
     UNET_DECODER,

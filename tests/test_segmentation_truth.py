@@ -20,11 +20,11 @@ from conftest import REPO, UTM17N, write_raster, write_rgba
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import InputError
+from rasterscale.segmentation.dataset import SegmentationTileDataset
 from rasterscale.segmentation.groundtruth import (
     NODATA_CLASS,
     PolygonTruth,
     RasterTruth,
-    SegmentationTileDataset,
     check_segmentation_truth,
     read_segmentation_truth,
 )

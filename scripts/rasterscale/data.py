@@ -20,7 +20,6 @@ of the bytes to read, pin and copy.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,31 +33,12 @@ from rasterio.windows import Window
 from torch.utils.data import Dataset
 
 from rasterscale.geo import box_areas
-from rasterscale.imagery import ImageSpec, read_tile
+from rasterscale.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.tiling import Tile
 from rasterscale.windows import tile_window
 
 RGB_BANDS = 3  # the bands the model sees
 PREDICT_STRATEGIES = ("window", "single", "batch")
-
-
-class ProcessRaster:
-    """A lazily opened, per-process rasterio handle (safe across fork and pickling)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._src: rasterio.io.DatasetReader | None = None
-        self._pid: int | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_src": None, "_pid": None}
-
-    @property
-    def src(self) -> rasterio.io.DatasetReader:
-        if self._src is None or self._pid != os.getpid():
-            self._src = rasterio.open(self.path)
-            self._pid = os.getpid()
-        return self._src
 
 
 class RasterHandle(ProcessRaster):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -278,3 +279,22 @@ def read_spec(manifest_path: str | Path) -> ImageSpec:
             f"{manifest_path}: tile manifest holds no imagery spec ({SPEC_KEY.decode()}); rerun rule tile_manifest"
         )
     return ImageSpec.from_json(metadata[SPEC_KEY])
+
+
+class ProcessRaster:
+    """A lazily opened, per-process rasterio handle (safe across fork and pickling)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._src: rasterio.io.DatasetReader | None = None
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_src": None, "_pid": None}
+
+    @property
+    def src(self) -> rasterio.io.DatasetReader:
+        if self._src is None or self._pid != os.getpid():
+            self._src = rasterio.open(self.path)
+            self._pid = os.getpid()
+        return self._src

@@ -6,14 +6,16 @@ evaluation (:class:`rasterscale.tasks.base.Task`, in the spirit of torchgeo's ``
 - ``segmentation``: a class per pixel (a segmentation-models-pytorch U-Net) -> a COG of classes per scene, its
   probabilities and its polygons.
 
-This module is light (no torch): the workflow reads a task's file names and summaries from it at load time;
-:func:`load_task` imports the task itself where a job needs it.
+This module is light (no torch): the workflow reads a task's file names and summaries from it at load time, and
+the merge and evaluation jobs run a task's merge and scoring from it (:class:`TaskInfo`); :func:`load_task`
+imports the task itself (model, training, prediction) where a job needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,10 +36,76 @@ def _segmentation_summary(metrics: Mapping[str, Any]) -> str:
     return f"miou={metrics['miou']:.3f} pixel_accuracy={metrics['pixel_accuracy']:.3f} {ious}"
 
 
+def _merge_detections(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    from rasterscale.merge import merge_scene
+
+    merged = merge_scene(outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"])
+    return f"{len(merged)} detections -> {scene['gpkg']}"
+
+
+def _evaluate_detections(
+    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+) -> dict[str, Any]:
+    from rasterscale.evaluate import evaluate_scene
+
+    return evaluate_scene(
+        scene["parquet"],
+        scene["raster"],
+        scene["annotations"],
+        list(labels),
+        scene.get("label_column") or None,
+        config["evaluate"],
+        out,
+        quicklook,
+        scene.get("image_path"),
+    )
+
+
+def _merge_segmentation(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    from rasterscale.imagery import read_spec
+    from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
+
+    labels = config["labels"]
+    summary = merge_class_rasters(
+        list(outputs),
+        scene["raster"],
+        read_spec(scene["manifest"]),
+        scene["classes"],
+        scene.get("probabilities"),
+        labels,
+    )
+    polygons = vectorize_classes(scene["classes"], scene["gpkg"], labels)
+    pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
+    return f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
+
+
+def _evaluate_segmentation(
+    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+) -> dict[str, Any]:
+    from rasterscale.outputs import write_json
+    from rasterscale.segmentation.groundtruth import read_segmentation_truth
+    from rasterscale.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
+
+    truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
+    metrics = evaluate_class_map(scene["classes"], truth)
+    metrics["scene_raster"] = str(scene["raster"])
+    write_json(metrics, out)
+    title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
+    render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
+    return metrics
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """A task's names: its scene outputs (under ``results/{scene}/``), its rank output's suffix, the file its
-    evaluation reads, what its trained model is written as, and its evaluation's one-line summary."""
+    evaluation reads, what its trained model is written as, and its evaluation's one-line summary; and how its
+    layers are made and scored (torch-free, so that merge and evaluation jobs do not load it):
+
+    - ``merge(scene, outputs, config)``: a scene's rank outputs (their records already checked) into its layers
+      (``scene``: its entry in the batch's job file: raster, manifest, output paths); a line for the log;
+    - ``evaluate(scene, config, labels, out, quicklook)``: the scene's merged output scored against its
+      annotations, written to ``out`` (JSON) with a quicklook; the metrics.
+    """
 
     name: str
     rank_suffix: str
@@ -45,6 +113,8 @@ class TaskInfo:
     evaluated_output: str  # the key of scene_outputs that the evaluation reads
     model_files: dict[str, str]  # key -> file under results/models/ ("model", "metrics", "plot", ...)
     summarize: Callable[[Mapping[str, Any]], str]
+    merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
+    evaluate: Callable[..., dict[str, Any]]
 
     def outputs_of_scene(self, config: Mapping[str, Any], scene: str) -> dict[str, str]:
         """A scene's merged outputs, with the gathered prediction profile."""
@@ -69,6 +139,8 @@ DETECTION = TaskInfo(
         "plot": "{name}.png",
     },
     summarize=_detection_summary,
+    merge=_merge_detections,
+    evaluate=_evaluate_detections,
 )
 
 SEGMENTATION = TaskInfo(
@@ -82,6 +154,8 @@ SEGMENTATION = TaskInfo(
     evaluated_output="classes",
     model_files={"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"},
     summarize=_segmentation_summary,
+    merge=_merge_segmentation,
+    evaluate=_evaluate_segmentation,
 )
 
 INFO = {"detection": DETECTION, "segmentation": SEGMENTATION}

@@ -1,9 +1,10 @@
-"""The task interface: what the task-neutral core (training, prediction, merge, evaluation) asks of a task.
+"""The task interface: what the task-neutral core (training, prediction) asks of a task.
 
 The core owns everything that does not depend on what is predicted: tile manifests, the batch plan, launching
 ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
-(:mod:`rasterscale.rankfiles`), the exactly-once check. A task owns its model, its training samples, how a batch's
-output becomes a rank output, how rank outputs merge into a scene's layers, and how they are scored.
+(:mod:`rasterscale.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
+batch's output becomes a rank output; how rank outputs merge into a scene's layers, and how they are scored, is
+its :class:`~rasterscale.tasks.TaskInfo`'s (no torch: a merge job does not load it).
 """
 
 from __future__ import annotations
@@ -198,20 +199,3 @@ class Task(ABC):
         of the scene; ``parts``: what a previous run of the rank wrote of them (their tiles are not predicted
         again), None when the rank does not checkpoint (then :meth:`RankOutput.checkpoint` is never called);
         ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part)."""
-
-    # --- merge and evaluation ------------------------------------------------------------------------------
-    @abstractmethod
-    def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-        """Merge a scene's rank outputs (its records already checked) into its layers (``scene`` is its entry in
-        the batch's job file: raster, manifest, output paths); returns a line for the log."""
-
-    @abstractmethod
-    def evaluate_scene(
-        self,
-        scene: Mapping[str, Any],
-        config: Mapping[str, Any],
-        labels: Sequence[str],
-        out: str | Path,
-        quicklook: str | Path,
-    ) -> dict[str, Any]:
-        """Score a scene's merged output against its annotations; write ``out`` (JSON) and a quicklook."""

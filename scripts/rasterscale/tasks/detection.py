@@ -272,33 +272,3 @@ class DetectionTask(Task):
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
         return DetectionRankOutput(scene, model_cfg.labels, path, parts or ())
-
-    def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-        from rasterscale.merge import merge_scene
-
-        merged = merge_scene(
-            outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"]
-        )
-        return f"{len(merged)} detections -> {scene['gpkg']}"
-
-    def evaluate_scene(
-        self,
-        scene: Mapping[str, Any],
-        config: Mapping[str, Any],
-        labels: Sequence[str],
-        out: str | Path,
-        quicklook: str | Path,
-    ) -> dict[str, Any]:
-        from rasterscale.evaluate import evaluate_scene
-
-        return evaluate_scene(
-            scene["parquet"],
-            scene["raster"],
-            scene["annotations"],
-            list(labels),
-            scene.get("label_column") or None,
-            config["evaluate"],
-            out,
-            quicklook,
-            scene.get("image_path"),
-        )

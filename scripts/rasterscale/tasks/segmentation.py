@@ -143,7 +143,8 @@ class SegmentationTask(Task):
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
     ) -> tuple[Dataset, Dataset | None]:
-        from rasterscale.segmentation.groundtruth import SegmentationTileDataset, read_segmentation_truth
+        from rasterscale.segmentation.dataset import SegmentationTileDataset
+        from rasterscale.segmentation.groundtruth import read_segmentation_truth
 
         truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
         train_set = SegmentationTileDataset(scene.raster, train, spec, truth, augment=True)
@@ -203,42 +204,3 @@ class SegmentationTask(Task):
             keep_unsaved=parts is not None,
         )
         return SegmentationRankOutput(blender, path)
-
-    def merge_scene(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-        from rasterscale.imagery import read_spec
-        from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
-
-        labels = config["labels"]
-        summary = merge_class_rasters(
-            list(outputs),
-            scene["raster"],
-            read_spec(scene["manifest"]),
-            scene["classes"],
-            scene.get("probabilities"),
-            labels,
-        )
-        polygons = vectorize_classes(scene["classes"], scene["gpkg"], labels)
-        pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
-        return (
-            f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
-        )
-
-    def evaluate_scene(
-        self,
-        scene: Mapping[str, Any],
-        config: Mapping[str, Any],
-        labels: Sequence[str],
-        out: str | Path,
-        quicklook: str | Path,
-    ) -> dict[str, Any]:
-        from rasterscale.outputs import write_json
-        from rasterscale.segmentation.groundtruth import read_segmentation_truth
-        from rasterscale.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
-
-        truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
-        metrics = evaluate_class_map(scene["classes"], truth)
-        metrics["scene_raster"] = str(scene["raster"])
-        write_json(metrics, out)
-        title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
-        render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
-        return metrics
