@@ -11,7 +11,9 @@ its inner edges, where a model sees least context (:func:`edge_weights`).
 row of tiles begins (:func:`core_pieces`): the upper piece is finished by the tiles of its own row, the lower piece
 (half an overlap high) waits for the row below. A piece's weighted sum is kept from its own tile to its last
 contributor (earlier tiles' slivers of overlap are kept as they are until then), so what waits for the next row
-is the lower pieces: half an overlap of rows across the rank's width, not a row of tiles. A finished piece goes
+is the lower pieces: half an overlap of rows across the rank's width, not a row of tiles. Pieces whose next tile
+is far ahead wait on disk (:class:`SpilledPieces`), so the rank's memory does not grow with that width either.
+A finished piece goes
 straight into the rank raster (:class:`~rasterscale.segmentation.rankraster.RankRaster`), which writes each block
 of it once every piece covering the block is in: no row of the raster is ever held whole. Sums run over the
 contributors in manifest order, so a pixel's class is the same whichever rank owns it.
@@ -254,7 +256,7 @@ class TileBlender:
             self.raster.abort(type(err))
             self.closed = True
             raise
-        self.remaining, self.targets = self._contributors()
+        self.remaining, self.contributors, self.targets = self._contributors()
         self.next_index = 0
         self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # piece -> (Σ w·p (C,h,w), Σ w (h,w))
         self.slivers: dict[int, list] = {}  # piece -> contributions of earlier tiles, kept until its own tile comes
@@ -267,21 +269,21 @@ class TileBlender:
             window.col_off - self.window.col_off, window.row_off - self.window.row_off, window.width, window.height
         )
 
-    def _contributors(self) -> tuple[dict[int, int], dict[int, list[int]]]:
-        """Per piece of an own core, how many tiles intersect it (and their places in ``tiles``); per tile, the
+    def _contributors(self) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[int]]]:
+        """Per piece of an own core, how many tiles intersect it, and their places in ``tiles``; per tile, the
         pieces it contributes to."""
         grid = TileGrid(self.tiles)
         place = {tile.tile_id: k for k, tile in enumerate(self.tiles)}
         remaining: dict[int, int] = {}
+        places: dict[int, list[int]] = {}
         targets: dict[int, list[int]] = {}
-        self.contributors: dict[int, list[int]] = {}
         for piece, (_, window) in enumerate(self.pieces):
             contributors = grid.intersecting(window)
             remaining[piece] = len(contributors)
-            self.contributors[piece] = sorted(place[tile.tile_id] for tile in contributors)
+            places[piece] = sorted(place[tile.tile_id] for tile in contributors)
             for tile in contributors:
                 targets.setdefault(tile.tile_id, []).append(piece)
-        return remaining, targets
+        return remaining, places, targets
 
     def _next_contributor(self, piece: int) -> int:
         """The place in ``tiles`` of the next tile a piece waits for."""
