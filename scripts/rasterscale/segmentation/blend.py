@@ -230,7 +230,6 @@ class TileBlender:
         self.cores, self.probabilities = cores, probabilities
         self.own_ids = set(own_ids)
         self.window = bounding_window(cores[i] for i in self.own_ids) or Window(0, 0, 1, 1)
-        self.parts = [Path(p) for p in parts]
         self.raster = RankRaster(
             out_path,
             self.window.width,
@@ -238,7 +237,7 @@ class TileBlender:
             transform @ Affine.translation(self.window.col_off, self.window.row_off),
             crs,
             num_classes if probabilities else 0,
-            self.parts,
+            parts,
             keep_unsaved,
             block_rows,
         )

@@ -1,6 +1,7 @@
 """Tasks: what rasterscale predicts over a raster. The core (tiling, sharding, launching, rank files, pre-flight
-checks) knows nothing of them; a task knows its model, its training samples, its rank output, its merge and its
-evaluation (:class:`rasterscale.tasks.base.Task`, in the spirit of torchgeo's ``BaseTask``).
+checks) knows nothing of them; a task knows its model, its training samples and its rank output
+(:class:`rasterscale.tasks.base.Task`, in the spirit of torchgeo's ``BaseTask``), and its merge and its evaluation
+(:class:`TaskInfo`, here).
 
 - ``detection``: boxes (torchvision RetinaNet, DeepForest's model) -> a vector layer per scene.
 - ``segmentation``: a class per pixel (a segmentation-models-pytorch U-Net) -> a COG of classes per scene, its

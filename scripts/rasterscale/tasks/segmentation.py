@@ -95,7 +95,8 @@ class SegmentationRankOutput(RankOutput):
 
     def write(self) -> str:
         written = self.blender.close()
-        resumed = f" ({len(self.blender.parts)} part(s) of an earlier run)" if self.blender.parts else ""
+        parts = self.blender.raster.parts
+        resumed = f" ({len(parts)} part(s) of an earlier run)" if parts else ""
         return f"classes of {len(written)} tile cores{resumed} -> {self.path}"
 
 
