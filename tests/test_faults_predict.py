@@ -41,7 +41,7 @@ WIDTH, HEIGHT = 800, 600  # 48 tiles of 128 px: a few seconds of prediction per 
 SCENE = "scene"
 MERGED = f"results/{SCENE}/detections.parquet"
 JOB_ENDED_WITHIN_S = 30  # measured 1-4 s (snakemake notices the failed job; seconds more on a loaded machine)
-PROCESSES_GONE_WITHIN_S = 20  # ranks: measured 0-1.2 s; dataloader workers end within torch's 5 s check
+PROCESSES_GONE_WITHIN_S = 20  # ranks and their dataloader workers: measured 0-1.2 s (die with their parent)
 LOCK_MESSAGE = "Error: Directory cannot be locked."
 
 
@@ -546,6 +546,37 @@ def test_a_rank_dies_with_its_parent():
     launcher.wait()
     ended = wait_gone({"rank": rank}, killed, 10)
     report(f"[lifetime] parent of a rank killed: the rank was gone after {ended['rank']:.2f} s")
+
+
+WORKER_PROBE = """
+import functools, os, sys, time
+import numpy as np
+from torch.utils.data import DataLoader
+sys.path.insert(0, {scripts!r})
+from rasterscale.lifetime import bind_worker
+tiles = [np.zeros((400, 400, 3), np.uint8)] * 100  # 480 KB a tile: a batch is more than a pipe holds
+init = functools.partial(bind_worker, rank_pid=os.getpid())
+batches = iter(DataLoader(tiles, batch_size=2, num_workers=1, collate_fn=list, worker_init_fn=init))
+next(batches)
+print("predicting", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_dataloader_worker_dies_with_its_rank():
+    """A rank killed by -9 while its worker has batches queued for it: the worker is gone within seconds. Without
+    rasterscale.lifetime.bind_worker it ran on for good (torch's own check ends its loop, then its exit blocks
+    writing the queued batch to the dead rank)."""
+    rank = subprocess.Popen(
+        [sys.executable, "-c", WORKER_PROBE.format(scripts=str(REPO / "scripts"))], stdout=subprocess.PIPE, text=True
+    )
+    assert rank.stdout is not None and rank.stdout.readline() == "predicting\n", rank.communicate()
+    (worker,) = psutil.Process(rank.pid).children()
+    rank.kill()
+    killed = time.monotonic()
+    rank.wait()
+    ended = wait_gone({"worker": worker}, killed, 10)
+    report(f"[lifetime] rank with a worker killed: the worker was gone after {ended['worker']:.2f} s")
 
 
 def test_sigterm_ends_a_rank_whose_main_thread_is_stuck_in_a_signal_handler():

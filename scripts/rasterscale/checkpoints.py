@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
-from rasterscale.lifetime import SIGTERM_EXIT_CODE
+from rasterscale.lifetime import SIGTERM_EXIT_CODE, bind_worker
 from rasterscale.outputs import atomic_path, write_json
 from rasterscale.runtime import gather_to_all
 
@@ -187,9 +187,11 @@ def exit_stopped() -> None:
     os._exit(STOP_EXIT_CODE)
 
 
-def init_training_worker(worker_id: int, rank: int) -> None:
-    """A training dataloader worker ignores SIGTERM (Slurm signals every process of a job step): its rank stops
-    it once the checkpoint is written. Then Lightning's seeding of workers, as Lightning would have done."""
+def init_training_worker(worker_id: int, rank: int, rank_pid: int) -> None:
+    """A training dataloader worker dies with its rank (``rank_pid``: :func:`lifetime.bind_worker`) and ignores
+    SIGTERM (Slurm signals every process of a job step): its rank stops it once the checkpoint is written. Then
+    Lightning's seeding of workers, as Lightning would have done."""
+    bind_worker(worker_id, rank_pid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pl_worker_init_function(worker_id, rank)
 

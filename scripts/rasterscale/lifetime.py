@@ -17,6 +17,12 @@ Who launches a rank, and what ends it when that launcher is gone (:func:`bind_ra
   its dataloader workers) and exits. On a Slurm cluster the process is the job's own ``snakemake`` (the executor
   runs one inside the job); ranks on other nodes rely on srun's ``--kill-on-bad-exit=1`` and Slurm's end of the job.
 
+- **Its dataloader workers** (:func:`bind_worker`, the ``worker_init_fn`` of every prediction and training
+  dataloader) die with their rank too. torch's own check (a worker ends its loop once its parent is gone, within
+  5 s) is not enough: the worker then joins its queue's feeder thread at exit, and that thread blocks for good
+  writing a batch of more than the pipe's 64 KB to a rank that no longer reads (a worker of a rank killed by -9
+  ran on with its memory until the test killed it).
+
 A peer that dies: locally Lightning's launcher (rank 0) polls its child ranks every 5 s and SIGKILLs everything
 when one exited non-zero (and a rank blocked in a gloo collective gets a connection reset from its dead peer);
 under srun, ``--kill-on-bad-exit=1`` ends the step: Slurm sends SIGTERM to the other ranks, and SIGKILL KillWait
@@ -183,6 +189,14 @@ def check_launcher(logger: logging.Logger) -> None:
         return
     if parent_pid(os.getpid()) != launcher.pid or not launcher.alive():
         end_rank_now(f"the rank that launched this one (pid {launcher.pid}) is gone", logger)
+
+
+def bind_worker(worker_id: int, rank_pid: int) -> None:
+    """A dataloader worker dies with its rank (``rank_pid``, the process that made the dataloader): the kernel's
+    death signal, and an exit at once when the rank died before the worker could ask for it. ``worker_id`` is
+    torch's ``worker_init_fn`` argument (unused)."""
+    if die_with_parent() and os.getppid() != rank_pid:
+        os._exit(EXIT_CODE)
 
 
 def bind_rank(launches_ranks: bool, logger: logging.Logger, sigterm_ends: bool = False) -> None:

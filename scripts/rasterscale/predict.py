@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -48,6 +49,7 @@ from rasterscale.data import (
 from rasterscale.fastpath import warn_if_slow_precision
 from rasterscale.imagery import ImageSpec, read_spec
 from rasterscale.inputs import check_raster
+from rasterscale.lifetime import bind_worker
 from rasterscale.profiler import PredictProfiler
 from rasterscale.profiling import format_profile_table, summarize
 from rasterscale.rankfiles import rank_stem, write_rank_record
@@ -278,6 +280,7 @@ class PredictionDataModule(L.LightningDataModule):
             num_workers=self.workers if len(dataset) else 0,
             collate_fn=collate_lists,
             pin_memory=self.pin_memory,
+            worker_init_fn=functools.partial(bind_worker, rank_pid=os.getpid()),
         )
 
 

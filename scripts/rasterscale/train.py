@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -74,7 +75,9 @@ class TrainingDataModule(L.LightningDataModule):
             shuffle=True,
             num_workers=workers,
             persistent_workers=workers > 0,
-            worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank) if workers > 0 else None,
+            worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank, rank_pid=os.getpid())
+            if workers > 0
+            else None,
             collate_fn=self.task.collate,
             drop_last=False,
         )
