@@ -170,7 +170,8 @@ def job_summary(job: JobResult) -> dict:
         "job_wall_s": round(job.wall_s, 2),
         "tiles": job.tiles,
         "ranks": [
-            {k: p[k] for k in ("rank", "threads", "workers", "tiles", "wall_s", "compute_s", "wait_s", "tiles_per_s")}
+            {k: p[k] for k in ("rank", "threads", "workers", "tiles", "wall_s", "compute_s", "output_s", "wait_s")}
+            | {"tiles_per_s": p["tiles_per_s"]}
             for p in job.profiles
         ],
     }
@@ -178,8 +179,9 @@ def job_summary(job: JobResult) -> dict:
 
 def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile]) -> dict:
     """Pure forward time over the job's tiles against the job's wall, and where the in-loop rest goes: the rank's
-    batches (``compute_s``: the forward plus the first batch's warm-up and any slowdown), its waits for data
-    (``wait_s``), and the same job without a reading worker (``workers 0``: nothing else runs on the cores)."""
+    batches (``compute_s``: the forward plus the first batch's warm-up and any slowdown), its outputs taking the
+    boxes (``output_s``), its waits for data (``wait_s``), and the same job without a reading worker (``workers 0``:
+    nothing else runs on the cores)."""
     predict = {"devices": 1, "workers": 1, "batch_size": 4}
     job = run_predict_job(workdir / "efficiency", raster, manifest, checkpoint, predict)
     alone = run_predict_job(workdir / "efficiency-workers0", raster, manifest, checkpoint, {**predict, "workers": 0})
@@ -195,6 +197,7 @@ def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: 
         "in_loop_efficiency": round(forward / profile["wall_s"], 4),
         "in_loop": {
             "compute_over_forward_s": round(profile["compute_s"] - forward, 2),
+            "output_s": profile["output_s"],
             "wait_s": profile["wait_s"],
             "workers0_in_loop_efficiency": round(forward / profile_alone["wall_s"], 4),
             "workers0_compute_over_forward_s": round(profile_alone["compute_s"] - forward, 2),

@@ -177,7 +177,8 @@ def format_table(result: dict[str, Any]) -> str:
             "efficiency",
             f"forward {eff['forward_s']:.1f} s over {eff['tiles']} preloaded tiles / job wall {eff['job_wall_s']:.1f} s"
             f" (in-loop {eff['in_loop_efficiency']:.3f}: batches {eff['in_loop']['compute_over_forward_s']:+.1f} s"
-            f" over the forward, data wait {eff['in_loop']['wait_s']:.1f} s; without a reading worker"
+            f" over the forward, output {eff['in_loop']['output_s']:.1f} s, data wait {eff['in_loop']['wait_s']:.1f} s;"
+            f" without a reading worker"
             f" {eff['in_loop']['workers0_in_loop_efficiency']:.3f}; startup+write {eff['startup_and_write_s']:.1f} s)",
         ),
         (

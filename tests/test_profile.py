@@ -51,9 +51,13 @@ def test_rank_file_holds_the_rank_profile(profiled):
     assert profile["strategy"] == "window" and profile["workers"] == 1 and profile["batch_size"] == 5
     assert profile["precision"] == "bf16-mixed"
     assert profile["tiles"] == scene.tiles and profile["batches"] == math.ceil(scene.tiles / 5)
-    # the wall splits exactly into compute and waiting for data
+    # the wall splits exactly into compute, the rank output taking the boxes, and waiting for data
     assert profile["wall_s"] > 0 and 0 < profile["compute_s"] <= profile["wall_s"]
-    assert profile["wait_s"] == pytest.approx(profile["wall_s"] - profile["compute_s"], abs=1e-3)
+    assert 0 < profile["output_s"] < profile["compute_s"] and profile["wait_s"] > 0
+    parts = profile["compute_s"] + profile["output_s"] + profile["wait_s"]
+    assert parts == pytest.approx(profile["wall_s"], abs=1e-3)
+    output_fraction = profile["output_s"] / profile["wall_s"]  # of rounded figures
+    assert profile["output_fraction"] == pytest.approx(output_fraction, abs=1e-4 / profile["wall_s"] + 1e-4)
     assert profile["tiles_per_s"] == pytest.approx(scene.tiles / profile["wall_s"], rel=1e-3)
     assert profile["batches_per_s"] == pytest.approx(profile["batches"] / profile["wall_s"], rel=1e-3)
     # CPU: device memory is the rank's resident set, utilization its CPU time share
@@ -87,12 +91,13 @@ def test_scene_profile_gathers_every_rank_file(profiled, tmp_path):
 
 
 def test_totals_add_rates_and_take_the_longest_wall():
-    profile = summarize([rank(1, 30, 10.0, 1.0), rank(0, 40, 8.0, 2.0)])
+    profile = summarize([rank(1, 30, 10.0, 1.0, output_s=0.5), rank(0, 40, 8.0, 2.0, output_s=1.3)])
     assert [r["rank"] for r in profile["ranks"]] == [0, 1]
     total = profile["total"]
     assert total["tiles"] == 70 and total["batches"] == 10 + 8 and total["wall_s"] == 10.0
     assert total["tiles_per_s"] == pytest.approx(40 / 8 + 30 / 10)
     assert total["wait_fraction"] == pytest.approx(3.0 / 18.0, abs=1e-4)
+    assert total["output_fraction"] == pytest.approx(1.8 / 18.0, abs=1e-4)
     assert total["memory_peak_mb"] == 901.0 and total["host_rss_peak_mb"] == 1001.0
 
 

@@ -74,6 +74,19 @@ def test_class_map_is_a_valid_cog_on_the_rasters_grid(seg_run):
     assert len(polygons) > 10 and set(polygons["label"]) == {"tree"} and polygons.crs == out.crs
 
 
+def test_the_profile_counts_the_blend_as_output_not_as_data_wait(seg_run):
+    """Each rank's wall splits into compute, output (its tiles' scores blended and blocks written) and the wait for
+    data; the blend, a real share of a segmentation rank's time, is output."""
+    workdir, _ = seg_run
+    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    for rank in profile["ranks"]:
+        assert rank["output_s"] > 0.02 * rank["wall_s"], rank
+        parts = rank["compute_s"] + rank["output_s"] + rank["wait_s"]
+        assert parts == pytest.approx(rank["wall_s"], abs=1e-3) and rank["wait_s"] > 0, rank
+    figures = [(r["output_fraction"], r["wait_fraction"]) for r in profile["ranks"]]
+    print(f"\n[segmentation] profile per rank (output, data wait): {figures}")
+
+
 def test_no_seams_at_inner_tile_edges(seg_run):
     import geopandas as gpd
 

@@ -144,8 +144,9 @@ class RankOutputs:
 
 
 class RankWriter(L.Callback):
-    """Feeds each predicted tile's result to its scene's rank output (in prediction order) and, when prediction
-    ends, writes every scene's output and record (the record last: it vouches for a complete output)."""
+    """Feeds each predicted tile's result to its scene's rank output (in prediction order), then ends the batch
+    in the profile with the time that took, and, when prediction ends, writes every scene's output and record (the
+    record last: it vouches for a complete output)."""
 
     def __init__(
         self,
@@ -178,6 +179,7 @@ class RankWriter(L.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        started = time.perf_counter()
         plan = self.plan(trainer)
         if self.seen is None:
             self.seen = [np.zeros(len(tiles), dtype=np.int64) for tiles in plan.predicted]
@@ -186,6 +188,7 @@ class RankWriter(L.Callback):
             self.output(trainer, scene).add(plan.predicted[scene][position], result)
         if plan.checkpoints is not None:
             self.checkpoint(plan, plan.checkpoints)
+        self.profiler.end_batch(batch[1], time.perf_counter() - started)
 
     def checkpoint(self, plan: RankPlan, checkpoints: Sequence[RankCheckpoints]) -> None:
         """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's

@@ -1,5 +1,7 @@
 """The prediction rank's profiler: a Lightning callback measuring time, memory and utilization batch by batch,
-in all and per scene of the job (:mod:`rasterscale.profiling` says what each figure means)."""
+in all and per scene of the job (:mod:`rasterscale.profiling` says what each figure means). A batch ends when the
+rank's outputs have taken its results: the rank writer calls :meth:`PredictProfiler.end_batch` with the time
+that took."""
 
 from __future__ import annotations
 
@@ -27,20 +29,23 @@ from rasterscale.sharding import rank_file_index
 
 @dataclass
 class Share:
-    """What a rank spent on one scene (or on all): tiles, batches, and the wall and compute time of its batches,
-    a batch's time split between its scenes by their tiles (so that the scenes' walls add up to the rank's)."""
+    """What a rank spent on one scene (or on all): tiles, batches, and the wall, compute and output time of its
+    batches, a batch's time split between its scenes by their tiles (so that the scenes' walls add up to the
+    rank's)."""
 
     tiles: int = 0
     batches: int = 0
     wall_s: float = 0.0
     compute_s: float = 0.0
+    output_s: float = 0.0
     memory: list[int] = field(default_factory=list)
 
-    def add(self, tiles: int, fraction: float, wall: float, compute: float, memory: int) -> None:
+    def add(self, tiles: int, fraction: float, wall: float, compute: float, output: float, memory: int) -> None:
         self.tiles += tiles
         self.batches += 1
         self.wall_s += wall * fraction
         self.compute_s += compute * fraction
+        self.output_s += output * fraction
         self.memory.append(memory)
 
 
@@ -79,29 +84,22 @@ class PredictProfiler(L.Callback):
             torch.cuda.reset_peak_memory_stats(self.device)
         self.batch_started = time.perf_counter()
 
-    def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def end_batch(self, keys: list, output: float) -> None:
+        """A batch of tiles (``keys``: their scene index first) is done, its results taken by the rank's outputs
+        in the last ``output`` seconds (blending, writing): the batch's compute is the rest since it started."""
         if self.on_gpu:
             torch.cuda.synchronize(self.device)
             memory = torch.cuda.max_memory_allocated(self.device)
         else:
             memory = rss_now()
         now = time.perf_counter()
-        wall, compute = now - self.mark, now - self.batch_started
+        wall, compute = now - self.mark, now - self.batch_started - output
         self.mark, self.cpu_mark = now, time.process_time()
-        keys = batch[1]
-        self.total.add(len(keys), 1.0, wall, compute, memory)
+        self.total.add(len(keys), 1.0, wall, compute, output, memory)
         counts = np.bincount([int(key[0]) for key in keys])
         for scene in np.flatnonzero(counts):
             share = self.scenes.setdefault(int(scene), Share())
-            share.add(int(counts[scene]), counts[scene] / len(keys), wall, compute, memory)
+            share.add(int(counts[scene]), counts[scene] / len(keys), wall, compute, output, memory)
         if now - self.workers_sampled >= WORKER_SAMPLE_PERIOD_S:
             self.workers_peak, self.workers_sampled = max(self.workers_peak, workers_rss()), now
 
@@ -111,6 +109,7 @@ class PredictProfiler(L.Callback):
         share = self.total if scene is None else self.scenes.get(scene, Share())
         rank_wall = self.mark - self.started if self.total.batches else 0.0
         wall = share.wall_s
+        wait = wall - share.compute_s - share.output_s
         if self.on_gpu:
             threads = 1
             utilization = self.sampler.stop() if self.sampler is not None else None
@@ -141,8 +140,10 @@ class PredictProfiler(L.Callback):
             batches=share.batches,
             wall_s=round(wall, 4),
             compute_s=round(share.compute_s, 4),
-            wait_s=round(wall - share.compute_s, 4),
-            wait_fraction=round((wall - share.compute_s) / wall, 4) if wall > 0 else 0.0,
+            output_s=round(share.output_s, 4),
+            wait_s=round(wait, 4),
+            output_fraction=round(share.output_s / wall, 4) if wall > 0 else 0.0,
+            wait_fraction=round(wait / wall, 4) if wall > 0 else 0.0,
             batches_per_s=rate(share.batches),
             tiles_per_s=rate(share.tiles),
             memory_kind="cuda_allocated" if self.on_gpu else "host_rss",

@@ -4,8 +4,9 @@ Like the seeds' mgpr summary, but every figure is measured over the whole run ra
 
 - **time**: ``wall_s`` runs from the rank's setup (before its data are set up) to the end of its last batch and
   splits exactly into ``compute_s`` (inside ``predict_step``: the forward pass and the results back on the
-  host, which waits for the device) and ``wait_s`` (everything else: reading tiles or a region, copies to the
-  device, the loop itself), the time the device waited for data.
+  host, which waits for the device), ``output_s`` (the rank's outputs taking each batch's results: boxes
+  gathered, class scores blended and blocks written, resume checkpoints) and ``wait_s`` (everything else:
+  reading tiles or a region, copies to the device, the loop itself), the time the device waited for data.
 - **device memory**: on a GPU, the peak that torch allocated during each batch (the peak is reset at every
   batch start); on a CPU, where the device's memory is the host's, the rank's resident set after each batch.
   ``memory_peak_mb`` is the largest, ``memory_mean_mb`` the mean over batches. ``host_rss_peak_mb`` is the
@@ -55,7 +56,9 @@ class RankProfile:
     batches: int
     wall_s: float
     compute_s: float
-    wait_s: float
+    output_s: float  # the rank's outputs taking the batches' results (blend, write, checkpoints)
+    wait_s: float  # waiting for data: wall_s - compute_s - output_s
+    output_fraction: float
     wait_fraction: float
     batches_per_s: float
     tiles_per_s: float
@@ -150,6 +153,7 @@ def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wall_s": max((r["wall_s"] for r in ranks), default=0.0),
         "tiles_per_s": round(sum(r["tiles_per_s"] for r in ranks), 4),
         "batches_per_s": round(sum(r["batches_per_s"] for r in ranks), 4),
+        "output_fraction": round(sum(r.get("output_s", 0.0) for r in ranks) / wall, 4) if wall > 0 else 0.0,
         "wait_fraction": round(sum(r["wait_s"] for r in ranks) / wall, 4) if wall > 0 else 0.0,
         "memory_peak_mb": max((r["memory_peak_mb"] for r in ranks), default=0.0),
         "host_rss_peak_mb": max((r["host_rss_peak_mb"] for r in ranks), default=0.0),
@@ -183,6 +187,7 @@ TABLE_COLUMNS = [
     ("batches/s", "batches_per_s", "{:.2f}"),
     ("tiles/s", "tiles_per_s", "{:.2f}"),
     ("data wait", "wait_fraction", "{:.1%}"),
+    ("output", "output_fraction", "{:.1%}"),
     ("util", "utilization", "{:.1%}"),
     ("mem peak MB", "memory_peak_mb", "{:.0f}"),
     ("mem mean MB", "memory_mean_mb", "{:.0f}"),
