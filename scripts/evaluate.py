@@ -3,6 +3,7 @@
 import argparse
 import json
 
+from rasterscale.inputs import run_entry
 from rasterscale.tasks import task_info
 
 
@@ -20,4 +21,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

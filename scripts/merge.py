@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rasterscale.inputs import run_entry
 from rasterscale.profiling import format_profile_table, write_scene_profile
 from rasterscale.rankfiles import check_scene_records
 from rasterscale.tasks import task_info
@@ -28,4 +29,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.imagery import resolve_spec
-from rasterscale.inputs import check_raster
+from rasterscale.inputs import check_raster, run_entry
 from rasterscale.tiling import build_manifest, write_manifest
 
 
@@ -43,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

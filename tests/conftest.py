@@ -56,6 +56,19 @@ def write_rgba(path: Path, data: np.ndarray, **kwargs) -> Path:
     return write_raster(path, data.shape[2], data.shape[1], count=data.shape[0], data=data, alpha=True, **kwargs)
 
 
+def damage_block(path: Path, x: int, y: int, truncate: bool = False) -> None:
+    """Overwrite block (x, y) of a GeoTIFF with noise (its header stays right), or cut the file there."""
+    with rasterio.open(path) as src:
+        offset = int(src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=1))
+        size = int(src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=1))
+    raw = bytearray(path.read_bytes())
+    if truncate:
+        del raw[offset:]
+    else:
+        raw[offset : offset + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(raw))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A throwaway 2-node Slurm cluster on loopback for one test module (skipped, with the reason, where it

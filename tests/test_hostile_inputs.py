@@ -17,7 +17,7 @@ import pytest
 import rasterio
 import shapely
 
-from conftest import REPO, write_raster
+from conftest import REPO, damage_block, write_raster
 from rasterscale.config import ConfigError, validate_config
 from rasterscale.inputs import InputError, check_imagery, check_raster
 from rasterscale.modelfiles import detector_of_config, read_header
@@ -44,19 +44,6 @@ def deflate_raster(path: Path, width: int, height: int, count: int = 3, **kwargs
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
     return path
-
-
-def damage_block(path: Path, x: int, y: int, truncate: bool = False) -> None:
-    """Overwrite block (x, y) of a GeoTIFF with noise (its header stays right), or cut the file there."""
-    with rasterio.open(path) as src:
-        offset = int(src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=1))
-        size = int(src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=1))
-    raw = bytearray(path.read_bytes())
-    if truncate:
-        del raw[offset:]
-    else:
-        raw[offset : offset + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
-    path.write_bytes(bytes(raw))
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +278,31 @@ def test_a_block_that_will_not_decode_fails_the_rank_in_one_line_naming_the_tile
         lines[0],
     ), lines[0]
     assert "Traceback" in rank_log.read_text()
+
+
+def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(data, detector_file, tmp_path):
+    """An RGBA orthomosaic (as OpenDroneMap writes it) with a damaged block: the tile manifest, which reads its
+    alpha band to skip empty tiles, fails with one line naming the raster, and no traceback (was GDAL's)."""
+    raster = tmp_path / "odm orthophoto.tif"
+    deflate_raster(raster, 384, 256, count=4, photometric="RGB", alpha="YES")
+    damage_block(raster, 2, 1)
+    config = config_of(
+        data,
+        scenes={"odm": {"path": str(raster)}},
+        model={"checkpoint": str(detector_file), "backbone": None},
+        train={"scenes": []},
+        predict={"scenes": ["odm"]},
+    )
+    workdir = tmp_path / "run"
+    target = "results/odm/tiles.parquet"
+    result = subprocess.run(workflow_command(workdir, config, "--cores", "1", target), capture_output=True, text=True)
+    assert result.returncode != 0 and "Error in rule tile_manifests_batch_0" in result.stderr, result.stderr
+    log = (workdir / "logs/tile_manifest/batch-0.log").read_text()
+    lines = [line for line in log.splitlines() if line.startswith("rasterscale:")]
+    assert len(lines) == 1 and "Traceback" not in log, log
+    expected = (
+        f"rasterscale: {re.escape(str(raster))}: a decimated read of the whole raster will not decode \\(.*\\); "
+        "the file is damaged: copy or export it again"
+    )
+    assert re.fullmatch(expected, lines[0]), lines[0]
+    assert not (workdir / target).exists()

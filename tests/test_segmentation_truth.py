@@ -16,7 +16,7 @@ import torch
 from affine import Affine
 from rasterio.windows import Window
 
-from conftest import REPO, UTM17N, write_raster, write_rgba
+from conftest import REPO, UTM17N, damage_block, write_raster, write_rgba
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import InputError
@@ -96,6 +96,24 @@ def test_class_raster(scene: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(truth.tile_classes(Window(0, 0, 50, 40)), classes[:40, :50])
     copy = pickle.loads(pickle.dumps(truth))
     np.testing.assert_array_equal(copy.tile_classes(Window(100, 50, 100, 50)), classes[50:, 100:])
+
+
+def test_a_class_raster_block_that_will_not_decode_fails_in_one_line_naming_the_file(tmp_path: Path) -> None:
+    import rasterio
+
+    scene = write_raster(tmp_path / "scene.tif", 256, 256, transform=TRANSFORM)
+    classes = np.random.default_rng(0).integers(0, len(LABELS), size=(1, 256, 256), dtype=np.uint8)
+    path = tmp_path / "classes.tif"
+    profile = dict(driver="GTiff", width=256, height=256, count=1, dtype="uint8", crs=UTM17N, transform=TRANSFORM)
+    with rasterio.open(path, "w", tiled=True, blockxsize=128, blockysize=128, compress="deflate", **profile) as dst:
+        dst.write(classes)
+    damage_block(path, 1, 0)  # cols 128-256, rows 0-128
+    truth = read_segmentation_truth(path, scene, LABELS)
+    np.testing.assert_array_equal(truth.tile_classes(Window(0, 128, 256, 128)), classes[0, 128:])  # sound blocks
+    for read in (lambda: truth.tile_classes(Window(100, 0, 128, 128)), lambda: truth.classes_at((64, 64))):
+        with pytest.raises(InputError) as err:
+            read()
+        assert "will not decode" in _one_line(err, path) and "the file is damaged" in str(err.value)
 
 
 def _one_line(err: pytest.ExceptionInfo, path: Path) -> str:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,16 @@ def unreadable(path: str, window: Window | None, err: BaseException, tile_id: in
     )
 
 
+@contextmanager
+def decoding(path: str, window: Window | None = None) -> Iterator[None]:
+    """Reads of the raster at ``path`` (of ``window``; None: decimated) inside: pixels that will not decode raise
+    :func:`unreadable`'s one line instead of GDAL's error."""
+    try:
+        yield
+    except RasterioIOError as err:
+        raise unreadable(path, window, err) from err
+
+
 def read_masked(
     src: rasterio.io.DatasetReader,
     spec: ImageSpec,
@@ -176,11 +187,9 @@ def read_masked(
     """The spec's three bands as stored, shape (3, h, w), and the valid-pixel mask (None: all valid). One read
     for bands and alpha; ``out_shape`` reads decimated."""
     shape = None if out_shape is None else (len(spec.indexes), *out_shape)
-    try:
+    with decoding(src.name, window):
         raw = src.read(indexes=spec.indexes, window=window, out_shape=shape)
         dataset_valid = src.dataset_mask(window=window, out_shape=out_shape) > 0 if spec.mask == "dataset" else None
-    except RasterioIOError as err:
-        raise unreadable(src.name, window, err) from err
     pixels, valid = raw[:3], dataset_valid
     if spec.mask == "alpha":
         valid = raw[3] > 0
@@ -201,10 +210,11 @@ def valid_mask(
     the mask where it is a band or GDAL's mask, the bands only for a nodata value."""
     if spec.mask == "none":
         return None
-    if spec.mask == "alpha":
-        return src.read(spec.alpha, out_shape=out_shape) > 0
-    if spec.mask == "dataset":
-        return src.dataset_mask(out_shape=out_shape) > 0
+    with decoding(src.name):
+        if spec.mask == "alpha":
+            return src.read(spec.alpha, out_shape=out_shape) > 0
+        if spec.mask == "dataset":
+            return src.dataset_mask(out_shape=out_shape) > 0
     return read_masked(src, spec, out_shape=out_shape)[1]
 
 

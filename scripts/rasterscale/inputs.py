@@ -3,7 +3,9 @@
 These run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
 They read metadata only, never pixels: a GeoTIFF cut short is found from its header (its blocks' offsets and
 sizes reach past the end of the file). What only decoding finds (a block whose bytes are damaged) fails the
-reading rank with :class:`RasterReadError`, one line naming the raster and the window or tile.
+job reading it with :class:`RasterReadError` (``imagery.decoding``), one line naming the raster and the window or
+tile: a rank's in the rule's log with its traceback in the rank's own (``runtime``), a one-process job's (tile
+manifest, merge, evaluation) alone (:func:`run_entry`).
 
 Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
 label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
@@ -17,8 +19,9 @@ import functools
 import logging
 import math
 import os
+import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
@@ -55,6 +58,17 @@ def one_line(error: BaseException) -> str:
     if len(lines) > 1 and lines[0].startswith("Caught "):
         return lines[-1].split("Error: ", 1)[-1]
     return lines[0] if lines else type(error).__name__
+
+
+def run_entry(main: Callable[[], None]) -> None:
+    """Run a one-process job's entry: an input error (the user's to fix: a damaged block of a raster, a bad class
+    id) ends it with exit 1 and its one line, ``rasterscale: ...``, in the rule's log, not a traceback. (A rank
+    logs it so too, with its traceback in the rank's own log: ``runtime``.)"""
+    try:
+        main()
+    except InputError as err:
+        sys.stderr.write(f"rasterscale: {one_line(err)}\n")
+        sys.exit(1)
 
 
 def innermost_cause(error: BaseException) -> str:

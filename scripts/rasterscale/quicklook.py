@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import rasterio
 
+from rasterscale.imagery import decoding
 from rasterscale.outputs import save_figure
 
 
@@ -38,7 +39,8 @@ def render_quicklook(
     with rasterio.open(raster_path) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)
         shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
-        image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
+        with decoding(str(raster_path)):
+            image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
         width, height = src.width, src.height
     fig, ax = plt.subplots(figsize=(shape[2] / 100, shape[1] / 100), dpi=100)
     ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))

@@ -28,7 +28,7 @@ from rasterio.features import rasterize
 from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
 
-from rasterscale.imagery import ProcessRaster
+from rasterscale.imagery import ProcessRaster, decoding
 from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, read_raster_header
 from rasterscale.segmentation import NODATA_CLASS
 
@@ -125,10 +125,12 @@ class RasterTruth(SegmentationTruth):
         return classes
 
     def tile_classes(self, window: Window) -> np.ndarray:
-        return self._checked(self.raster.src.read(1, window=window))
+        with decoding(self.path, window):
+            return self._checked(self.raster.src.read(1, window=window))
 
     def classes_at(self, shape: tuple[int, int]) -> np.ndarray:
-        return self._checked(self.raster.src.read(1, out_shape=shape))
+        with decoding(self.path):
+            return self._checked(self.raster.src.read(1, out_shape=shape))
 
 
 # --- checks ---------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from rasterio.features import rasterize, shapes
 from rasterio.windows import Window
 
 from rasterscale.cog import convert_to_cog
-from rasterscale.imagery import ImageSpec, read_masked
+from rasterscale.imagery import ImageSpec, decoding, read_masked
 from rasterscale.outputs import atomic_path
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.rankraster import PROBABILITY_SCALE
@@ -86,10 +86,11 @@ def window_valid_mask(src: rasterio.io.DatasetReader, spec: ImageSpec, window: W
     floats = any(np.dtype(src.dtypes[band - 1]).kind == "f" for band in spec.bands)
     if spec.mask == "none" and not floats:
         return None
-    if spec.mask == "alpha" and not floats:
-        return src.read(spec.alpha, window=window) > 0
-    if spec.mask == "dataset" and not floats:
-        return src.dataset_mask(window=window) > 0
+    with decoding(src.name, window):
+        if spec.mask == "alpha" and not floats:
+            return src.read(spec.alpha, window=window) > 0
+        if spec.mask == "dataset" and not floats:
+            return src.dataset_mask(window=window) > 0
     return read_masked(src, spec, window=window)[1]
 
 

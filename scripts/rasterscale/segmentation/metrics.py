@@ -17,6 +17,7 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
+from rasterscale.imagery import decoding
 from rasterscale.outputs import save_figure
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.groundtruth import SegmentationTruth
@@ -100,7 +101,8 @@ def render_segmentation_quicklook(
     with rasterio.open(raster) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)
         shape = (max(1, int(src.height / scale)), max(1, int(src.width / scale)))
-        image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=(3, *shape)))
+        with decoding(str(raster)):
+            image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=(3, *shape)))
     with rasterio.open(classes_tif) as src:
         predicted = src.read(1, out_shape=shape)  # nearest neighbour
     num_classes = (
