@@ -56,7 +56,7 @@ def test_training_and_prediction_read_the_same_filled_pixels(tmp_path):
     path = write_rgba(tmp_path / "ortho.tif", rgba_with_masked_corner())
     spec = read_spec(manifest_of(path, tmp_path))
     tile = Tile(0, 200, 200, 128, 128)
-    trained = TrainTileDataset(path, [tile], spec, np.zeros((0, 4)), np.zeros(0), augment=False)[0][0]
+    trained = TrainTileDataset(path, [tile], spec, np.zeros((0, 4)), np.zeros(0))[0][0]
     for strategy in ("window", "single", "batch"):
         predicted = prediction_dataset(strategy, path, [tile], spec)[0][0]
         assert predicted.dtype == torch.uint8

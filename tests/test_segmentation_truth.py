@@ -20,6 +20,7 @@ from conftest import REPO, UTM17N, damage_block, write_raster, write_rgba
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import InputError
+from rasterscale.sampling import Flips
 from rasterscale.segmentation.dataset import SegmentationTileDataset
 from rasterscale.segmentation.groundtruth import (
     NODATA_CLASS,
@@ -161,16 +162,17 @@ def test_tile_dataset_masks_invalid_pixels_and_flips_image_and_mask_together(tmp
     raster = write_rgba(tmp_path / "rgba.tif", pixels, transform=TRANSFORM)
     truth = read_segmentation_truth(_polygons(tmp_path / "truth.gpkg", ["tree", "building"]), raster, LABELS, "cls")
     tiles = [Tile(0, 0, 0, 100, 100), Tile(1, 100, 0, 100, 100)]
-    plain = SegmentationTileDataset(raster, tiles, resolve_spec(raster), truth, augment=False)
-    image, mask = plain[1]
+    data = SegmentationTileDataset(raster, tiles, resolve_spec(raster), truth)
+    image, mask = data[1]
     assert image.shape == (3, 100, 100) and image.dtype == torch.float32 and mask.dtype == torch.int64
     assert (mask[:, 80:] == NODATA_CLASS).all()  # the masked columns 180..199 of the raster
     np.testing.assert_array_equal(mask[:, :80].numpy(), expected[:, 100:180])
-    flipping = SegmentationTileDataset(raster, tiles, resolve_spec(raster), truth, augment=True)
-    torch.manual_seed(0)
-    for _ in range(8):
-        image, mask = flipping[0]
+    plain_image, plain_mask = data[0]
+    for horizontal, vertical in [(True, False), (False, True), (True, True)]:
+        image, mask = data.sample(0, Flips(horizontal, vertical))
         np.testing.assert_array_equal((mask > 0).numpy(), (image[0] > 0.5).numpy())  # flipped together
+        dims = [d for d, flipped in ((-1, horizontal), (-2, vertical)) if flipped]
+        assert torch.equal(mask, plain_mask.flip(dims)) and torch.equal(image, plain_image.flip(dims))
 
 
 # --- synthetic crown polygons ---------------------------------------------------------------------------------

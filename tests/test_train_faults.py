@@ -1,6 +1,7 @@
 """Faults of a training job, for real: a 2-rank DDP training (CPU ranks over gloo, the tiny config) killed with
 kill -9 once a resume checkpoint exists, stopped by SIGTERM to every rank and to one rank, each rerun resuming
-where the last one stopped, until the model is written (rasterscale.checkpoints).
+where the last one stopped (within epochs too), until the model is written: bit for bit the model of an
+uninterrupted run (rasterscale.checkpoints, rasterscale.sampling).
 
 One chain of four runs of the train entry (what rule train_model runs), shared by the tests: the module fixture
 runs it once; each test checks one fault. Every fault is a real signal (os.kill) at a point found by polling the
@@ -13,6 +14,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +33,9 @@ from rasterscale.tasks.base import TrainScene
 from workflow import tiny_config, workflow_command
 
 MAX_STEPS = 7  # the last SIGTERM (at step 5 or 6) leaves the last rerun a step or two
-EVERY = 2  # checkpoint_every_n_steps (an epoch of the tiny scene: 8 training tiles, 4 per step)
+EVERY = 2  # checkpoint_every_n_steps
+BATCH = 2  # an epoch of the tiny scene: 8 training tiles, 2 per step (1 per rank)
+STEPS_PER_EPOCH = 4  # so that checkpoints and stops fall within epochs as well as at their ends
 ENDS_WITHIN_S = 30  # a stopped or broken job must be gone by then (measured: a few seconds)
 START_TIMEOUT_S = 240
 
@@ -57,7 +61,13 @@ def train_command(workdir: Path) -> list[str]:
     """The train entry's command line, as rule train_model writes it (validated config, scenes)."""
     config = validate_config(
         tiny_config(
-            train={"max_steps": MAX_STEPS, "epochs": 100, "checkpoint_every_n_steps": EVERY, "val_every_n_epochs": 100}
+            train={
+                "max_steps": MAX_STEPS,
+                "epochs": 100,
+                "batch_size": BATCH,
+                "checkpoint_every_n_steps": EVERY,
+                "val_every_n_epochs": 100,
+            }
         )
     )
     sections = json.dumps({key: config[key] for key in ("task", "model", "tiling", "train")})
@@ -159,7 +169,10 @@ def chain(tmp_path_factory) -> dict[str, Run]:
     workdir = tmp_path_factory.mktemp("train_faults")
     command = workflow_command(workdir, tiny_config(), "--cores", "2", "results/tiny_train/tiles.parquet")
     subprocess.run(command, check=True, capture_output=True, timeout=300)
-    runs = {"kill": run_training(workdir, "kill", kill_rank_one_after_checkpoint(workdir))}
+    reference = workdir.parent / "uninterrupted"
+    shutil.copytree(workdir, reference)
+    runs = {"uninterrupted": run_training(reference, "uninterrupted")}
+    runs["kill"] = run_training(workdir, "kill", kill_rank_one_after_checkpoint(workdir))
     after_kill = resume_index(workdir)["step"]
     runs["term_all"] = run_training(workdir, "term_all", sigterm_after_step(after_kill + 1, "all"))
     stopped = runs["term_all"].stopped_at() or after_kill
@@ -200,6 +213,23 @@ def test_the_last_rerun_reaches_max_steps_and_writes_the_model(chain):
     with open(workdir / "results/models/tiny.metrics.csv") as handle:
         steps = [int(row["step"]) for row in csv.DictReader(handle) if row["train_loss"]]
     assert steps == list(range(MAX_STEPS))
+
+
+def test_the_resumed_runs_train_the_model_of_the_uninterrupted_run(chain):
+    """Four runs, resumed within epochs, train the very model of one uninterrupted run: each resumed epoch takes
+    the rest of its samples, flipped as they would have been."""
+    workdir, reference = chain["workdir"], chain["uninterrupted"]
+    assert reference.returncode == 0, reference.log[-3000:]
+    stops = [chain[run].stopped_at() for run in ("term_all", "term_one")]
+    assert any(step % STEPS_PER_EPOCH for step in stops if step is not None), stops  # a stop within an epoch
+    resumed = torch.load(workdir / "results/models/tiny.pt", map_location="cpu", weights_only=False)["state_dict"]
+    uninterrupted = workdir.parent / "uninterrupted/results/models/tiny.pt"
+    expected = torch.load(uninterrupted, map_location="cpu", weights_only=False)["state_dict"]
+    assert resumed.keys() == expected.keys()
+    differences = {key: float((resumed[key].double() - expected[key].double()).abs().max()) for key in expected}
+    report(f"train resumed at steps {stops} vs uninterrupted: max abs weight difference {max(differences.values())}")
+    worst = max(differences.items(), key=lambda item: item[1])
+    assert all(torch.equal(resumed[key], expected[key]) for key in expected), worst
 
 
 def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):

@@ -18,9 +18,10 @@ checkpoint is kept, and its rerun goes on from there:
   world size) matches the run's is resumed from (``trainer.fit(ckpt_path=...)``); otherwise the run says in one
   line why it starts at step 0. The folder is removed once the model is written.
 
-The random state of every rank is saved and restored, so a run resumed at an epoch boundary goes on exactly as
-the uninterrupted run would; resumed within an epoch, Lightning starts that epoch's data over (its loaders are not
-resumable), so the rest of the run sees other batches than the uninterrupted run's.
+A resumed run goes on exactly as the uninterrupted run would, also within an epoch: every rank's random state is
+saved and restored, and so is how many batches of its epoch the run took; the training samples of that epoch go
+on from there, flipped as before (:mod:`rasterscale.sampling`; left to Lightning, a resumed epoch started its
+data over, with fresh random flips).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import random
 import shutil
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -210,11 +211,14 @@ class ResumeCheckpoints(L.Callback):
         every_n_steps: int,
         logger: logging.Logger,
         metrics: tuple[list[dict[str, str]], Path] = ([], Path("metrics.csv")),
+        resume_data_at: Callable[[int, int], None] | None = None,
     ) -> None:
         """``metrics``: the curves of the runs before this one (those saved with the resumed checkpoint) and the
-        CSV this run's logger writes."""
+        CSV this run's logger writes. ``resume_data_at(epoch, batches)``: told, when a checkpoint is resumed, how
+        many batches of its epoch the interrupted run took (the training samples go on from there)."""
         self.folder, self.fingerprint, self.every, self.logger = Path(folder), run_fingerprint, every_n_steps, logger
         self.earlier_metrics, self.logged_metrics = metrics
+        self.resume_data_at = resume_data_at
         self.signalled = False
         self._trainer: L.Trainer | None = None
 
@@ -277,9 +281,13 @@ class ResumeCheckpoints(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         states = [random_state()]
+        state: dict[str, Any] = {}
         if self._trainer is not None:
             states = gather_to_all(self._trainer, states[0])
-        return {"random_state": states}
+            # saved at a step's end: its batch counts as taken (Lightning's "processed")
+            taken = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            state["data"] = {"epoch": self._trainer.current_epoch, "batches": taken}
+        return {"random_state": states, **state}
 
     def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
@@ -290,3 +298,6 @@ class ResumeCheckpoints(L.Callback):
         states = state_dict.get("random_state")
         if states and self._trainer is not None:
             set_random_state(states[self._trainer.global_rank])
+        data = state_dict.get("data")
+        if data is not None and self.resume_data_at is not None:
+            self.resume_data_at(data["epoch"], data["batches"])

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 
 from rasterscale.geo import box_areas
 from rasterscale.imagery import ImageSpec, ProcessRaster, read_tile
+from rasterscale.sampling import NO_FLIPS, Flips
 from rasterscale.tiling import Tile
 from rasterscale.windows import tile_window
 
@@ -220,20 +221,21 @@ def boxes_in_tile(
     return local.astype(np.float32), labels[keep]
 
 
-def augment_flips(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random horizontal and vertical flips (boxes follow); torch's RNG is seeded per worker and epoch."""
+def flip_image_and_boxes(image: torch.Tensor, boxes: torch.Tensor, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image flipped, and its (N, 4) pixel boxes with it."""
     _, height, width = image.shape
-    if torch.rand(1).item() < 0.5:
+    if flips.horizontal:
         image = image.flip(-1)
         boxes = torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], dim=1)
-    if torch.rand(1).item() < 0.5:
+    if flips.vertical:
         image = image.flip(-2)
         boxes = torch.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], dim=1)
     return image, boxes
 
 
 class TrainTileDataset(Dataset):
-    """Training tiles with their ground-truth boxes clipped to the tile: item -> (image, target)."""
+    """Training tiles with their ground-truth boxes clipped to the tile: item -> (image, target); ``sample``: the
+    same, flipped (training's augmentation: :mod:`rasterscale.sampling`)."""
 
     def __init__(
         self,
@@ -243,12 +245,11 @@ class TrainTileDataset(Dataset):
         boxes: np.ndarray,
         labels: np.ndarray,
         min_visible_fraction: float = 0.5,
-        augment: bool = True,
     ) -> None:
         self.raster = RasterHandle(raster_path, spec)
         self.tiles = list(tiles)
         self.boxes, self.labels = np.asarray(boxes, dtype=np.float64), np.asarray(labels, dtype=np.int64)
-        self.min_visible_fraction, self.augment = min_visible_fraction, augment
+        self.min_visible_fraction = min_visible_fraction
 
     def __len__(self) -> int:
         return len(self.tiles)
@@ -258,10 +259,12 @@ class TrainTileDataset(Dataset):
         return {"boxes": torch.from_numpy(boxes).reshape(-1, 4), "labels": torch.from_numpy(labels)}
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.sample(index, NO_FLIPS)
+
+    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         image = self.raster.read_rgb(self.tiles[index])
         target = self.target(index)
-        if self.augment:
-            image, target["boxes"] = augment_flips(image, target["boxes"])
+        image, target["boxes"] = flip_image_and_boxes(image, target["boxes"], flips)
         return image, target
 
 

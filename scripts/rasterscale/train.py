@@ -13,6 +13,7 @@ import csv
 import logging
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import ConcatDataset, DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.checkpoints import (
@@ -38,6 +39,7 @@ from rasterscale.checkpoints import (
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
+from rasterscale.sampling import EpochSampler, FlippableSamples, KeyedSamples
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import Task, TrainScene
 from rasterscale.tiling import read_manifest, split_train_validation, tiles_from_frame
@@ -46,15 +48,21 @@ LOGGER_NAME = "rasterscale.train"
 
 
 class TrainingDataModule(L.LightningDataModule):
-    """Training and validation samples of every training scene, made by the task from their manifests' tiles."""
+    """Training and validation samples of every training scene, made by the task from their manifests' tiles;
+    each rank takes its share of every epoch's samples (:mod:`rasterscale.sampling`), from where an interrupted
+    run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
 
     def __init__(
         self, task: Task, scenes: list[TrainScene], model_cfg: Any, plan: BatchPlan, cfg: Mapping[str, Any]
     ) -> None:
         super().__init__()
         self.task, self.scenes, self.model_cfg, self.plan, self.cfg = task, scenes, model_cfg, plan, cfg
-        self.train_sets: list[Dataset] = []
+        self.train_sets: list[FlippableSamples] = []
         self.val_sets: list[Dataset] = []
+        self.resumed: tuple[int, int] | None = None  # (epoch, batches its interrupted run took)
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        self.resumed = (epoch, batches)
 
     def setup(self, stage: str) -> None:
         for scene in self.scenes:
@@ -69,10 +77,15 @@ class TrainingDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         workers = self.cfg["workers"]
+        samples = KeyedSamples(self.train_sets, self.cfg["seed"])
+        trainer, batch = self.trainer, self.plan.per_device_batch
+        sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.cfg["seed"], batch)
+        if self.resumed is not None:
+            sampler.resume_at(*self.resumed)
         return DataLoader(
-            ConcatDataset(self.train_sets),
-            batch_size=self.plan.per_device_batch,
-            shuffle=True,
+            samples,
+            batch_size=batch,
+            sampler=sampler,
             num_workers=workers,
             persistent_workers=workers > 0,
             worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank, rank_pid=os.getpid())
@@ -209,7 +222,9 @@ def run_training(
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     logged = Path(csv_logger.log_dir, "metrics.csv")
     every = train_cfg["checkpoint_every_n_steps"]
-    checkpoints = ResumeCheckpoints(folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged))
+    checkpoints = ResumeCheckpoints(
+        folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged), datamodule.resume_at
+    )
     trainer = make_trainer(
         spec,
         max_epochs=train_cfg["epochs"],
@@ -217,6 +232,7 @@ def run_training(
         logger=csv_logger,
         log_every_n_steps=train_cfg["log_every_n_steps"],
         callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints],
+        use_distributed_sampler=False,  # each rank's share is the EpochSampler's
         enable_checkpointing=False,
         num_sanity_val_steps=0,
         gradient_clip_val=10.0,
@@ -227,6 +243,9 @@ def run_training(
         logger.info("start: %s", loaded)
         logger.info("%s: %s", task.info.name, task.describe(model_cfg))
         logger.info("%s", resume.why)
+    # Lightning warns of a resume within an epoch unless the dataloader itself is resumable; the samples are
+    # (EpochSampler, told by the checkpoint how many batches of the epoch were taken)
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     started = time.perf_counter()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint)

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 from rasterscale.data import RasterHandle
 from rasterscale.imagery import ImageSpec, read_masked
+from rasterscale.sampling import NO_FLIPS, Flips
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.groundtruth import SegmentationTruth
 from rasterscale.tiling import Tile
@@ -21,7 +22,8 @@ class SegmentationTileDataset(Dataset):
     """Training tiles with their class masks: item -> (float image (3, h, w) in [0, 1], LongTensor mask (h, w)).
 
     Mask pixels are :data:`NODATA_CLASS` (to ignore in the loss) where the imagery is masked (the spec's mask) or
-    the ground truth says nothing. ``augment``: random horizontal and vertical flips of image and mask together.
+    the ground truth says nothing. ``sample``: the same, image and mask flipped together (training's augmentation:
+    :mod:`rasterscale.sampling`).
     """
 
     def __init__(
@@ -30,10 +32,9 @@ class SegmentationTileDataset(Dataset):
         tiles: Sequence[Tile],
         spec: ImageSpec,
         truth: SegmentationTruth,
-        augment: bool = True,
     ) -> None:
         self.raster = RasterHandle(raster_path, spec)
-        self.tiles, self.truth, self.augment = list(tiles), truth, augment
+        self.tiles, self.truth = list(tiles), truth
 
     def __len__(self) -> int:
         return len(self.tiles)
@@ -49,12 +50,14 @@ class SegmentationTileDataset(Dataset):
         return classes
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sample(index, NO_FLIPS)
+
+    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
         tile = self.tiles[index]
         image = self.raster.read_rgb(tile)
         mask = torch.from_numpy(self.mask(tile).astype(np.int64))
-        if self.augment:
-            if torch.rand(1).item() < 0.5:
-                image, mask = image.flip(-1), mask.flip(-1)
-            if torch.rand(1).item() < 0.5:
-                image, mask = image.flip(-2), mask.flip(-2)
+        if flips.horizontal:
+            image, mask = image.flip(-1), mask.flip(-1)
+        if flips.vertical:
+            image, mask = image.flip(-2), mask.flip(-2)
         return image.contiguous(), mask.contiguous()

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from rasterscale.batching import BatchPlan
 from rasterscale.imagery import ImageSpec
 from rasterscale.resume import Part
+from rasterscale.sampling import FlippableSamples
 from rasterscale.tasks import TaskInfo
 from rasterscale.tiling import Tile
 
@@ -156,8 +157,9 @@ class Task(ABC):
         validation: Sequence[Tile],
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
-    ) -> tuple[Dataset, Dataset | None]:
-        """A scene's training samples (augmented) and validation samples, made from its tiles."""
+    ) -> tuple[FlippableSamples, Dataset | None]:
+        """A scene's training samples (flipped by the sampler: :mod:`rasterscale.sampling`) and validation
+        samples, made from its tiles."""
 
     @abstractmethod
     def collate(self, batch: list[Any]) -> Any:

@@ -222,8 +222,8 @@ class DetectionTask(Task):
             "labels": truth.labels[keep],
             "min_visible_fraction": train_cfg["min_visible_fraction"],
         }
-        train_set = TrainTileDataset(scene.raster, train, spec, augment=True, **common)
-        val_set = TrainTileDataset(scene.raster, validation, spec, augment=False, **common) if validation else None
+        train_set = TrainTileDataset(scene.raster, train, spec, **common)
+        val_set = TrainTileDataset(scene.raster, validation, spec, **common) if validation else None
         return train_set, val_set
 
     def collate(self, batch: list[Any]) -> Any:

@@ -148,8 +148,8 @@ class SegmentationTask(Task):
         from rasterscale.segmentation.groundtruth import read_segmentation_truth
 
         truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
-        train_set = SegmentationTileDataset(scene.raster, train, spec, truth, augment=True)
-        val_set = SegmentationTileDataset(scene.raster, validation, spec, truth, augment=False) if validation else None
+        train_set = SegmentationTileDataset(scene.raster, train, spec, truth)
+        val_set = SegmentationTileDataset(scene.raster, validation, spec, truth) if validation else None
         return train_set, val_set
 
     def collate(self, batch: list[Any]) -> Any:
