@@ -4,7 +4,9 @@ Each raster gets the manifest of a band of full-width tile rows across its middl
 :data:`TILES` tiles (the whole 4k raster, 4 rows of the 16k one, 2 of the 32k one): every rank does the same work,
 so what differs is the raster's size, and on the widest the blend's pieces wait for the row of tiles below across
 32k px (they wait on disk, and the rank raster is written block by block). The rank runs :data:`RUNS` times per
-raster (its peak varies by about 30 MB from run to run, with the allocator) and the highest peak is the figure.
+raster and the median peak is the figure: the peak varies from run to run with the allocator, by up to 70 MB on
+the same raster, and one run in ten or so is 100 MB above the others (4 runs each: 1125-1192 MB on 4k, 1130-1148
+MB on 32k; the highest of 2 runs once made 32k look 8% above 4k).
 The merge then writes the whole classes.tif and probabilities.tif COGs and classes.gpkg of the raster, block by
 block. The model is an untrained segmenter, seeded: the rank's memory does not depend on its weights, but the
 merge's does, through classes.gpkg: an untrained model's noisy class map is a worst case of many polygons and one
@@ -14,6 +16,7 @@ region with thousands of holes across the band.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +33,7 @@ from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 REPO = Path(__file__).resolve().parents[1]
 PATCH, OVERLAP = 400, 80
 TILES = 200  # tiles per raster (about): the same work on every raster
-RUNS = 2  # rank runs per raster
+RUNS = 3  # rank runs per raster (the median peak is the figure)
 LABELS = ("background", "tree")
 # runs a command and prints the peak RSS (KB) of its process tree's largest process: the merge's
 PEAK_OF = (
@@ -113,7 +116,7 @@ def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int =
         raster.unlink()
         peaks = [job.profiles[0]["host_rss_peak_mb"] for job in jobs]
         result[str(side)] = {
-            "rank_rss_peak_mb": max(peaks),
+            "rank_rss_peak_mb": statistics.median(peaks),
             "rank_rss_peaks_mb": peaks,
             "merge_rss_peak_mb": round(merge_mb, 1),
             "predicted_tiles": jobs[0].profiles[0]["tiles"],

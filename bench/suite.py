@@ -229,7 +229,7 @@ def format_table(result: dict[str, Any]) -> str:
                 f"segmentation rank RSS {k}",
                 f"{r['rank_rss_peak_mb']:.0f} MB",
                 "seg_rank_rss_mb",
-                f"{r['predicted_tiles']} tiles: {r['tile_rows']} full-width tile rows; highest of runs "
+                f"{r['predicted_tiles']} tiles: {r['tile_rows']} full-width tile rows; median of runs "
                 f"{', '.join(f'{v:.0f}' for v in r['rank_rss_peaks_mb'])} MB; job {r['job_wall_s']:.0f} s",
             )
         )
