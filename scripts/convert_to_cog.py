@@ -3,7 +3,7 @@
 import argparse
 
 from rasterscale.cog import convert_to_cog
-from rasterscale.inputs import check_raster
+from rasterscale.inputs import check_raster, run_entry
 
 
 def main() -> None:
@@ -18,4 +18,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -4,8 +4,8 @@ These run at workflow load (``snakemake -n``) for inputs that already exist, and
 They read metadata only, never pixels: a GeoTIFF cut short is found from its header (its blocks' offsets and
 sizes reach past the end of the file). What only decoding finds (a block whose bytes are damaged) fails the
 job reading it with :class:`RasterReadError` (``imagery.decoding``), one line naming the raster and the window or
-tile: a rank's in the rule's log with its traceback in the rank's own (``runtime``), a one-process job's (tile
-manifest, merge, evaluation) alone (:func:`run_entry`).
+tile: a rank's in the rule's log with its traceback in the rank's own (``runtime``), a one-process job's (COG
+conversion, tile manifest, merge, evaluation) alone (:func:`run_entry`).
 
 Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
 label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
