@@ -153,6 +153,7 @@ def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wall_s": max((r["wall_s"] for r in ranks), default=0.0),
         "tiles_per_s": round(sum(r["tiles_per_s"] for r in ranks), 4),
         "batches_per_s": round(sum(r["batches_per_s"] for r in ranks), 4),
+        # rank records written before output_s was measured have none (their output is in their wait)
         "output_fraction": round(sum(r.get("output_s", 0.0) for r in ranks) / wall, 4) if wall > 0 else 0.0,
         "wait_fraction": round(sum(r["wait_s"] for r in ranks) / wall, 4) if wall > 0 else 0.0,
         "memory_peak_mb": max((r["memory_peak_mb"] for r in ranks), default=0.0),
