@@ -13,7 +13,7 @@ from rasterscale.config import validate_config
 from rasterscale.imagery import resolve_spec
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
 from rasterscale.predict import SceneJob, run_prediction
-from rasterscale.runtime import RunSpec
+from rasterscale.runtime import RunSpec, resolve_precision
 from rasterscale.tiling import build_manifest, write_manifest
 
 
@@ -42,7 +42,7 @@ def predict_rank_file(
     scene: PredictScene,
     out_dir: Path,
     strategy: str = "window",
-    precision: str = "bf16-mixed",
+    precision: str = "auto",
     channels_last: bool = True,
     batch_size: int = 3,
     workers: int = 1,
@@ -62,11 +62,12 @@ def predict_rank_file(
             }
         }
     )["predict"]
+    resolution = resolve_precision("predict", precision, "cpu")
     run_prediction(
         [SceneJob("scene", str(scene.raster), str(scene.manifest))],
         scene.checkpoint,
         config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
-        spec=RunSpec("cpu", 1, 1, precision),
+        spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,
         log_dir=out_dir / "logs",
     )

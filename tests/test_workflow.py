@@ -7,8 +7,10 @@ import geopandas as gpd
 import numpy as np
 import pytest
 import rasterio
+import torch
 
 from rasterscale.merge import DETECTION_COLUMNS
+from rasterscale.precision import choose, probe
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -63,6 +65,21 @@ def test_training_artifacts_and_batch_plan(tiny_run):
     # only rank 0 logs progress to the rule's log; both ranks keep their own log
     assert "rank1 INFO" not in log
     assert (workdir / "logs/train/tiny/rank-1.log").exists()
+
+
+def test_auto_precision_is_resolved_logged_by_every_rank_and_recorded(tiny_run):
+    """precision auto on this CPU: every rank of both jobs logs the value it ran at, and the model file's
+    metadata and the prediction profile record it."""
+    workdir, _ = tiny_run
+    expected = choose(probe("cpu"))
+    for job in ("logs/train/tiny", "logs/predict/batch-0/shard-0"):
+        for rank in (0, 1):
+            text = (workdir / job / f"rank-{rank}.log").read_text()
+            section = "train" if "train" in job else "predict"
+            assert f"precision: {section}.precision {expected} (auto) on cpu" in text
+    assert torch.load(workdir / "results/models/tiny.pt", weights_only=False)["meta"]["precision"] == expected
+    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    assert {rank["precision"] for rank in profile["ranks"]} == {expected}
 
 
 def test_evaluation_written(tiny_run):

@@ -287,6 +287,7 @@ class ResumeCheckpoints(L.Callback):
             # saved at a step's end: its batch counts as taken (Lightning's "processed")
             taken = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
             state["data"] = {"epoch": self._trainer.current_epoch, "batches": taken}
+            state["precision"] = str(self._trainer.precision)  # the value the ranks trained at
         return {"random_state": states, **state}
 
     def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:

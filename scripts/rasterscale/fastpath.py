@@ -1,11 +1,10 @@
 """The inference fast path that any convolutional model takes: batch norms folded into their convolutions,
-channels_last weights and inputs, chosen layers kept in fp32 under autocast, and a warning where bf16 is
-emulated. Tasks apply it to their models (:meth:`rasterscale.tasks.base.Task.prepare_for_inference`)."""
+channels_last weights and inputs, chosen layers kept in fp32 under autocast. Tasks apply it to their models
+(:meth:`rasterscale.tasks.base.Task.prepare_for_inference`); which precision autocasts: :mod:`rasterscale.precision`."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 
 import torch
 from torch.nn.utils.fusion import fuse_conv_bn_eval
@@ -53,11 +52,3 @@ def to_channels_last(model: torch.nn.Module, entry: torch.nn.Module) -> None:
     convolutions fastest)."""
     model.to(memory_format=torch.channels_last)
     entry.register_forward_pre_hook(channels_last_input)
-
-
-def warn_if_slow_precision(accelerator: str, precision: str, logger: logging.Logger) -> None:
-    """bf16 autocast on a CPU without native bf16 (AVX512-BF16 or AMX) is emulated, slower than fp32."""
-    if accelerator == "cpu" and precision.startswith("bf16"):
-        supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        if not supported:
-            logger.warning("this CPU has no native bf16: predict.precision '32-true' is likely faster")

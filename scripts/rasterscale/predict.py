@@ -16,8 +16,8 @@ hold (:mod:`rasterscale.resume`); the job removes the folder once every rank has
 
 Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
 ahead while the model computes (strategies: :mod:`rasterscale.data`). Lightning's predict runs under
-``torch.inference_mode`` and, with ``predict.precision`` ``bf16-mixed``/``16-mixed``, under autocast; the task
-puts its model on its fast path (:mod:`rasterscale.fastpath`).
+``torch.inference_mode`` and, where ``predict.precision`` resolves to ``bf16-mixed``/``16-mixed`` on the rank's device
+(:mod:`rasterscale.precision`), under autocast; the task puts its model on its fast path (:mod:`rasterscale.fastpath`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from rasterscale.data import (
     region_nbytes,
     to_model_input,
 )
-from rasterscale.fastpath import warn_if_slow_precision
 from rasterscale.imagery import ImageSpec, read_spec
 from rasterscale.inputs import check_raster
 from rasterscale.lifetime import bind_worker
@@ -352,7 +351,6 @@ def run_prediction(
     task = load_task(config["task"])
     model, model_cfg = task.load_model(checkpoint_path, config)
     model = task.prepare_for_inference(model, predict_cfg)
-    warn_if_slow_precision(spec.accelerator, spec.precision, logger)
     loaded = [load_scene(job) for job in scenes]
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])

@@ -19,8 +19,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy
 
+from rasterscale import precision as precisions
 from rasterscale.lifetime import bind_rank
 from rasterscale.preflight import (
     Geometry,
@@ -43,8 +45,9 @@ class RunSpec:
     accelerator: str  # "cpu" or "gpu" (resolved, never "auto")
     devices: int
     nodes: int
-    precision: str
+    precision: str  # the value used (resolved, never "auto")
     section: str = "run"  # config section it comes from ("train", "predict"), named in pre-flight errors
+    resolution: precisions.Resolution | None = None  # how the precision was resolved on this rank's device
 
     @property
     def world_size(self) -> int:
@@ -63,11 +66,11 @@ def resolve_accelerator(requested: str) -> str:
     return requested
 
 
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """fp16 autocast only exists on GPUs; on CPUs the mixed-precision choice is bf16 (fast with AMX)."""
-    if accelerator == "cpu" and precision == "16-mixed":
-        return "bf16-mixed"
-    return precision
+def resolve_precision(section: str, requested: str, accelerator: str) -> precisions.Resolution:
+    """The precision of this rank's ``section`` (``train``, ``predict``) on its own device
+    (:mod:`rasterscale.precision`)."""
+    capability = precisions.probe(accelerator, precisions.local_device_index())
+    return precisions.resolve(f"{section}.precision", requested, capability)
 
 
 def run_spec(config: dict[str, Any], name: str) -> RunSpec:
@@ -75,12 +78,14 @@ def run_spec(config: dict[str, Any], name: str) -> RunSpec:
     :func:`rasterscale.preflight.launch_geometry`)."""
     geometry = launch_geometry(config, name)
     accelerator = resolve_accelerator(config[name]["accelerator"])
+    resolution = resolve_precision(name, config[name]["precision"], accelerator)
     return RunSpec(
         accelerator=accelerator,
         devices=geometry.devices,
         nodes=geometry.nodes,
-        precision=resolve_precision(config[name]["precision"], accelerator),
+        precision=resolution.value,
         section=name,
+        resolution=resolution,
     )
 
 
@@ -140,6 +145,7 @@ def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
             check_devices_visible(spec.geometry, torch.cuda.device_count())
     except PreflightError as err:
         raise preflight_exit(err) from None
+    callbacks = [*kwargs.pop("callbacks", []), AgreedPrecision(spec)]
     trainer = L.Trainer(
         accelerator=spec.accelerator,
         devices=spec.devices,
@@ -148,6 +154,7 @@ def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
         precision=spec.precision,
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=callbacks,
         **kwargs,
     )
     try:
@@ -156,6 +163,41 @@ def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
         raise preflight_exit(err) from None
     log_placement(trainer, step)
     return trainer
+
+
+class AgreedPrecision(L.Callback):
+    """Every rank of a job uses one precision: once the ranks are connected (before the model and optimizer are
+    set up for it), they share what ``auto`` resolved to on each device, and a rank whose value is not the job's
+    common one (:func:`rasterscale.precision.agree`) switches to it. Explicit values are the same on every rank."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        resolution = self.spec.resolution
+        if resolution is None or resolution.requested != precisions.AUTO:
+            return
+        values = gather_to_all(trainer, str(trainer.precision))
+        agreed = precisions.agree(values)
+        if agreed != str(trainer.precision):
+            self.switch(trainer, agreed)
+            logging.getLogger(RUNTIME_LOGGER).info(
+                "precision: %s resolved to %s across the job's ranks; this rank runs %s too",
+                resolution.key,
+                ", ".join(values),
+                agreed,
+            )
+
+    def switch(self, trainer: L.Trainer, value: str) -> None:
+        """Run this rank at ``value`` instead of what its Trainer was made with."""
+        trainer.strategy.precision_plugin = precision_plugin(value, self.spec.accelerator)
+
+
+def precision_plugin(value: str, accelerator: str) -> Any:
+    """Lightning's precision plugin for a value (what its Trainer makes of ``precision=value``)."""
+    if value == precisions.FP32:
+        return Precision()
+    return MixedPrecision(value, "cuda" if accelerator == "gpu" else "cpu")
 
 
 def log_placement(trainer: L.Trainer, step: Any = None) -> None:
@@ -247,9 +289,20 @@ def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.
     # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
     bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
     quiet_non_zero_ranks(rank)
+    log_precision(spec, rank)
     if spec.accelerator == "cpu":
         torch.set_num_threads(cpu_threads_per_rank(spec.devices))
     return logger
+
+
+def log_precision(spec: RunSpec, rank: int) -> None:
+    """Every rank logs the precision it uses and why; rank 0 also warns (one line) of a value its device emulates."""
+    if spec.resolution is None:
+        return
+    logger = logging.getLogger(RUNTIME_LOGGER)
+    logger.info("precision: %s", spec.resolution.describe())
+    if spec.resolution.warning is not None and rank == 0:
+        logger.warning("rasterscale: %s", spec.resolution.warning)
 
 
 def gather_to_all(trainer: L.Trainer, item: Any) -> list[Any]:

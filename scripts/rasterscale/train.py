@@ -267,6 +267,7 @@ def run_training(
         steps=int(trainer.global_step),
         epochs=int(trainer.current_epoch),
         seconds=round(seconds, 1),
+        precision=str(trainer.precision),
         validation=validation.last,
     )
     write_metrics(checkpoints.metrics(), metrics_path)
