@@ -1,10 +1,10 @@
-"""Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput)."""
+"""Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput). Run locally, this
+process starts the job's other ranks first (rasterscale.launch)."""
 
 import argparse
 import json
 
-from rasterscale.envcheck import run_environment_check
-from rasterscale.runtime import run_spec
+from rasterscale.launch import start_local_ranks
 
 
 def main() -> None:
@@ -13,7 +13,13 @@ def main() -> None:
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     args = parser.parse_args()
+    ranks = start_local_ranks(args.config, "predict")
+    # imported once the other ranks are started, so that every rank imports torch at the same time
+    from rasterscale.envcheck import run_environment_check
+    from rasterscale.runtime import run_spec
+
     run_environment_check(args.config, run_spec(args.config, "predict"), args.out_dir, args.log_dir)
+    ranks.wait()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
-"""Entry: DDP prediction of one shard of a batch of scenes, listed in the batch's job file (Lightning re-runs this
-command once per extra local rank)."""
+"""Entry: DDP prediction of one shard of a batch of scenes, listed in the batch's job file. Run locally, this
+process starts the job's other ranks first (rasterscale.launch); under srun every rank runs it."""
 
 import argparse
 import json
 
-from rasterscale.predict import read_job_file, run_prediction
-from rasterscale.runtime import run_spec
+from rasterscale.launch import start_local_ranks
 
 
 def main() -> None:
@@ -19,6 +18,11 @@ def main() -> None:
     parser.add_argument("--shard", type=int, default=0)
     parser.add_argument("--resume-dir", help="where ranks checkpoint finished tiles, and a rerun resumes from")
     args = parser.parse_args()
+    ranks = start_local_ranks(args.config, "predict")
+    # imported once the other ranks are started, so that every rank imports torch at the same time
+    from rasterscale.predict import read_job_file, run_prediction
+    from rasterscale.runtime import run_spec
+
     run_prediction(
         scenes=read_job_file(args.job),
         checkpoint_path=args.checkpoint,
@@ -30,6 +34,7 @@ def main() -> None:
         shard=args.shard,
         resume_dir=args.resume_dir,
     )
+    ranks.wait()
 
 
 if __name__ == "__main__":

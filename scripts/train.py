@@ -1,11 +1,10 @@
-"""Entry: DDP training of the config's task (Lightning re-runs this command once per extra local rank)."""
+"""Entry: DDP training of the config's task. Run locally, this process starts the job's other ranks first
+(rasterscale.launch); under srun every rank runs it."""
 
 import argparse
 import json
 
-from rasterscale.runtime import run_spec
-from rasterscale.tasks.base import TrainScene
-from rasterscale.train import run_training
+from rasterscale.launch import start_local_ranks
 
 
 def main() -> None:
@@ -17,6 +16,12 @@ def main() -> None:
     parser.add_argument("--plot", required=True)
     parser.add_argument("--log-dir", required=True)
     args = parser.parse_args()
+    ranks = start_local_ranks(args.config, "train")
+    # imported once the other ranks are started, so that every rank imports torch at the same time
+    from rasterscale.runtime import run_spec
+    from rasterscale.tasks.base import TrainScene
+    from rasterscale.train import run_training
+
     run_training(
         scenes=[TrainScene(**scene) for scene in args.scenes],
         config=args.config,
@@ -26,6 +31,7 @@ def main() -> None:
         plot_path=args.plot,
         log_dir=args.log_dir,
     )
+    ranks.wait()
 
 
 if __name__ == "__main__":

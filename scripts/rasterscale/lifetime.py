@@ -5,7 +5,7 @@ Who launches a rank, and what ends it when that launcher is gone (:func:`bind_ra
 
 - **Its parent process.** Every rank asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``): the
   rule's shell for the rank that Snakemake starts (and srun's slurmstepd for each srun task), the rank that
-  Lightning's local launcher re-ran the command from for the others. So killing local rank 0 takes the ranks it
+  started the others (:mod:`rasterscale.launch`) for them. So killing local rank 0 takes the ranks it
   started with it at once (before, rank 1 ran on, finished its tiles and wrote them into the shard folder Snakemake
   had already removed; once it stayed asleep in a collective for 45 minutes). A rank started by another rank also
   checks that this parent is still the one that started it (:data:`RANK_LAUNCHER`): it may have died while the new
@@ -23,13 +23,13 @@ Who launches a rank, and what ends it when that launcher is gone (:func:`bind_ra
   writing a batch of more than the pipe's 64 KB to a rank that no longer reads (a worker of a rank killed by -9
   ran on with its memory until the test killed it).
 
-A peer that dies: locally Lightning's launcher (rank 0) polls its child ranks every 5 s and SIGKILLs everything
-when one exited non-zero (and a rank blocked in a gloo collective gets a connection reset from its dead peer);
-under srun, ``--kill-on-bad-exit=1`` ends the step: Slurm sends SIGTERM to the other ranks, and SIGKILL KillWait
-later (30 s by default). Lightning's own SIGTERM handler only logs ("Bypassing SIGTERM") and a prediction rank
-would predict on (or block in that handler's broadcast to the dead peer) until that SIGKILL, so a prediction rank
-ends at SIGTERM (:func:`end_on_sigterm`; also at the time limit or an scancel: its finished work is in atomically
-written files). Training's SIGTERM is left to the trainer (a checkpoint, then exit).
+A peer that dies: locally rank 0 watches the ranks it started (:class:`rasterscale.launch.LocalRanks`) and kills
+everything when one exited non-zero (and a rank blocked in a gloo collective gets a connection reset from its dead
+peer); under srun, ``--kill-on-bad-exit=1`` ends the step: Slurm sends SIGTERM to the other ranks, and SIGKILL
+KillWait later (30 s by default). Lightning's own SIGTERM handler only logs ("Bypassing SIGTERM") and a prediction
+rank would predict on (or block in that handler's broadcast to the dead peer) until that SIGKILL, so a prediction
+rank ends at SIGTERM (:func:`end_on_sigterm`; also at the time limit or an scancel: its finished work is in
+atomically written files). Training's SIGTERM is left to the trainer (a checkpoint, then exit).
 
 Processes are told apart by :class:`ProcessId` (host, pid, and the start time in /proc, so a reused pid is not
 mistaken for the original). Linux only; elsewhere :func:`bind_rank` does nothing.
@@ -202,8 +202,9 @@ def bind_worker(worker_id: int, rank_pid: int) -> None:
 def bind_rank(launches_ranks: bool, logger: logging.Logger, sigterm_ends: bool = False) -> None:
     """Tie this rank's life to its job's (module docstring): die with the parent, check the launching rank, watch
     the workflow's process; ``logger`` gets the one line said before a rank is ended. ``launches_ranks``: this
-    process will start the other local ranks (Lightning's local launcher, rank 0), which then check that it is
-    their parent. ``sigterm_ends``: SIGTERM ends the rank at once (prediction: :func:`end_on_sigterm`)."""
+    process will start the other local ranks (rank 0, where Lightning's local launcher starts them), which then
+    check that it is their parent. ``sigterm_ends``: SIGTERM ends the rank at once (prediction:
+    :func:`end_on_sigterm`)."""
     if sigterm_ends:
         end_on_sigterm(logger)
     if not sys.platform.startswith("linux"):

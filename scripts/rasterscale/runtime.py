@@ -1,7 +1,7 @@
 """Ranks, devices and the Lightning Trainer: what training and prediction share.
 
-Locally (``snakemake --cores``) Lightning's own launcher starts the ranks: it re-runs the entry command once
-per extra rank, so nothing before ``trainer.fit``/``trainer.predict`` may write files or assume it runs once.
+Locally (``snakemake --cores``) the job's process starts the other ranks first (:mod:`rasterscale.launch`): it
+re-runs the entry command once per extra rank, so nothing in an entry may write files or assume it runs once.
 Under srun (the SLURM profile) every rank is started by Slurm and Lightning's SLURM environment is used.
 Either way :func:`make_trainer` runs the pre-flight checks of :mod:`rasterscale.preflight` on every rank.
 """
@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy
 
 from rasterscale import precision as precisions
+from rasterscale.launch import launched_by_slurm
 from rasterscale.lifetime import bind_rank
 from rasterscale.preflight import (
     Geometry,
@@ -87,11 +88,6 @@ def run_spec(config: dict[str, Any], name: str) -> RunSpec:
         section=name,
         resolution=resolution,
     )
-
-
-def launched_by_slurm() -> bool:
-    """Ranks were started by srun (one process per task), not by Lightning."""
-    return "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
 
 
 def current_rank() -> int:
@@ -285,7 +281,9 @@ def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.
     the other ranks, and on CPUs its share of the cores."""
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
-    launches_ranks = rank == 0 and spec.devices > 1 and not launched_by_slurm()  # Lightning's local launcher
+    # Lightning's local launcher starts the other ranks from rank 0 unless they were started before
+    # (rasterscale.launch, which sets LOCAL_RANK) or by srun
+    launches_ranks = rank == 0 and spec.devices > 1 and not launched_by_slurm() and "LOCAL_RANK" not in os.environ
     # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
     bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
     quiet_non_zero_ranks(rank)

@@ -1,0 +1,107 @@
+"""rasterscale.launch: a local job's process starts the other ranks first, before it imports torch, gives each its
+place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rasterscale.launch import rank_environments, starts_local_ranks
+from rasterscale.lifetime import RANK_LAUNCHER
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {scripts!r})
+    from rasterscale.launch import start_local_ranks
+    out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    ranks = start_local_ranks({{"predict": {{"devices": devices, "shards": 1}}}}, "predict")
+    rank = int(os.environ["LOCAL_RANK"])
+    names = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RASTERSCALE_RANK_LAUNCHER")
+    place = {{name: os.environ.get(name) for name in names}}
+    place.update(pid=os.getpid(), ppid=os.getppid(), torch="torch" in sys.modules)
+    (out / f"rank-{{rank}}.json").write_text(json.dumps(place))
+    if rank == fail_rank:
+        sys.exit(3)
+    if fail_rank >= 0:
+        time.sleep(60)
+    ranks.wait()
+    """
+)
+
+
+def run_ranks(tmp_path: Path, devices: int, fail_rank: int = -1, timeout: float = 60) -> subprocess.CompletedProcess:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(scripts=str(SCRIPTS)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("LOCAL_RANK", "RANK")}
+    command = [sys.executable, str(script), str(tmp_path), str(fail_rank), str(devices)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_only_a_local_job_of_several_ranks_starts_them_here():
+    assert starts_local_ranks(2, 1, {})
+    assert not starts_local_ranks(1, 1, {})  # one rank: nothing to start
+    assert not starts_local_ranks(2, 1, {"LOCAL_RANK": "1"})  # a rank started by another
+    assert not starts_local_ranks(2, 1, {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"})  # srun's
+    assert not starts_local_ranks(2, 1, {"SLURM_JOB_ID": "7"})  # in an allocation: the pre-flight check refuses it
+    assert not starts_local_ranks(4, 2, {})  # several nodes: their ranks are started by srun
+
+
+def test_each_rank_gets_its_place_and_the_started_ones_their_launcher():
+    environments = rank_environments(3, {"PATH": "/bin"}, 29500, "host:1:2")
+    assert [env["LOCAL_RANK"] for env in environments] == ["0", "1", "2"]
+    assert {env["MASTER_PORT"] for env in environments} == {"29500"}
+    assert {env["WORLD_SIZE"] for env in environments} == {"3"} and {env["PATH"] for env in environments} == {"/bin"}
+    assert RANK_LAUNCHER not in environments[0]
+    assert [env[RANK_LAUNCHER] for env in environments[1:]] == ["host:1:2", "host:1:2"]
+
+
+def test_the_ranks_start_from_rank_zero_and_share_one_rendezvous(tmp_path):
+    result = run_ranks(tmp_path, devices=3)
+    assert result.returncode == 0, result.stderr
+    ranks = [json.loads((tmp_path / f"rank-{k}.json").read_text()) for k in range(3)]
+    zero = ranks[0]
+    assert zero["LOCAL_RANK"] == "0" and zero["RASTERSCALE_RANK_LAUNCHER"] is None
+    assert all(rank["ppid"] == zero["pid"] for rank in ranks[1:])  # rank 0 started them
+    assert all(rank["RASTERSCALE_RANK_LAUNCHER"].split(":")[1] == str(zero["pid"]) for rank in ranks[1:])
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"], r["NODE_RANK"], r["WORLD_SIZE"]) for r in ranks}) == 1
+    assert zero["WORLD_SIZE"] == "3" and not any(rank["torch"] for rank in ranks)
+
+
+def test_a_rank_that_fails_ends_the_job_at_once_with_one_line(tmp_path):
+    started = time.monotonic()
+    result = run_ranks(tmp_path, devices=3, fail_rank=2)
+    seconds = time.monotonic() - started
+    assert result.returncode == 1 and seconds < 20  # the others sleep 60 s
+    failed = json.loads((tmp_path / "rank-2.json").read_text())
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert lines == [
+        f"rasterscale: local rank 2 (pid {failed['pid']}) exited with code 3: ending the job's other ranks"
+    ]
+    sleeper = json.loads((tmp_path / "rank-1.json").read_text())
+    time.sleep(0.5)
+    assert not psutil.pid_exists(sleeper["pid"]) or psutil.Process(sleeper["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("entry", ["predict.py", "train.py", "check_environment.py"])
+def test_an_entry_starts_the_ranks_before_it_imports_torch(entry):
+    """What an entry runs before start_local_ranks (its module's imports) imports no torch, so the ranks import it
+    at the same time."""
+    code = (
+        "import importlib.util, sys; "
+        f"spec = importlib.util.spec_from_file_location('entry', {str(SCRIPTS / entry)!r}); "
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+        "assert hasattr(module, 'start_local_ranks'); print('torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
