@@ -34,6 +34,7 @@ from rasterscale.imagery import resolve_spec
 from rasterscale.merge import merge_detections
 from rasterscale.model import load_checkpoint
 from rasterscale.outputs import write_geoparquet
+from rasterscale.precision import BF16, FP16, FP32
 from rasterscale.tasks.detection import prepare_for_inference
 from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
@@ -56,11 +57,24 @@ def read_tiles(raster: Path, tiles: Sequence[Tile]) -> list[torch.Tensor]:
     return [to_model_input(dataset[k][0]) for k in range(len(dataset))]
 
 
-def autocast(precision: str) -> contextlib.AbstractContextManager:
+def autocast_dtype(precision: str, device: str = "cpu") -> torch.dtype | None:
+    """The dtype Lightning autocasts to at a resolved ``precision`` on ``device`` ("cpu", "cuda"), None for none:
+    ``16-mixed`` is fp16 on CUDA and bf16 on a CPU (Lightning turns it into ``bf16-mixed`` there)."""
+    if precision == FP32:
+        return None
+    if precision == BF16 or (precision == FP16 and device == "cpu"):
+        return torch.bfloat16
+    if precision == FP16:
+        return torch.float16
+    raise ValueError(f"bench: no autocast for precision {precision!r} (resolve auto first: {FP32}, {BF16} or {FP16})")
+
+
+def autocast(precision: str, device: str = "cpu") -> contextlib.AbstractContextManager:
     """What Lightning's precision plugin runs predict_step under."""
-    if precision == "bf16-mixed":
-        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
-    return contextlib.nullcontext()
+    dtype = autocast_dtype(precision, device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=dtype, cache_enabled=False)
 
 
 def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch_size: int, precision: str) -> float:
