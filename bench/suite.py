@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from hardware import header, machine
 from measures import (
     PATCH,
     measure_agreement,
@@ -91,20 +88,6 @@ TARGETS = {  # figure: (comparison, target)
 }
 
 
-def machine() -> dict[str, Any]:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "")
-    return {
-        "cpu": model or platform.processor(),
-        "cores": len(os.sched_getaffinity(0)),
-        "amx": " amx_bf16" in flags,
-        "avx512_bf16": " avx512_bf16" in flags,
-        "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
 def met(figure: str, value: Any) -> bool:
     comparison, target = TARGETS[figure]
     values = list(value.values()) if isinstance(value, dict) else [value]
@@ -119,6 +102,7 @@ def growth(by_side: dict[str, dict[str, Any]], key: str) -> float:
 
 def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[str, Any]:
     started = time.perf_counter()
+    hardware = machine()
     checkpoint = write_checkpoint(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
@@ -159,7 +143,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "targets": {name: {"target": f"{c} {t}", "met": met(name, figures[name])} for name, (c, t) in TARGETS.items()},
         "agreement": details["agreement"],
         "details": details,
-        "machine": machine(),
+        "machine": hardware,
         "sizes": asdict(sizes),
         "bench_wall_s": round(time.perf_counter() - started, 1),
     }
@@ -167,7 +151,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
 
 def format_table(result: dict[str, Any]) -> str:
     """The figures, their targets and how each was measured, as one readable table."""
-    d, m = result["details"], result["machine"]
+    d = result["details"]
     eff, fast, scale = d["efficiency"], d["fastpath"], d["scaling"]
     agree = result["agreement"]
     rows = [
@@ -253,15 +237,13 @@ def format_table(result: dict[str, Any]) -> str:
                     f"peak RSS on the {last} raster over the {first} one's, measured in this run (1.0: flat)",
                 )
             )
-    header = ("figure", "measured", "target", "met", "how")
-    table = [header] + [
+    table = [("figure", "measured", "target", "met", "how")] + [
         (name, value, result["targets"][key]["target"], "yes" if met(key, _value(result, key, name)) else "NO", how)
         for name, value, key, how in rows
     ]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
-        f"rasterscale bench: {m['cpu']}, {m['cores']} cores, bf16 native {m['bf16_native']} (AMX {m['amx']}),"
-        f" torch {m['torch']}; {result['bench_wall_s']:.0f} s",
+        *header(result["machine"], result["bench_wall_s"]),
         *("  ".join(cell.ljust(widths[k]) if k < 4 else cell for k, cell in enumerate(row)) for row in table),
         f"fp32 agreement ({agree['checkpoint']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
         f" {agree['fp32_matched_fraction']:.1%} of {agree['fp32']} fp32 boxes and {agree['fast_matched_fraction']:.1%}"
