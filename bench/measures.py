@@ -1,8 +1,8 @@
 """The benchmark's measurements. Every figure is a ratio or a time measured in the same run, on this machine.
 
 - fast path: model forward per tile, fp32 at batch 1 (the plain path) vs the prediction fast path (batch norms
-  folded, channels_last, bf16 autocast as Lightning runs it, ``predict.batch_size`` tiles per batch), on the
-  same preloaded tiles, in alternating rounds (median of the rounds).
+  folded, channels_last, autocast as Lightning runs it at the precision ``auto`` resolves to on this CPU,
+  ``predict.batch_size`` tiles per batch), on the same preloaded tiles, in alternating rounds (median of the rounds).
 - agreement: the detections of both paths on the same tiles of a trained model (none: the bench fails).
 - efficiency: pure model forward time over a job's tiles (tensors preloaded, warmed up) / that job's wall time
   (process start to exit: imports, model, data, prediction, rank file).
@@ -77,6 +77,12 @@ def autocast(precision: str, device: str = "cpu") -> contextlib.AbstractContextM
     return torch.autocast(device, dtype=dtype, cache_enabled=False)
 
 
+def precision_text(precision: str) -> str:
+    """A precision and what it runs as on a CPU, for the results: "32-true: fp32", "bf16-mixed: bf16 autocast"."""
+    dtype = autocast_dtype(precision)
+    return f"{precision}: " + ("fp32" if dtype is None else f"{str(dtype).removeprefix('torch.')} autocast")
+
+
 def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch_size: int, precision: str) -> float:
     """Seconds of forward passes over all ``images``, after one untimed warm-up batch."""
     with torch.inference_mode(), autocast(precision):
@@ -98,12 +104,15 @@ def fast_model(checkpoint: Path, score_threshold: float | None = None) -> torch.
     return prepare_for_inference(baseline_model(checkpoint, score_threshold), channels_last=True)
 
 
-def measure_fastpath(checkpoint: Path, images: list[torch.Tensor], batch_size: int, rounds: int = 3) -> dict:
+def measure_fastpath(
+    checkpoint: Path, images: list[torch.Tensor], batch_size: int, precision: str, rounds: int = 3
+) -> dict:
+    """The plain path (fp32, batch 1) against the fast path at ``precision`` (what ``auto`` resolves to)."""
     baseline, fast = baseline_model(checkpoint), fast_model(checkpoint)
     per_tile: dict[str, list[float]] = {"baseline": [], "fast": []}
     for _ in range(rounds):
-        per_tile["baseline"].append(forward_seconds(baseline, images, 1, "32-true") / len(images))
-        per_tile["fast"].append(forward_seconds(fast, images, batch_size, "bf16-mixed") / len(images))
+        per_tile["baseline"].append(forward_seconds(baseline, images, 1, FP32) / len(images))
+        per_tile["fast"].append(forward_seconds(fast, images, batch_size, precision) / len(images))
     base, quick = statistics.median(per_tile["baseline"]), statistics.median(per_tile["fast"])
     return {
         "speedup": round(base / quick, 3),
@@ -112,8 +121,9 @@ def measure_fastpath(checkpoint: Path, images: list[torch.Tensor], batch_size: i
         "rounds": {k: [round(v, 4) for v in values] for k, values in per_tile.items()},
         "tiles": len(images),
         "threads": torch.get_num_threads(),
+        "precision": precision,
         "baseline": "fp32, batch 1, as built (batch norms, contiguous)",
-        "fast": f"bf16 autocast, channels_last, batch norms folded, batch {batch_size}",
+        "fast": f"auto ({precision_text(precision)}), channels_last, batch norms folded, batch {batch_size}",
     }
 
 
@@ -137,13 +147,15 @@ def best_matches(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, 
     return i[first], j[first], ious[first]
 
 
-def measure_agreement(checkpoint: Path, images: list[torch.Tensor], batch_size: int, min_iou: float = 0.9) -> dict:
-    """fp32 (plain path) vs fast path detections on the same tiles: boxes matched at IoU >= min_iou (each way)
-    and score differences of the matched boxes. Unmatched boxes near the score threshold are counted apart:
-    a score moving by 0.01 across the threshold adds or drops a box."""
+def measure_agreement(
+    checkpoint: Path, images: list[torch.Tensor], batch_size: int, precision: str, min_iou: float = 0.9
+) -> dict:
+    """fp32 (plain path) vs fast path (at ``precision``, what ``auto`` resolves to) detections on the same tiles:
+    boxes matched at IoU >= min_iou (each way) and score differences of the matched boxes. Unmatched boxes near the
+    score threshold are counted apart: a score moving by 0.01 across the threshold adds or drops a box."""
     plain, quick = baseline_model(checkpoint), fast_model(checkpoint)
-    reference = detections(plain, images, 1, "32-true")
-    fast = detections(quick, images, batch_size, "bf16-mixed")
+    reference = detections(plain, images, 1, FP32)
+    fast = detections(quick, images, batch_size, precision)
     score_threshold = plain.score_thresh
     counts = {"fp32": 0, "fast": 0, "fp32_matched": 0, "fast_matched": 0, "unmatched_near_threshold": 0}
     diffs, ious = [], []
@@ -168,6 +180,7 @@ def measure_agreement(checkpoint: Path, images: list[torch.Tensor], batch_size: 
         "model": "trained",
         "checkpoint": str(checkpoint),
         "tiles": len(images),
+        "precision": precision,
         "score_threshold": score_threshold,
         "min_iou": min_iou,
         **counts,
@@ -185,24 +198,27 @@ def job_summary(job: JobResult) -> dict:
         "tiles": job.tiles,
         "ranks": [
             {k: p[k] for k in ("rank", "threads", "workers", "tiles", "wall_s", "compute_s", "output_s", "wait_s")}
-            | {"tiles_per_s": p["tiles_per_s"]}
+            | {"tiles_per_s": p["tiles_per_s"], "precision": p["precision"]}
             for p in job.profiles
         ],
     }
 
 
-def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile]) -> dict:
+def measure_efficiency(
+    workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile], precision: str
+) -> dict:
     """Pure forward time over the job's tiles against the job's wall, and where the in-loop rest goes: the rank's
     batches (``compute_s``: the forward plus the first batch's warm-up and any slowdown), its outputs taking the
     boxes (``output_s``), its waits for data (``wait_s``), and the same job without a reading worker (``workers 0``:
-    nothing else runs on the cores)."""
+    nothing else runs on the cores). The job runs at ``predict.precision: auto``, the forward at ``precision``, what
+    ``auto`` resolves to here (each rank's profile records the value it ran at)."""
     predict = {"devices": 1, "workers": 1, "batch_size": 4}
     job = run_predict_job(workdir / "efficiency", raster, manifest, checkpoint, predict)
     alone = run_predict_job(workdir / "efficiency-workers0", raster, manifest, checkpoint, {**predict, "workers": 0})
     threads = job.profiles[0]["threads"]
     torch.set_num_threads(threads)
     images = read_tiles(raster, tiles)
-    forward = forward_seconds(fast_model(checkpoint), images, predict["batch_size"], "bf16-mixed")
+    forward = forward_seconds(fast_model(checkpoint), images, predict["batch_size"], precision)
     del images
     profile, profile_alone = job.profiles[0], alone.profiles[0]
     return {
@@ -220,6 +236,7 @@ def measure_efficiency(workdir: Path, raster: Path, manifest: Path, checkpoint: 
         },
         "startup_and_write_s": round(job.wall_s - profile["wall_s"], 2),
         "threads": threads,
+        "precision": precision,
         **job_summary(job),
     }
 

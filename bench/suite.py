@@ -103,6 +103,7 @@ def growth(by_side: dict[str, dict[str, Any]], key: str) -> float:
 def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[str, Any]:
     started = time.perf_counter()
     hardware = machine()
+    auto = hardware["auto"]  # what predict.precision auto resolves to on this CPU: the fast path's precision
     checkpoint = write_checkpoint(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
@@ -111,14 +112,14 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details: dict[str, Any] = {}
 
     fastpath_images = read_tiles(raster, spread(tiles, sizes.fastpath_tiles))
-    details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size))
+    details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size, auto))
     agreement_model, agreement_raster = trained
     agreement_tiles = spread(tiles_from_frame(build_manifest(agreement_raster, PATCH, 80)), sizes.agreement_tiles)
     agreement_images = read_tiles(agreement_raster, agreement_tiles)
-    details["agreement"] = timed(partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size))
+    details["agreement"] = timed(partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size, auto))
     del fastpath_images, agreement_images
     job_manifest = workdir / "tiles.parquet"
-    details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, checkpoint, tiles))
+    details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, checkpoint, tiles, auto))
     details["scaling"] = timed(partial(measure_scaling, workdir, raster, job_manifest, checkpoint))
     details["rss"] = timed(partial(measure_rss, workdir, checkpoint, sizes.rss_sides, sizes.rss_tiles))
     details["merge"] = timed(partial(measure_merge, sizes.merge_objects))
@@ -166,7 +167,7 @@ def format_table(result: dict[str, Any]) -> str:
             f" {eff['in_loop']['workers0_in_loop_efficiency']:.3f}; startup+write {eff['startup_and_write_s']:.1f} s)",
         ),
         (
-            "fast path vs fp32 batch 1",
+            f"auto ({fast['precision']}) fast path vs fp32 batch 1",
             f"{result['fastpath_speedup']:.2f}x",
             "fastpath_speedup",
             f"fp32 b1 {fast['baseline_s_per_tile']:.3f} s/tile -> fast path b{result['sizes']['batch_size']}"
@@ -247,7 +248,7 @@ def format_table(result: dict[str, Any]) -> str:
         *("  ".join(cell.ljust(widths[k]) if k < 4 else cell for k, cell in enumerate(row)) for row in table),
         f"fp32 agreement ({agree['checkpoint']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
         f" {agree['fp32_matched_fraction']:.1%} of {agree['fp32']} fp32 boxes and {agree['fast_matched_fraction']:.1%}"
-        f" of {agree['fast']} fast-path boxes matched at IoU >= {agree['min_iou']};"
+        f" of {agree['fast']} auto ({agree['precision']}) fast-path boxes matched at IoU >= {agree['min_iou']};"
         f" |score diff| mean {agree['score_abs_diff_mean']} max {agree['score_abs_diff_max']};"
         f" {agree['unmatched_near_threshold']} unmatched boxes within 0.02 of the threshold",
         "load average (1 min) before/after each section: "
