@@ -3,6 +3,8 @@
 - fast path: model forward per tile, fp32 at batch 1 (the plain path) vs the prediction fast path (batch norms
   folded, channels_last, autocast as Lightning runs it at the precision ``auto`` resolves to on this CPU,
   ``predict.batch_size`` tiles per batch), on the same preloaded tiles, in alternating rounds (median of the rounds).
+- precision: the fast path's seconds per tile in fp32 and in bf16 autocast, same model, batch and preloaded tiles;
+  bf16 on few tiles, as a CPU without native bf16 emulates it about 70x slower than fp32.
 - agreement: the detections of both paths on the same tiles of a trained model (none: the bench fails).
 - efficiency: pure model forward time over a job's tiles (tensors preloaded, warmed up) / that job's wall time
   (process start to exit: imports, model, data, prediction, rank file).
@@ -124,6 +126,31 @@ def measure_fastpath(
         "precision": precision,
         "baseline": "fp32, batch 1, as built (batch norms, contiguous)",
         "fast": f"auto ({precision_text(precision)}), channels_last, batch norms folded, batch {batch_size}",
+    }
+
+
+def measure_precision(
+    checkpoint: Path, images: list[torch.Tensor], batch_size: int, auto: str, batches: int = 1, rounds: int = 3
+) -> dict:
+    """The fast path's seconds per tile in fp32 and in bf16 autocast on the same ``batches`` batches of ``images``
+    (each after one untimed warm-up batch), and ``auto``, what this CPU resolves ``auto`` to. fp32 is the median of
+    ``rounds``; bf16 runs once (emulated, it costs about 70x fp32's time)."""
+    fast, tiles = fast_model(checkpoint), images[: batches * batch_size]
+    fp32 = [forward_seconds(fast, tiles, batch_size, FP32) / len(tiles) for _ in range(rounds)]
+    bf16 = forward_seconds(fast, tiles, batch_size, BF16) / len(tiles)
+    median = statistics.median(fp32)
+    return {
+        "auto": auto,
+        "fp32_s_per_tile": round(median, 4),
+        "bf16_s_per_tile": round(bf16, 4),
+        "bf16_over_fp32": round(bf16 / median, 3),
+        "fp32_rounds": [round(v, 4) for v in fp32],
+        "fp32_tiles": len(tiles),
+        "bf16_tiles": len(tiles),
+        "warmup_tiles": min(batch_size, len(tiles)),
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "model": "fast path: channels_last, batch norms folded",
     }
 
 

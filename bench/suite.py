@@ -16,6 +16,7 @@ from measures import (
     measure_fastpath,
     measure_manifest,
     measure_merge,
+    measure_precision,
     measure_rss,
     measure_scaling,
     read_tiles,
@@ -57,6 +58,7 @@ class Sizes:
     rss_sides: tuple[int, ...] = (4096, 16384, 32768)
     rss_tiles: int = 24  # tiles predicted on each RSS raster, spread over all of it
     fastpath_tiles: int = 12
+    precision_batches: int = 1  # batches of fast-path tiles timed in fp32 and bf16 (bf16 may be emulated: ~70x)
     agreement_tiles: int = 64
     batch_size: int = 4
     merge_objects: int = 640_000  # about 1M boxes once tile overlaps are counted
@@ -113,6 +115,9 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
 
     fastpath_images = read_tiles(raster, spread(tiles, sizes.fastpath_tiles))
     details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size, auto))
+    details["precision"] = timed(
+        partial(measure_precision, checkpoint, fastpath_images, sizes.batch_size, auto, sizes.precision_batches)
+    )
     agreement_model, agreement_raster = trained
     agreement_tiles = spread(tiles_from_frame(build_manifest(agreement_raster, PATCH, 80)), sizes.agreement_tiles)
     agreement_images = read_tiles(agreement_raster, agreement_tiles)
@@ -155,7 +160,7 @@ def format_table(result: dict[str, Any]) -> str:
     d = result["details"]
     eff, fast, scale = d["efficiency"], d["fastpath"], d["scaling"]
     agree = result["agreement"]
-    rows = [
+    rows: list[tuple[str, str, str | None, str]] = [
         (
             "pipeline efficiency",
             f"{result['efficiency']:.3f}",
@@ -173,6 +178,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"fp32 b1 {fast['baseline_s_per_tile']:.3f} s/tile -> fast path b{result['sizes']['batch_size']}"
             f" {fast['fast_s_per_tile']:.3f} s/tile (RetinaNet-ResNet50, {PATCH} px, {fast['threads']} threads)",
         ),
+        precision_row(d["precision"], result["machine"]),
         (
             "scaling 2 ranks vs 1",
             f"{result['scaling_2v1']:.2f}x",
@@ -238,10 +244,7 @@ def format_table(result: dict[str, Any]) -> str:
                     f"peak RSS on the {last} raster over the {first} one's, measured in this run (1.0: flat)",
                 )
             )
-    table = [("figure", "measured", "target", "met", "how")] + [
-        (name, value, result["targets"][key]["target"], "yes" if met(key, _value(result, key, name)) else "NO", how)
-        for name, value, key, how in rows
-    ]
+    table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
         *header(result["machine"], result["bench_wall_s"]),
@@ -255,6 +258,26 @@ def format_table(result: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v['load_1min']}" for k, v in d.items() if "load_1min" in v),
     ]
     return "\n".join(lines)
+
+
+def precision_row(p: dict[str, Any], hardware: dict[str, Any]) -> tuple[str, str, str | None, str]:
+    """The table's row of the fast path's fp32 and bf16 seconds per tile, and what ``auto`` picks: no target."""
+    return (
+        "bf16 / fp32 fast path time",
+        f"{p['bf16_over_fp32']:.2f}x",
+        None,
+        f"fp32 {p['fp32_s_per_tile']:.3f} s/tile ({p['fp32_tiles']} tiles), bf16 autocast {p['bf16_s_per_tile']:.3f}"
+        f" s/tile ({p['bf16_tiles']} tiles), b{p['batch_size']}; auto picks {p['auto']}"
+        f" (bf16 {'native' if hardware['bf16_native'] else 'emulated'}: {hardware['onednn']})",
+    )
+
+
+def target_cells(result: dict[str, Any], row: tuple[str, str, str | None, str]) -> tuple[str, str, str, str, str]:
+    """A row's cells: figure, measured, its target and whether it is met ("-" for a figure without target), how."""
+    name, value, key, how = row
+    if key is None:
+        return name, value, "-", "-", how
+    return name, value, result["targets"][key]["target"], "yes" if met(key, _value(result, key, name)) else "NO", how
 
 
 def _value(result: dict[str, Any], key: str, name: str) -> Any:
