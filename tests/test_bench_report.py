@@ -1,0 +1,170 @@
+"""make bench's report, without running the bench: the hardware header (from rasterscale.precision's capability of
+a CPU or GPU), the autocast each precision value runs under, and the table of a whole result."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from rasterscale.precision import AUTO, BF16, FP16, FP32, cpu_capability, cuda_capability
+
+sys.path.append(str(REPO / "bench"))  # the bench's modules import each other by name, as bench/run.py runs them
+
+from hardware import describe, header
+from measures import autocast, autocast_dtype
+from suite import TARGETS, Sizes, format_table, met
+
+AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
+SAPPHIRE_RAPIDS_FLAGS = AVX2_FLAGS | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+NO_CAP = (True, "")
+
+
+def avx2_machine() -> dict:
+    return describe(cpu_capability(False, AVX2_FLAGS, "AMD EPYC", NO_CAP), AVX2_FLAGS, 2, "2.9.0")
+
+
+def test_the_header_of_an_avx2_cpu_says_bf16_is_emulated_and_auto_picks_fp32():
+    machine = avx2_machine()
+    assert machine["auto"] == FP32 and machine["flags"] == {
+        "avx2": True,
+        "avx512f": False,
+        "avx512_bf16": False,
+        "amx_bf16": False,
+    }
+    first, second = header(machine, 812.4)
+    assert first == "rasterscale bench: AMD EPYC, 2 cores, torch 2.9.0, GPU none; 812 s"
+    assert second == (
+        "CPU flags: avx2 yes, avx512f no, avx512_bf16 no, amx_bf16 no; oneDNN bf16 no; no avx512_bf16/amx_bf16:"
+        " bf16 emulated, precision auto picks 32-true on this CPU"
+    )
+
+
+def test_the_header_of_a_bf16_cpu_with_a_gpu_names_both():
+    cpu = cpu_capability(True, SAPPHIRE_RAPIDS_FLAGS, "Xeon 8480", NO_CAP)
+    machine = describe(cpu, SAPPHIRE_RAPIDS_FLAGS, 16, "2.9.0", cuda_capability(9, 0, "NVIDIA H100"))
+    assert machine["auto"] == BF16 and machine["gpu_auto"] == BF16 and all(machine["flags"].values())
+    first, second = header(machine, 60)
+    assert "GPU NVIDIA H100 (compute capability 9.0, auto picks bf16-mixed; the bench runs on the CPU)" in first
+    assert "bf16 native, precision auto picks bf16-mixed on this CPU" in second
+
+
+def test_autocast_maps_every_resolved_precision_as_lightning_does():
+    assert autocast_dtype(FP32) is None and autocast_dtype(FP32, "cuda") is None
+    assert autocast_dtype(BF16) == torch.bfloat16 and autocast_dtype(BF16, "cuda") == torch.bfloat16
+    assert autocast_dtype(FP16, "cuda") == torch.float16
+    assert autocast_dtype(FP16) == torch.bfloat16  # a CPU has no fp16 autocast: Lightning runs bf16-mixed
+    with pytest.raises(ValueError, match="resolve auto first"):
+        autocast_dtype(AUTO)
+    with autocast(FP32):
+        assert not torch.is_autocast_enabled("cpu")
+    for value in (BF16, FP16):
+        with autocast(value):
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def bench_result(machine: dict) -> dict:
+    """A whole result of run_bench, with made-up figures."""
+    auto = machine["auto"]
+    job = {"job_wall_s": 100.0, "tiles": 1024, "ranks": []}
+    seg = {
+        "rank_rss_peak_mb": 1150.0,
+        "rank_rss_peaks_mb": [1140.0, 1150.0, 1160.0],
+        "merge_rss_peak_mb": 330.0,
+        "predicted_tiles": 169,
+        "tile_rows": 13,
+        "job_wall_s": 60.0,
+        "merge_wall_s": 19.0,
+    }
+    details = {
+        "efficiency": {
+            "efficiency": 0.85,
+            "forward_s": 90.0,
+            "job_wall_s": 105.9,
+            "tiles": 1024,
+            "in_loop_efficiency": 0.9,
+            "in_loop": {
+                "compute_over_forward_s": 1.0,
+                "output_s": 0.0,
+                "wait_s": 1.1,
+                "workers0_in_loop_efficiency": 0.88,
+            },
+            "startup_and_write_s": 6.0,
+            "precision": auto,
+        },
+        "fastpath": {
+            "speedup": 1.6,
+            "baseline_s_per_tile": 0.3,
+            "fast_s_per_tile": 0.1875,
+            "threads": 2,
+            "precision": auto,
+        },
+        "precision": {
+            "auto": auto,
+            "fp32_s_per_tile": 0.19,
+            "bf16_s_per_tile": 13.3,
+            "bf16_over_fp32": 70.0,
+            "fp32_tiles": 4,
+            "bf16_tiles": 4,
+            "batch_size": 4,
+        },
+        "scaling": {
+            "scaling": 1.8,
+            "throughput_scaling": 1.95,
+            "one_rank": {**job, "job_wall_s": 190.0},
+            "two_ranks": {**job, "job_wall_s": 105.6},
+        },
+        "rss": {"4096": {"rss_peak_mb": 1150.0, "predicted_tiles": 24, "manifest_tiles": 169}},
+        "merge": {"seconds": 6.0, "boxes": 998_836, "tiles": 15_625, "kept": 640_000},
+        "manifest": {"seconds": 0.2, "tiles": 97_969},
+        "segmentation": {"4096": seg, "32768": {**seg, "rank_rss_peak_mb": 1140.0, "merge_rss_peak_mb": 315.0}},
+    }
+    for section in details.values():
+        section["load_1min"] = [1.0, 1.5]
+    figures = {
+        "efficiency": 0.85,
+        "fastpath_speedup": 1.6,
+        "scaling_2v1": 1.8,
+        "rss_mb": {"4096": 1150.0},
+        "merge_1m_s": 6.0,
+        "manifest_100k_s": 0.2,
+        "seg_rank_rss_mb": {"4096": 1150.0, "32768": 1140.0},
+        "seg_merge_rss_mb": {"4096": 330.0, "32768": 315.0},
+        "seg_rank_rss_growth": 0.991,
+        "seg_merge_rss_growth": 0.955,
+    }
+    agreement = {
+        "checkpoint": "crowns.pt",
+        "tiles": 64,
+        "score_threshold": 0.3,
+        "min_iou": 0.9,
+        "precision": auto,
+        "fp32": 2000,
+        "fast": 2000,
+        "fp32_matched_fraction": 1.0,
+        "fast_matched_fraction": 1.0,
+        "score_abs_diff_mean": 0.0,
+        "score_abs_diff_max": 0.0,
+        "unmatched_near_threshold": 0,
+    }
+    return {
+        **figures,
+        "targets": {name: {"target": f"{c} {t}", "met": met(name, figures[name])} for name, (c, t) in TARGETS.items()},
+        "agreement": agreement,
+        "details": details,
+        "machine": machine,
+        "sizes": {"batch_size": Sizes().batch_size},
+        "bench_wall_s": 812.4,
+    }
+
+
+def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row():
+    lines = format_table(bench_result(avx2_machine())).splitlines()
+    assert lines[0].startswith("rasterscale bench: AMD EPYC, 2 cores") and "precision auto picks 32-true" in lines[1]
+    fastpath = next(line for line in lines if line.startswith("auto (32-true) fast path vs fp32 batch 1"))
+    assert ">= 2.5" in fastpath and " NO " in fastpath
+    precision = next(line for line in lines if line.startswith("bf16 / fp32 fast path time"))
+    assert "70.00x" in precision
+    assert "fp32 0.190 s/tile (4 tiles), bf16 autocast 13.300 s/tile (4 tiles), b4; auto picks 32-true" in precision
+    assert "(bf16 emulated: oneDNN bf16 no; no avx512_bf16/amx_bf16)" in precision
+    assert any("of 2000 auto (32-true) fast-path boxes" in line for line in lines)
