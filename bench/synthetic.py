@@ -80,10 +80,17 @@ def tile_windows(tiles: Sequence[Tile]) -> list[Window]:
     return [Window(t.col_off, t.row_off, t.width, t.height) for t in tiles]
 
 
-def write_checkpoint(path: Path, backbone: str = "resnet50", patch_size: int = 400, seed: int = 0) -> Path:
-    """An untrained (seeded) detector checkpoint: timings do not depend on the weights' values."""
+def write_checkpoint(
+    path: Path,
+    backbone: str = "resnet50",
+    patch_size: int = 400,
+    seed: int = 0,
+    resize: tuple[int, int] | None = None,
+) -> Path:
+    """An untrained (seeded) detector checkpoint: timings do not depend on the weights' values. ``resize``: the
+    model's input scale (``DetectorConfig.resize``; None: native)."""
     torch.manual_seed(seed)
-    detector = DetectorConfig(backbone=backbone, patch_size=patch_size)
+    detector = DetectorConfig(backbone=backbone, patch_size=patch_size, resize=resize)
     save_checkpoint(build_detector(detector), detector, path)
     return path
 
