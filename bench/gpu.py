@@ -1,0 +1,298 @@
+"""make bench-gpu: GPU acceptance in one command (not part of the tests). Writes results/bench-gpu.json and
+results/bench-gpu.txt, and prints the table.
+
+On every visible GPU (one rank each): a short training and a prediction with the real jobs at ``auto`` and at
+``32-true``, the prediction job's tiles/s against the model's pure forward at DeepForest's scale, torch.compile
+of the backbone, FPN and head (kept or not), NVML utilization and peak memory per rank, and pinned against
+pageable copies of uint8 batches beside the job's data wait (gpu_measures.py says how). Without CUDA, or with
+--cpu, the same code on tiny sizes on CPU ranks, in a minute or two: tests/test_bench_gpu.py runs that.
+The JSON is rewritten after every section, so that a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from gpu_measures import SECTIONS, attempt, make_bench, nvml_devices, ok, run_sections  # noqa: E402
+from suite import machine  # noqa: E402
+
+Row = tuple[str, str, str, str]  # section, figure, value, how
+
+
+def describe_machine() -> dict[str, Any]:
+    gpus = (
+        [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    return {**attempt(machine), "gpus": gpus, "cuda": torch.version.cuda, "nvml": nvml_devices()}
+
+
+def run_gpu_bench(workdir: Path, cpu: bool, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The whole run; ``save(result)`` after every section."""
+    started = time.perf_counter()
+    bench = make_bench(workdir, cpu)
+    result: dict[str, Any] = {
+        "mode": bench.accelerator,
+        "ranks": bench.ranks,
+        "auto": bench.auto,
+        "machine": describe_machine(),
+        "sizes": asdict(bench.sizes),
+        "sections": {},
+    }
+
+    def done(name: str, section: dict[str, Any]) -> None:
+        result["sections"][name] = section
+        result["bench_wall_s"] = round(time.perf_counter() - started, 1)
+        save(result)
+        state = f"error: {section['error']}" if "error" in section else "done"
+        print(f"bench-gpu: {name} {state} ({section['section_s']:.0f} s)", file=sys.stderr, flush=True)
+
+    run_sections(bench, done)
+    return result
+
+
+# --- the table ------------------------------------------------------------------------------------------------
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def label(requested: str, run: dict[str, Any]) -> str:
+    used = run.get("precision")
+    return f"auto ({used})" if requested == "auto" and used else requested
+
+
+def train_rows(section: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for requested, run in section["runs"].items():
+        if not ok(run):
+            rows.append(("train", requested, "error", run["error"]))
+            continue
+        per_rank = run["batch"] // run["ranks"]
+        rows.append(
+            (
+                "train",
+                label(requested, run),
+                f"{run['steps_per_s']:.2f} steps/s",
+                f"{run['images_per_s']:.1f} images/s, step {run['step_ms']:.0f} ms (first to last progress line);"
+                f" {run['ranks']} rank(s)"
+                f" x {per_rank} tiles, {run['steps']} steps, {run['workers']} workers; fit {run['fit_s']} s,"
+                f" job {run['job_wall_s']:.0f} s; {section['model']}",
+            )
+        )
+    if section.get("auto_speedup"):
+        how = "32-true's step time / auto's" + same_precision(section["runs"])
+        rows.append(("train", "auto vs 32-true", f"{section['auto_speedup']:.2f}x", how))
+    return rows
+
+
+def same_precision(runs: dict[str, Any]) -> str:
+    """A note where ``auto`` resolved to 32-true: the two runs are the same, their difference is noise."""
+    used = {run.get("precision") for run in runs.values()}
+    return f" ({used.pop()} both: auto is 32-true on this device, the difference is noise)" if len(used) == 1 else ""
+
+
+def rank_row(requested: str, run: dict[str, Any], rank: dict[str, Any]) -> Row:
+    return (
+        "predict",
+        f"rank {rank['rank']} ({label(requested, run)})",
+        f"{rank['tiles_per_s']:.1f} tiles/s",
+        f"{rank['device']}, precision {rank['precision']}, {rank['tiles']} tiles; util {percent(rank['utilization'])}"
+        f" ({rank['utilization_source']}), peak {rank['memory_peak_mb']:.0f} MB ({rank['memory_kind']}),"
+        f" data wait {percent(rank['wait_fraction'])}, output {percent(rank['output_fraction'])}",
+    )
+
+
+def predict_rows(section: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    ranks: list[Row] = []
+    for requested, run in section["runs"].items():
+        if not ok(run):
+            rows.append(("predict", requested, "error", run["error"]))
+            continue
+        first = run["ranks"][0] if run["ranks"] else {}
+        rows.append(
+            (
+                "predict",
+                label(requested, run),
+                f"{run['tiles_per_s']:.1f} tiles/s",
+                f"{run['tiles']} tiles, {len(run['ranks'])} rank(s), batch {first.get('batch_size')},"
+                f" {first.get('workers')} workers; job {run['job_wall_s']:.0f} s; data wait"
+                f" {percent(run['wait_fraction'])}; {section['model']}",
+            )
+        )
+        ranks += [rank_row(requested, run, rank) for rank in run["ranks"]]
+    if section.get("auto_speedup"):
+        how = "tiles/s, auto's / 32-true's" + same_precision(section["runs"])
+        rows.append(("predict", "auto vs 32-true", f"{section['auto_speedup']:.2f}x", how))
+    return rows + ranks
+
+
+def forward_rows(section: dict[str, Any]) -> list[Row]:
+    where = f"{section['tiles']} tiles on {section['device']}" + (
+        f" ({section['threads']} thread(s), as a rank)" if section["threads"] else ""
+    )
+    rows: list[Row] = [
+        (
+            "forward",
+            f"pure forward, batch {batch}",
+            f"{rate:.1f} tiles/s",
+            f"{section['precision']}, uint8 {where}, scaled there, whole model with NMS; median of"
+            f" {section['rounds']} rounds; {section['model']}",
+        )
+        for batch, rate in section["tiles_per_s"].items()
+    ]
+    if section["device"].startswith("cuda"):
+        rows.append(
+            (
+                "forward",
+                "NVML util, peak memory",
+                percent(section["utilization"]),
+                f"during the pure forward; peak {section['memory_peak_mb']:.0f} MB allocated",
+            )
+        )
+    if section.get("job_over_forward") is not None:
+        per_rank = ", ".join(f"{rate:.1f}" for rate in section["job_rank_tiles_per_s"])
+        rows.append(
+            (
+                "forward",
+                "job / pure forward",
+                f"{section['job_over_forward']:.3f}",
+                f"the auto job's tiles/s per rank ({per_rank}) over the pure forward at its batch"
+                f" {section['job_batch']}",
+            )
+        )
+    else:
+        rows.append(("forward", "job / pure forward", "-", section.get("job_note", "")))
+    return rows
+
+
+def compile_rows(section: dict[str, Any]) -> list[Row]:
+    rates, agreement = section["tiles_per_s"], section["agreement"]
+    return [
+        (
+            "compile",
+            "compiled vs eager",
+            f"{section['speedup']:.2f}x",
+            f"backbone+FPN+head compiled ({section['backend']}), anchors and NMS eager; {section['precision']},"
+            f" {section['tiles']} tiles at batch {section['batch']}: {rates['eager']:.1f} -> {rates['compiled']:.1f}"
+            f" tiles/s; compile {section['compile_s']:.0f} s",
+        ),
+        (
+            "compile",
+            "same boxes",
+            f"{percent(agreement['reference_matched_fraction'])} / {percent(agreement['other_matched_fraction'])}",
+            f"of {agreement['reference']} eager / {agreement['other']} compiled boxes matched at IoU >="
+            f" {agreement['min_iou']} (score >= {section['score_threshold']}); |score diff| mean"
+            f" {agreement['score_abs_diff_mean']}; {section['model']}",
+        ),
+        ("compile", "verdict", "kept" if section["kept"] else "not kept", section["rule"]),
+    ]
+
+
+def copy_rows(section: dict[str, Any]) -> list[Row]:
+    shape = "x".join(str(n) for n in section["batch_shape"])
+    rows: list[Row] = []
+    for kind, how in (("pinned", "pinned, non-blocking"), ("pageable", "pageable")):
+        rate, ms = section["gb_per_s"][kind], section["ms_per_batch"][kind]
+        detail = f"uint8 batch {shape} ({section['batch_mb']} MB) -> {section['device']}"
+        if rate is None:
+            rows.append(("copy", how, "-", f"{detail}: {section['pinned_note']}"))
+        else:
+            rows.append(("copy", how, f"{rate:.2f} GB/s", f"{detail}: {ms:.3f} ms a batch"))
+    waits = section["job_rank_wait_fraction"]
+    rows.append(
+        (
+            "copy",
+            "job data wait",
+            percent(section["job_wait_fraction"]),
+            "auto prediction job"
+            + (f", ranks {', '.join(percent(w) for w in waits)}" if waits else ": none (it failed)")
+            + f"; tiles pinned and copied non-blocking: {'yes' if section['job_pins'] else 'no (CPU)'}",
+        )
+    )
+    return rows
+
+
+FORMATTERS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "train": train_rows,
+    "predict": predict_rows,
+    "forward": forward_rows,
+    "compile": compile_rows,
+    "copy": copy_rows,
+}
+
+
+def section_rows(name: str, section: dict[str, Any] | None) -> list[Row]:
+    """A section's rows; its error instead where it failed, or was not run (a run cut short)."""
+    if section is None:
+        return [(name, "not run", "-", "the run ended before this section")]
+    if "error" in section:
+        return [(name, "error", "-", section["error"])]
+    try:
+        return FORMATTERS[name](section)
+    except Exception as err:  # a table that lacks a row still shows the others
+        return [(name, "unreadable", "-", f"{type(err).__name__}: {err}")]
+
+
+def header(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    devices = ", ".join(m["gpus"]) if result["mode"] == "gpu" else f"CPU ({m.get('cpu', '?')})"
+    nvml = m["nvml"]
+    nvml_line = (
+        f"NVML: {nvml['error']}"
+        if "error" in nvml
+        else f"NVML: driver {nvml['driver']}; "
+        + "; ".join(f"{d['index']}: {d['name']} {d['memory_total_mb']} MB" for d in nvml["devices"])
+    )
+    return [
+        f"rasterscale bench-gpu ({result['mode']}): {devices}; {result['ranks']} rank(s); torch {m.get('torch')}"
+        f" (CUDA {m['cuda']}); precision auto -> {result['auto']}; {result.get('bench_wall_s', 0):.0f} s",
+        nvml_line,
+    ]
+
+
+def format_table(result: dict[str, Any]) -> str:
+    rows: list[Row] = [("section", "figure", "value", "how")]
+    for name, _ in SECTIONS:
+        rows += section_rows(name, result["sections"].get(name))
+    widths = [max(len(row[k]) for row in rows) for k in range(3)]
+    lines = ["  ".join([*(row[k].ljust(widths[k]) for k in range(3)), row[3]]).rstrip() for row in rows]
+    return "\n".join(header(result) + lines)
+
+
+def write_result(result: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(format_table(result) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(REPO / "results/bench-gpu.json"))
+    parser.add_argument("--cpu", action="store_true", help="the short CPU run, also where CUDA is available")
+    parser.add_argument("--workdir", help="scratch folder (default: a temporary one, removed afterwards)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="rasterscale-bench-gpu-", dir=args.workdir) as workdir:
+        result = run_gpu_bench(Path(workdir), args.cpu, lambda partial: write_result(partial, out))
+    write_result(result, out)
+    print(format_table(result))
+    print(f"-> {out}, {out.with_suffix('.txt')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,737 @@
+"""make bench-gpu's measurements: every figure is measured in one run, on this machine's devices.
+
+- train: the real training job (scripts/train.py) on a scene of the demo synthesizer, one rank per GPU, a few dozen
+  steps at ``auto`` and at ``32-true``; the steady rate is the median of rank 0's progress intervals after the first
+  (which holds the ranks' start and warm-up).
+- predict: the real prediction job (scripts/predict.py) over a larger synthetic scene (a demo scene repeated), one
+  rank per GPU, at ``auto`` and at ``32-true``, with the model the ``auto`` training wrote; every rank's profile
+  (tiles/s, data wait, NVML utilization, peak memory, precision) from its rank record.
+- forward: the same model's pure forward (uint8 tiles already on the device, scaled there, the whole model with its
+  anchors and NMS; no reading, no outputs) at batch 16 and 32 at what ``auto`` resolves to, against the
+  prediction job's tiles/s per rank.
+- compile: ``torch.compile`` of the backbone, FPN and head (anchors and NMS stay eager) against the eager fast
+  path on the same tiles, in a process of its own (a compiler that hangs or crashes costs only this section): kept
+  only if it is faster and finds the same boxes (matched at a high IoU).
+- copy: host to device copy rate of a prediction batch of uint8 tiles, pinned (non-blocking, as a GPU job
+  copies) and pageable, beside the prediction job's data-wait fraction.
+
+Without CUDA the same functions run on tiny sizes (:data:`CPU`): CPU ranks, a ResNet-18, 128 px tiles, and
+``torch.compile`` with the ``eager`` backend (it checks the capture of the graphs, not the compiler's speed).
+Every section fails soft: its error is its result, and the others still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+import torch
+from rasterio.windows import Window
+
+from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
+from measures import best_matches, fast_model, spread
+from rasterscale import precision as precisions
+from rasterscale.config import validate_config
+from rasterscale.data import WindowDataset, to_model_input
+from rasterscale.imagery import read_spec, resolve_spec
+from rasterscale.profiling import MB, UtilizationSampler, summarize
+from rasterscale.runtime import cpu_threads_per_rank, precision_plugin
+from rasterscale.synth import synthesize_scene
+from rasterscale.tiling import build_manifest, read_manifest, tiles_from_frame, write_manifest
+from synthetic import write_checkpoint
+
+PRECISIONS = (precisions.AUTO, precisions.FP32)  # auto first: its trained model is the one predicted
+SCORE_THRESHOLD = 0.3  # the prediction jobs' and the pure forward's (the model's default)
+# score thresholds of the boxes compared, the first at which the eager model finds a box a tile (a briefly trained
+# model's scores are low; at 0 every tile gives its detections_per_tile best boxes)
+COMPILE_SCORE_THRESHOLDS = (0.05, 0.01, 0.0)
+MIN_IOU = 0.9  # a box is the same box at IoU >= this (and the same label)
+SAME_BOXES = 0.99  # "the same boxes": at least this fraction matched, each way
+KEEP_SPEEDUP = 1.05  # compile is kept from this speedup (timing noise is a few %)
+TRAIN_SCENE = "bench_train"
+PIXEL_SIZE = 0.1  # the demo's ground sample distance (m)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Every size of a run. The defaults are the GPU run's (about 5 minutes on one H100): DeepForest's model and
+    input scale (RetinaNet-ResNet50, 400 px tiles seen at 800 px)."""
+
+    backbone: str = "resnet50"
+    patch: int = 400
+    overlap: int = 80
+    resize: tuple[int, int] | None = (800, 1333)  # DeepForest's: torchvision's min_size, max_size
+    train_side: int = 2048  # the demo synthesizer's scene trained on (49 tiles)
+    train_steps: int = 40
+    train_batch_per_rank: int = 16
+    train_workers: int = 6
+    log_every: int = 5
+    predict_side: int = 2048  # the demo synthesizer's scene predicted, ...
+    predict_repeats: int = 8  # ... repeated 8 x 8 into one raster of 16384 px a side (2601 tiles)
+    predict_batch: int = 16
+    predict_workers: int = 6
+    forward_batches: tuple[int, ...] = (16, 32)
+    forward_tiles: int = 256  # preloaded tiles of a timed round
+    rounds: int = 3  # timed rounds (the median counts)
+    compile_backend: str = "inductor"
+    compile_tiles: int = 128
+    copy_rounds: int = 50
+    cpu_ranks: int = 2  # ranks of a CPU run (a GPU run has one rank per visible GPU)
+    train_ranks: int = 0  # ranks of the training jobs (0: the run's)
+    job_timeout_s: int = 300
+    compile_timeout_s: int = 240
+
+
+GPU = Sizes()
+CPU = Sizes(
+    backbone="resnet18",
+    patch=64,
+    overlap=8,
+    resize=(128, 213),  # DeepForest's 2x scale
+    train_side=256,
+    train_steps=4,
+    train_batch_per_rank=2,
+    train_workers=0,
+    log_every=1,
+    predict_side=256,
+    predict_repeats=2,
+    predict_batch=4,
+    predict_workers=1,
+    forward_batches=(2, 4),
+    forward_tiles=8,
+    rounds=2,
+    compile_backend="eager",
+    compile_tiles=8,
+    copy_rounds=20,
+    job_timeout_s=240,
+    compile_timeout_s=120,
+    train_ranks=1,  # a second CPU rank would double the training job's start, the bulk of its time here
+)
+
+
+def brief(err: BaseException) -> str:
+    """An error in one line: its type, its first line and, for a job's stderr tail, its last line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1 and lines[-1] != text:
+        text = f"{text} ... {lines[-1]}"
+    return f"{type(err).__name__}: {text}"[:400]
+
+
+def attempt(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A measurement's result, or its error (never raised: one broken measurement must not lose the others)."""
+    started = time.perf_counter()
+    try:
+        result = measure()
+    except Exception as err:
+        result = {"error": brief(err), "traceback": traceback.format_exc()[-6000:]}
+    result["section_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def ok(result: dict[str, Any] | None) -> bool:
+    return result is not None and "error" not in result
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator > 0 else None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def accelerator_of(device: torch.device) -> str:
+    return "gpu" if device.type == "cuda" else "cpu"
+
+
+def workers_per_rank(wanted: int, ranks: int) -> int:
+    """Dataloader workers of each rank: as wanted, within the cores the ranks share (one core left to each)."""
+    return max(0, min(wanted, len(os.sched_getaffinity(0)) // ranks - 1))
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------
+
+
+def write_scene_manifest(raster: Path, sizes: Sizes) -> Path:
+    manifest = raster.with_suffix(".parquet")
+    write_manifest(build_manifest(raster, sizes.patch, sizes.overlap), resolve_spec(raster), manifest)
+    return manifest
+
+
+def repeat_raster(source: Path, path: Path, repeats: int) -> Path:
+    """A tiled GeoTIFF of ``repeats`` x ``repeats`` copies of ``source`` (its blocks, compression and CRS): a large
+    scene of real-looking crowns for the price of a small one."""
+    with rasterio.open(source) as src:
+        pixels, profile = src.read(), dict(src.profile)
+    _, height, width = pixels.shape
+    profile.update(width=width * repeats, height=height * repeats, bigtiff="if_safer", num_threads="all_cpus")
+    with rasterio.open(path, "w", **profile) as dst:
+        for row in range(repeats):
+            for col in range(repeats):
+                dst.write(pixels, window=Window(col * width, row * height, width, height))
+    return path
+
+
+@dataclass
+class Bench:
+    """One run: where it works, its sizes, its ranks and device, what ``auto`` resolves to there, and what the
+    sections hand on (the trained model, the ``auto`` prediction job's result)."""
+
+    workdir: Path
+    sizes: Sizes
+    accelerator: str  # "gpu" or "cpu"
+    ranks: int
+    auto: str  # what precision auto resolves to on this device
+    trained: Path | None = None
+    trained_at: str = ""  # the precision of the training that wrote ``trained``
+    predicted: dict[str, Any] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0) if self.accelerator == "gpu" else torch.device("cpu")
+
+    @property
+    def train_ranks(self) -> int:
+        return self.sizes.train_ranks or self.ranks
+
+    @property
+    def threads(self) -> int:
+        """Threads of one CPU rank (the in-process measurements run as one rank does); GPU runs: unchanged."""
+        return cpu_threads_per_rank(self.ranks) if self.accelerator == "cpu" else torch.get_num_threads()
+
+    @functools.cached_property
+    def train_scene(self) -> dict[str, Any]:
+        """The demo synthesizer's training scene, with its crown boxes and tile manifest (TrainScene fields)."""
+        raster, boxes = self.workdir / "train.tif", self.workdir / "train.gpkg"
+        side = self.sizes.train_side
+        synthesize_scene(raster, boxes, width=side, height=side, seed=1, pixel_size=PIXEL_SIZE)
+        manifest = write_scene_manifest(raster, self.sizes)
+        return {"name": TRAIN_SCENE, "raster": str(raster), "manifest": str(manifest), "annotations": str(boxes)}
+
+    @functools.cached_property
+    def predict_scene(self) -> tuple[Path, Path]:
+        """The predicted raster (a demo scene of another seed, repeated) and its tile manifest."""
+        side = self.sizes.predict_side
+        source, boxes = self.workdir / "predict-source.tif", self.workdir / "predict-source.gpkg"
+        synthesize_scene(source, boxes, width=side, height=side, seed=2, pixel_size=PIXEL_SIZE)
+        raster = repeat_raster(source, self.workdir / "predict.tif", self.sizes.predict_repeats)
+        return raster, write_scene_manifest(raster, self.sizes)
+
+    @functools.cached_property
+    def untrained(self) -> Path:
+        """A seeded untrained model of the same architecture and scale, for when training failed."""
+        s = self.sizes
+        return write_checkpoint(self.workdir / "untrained.pt", s.backbone, s.patch, resize=s.resize)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.trained if self.trained is not None else self.untrained
+
+    @property
+    def model_kind(self) -> str:
+        return f"trained (the {self.trained_at} training's)" if self.trained is not None else "untrained (no training)"
+
+
+def make_bench(workdir: Path, cpu: bool = False) -> Bench:
+    """The run on every visible GPU, or (none, or ``cpu``) the short CPU run."""
+    gpus = 0 if cpu or not torch.cuda.is_available() else torch.cuda.device_count()
+    accelerator, sizes, ranks = ("gpu", GPU, gpus) if gpus else ("cpu", CPU, CPU.cpu_ranks)
+    auto = precisions.choose(precisions.probe(accelerator, 0))
+    return Bench(workdir, sizes, accelerator, ranks, auto)
+
+
+# --- train ----------------------------------------------------------------------------------------------------
+
+
+def resize_key(resize: tuple[int, int] | None) -> Any:
+    return {"min_size": resize[0], "max_size": resize[1]} if resize else "native"
+
+
+def train_config(bench: Bench, precision: str) -> dict[str, Any]:
+    """The sections the train_model rule hands its job: a few dozen steps, no validation, no resume checkpoints."""
+    s, scene = bench.sizes, bench.train_scene
+    config = validate_config(
+        {
+            "scenes": {TRAIN_SCENE: {"path": scene["raster"], "annotations": scene["annotations"]}},
+            "tiling": {"patch_size": s.patch, "overlap": s.overlap},
+            "model": {"name": "bench", "backbone": s.backbone, "resize": resize_key(s.resize)},
+            "train": {
+                "scenes": [TRAIN_SCENE],
+                "accelerator": bench.accelerator,
+                "devices": bench.train_ranks,
+                "batch_size": s.train_batch_per_rank * bench.train_ranks,
+                "epochs": 100_000,
+                "max_steps": s.train_steps,
+                "precision": precision,
+                "workers": workers_per_rank(s.train_workers, bench.train_ranks),
+                "validation_fraction": 0.0,
+                "log_every_n_steps": s.log_every,
+                "checkpoint_every_n_steps": 0,
+            },
+        }
+    )
+    return {name: config[name] for name in ("task", "model", "tiling", "train")}
+
+
+def train_summary(job: TrainResult, config: dict[str, Any]) -> dict[str, Any]:
+    train = config["train"]
+    step = job.steady_step_s
+    return {
+        "requested": train["precision"],
+        "precision": job.meta.get("precision"),
+        "ranks": train["devices"],
+        "batch": train["batch_size"],
+        "workers": train["workers"],
+        "steps": job.meta.get("steps"),
+        "step_ms": round(1000 * step, 1),
+        "steps_per_s": round(1 / step, 3),
+        "images_per_s": round(train["batch_size"] / step, 2),
+        "fit_s": job.meta.get("seconds"),
+        "job_wall_s": round(job.wall_s, 2),
+        "progress": job.progress,
+    }
+
+
+def train_once(bench: Bench, precision: str) -> dict[str, Any]:
+    config = train_config(bench, precision)
+    # CPU ranks of one thread each, as the CPU prediction job's (OpenMP threads of a rank that share a core with
+    # other work wait for each other at every barrier)
+    cores = range(bench.train_ranks) if bench.accelerator == "cpu" else None
+    workdir = bench.workdir / f"train-{precision}"
+    job = run_train_job(workdir, [bench.train_scene], config, cores, bench.sizes.job_timeout_s)
+    if bench.trained is None:  # the auto training's model, or the 32-true one's where auto's failed
+        bench.trained, bench.trained_at = job.model, precision
+    return train_summary(job, config)
+
+
+def measure_train(bench: Bench) -> dict[str, Any]:
+    """Training at ``auto`` and at ``32-true``: steady steps/s and images/s, and auto's speedup per step."""
+    runs = {precision: attempt(functools.partial(train_once, bench, precision)) for precision in PRECISIONS}
+    result: dict[str, Any] = {"runs": runs, "model": describe_model(bench.sizes)}
+    auto, fp32 = runs[precisions.AUTO], runs[precisions.FP32]
+    if ok(auto) and ok(fp32):
+        result["auto_speedup"] = ratio(fp32["step_ms"], auto["step_ms"])
+    return result
+
+
+def describe_model(sizes: Sizes) -> str:
+    scale = f"seen at {sizes.resize[0]} px" if sizes.resize else "native scale"
+    return f"RetinaNet-{sizes.backbone}, {sizes.patch} px tiles {scale}"
+
+
+# --- predict --------------------------------------------------------------------------------------------------
+
+RANK_KEYS = (
+    "rank",
+    "device",
+    "precision",
+    "batch_size",
+    "workers",
+    "threads",
+    "tiles",
+    "wall_s",
+    "tiles_per_s",
+    "wait_fraction",
+    "output_fraction",
+    "utilization",
+    "utilization_source",
+    "memory_kind",
+    "memory_peak_mb",
+    "memory_mean_mb",
+    "host_rss_peak_mb",
+)
+
+
+def job_summary(job: JobResult) -> dict[str, Any]:
+    """A prediction job's wall, its totals and every rank's profile (:mod:`rasterscale.profiling`)."""
+    profile = summarize(job.profiles)
+    total = profile["total"]
+    return {
+        "job_wall_s": round(job.wall_s, 2),
+        **{key: total[key] for key in ("tiles", "tiles_per_s", "wait_fraction", "output_fraction", "memory_peak_mb")},
+        "ranks": [{key: rank.get(key) for key in RANK_KEYS} for rank in profile["ranks"]],
+    }
+
+
+def predict_once(bench: Bench, precision: str) -> dict[str, Any]:
+    s = bench.sizes
+    raster, manifest = bench.predict_scene
+    predict = {
+        "accelerator": bench.accelerator,
+        "devices": bench.ranks,
+        "batch_size": s.predict_batch,
+        "workers": workers_per_rank(s.predict_workers, bench.ranks),
+        "precision": precision,
+    }
+    config = predict_config(predict, SCORE_THRESHOLD)
+    workdir = bench.workdir / f"predict-{precision}"
+    job = run_predict_job(workdir, raster, manifest, bench.checkpoint, predict, timeout=s.job_timeout_s, config=config)
+    return {"requested": precision, **job_summary(job)}
+
+
+def measure_predict(bench: Bench) -> dict[str, Any]:
+    """The prediction job at ``auto`` and at ``32-true``: tiles/s, and every rank's profile."""
+    runs = {precision: attempt(functools.partial(predict_once, bench, precision)) for precision in PRECISIONS}
+    auto, fp32 = runs[precisions.AUTO], runs[precisions.FP32]
+    result: dict[str, Any] = {"runs": runs, "model": f"{describe_model(bench.sizes)}, {bench.model_kind}"}
+    if ok(auto):
+        bench.predicted = auto
+    if ok(auto) and ok(fp32):
+        result["auto_speedup"] = ratio(auto["tiles_per_s"], fp32["tiles_per_s"])
+    return result
+
+
+# --- forward --------------------------------------------------------------------------------------------------
+
+
+def device_tiles(raster: Path, manifest: Path, count: int, device: torch.device) -> list[torch.Tensor]:
+    """``count`` uint8 tiles spread over the manifest, read as the job reads them, already on ``device``."""
+    tiles = spread(tiles_from_frame(read_manifest(manifest)), count)
+    dataset = WindowDataset(raster, tiles, read_spec(manifest))
+    return [dataset[k][0].to(device) for k in range(len(dataset))]
+
+
+def detector(checkpoint: Path, device: torch.device, score_threshold: float) -> torch.nn.Module:
+    """The model on the prediction job's fast path (:func:`rasterscale.tasks.detection.prepare_for_inference`)."""
+    return fast_model(checkpoint, score_threshold).to(device)
+
+
+def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[Sequence[torch.Tensor]]:
+    batches = [images[k : k + batch] for k in range(0, len(images) - batch + 1, batch)]
+    if not batches:
+        raise ValueError(f"{len(images)} tiles make no batch of {batch}")
+    return batches
+
+
+def run_batch(model: torch.nn.Module, batch: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The model over uint8 tiles on its device, scaled there as the prediction job scales them."""
+    return model([to_model_input(image) for image in batch])
+
+
+@contextlib.contextmanager
+def predicting(precision: str, device: torch.device) -> Iterator[None]:
+    """What Lightning runs predict_step under: inference mode and the precision plugin's autocast."""
+    with torch.inference_mode(), precision_plugin(precision, accelerator_of(device)).predict_step_context():
+        yield
+
+
+def timed_pass(model: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]], device: torch.device) -> float:
+    """Seconds of one pass over the batches (the device synchronized before and after)."""
+    synchronize(device)
+    started = time.perf_counter()
+    for batch in batches:
+        run_batch(model, batch)
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def forward_rate(
+    model: torch.nn.Module, images: Sequence[torch.Tensor], batch: int, precision: str, rounds: int
+) -> float:
+    """Tiles per second of the pure forward at ``batch`` (median of ``rounds`` passes, after a warm-up batch)."""
+    device = images[0].device
+    batches = full_batches(images, batch)
+    with predicting(precision, device):
+        run_batch(model, batches[0])
+        seconds = statistics.median(timed_pass(model, batches, device) for _ in range(rounds))
+    return len(batches) * batch / seconds
+
+
+def utilization_sampler(device: torch.device) -> UtilizationSampler | None:
+    """NVML's busy fraction of the device, sampled while the forward runs (as the job's profiler samples it)."""
+    return UtilizationSampler(device).start() if device.type == "cuda" else None
+
+
+def release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_forward(bench: Bench) -> dict[str, Any]:
+    """The pure forward at each batch of ``forward_batches`` against the ``auto`` prediction job's tiles/s."""
+    s, device = bench.sizes, bench.device
+    torch.set_num_threads(bench.threads)
+    torch.backends.cudnn.benchmark = True  # as the prediction job runs (all tiles have one size)
+    raster, manifest = bench.predict_scene
+    images = device_tiles(raster, manifest, s.forward_tiles, device)
+    model = detector(bench.checkpoint, device, SCORE_THRESHOLD)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sampler = utilization_sampler(device)
+    rates = {
+        str(batch): round(forward_rate(model, images, batch, bench.auto, s.rounds), 2) for batch in s.forward_batches
+    }
+    utilization = sampler.stop() if sampler is not None else None
+    result: dict[str, Any] = {
+        "precision": bench.auto,
+        "device": str(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "tiles": len(images),
+        "rounds": s.rounds,
+        "model": f"{describe_model(s)}, {bench.model_kind}",
+        "tiles_per_s": rates,
+        "utilization": round(utilization, 4) if utilization is not None else None,
+        "memory_peak_mb": round(torch.cuda.max_memory_allocated(device) / MB, 1) if device.type == "cuda" else None,
+    }
+    del model, images
+    release(device)
+    result.update(against_job(bench.predicted, rates, s.predict_batch))
+    return result
+
+
+def against_job(job: dict[str, Any] | None, rates: dict[str, float], batch: int) -> dict[str, Any]:
+    """The prediction job's tiles/s per rank over the pure forward's at the job's batch."""
+    if job is None:
+        return {"job_over_forward": None, "job_note": "no auto prediction job to compare (it failed)"}
+    if str(batch) not in rates:
+        return {"job_over_forward": None, "job_note": f"no pure forward at the job's batch {batch}"}
+    per_rank = [rank["tiles_per_s"] for rank in job["ranks"] if rank["tiles"]]
+    return {
+        "job_batch": batch,
+        "job_rank_tiles_per_s": per_rank,
+        "job_over_forward": ratio(statistics.mean(per_rank), rates[str(batch)]),
+    }
+
+
+# --- compile --------------------------------------------------------------------------------------------------
+
+
+def compile_detector(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+    """The detector with its backbone (ResNet and FPN) and its head compiled; the transform, the anchors and the
+    postprocessing (score filter, box decoding, NMS) stay eager."""
+    model.backbone = torch.compile(model.backbone, backend=backend, dynamic=False)
+    model.head = torch.compile(model.head, backend=backend, dynamic=False)
+    return model
+
+
+def numpy_detections(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+    return [{key: value.float().cpu().numpy() for key, value in out.items()} for out in outputs]
+
+
+def box_agreement(reference: list[dict], other: list[dict], min_iou: float = MIN_IOU) -> dict[str, Any]:
+    """Boxes of ``other`` matched to ``reference``'s at IoU >= min_iou with the same label, each way, tile by tile;
+    and the score differences of the matched boxes."""
+    counts = {"reference": 0, "other": 0, "reference_matched": 0, "other_matched": 0}
+    diffs: list[float] = []
+    for ref, out in zip(reference, other, strict=True):
+        counts["reference"] += len(ref["boxes"])
+        counts["other"] += len(out["boxes"])
+        for a, b, name in ((ref, out, "reference"), (out, ref, "other")):
+            i, j, iou = best_matches(a["boxes"], b["boxes"])
+            good = (iou >= min_iou) & (a["labels"][i] == b["labels"][j])
+            counts[f"{name}_matched"] += int(good.sum())
+            if name == "reference":
+                diffs += np.abs(a["scores"][i[good]] - b["scores"][j[good]]).tolist()
+    fractions = {
+        f"{name}_matched_fraction": round(counts[f"{name}_matched"] / counts[name], 4) if counts[name] else None
+        for name in ("reference", "other")
+    }
+    same = all(f is not None and f >= SAME_BOXES for f in fractions.values())
+    return {
+        "min_iou": min_iou,
+        **counts,
+        **fractions,
+        "score_abs_diff_mean": round(float(np.mean(diffs)), 5) if diffs else None,
+        "same_boxes": same,
+    }
+
+
+def detections_of(model: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+    return [d for batch in batches for d in numpy_detections(run_batch(model, batch))]
+
+
+def compared_boxes(
+    eager: torch.nn.Module, compiled: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]]
+) -> tuple[float, dict[str, list[dict[str, np.ndarray]]]]:
+    """Both models' boxes at the first of :data:`COMPILE_SCORE_THRESHOLDS` where the eager one finds a box a tile
+    (the threshold is the model's score filter: the compiled graphs are the same at any)."""
+    tiles = sum(len(batch) for batch in batches)
+    for threshold in COMPILE_SCORE_THRESHOLDS:
+        eager.score_thresh = compiled.score_thresh = threshold
+        reference = detections_of(eager, batches)
+        if sum(len(d["boxes"]) for d in reference) >= tiles or threshold == COMPILE_SCORE_THRESHOLDS[-1]:
+            break
+    return threshold, {"eager": reference, "compiled": detections_of(compiled, batches)}
+
+
+def compile_comparison(
+    checkpoint: Path, raster: Path, manifest: Path, sizes: Sizes, device_name: str, precision: str, threads: int
+) -> dict[str, Any]:
+    """Eager fast path against the compiled one on the same tiles: rates (alternating rounds), boxes, verdict."""
+    device = torch.device(device_name)
+    torch.set_num_threads(threads)
+    torch.backends.cudnn.benchmark = True
+    images = device_tiles(raster, manifest, sizes.compile_tiles, device)
+    batches = full_batches(images, sizes.predict_batch)
+    eager = detector(checkpoint, device, COMPILE_SCORE_THRESHOLDS[0])
+    compiled = compile_detector(detector(checkpoint, device, COMPILE_SCORE_THRESHOLDS[0]), sizes.compile_backend)
+    with predicting(precision, device):
+        started = time.perf_counter()
+        run_batch(compiled, batches[0])
+        synchronize(device)
+        compile_s = time.perf_counter() - started
+        run_batch(eager, batches[0])
+        seconds: dict[str, list[float]] = {"eager": [], "compiled": []}
+        for _ in range(sizes.rounds):
+            seconds["eager"].append(timed_pass(eager, batches, device))
+            seconds["compiled"].append(timed_pass(compiled, batches, device))
+        threshold, boxes = compared_boxes(eager, compiled, batches)
+    tiles = len(batches) * sizes.predict_batch
+    rates = {name: round(tiles / statistics.median(values), 2) for name, values in seconds.items()}
+    speedup = ratio(rates["compiled"], rates["eager"]) or 0.0
+    agreement = box_agreement(boxes["eager"], boxes["compiled"])
+    return {
+        "backend": sizes.compile_backend,
+        "precision": precision,
+        "device": device_name,
+        "tiles": tiles,
+        "batch": sizes.predict_batch,
+        "score_threshold": threshold,
+        "compile_s": round(compile_s, 1),
+        "tiles_per_s": rates,
+        "speedup": speedup,
+        "agreement": agreement,
+        "kept": bool(speedup >= KEEP_SPEEDUP and agreement["same_boxes"]),
+        "rule": f"kept if compiled/eager >= {KEEP_SPEEDUP} and >= {SAME_BOXES:.0%} of boxes matched each way",
+    }
+
+
+def _child(conn: Any, function: Callable[..., dict[str, Any]], args: tuple) -> None:
+    conn.send(attempt(functools.partial(function, *args)))
+    conn.close()
+
+
+def isolated(function: Callable[..., dict[str, Any]], args: tuple, timeout: float) -> dict[str, Any]:
+    """``function(*args)`` in a fresh (spawned) process, given ``timeout`` seconds: a hang or a crash there is
+    this measurement's error, not the run's end."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(send, function, args), daemon=True)
+    process.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            raise TimeoutError(f"no result within {timeout:.0f} s")
+        return receive.recv()
+    except EOFError:
+        process.join(10)
+        raise RuntimeError(f"the measuring process died (exit code {process.exitcode})") from None
+    finally:
+        if process.is_alive():
+            process.terminate()
+            process.join(10)
+        if process.is_alive():
+            process.kill()
+
+
+def measure_compile(bench: Bench) -> dict[str, Any]:
+    raster, manifest = bench.predict_scene
+    s = bench.sizes
+    args = (bench.checkpoint, raster, manifest, s, str(bench.device), bench.auto, bench.threads)
+    result = isolated(compile_comparison, args, s.compile_timeout_s)
+    result["model"] = f"{describe_model(s)}, {bench.model_kind}"
+    return result
+
+
+# --- copy -----------------------------------------------------------------------------------------------------
+
+
+def copy_rate(device: torch.device, shape: tuple[int, ...], pinned: bool, rounds: int) -> float:
+    """GB/s of copies of a uint8 host batch into a device tensor: pinned ones non-blocking, as a GPU job copies."""
+    host = torch.randint(0, 256, shape, dtype=torch.uint8)
+    if pinned:
+        host = host.pin_memory()
+    target = torch.empty(shape, dtype=torch.uint8, device=device)
+    target.copy_(host, non_blocking=pinned)
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        target.copy_(host, non_blocking=pinned)
+    synchronize(device)
+    return host.numel() * rounds / (time.perf_counter() - started) / 1e9
+
+
+def measure_copy(bench: Bench) -> dict[str, Any]:
+    """Copy rates of a prediction batch of uint8 tiles, pinned and pageable, and the auto job's data wait."""
+    s, device = bench.sizes, bench.device
+    shape = (s.predict_batch, 3, s.patch, s.patch)
+    nbytes = int(np.prod(shape))
+    rates: dict[str, float | None] = {"pageable": copy_rate(device, shape, False, s.copy_rounds)}
+    rates["pinned"] = copy_rate(device, shape, True, s.copy_rounds) if device.type == "cuda" else None
+    job = bench.predicted
+    return {
+        "device": str(device),
+        "batch_shape": list(shape),
+        "batch_mb": round(nbytes / MB, 2),
+        "gb_per_s": {k: round(v, 3) if v is not None else None for k, v in rates.items()},
+        "ms_per_batch": {k: round(1000 * nbytes / 1e9 / v, 3) if v else None for k, v in rates.items()},
+        "pinned_note": None if device.type == "cuda" else "pinned memory needs CUDA: host to host copy only",
+        "job_pins": bench.accelerator == "gpu",  # the prediction job pins (and copies non-blocking) on GPUs
+        "job_wait_fraction": job["wait_fraction"] if job else None,
+        "job_rank_wait_fraction": [rank["wait_fraction"] for rank in job["ranks"]] if job else None,
+    }
+
+
+# --- the run --------------------------------------------------------------------------------------------------
+
+SECTIONS: tuple[tuple[str, Callable[[Bench], dict[str, Any]]], ...] = (
+    ("train", measure_train),
+    ("predict", measure_predict),
+    ("forward", measure_forward),
+    ("compile", measure_compile),
+    ("copy", measure_copy),
+)
+
+
+def nvml_devices() -> dict[str, Any]:
+    """The GPUs as NVML sees them (name, memory, driver), or why it cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as err:  # no library, no driver: no NVML figures, and that is all
+        return {"error": brief(err)}
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(k) for k in range(pynvml.nvmlDeviceGetCount())]
+        devices = []
+        for index, handle in enumerate(handles):
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            devices.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "memory_total_mb": round(memory.total / MB),
+                    "memory_used_mb": round(memory.used / MB),
+                }
+            )
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return {"driver": driver.decode() if isinstance(driver, bytes) else str(driver), "devices": devices}
+    except Exception as err:
+        return {"error": brief(err)}
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def run_sections(bench: Bench, done: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every section in order, each failing soft; ``done(name, result)`` after each (to save what is measured)."""
+    results: dict[str, Any] = {}
+    for name, measure in SECTIONS:
+        results[name] = attempt(functools.partial(measure, bench))
+        if done is not None:
+            done(name, results[name])
+    return results
