@@ -1,0 +1,116 @@
+"""make bench-gpu's CPU run (bench/gpu.py --cpu): the GPU acceptance run's own code on tiny sizes, so that it never
+rots on machines without a GPU. It runs the real training and prediction jobs; a minute or two on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from rasterscale import precision as precisions
+from rasterscale.tiling import tile_grid
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from gpu import format_table
+from gpu_measures import CPU, SECTIONS, attempt
+
+NAMES = [name for name, _ in SECTIONS]
+
+
+@pytest.fixture(scope="module")
+def bench_gpu(tmp_path_factory):
+    """The CPU run's JSON, its table file and what it printed."""
+    workdir = tmp_path_factory.mktemp("bench-gpu")
+    out = workdir / "bench-gpu.json"
+    command = [sys.executable, str(REPO / "bench/gpu.py"), "--cpu", "--out", str(out), "--workdir", str(workdir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text()), out.with_suffix(".txt").read_text(), result.stdout
+
+
+@pytest.mark.slow
+def test_every_section_ran_without_error(bench_gpu):
+    result, _, _ = bench_gpu
+    assert result["mode"] == "cpu"
+    assert list(result["sections"]) == NAMES
+    for name, section in result["sections"].items():
+        assert "error" not in section, (name, section.get("traceback"))
+        for precision, run in section.get("runs", {}).items():
+            assert "error" not in run, (name, precision, run.get("traceback"))
+
+
+@pytest.mark.slow
+def test_the_table_shows_every_section_and_rank(bench_gpu):
+    result, table, printed = bench_gpu
+    assert table.strip() in printed
+    lines = table.splitlines()
+    assert lines[0].startswith("rasterscale bench-gpu (cpu)")
+    for name in NAMES:
+        assert any(line.startswith(f"{name} ") for line in lines), name
+    for rank in range(result["ranks"]):
+        for precision in ("auto", "32-true"):
+            assert any(line.startswith("predict") and f"rank {rank} ({precision}" in line for line in lines)
+    assert not [line for line in lines if " error " in line or "not run" in line or "unreadable" in line]
+
+
+@pytest.mark.slow
+def test_figures_are_measured(bench_gpu):
+    result, _, _ = bench_gpu
+    sections = result["sections"]
+    for run in sections["train"]["runs"].values():
+        assert run["steps"] == CPU.train_steps
+        assert run["steps_per_s"] > 0 and run["images_per_s"] > 0 and run["job_wall_s"] > run["fit_s"] > 0
+    side = CPU.predict_side * CPU.predict_repeats  # the synthesized scene repeated: every tile predicted once
+    for run in sections["predict"]["runs"].values():
+        assert run["tiles"] == len(tile_grid(side, side, CPU.patch, CPU.overlap))
+        assert run["tiles_per_s"] > 0 and run["job_wall_s"] > 0 and 0 <= run["wait_fraction"] < 1
+    forward = sections["forward"]
+    assert set(forward["tiles_per_s"]) == {str(batch) for batch in CPU.forward_batches}
+    assert all(rate > 0 for rate in forward["tiles_per_s"].values())
+    assert forward["job_over_forward"] > 0
+    compiled = sections["compile"]
+    assert compiled["backend"] == "eager" and compiled["speedup"] > 0
+    assert compiled["tiles_per_s"]["eager"] > 0 and compiled["tiles_per_s"]["compiled"] > 0
+    assert compiled["agreement"]["reference"] > 0 and compiled["agreement"]["same_boxes"]  # the eager backend
+    copy = sections["copy"]
+    assert copy["gb_per_s"]["pageable"] > 0 and copy["gb_per_s"]["pinned"] is None  # pinning needs CUDA
+    assert copy["job_wait_fraction"] == sections["predict"]["runs"]["auto"]["wait_fraction"]
+
+
+@pytest.mark.slow
+def test_every_rank_records_the_precision_auto_resolves_to(bench_gpu):
+    result, _, _ = bench_gpu
+    auto = precisions.choose(precisions.probe("cpu"))
+    assert result["auto"] == auto
+    train = result["sections"]["train"]["runs"]
+    assert train["auto"]["precision"] == auto and train["32-true"]["precision"] == precisions.FP32
+    for requested, expected in (("auto", auto), ("32-true", precisions.FP32)):
+        ranks = result["sections"]["predict"]["runs"][requested]["ranks"]
+        assert [rank["rank"] for rank in ranks] == list(range(CPU.cpu_ranks))
+        for rank in ranks:
+            assert rank["precision"] == expected
+            assert rank["device"] == "cpu" and rank["tiles"] > 0 and rank["tiles_per_s"] > 0
+            assert rank["utilization_source"] == "cpu_time" and rank["utilization"] > 0
+            assert rank["memory_kind"] == "host_rss" and rank["memory_peak_mb"] > 0
+
+
+def test_a_failed_or_missing_section_is_a_row_of_its_own():
+    """Fail soft: a section's error is its result, and the table shows it beside the others."""
+    failed = attempt(lambda: {"value": 1 / 0})
+    assert failed["error"].startswith("ZeroDivisionError") and "traceback" in failed
+    result = {
+        "mode": "gpu",
+        "ranks": 1,
+        "auto": "bf16-mixed",
+        "machine": {"gpus": ["a GPU"], "cuda": "13.0", "torch": "2", "nvml": {"error": "NVMLError: none"}},
+        "sizes": {},
+        "sections": {"train": failed, "predict": {"runs": {"auto": {"error": "RuntimeError: job failed"}}}},
+    }
+    lines = format_table(result).splitlines()
+    assert any(line.startswith("train") and "ZeroDivisionError" in line for line in lines)
+    assert any(line.startswith("predict") and "RuntimeError: job failed" in line for line in lines)
+    assert sum("not run" in line for line in lines) == len(NAMES) - 2
