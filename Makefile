@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation test docs lint format bench bench-scenes bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation test docs lint format bench bench-gpu bench-scenes bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -51,6 +51,13 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# GPU acceptance (bench/gpu.py, results/bench-gpu.json and .txt): on every visible GPU, training and prediction at
+# auto and 32-true, the job against the pure forward at DeepForest's scale, torch.compile kept or not, NVML
+# utilization and peak memory per rank, pinned copies and data wait. Without CUDA (or with `--cpu`, e.g.
+# `.venv/bin/python bench/gpu.py --cpu`) the same code on tiny sizes on CPU ranks, as tests/test_bench_gpu.py runs it.
+bench-gpu: $(STAMP)
+	$(BIN)/python bench/gpu.py
 
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)
