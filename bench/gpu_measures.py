@@ -379,7 +379,9 @@ def predict_once(bench: Bench, precision: str) -> dict[str, Any]:
     config = predict_config(predict, SCORE_THRESHOLD)
     workdir = bench.workdir / f"predict-{precision}"
     job = run_predict_job(workdir, raster, manifest, bench.checkpoint, predict, timeout=s.job_timeout_s, config=config)
-    return {"requested": precision, **job_summary(job)}
+    summary = job_summary(job)
+    used = ", ".join(sorted({str(rank["precision"]) for rank in summary["ranks"]}))  # one value: the ranks agree
+    return {"requested": precision, "precision": used, **summary}
 
 
 def measure_predict(bench: Bench) -> dict[str, Any]:

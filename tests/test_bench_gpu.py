@@ -55,6 +55,9 @@ def test_the_table_shows_every_section_and_rank(bench_gpu):
         for precision in ("auto", "32-true"):
             assert any(line.startswith("predict") and f"rank {rank} ({precision}" in line for line in lines)
     assert not [line for line in lines if " error " in line or "not run" in line or "unreadable" in line]
+    auto = result["auto"]
+    assert any(line.startswith("train") and f"auto ({auto})" in line for line in lines)
+    assert any(line.startswith("predict") and f"auto ({auto})" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -89,7 +92,9 @@ def test_every_rank_records_the_precision_auto_resolves_to(bench_gpu):
     train = result["sections"]["train"]["runs"]
     assert train["auto"]["precision"] == auto and train["32-true"]["precision"] == precisions.FP32
     for requested, expected in (("auto", auto), ("32-true", precisions.FP32)):
-        ranks = result["sections"]["predict"]["runs"][requested]["ranks"]
+        run = result["sections"]["predict"]["runs"][requested]
+        assert run["precision"] == expected
+        ranks = run["ranks"]
         assert [rank["rank"] for rank in ranks] == list(range(CPU.cpu_ranks))
         for rank in ranks:
             assert rank["precision"] == expected
