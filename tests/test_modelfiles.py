@@ -118,6 +118,32 @@ def test_rasterscale_checkpoint_keeps_native_scale(tmp_path):
     assert load_checkpoint(tmp_path / "model.pt")[1] == cfg
 
 
+def test_a_lighter_feature_pyramid_is_read_from_the_weights_and_round_trips(tmp_path, reference):
+    """model.fpn_channels: a 128-channel pyramid and head (about 4x cheaper) are built, saved and read back from
+    the weights' shapes; DeepForest's files have torchvision's 256; a config that contradicts a file fails."""
+    cfg = DetectorConfig(backbone="resnet18", patch_size=256, fpn_channels=128)
+    model = build_detector(cfg)
+    assert model.backbone.out_channels == 128 and model.head.classification_head.conv[0][0].out_channels == 128
+
+    def pyramid_and_head(detector: torch.nn.Module) -> int:
+        return sum(p.numel() for name, p in detector.named_parameters() if not name.startswith("backbone.body."))
+
+    full = build_detector(DetectorConfig(backbone="resnet18"))
+    assert pyramid_and_head(model) < 0.3 * pyramid_and_head(full)
+    save_checkpoint(model, cfg, tmp_path / "light.pt")
+    header = read_header(tmp_path / "light.pt")
+    assert header.fpn_channels == 128
+    loaded, loaded_cfg, _ = load_checkpoint(tmp_path / "light.pt")
+    assert loaded_cfg == cfg and same_weights(loaded, model)
+    deepforest = read_header(write_folder(tmp_path / "tree", reference))
+    assert deepforest.fpn_channels == 256 and resolve_detector(validate_config({}), deepforest).fpn_channels == 256
+    with pytest.raises(ConfigError, match=r"'model.fpn_channels' is 128 but .*tree has a 256-channel feature pyramid"):
+        resolve_detector(validate_config({"model": {"fpn_channels": 128}}), deepforest)
+    assert resolve_detector(validate_config({"model": {"fpn_channels": 128}}), None).fpn_channels == 128
+    with pytest.raises(ConfigError, match=r"'model\.fpn_channels' applies to task detection only"):
+        validate_config({"task": "segmentation", "model": {"fpn_channels": 128}})
+
+
 def test_what_is_not_a_model_file_fails_in_one_line_naming_it(tmp_path, reference):
     (tmp_path / "notes.txt").write_text("not a model")
     torch.save({"anything": 1}, tmp_path / "other.pt")

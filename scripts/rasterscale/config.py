@@ -178,7 +178,14 @@ RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (r
 # keys that only one task reads: setting them under the other task is an error, not a silent no-op
 TASK_KEYS = {
     "detection": {
-        "model": ("score_threshold", "nms_threshold", "detections_per_tile", "resize", "backbone_weights"),
+        "model": (
+            "score_threshold",
+            "nms_threshold",
+            "detections_per_tile",
+            "resize",
+            "backbone_weights",
+            "fpn_channels",
+        ),
         "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
         "evaluate": ("iou_threshold", "score_threshold"),
     },

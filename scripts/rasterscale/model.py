@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torchvision.models import resnet
 from torchvision.models.detection import RetinaNet
-from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
@@ -58,10 +58,20 @@ class PatchTransform(GeneralizedRCNNTransform):
         return super().resize(image, target)
 
 
+RETURNED_LAYERS = (2, 3, 4)  # ResNet stages feeding the pyramid (P3-P5; P6, P7 above them), as torchvision's
+
+
 def build_detector(cfg: DetectorConfig) -> RetinaNet:
+    """torchvision's ``retinanet_resnet50_fpn`` architecture (DeepForest's), on any ResNet depth and with a feature
+    pyramid of ``cfg.fpn_channels`` channels (256: torchvision's; fewer: a lighter pyramid and head)."""
     backbone = getattr(resnet, cfg.backbone)(weights=None)
-    features = _resnet_fpn_extractor(
-        backbone, trainable_layers=5, returned_layers=[2, 3, 4], extra_blocks=LastLevelP6P7(256, 256)
+    width = backbone.inplanes // 8  # channels of layer1's output
+    features = BackboneWithFPN(
+        backbone,
+        {f"layer{k}": str(v) for v, k in enumerate(RETURNED_LAYERS)},
+        [width * 2 ** (k - 1) for k in RETURNED_LAYERS],
+        cfg.fpn_channels,
+        extra_blocks=LastLevelP6P7(cfg.fpn_channels, cfg.fpn_channels),
     )
     model = RetinaNet(
         features,

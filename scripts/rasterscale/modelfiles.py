@@ -37,6 +37,7 @@ DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaul
 DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_PATCH_SIZE = 400
+DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
 DEFAULTS = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
 FOLDER_FILES = ("config.json", "model.safetensors")
@@ -59,6 +60,7 @@ class DetectorConfig:
     nms_threshold: float = DEFAULTS["nms_threshold"]
     detections_per_tile: int = DEFAULTS["detections_per_tile"]
     resize: Resize = None
+    fpn_channels: int = DEFAULT_FPN_CHANNELS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,7 +82,8 @@ class DetectorConfig:
     def describe(self) -> str:
         """One line for the logs: labels, input scale and the detection thresholds."""
         return (
-            f"labels {', '.join(self.labels)}, {self.describe_resize()}, score {self.score_threshold:.3g}, "
+            f"labels {', '.join(self.labels)}, FPN {self.fpn_channels} channels, {self.describe_resize()}, "
+            f"score {self.score_threshold:.3g}, "
             f"nms {self.nms_threshold:.3g}, {self.detections_per_tile} detections per tile"
         )
 
@@ -100,6 +103,7 @@ class ModelHeader:
     resize: Resize = None
     patch_size: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
 
     @property
     def is_deepforest(self) -> bool:
@@ -126,8 +130,9 @@ def _strip_prefix(keys_or_dict: Any) -> Any:
     return [k.removeprefix("model.") for k in keys_or_dict]
 
 
-def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int]:
-    """(backbone, num_classes) of RetinaNet weights, from their keys and the class head's shape."""
+def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int]:
+    """(backbone, num_classes, FPN channels) of RetinaNet weights, from their keys and the class head's and
+    feature pyramid's shapes."""
     shapes = {k.removeprefix("model."): v for k, v in shapes.items()}
     logits = shapes.get(CLASS_LOGITS + "weight")
     if logits is None or "backbone.fpn.layer_blocks.0.0.weight" not in shapes:
@@ -139,7 +144,7 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
         raise _fail(path, f"backbone with {len(blocks)} {kind} blocks in layer3 is not resnet18/34/50/101")
     if logits[0] % NUM_ANCHORS:
         raise _fail(path, f"class head has {logits[0]} outputs, not a multiple of {NUM_ANCHORS} anchors")
-    return backbone, logits[0] // NUM_ANCHORS
+    return backbone, logits[0] // NUM_ANCHORS, shapes["backbone.fpn.layer_blocks.0.0.weight"][0]
 
 
 def _labels_from_dict(path: str | Path, label_dict: Mapping[str, int], num_classes: int) -> tuple[str, ...]:
@@ -174,7 +179,7 @@ def _folder_header(path: Path) -> ModelHeader:
         raise _fail(
             path / "model.safetensors", f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
         ) from None
-    backbone, classes = architecture(path, shapes)
+    backbone, classes, fpn_channels = architecture(path, shapes)
     if config.get("num_classes", classes) != classes:
         raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
     labels = (
@@ -196,6 +201,7 @@ def _folder_header(path: Path) -> ModelHeader:
         detections_per_tile=config.get("detections_per_img"),
         resize=resize,
         patch_size=ours.get("patch_size"),
+        fpn_channels=fpn_channels,
     )
 
 
@@ -241,10 +247,12 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     if isinstance(payload, Mapping) and payload.get("format") == CHECKPOINT_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
-        backbone, classes = architecture(path, _shapes(state))
-        if backbone != cfg.backbone or classes != len(cfg.labels):
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
             raise _fail(
-                path, f"records {cfg.backbone} with {len(cfg.labels)} classes, weights are {backbone}/{classes}"
+                path,
+                f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
+                f"{backbone}/{classes}/{fpn_channels}",
             )
         header = ModelHeader(
             str(path),
@@ -258,12 +266,13 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             cfg.resize,
             cfg.patch_size,
             dict(payload.get("meta", {})),
+            fpn_channels,
         )
         return header, state
     if isinstance(payload, Mapping) and _is_state_dict(payload.get("state_dict")):
         # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
         state = {k.removeprefix("model."): v for k, v in payload["state_dict"].items() if k.startswith("model.")}
-        backbone, classes = architecture(path, _shapes(state))
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
         config = (payload.get("hyper_parameters") or {}).get("config") or {}
         label_dict = payload.get("label_dict") or config.get("label_dict")
         header = ModelHeader(
@@ -277,12 +286,15 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             config.get("detections_per_img"),
             DEEPFOREST_RESIZE,
             config.get("patch_size"),
+            fpn_channels=fpn_channels,
         )
         return header, state
     if _is_state_dict(payload):
         state = _strip_prefix(payload)
-        backbone, classes = architecture(path, _shapes(state))
-        header = ModelHeader(str(path), "DeepForest state dict", backbone, classes, resize=DEEPFOREST_RESIZE)
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        header = ModelHeader(
+            str(path), "DeepForest state dict", backbone, classes, resize=DEEPFOREST_RESIZE, fpn_channels=fpn_channels
+        )
         return header, state
     raise _fail(path, NOT_A_MODEL)
 
@@ -353,6 +365,11 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
             f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
             "leave model.backbone out to use the file's"
         )
+    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
+        raise config_error(
+            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
+            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
+        )
     labels = tuple(model["labels"]) if model.get("labels") else None
     if labels is None:
         labels = header.labels if header and header.labels else None
@@ -388,6 +405,7 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
             model.get("detections_per_tile"), header and header.detections_per_tile, DEFAULTS["detections_per_tile"]
         ),
         resize=None if resize == "native" else resize,
+        fpn_channels=_pick(model.get("fpn_channels"), header and header.fpn_channels, DEFAULT_FPN_CHANNELS),
     )
 
 

@@ -25,7 +25,7 @@ from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import ImageSpec, on_data
 from rasterscale.inputs import check_raster, read_annotations
 from rasterscale.merge import empty_detections, write_detections_file
-from rasterscale.modelfiles import DetectorConfig, detector_of_config, write_deepforest_folder
+from rasterscale.modelfiles import DEFAULT_FPN_CHANNELS, DetectorConfig, detector_of_config, write_deepforest_folder
 from rasterscale.resume import Part
 from rasterscale.tasks import DETECTION
 from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
@@ -241,12 +241,14 @@ class DetectionTask(Task):
         save_checkpoint(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_folder(model.state_dict(), model_cfg, folder)
-        if model_cfg.backbone != "resnet50":
+        if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
             LOGGER.warning(
                 "%s: written for rasterscale (model.checkpoint reads it); DeepForest itself builds resnet50 models "
-                "only and cannot load this %s",
+                "with a %d-channel feature pyramid only and cannot load this %s with %d",
                 folder,
+                DEFAULT_FPN_CHANNELS,
                 model_cfg.backbone,
+                model_cfg.fpn_channels,
             )
         return [Path(model_path), folder]
 
