@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class RunSpec:
     nodes: int
     precision: str  # the value used (resolved, never "auto")
     section: str = "run"  # config section it comes from ("train", "predict"), named in pre-flight errors
-    resolution: precisions.Resolution | None = None  # how the precision was resolved on this rank's device
+    resolution: precisions.Resolution | None = field(default=None, repr=False)  # how, on this rank's device
 
     @property
     def world_size(self) -> int:
