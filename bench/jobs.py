@@ -48,6 +48,22 @@ def predict_config(predict: dict[str, Any], score_threshold: float = 0.3) -> dic
     return {"task": config["task"], "model": config["model"], "predict": config["predict"]}
 
 
+def run_job(what: str, command: list[str], cores: Iterable[int] | None, timeout: float) -> float:
+    """Run a job's command (all its ranks), optionally bound to ``cores``; its wall time, process start to exit."""
+    affinity = set(cores) if cores is not None else None
+
+    def bind() -> None:
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, preexec_fn=bind, cwd=REPO)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} job failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return wall
+
+
 def run_predict_job(
     workdir: Path,
     raster: Path,
@@ -72,17 +88,7 @@ def run_predict_job(
         *("--job", str(job), "--checkpoint", str(checkpoint)),
         *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
     ]
-    affinity = set(cores) if cores is not None else None
-
-    def bind() -> None:
-        if affinity is not None:
-            os.sched_setaffinity(0, affinity)
-
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, preexec_fn=bind, cwd=REPO)
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"predict job failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    wall = run_job("predict", command, cores, timeout)
     world = config["predict"]["devices"]
     return JobResult(wall, read_profiles([rank_stem(out_dir, "scene", r) for r in range(world)]))
 
@@ -131,16 +137,6 @@ def run_train_job(
         *("--scenes", json.dumps(scenes), "--config", json.dumps(config), "--model", str(model)),
         *("--metrics", str(workdir / "metrics.csv"), "--plot", str(workdir / "curves.png"), "--log-dir", str(log_dir)),
     ]
-    affinity = set(cores) if cores is not None else None
-
-    def bind() -> None:
-        if affinity is not None:
-            os.sched_setaffinity(0, affinity)
-
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, preexec_fn=bind, cwd=REPO)
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"train job failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    wall = run_job("train", command, cores, timeout)
     header, _ = read_model_file(model)
     return TrainResult(model, wall, dict(header.meta), progress_lines((log_dir / "rank-0.log").read_text()))
