@@ -34,8 +34,8 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     detections = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
     assert len(detections) > 0 and set(detections["label"]) == {"Tree"}
     log = (tmp_path / "logs/predict/batch-0/shard-0.log").read_text()
-    # the file's labels, nms and scale; the config's score threshold
-    assert "labels Tree, resized to min_size 800, max 1333, score 0.005, nms 0.05" in log
+    # the file's labels, pyramid width (from its weights), nms and scale; the config's score threshold
+    assert "labels Tree, FPN 256 channels, resized to min_size 800, max 1333, score 0.005, nms 0.05" in log
     assert json.loads((tmp_path / "results/tiny_test/evaluation.json").read_text())["ground_truth"] > 0
 
 
@@ -53,7 +53,7 @@ def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path,
     header = read_header(folder)
     assert (header.backbone, header.labels, header.resize) == ("resnet18", ("crown",), (800, 1333))
     assert read_header(tmp_path / "results/models/tiny.pt").resize == (800, 1333)
-    assert "DeepForest itself builds resnet50 models only" in log
+    assert "DeepForest itself builds resnet50 models with a 256-channel feature pyramid only" in log
 
 
 def test_a_bad_model_file_or_contradicting_labels_stop_the_dry_run_in_one_line(tmp_path, deepforest_folder):
