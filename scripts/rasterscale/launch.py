@@ -17,7 +17,6 @@ exits with one line. A rank started here dies with rank 0 (:mod:`rasterscale.lif
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import subprocess
@@ -28,29 +27,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rasterscale.lifetime import RANK_LAUNCHER, kill_children, this_process
-from rasterscale.preflight import launch_geometry
+from rasterscale.preflight import launch_geometry, slurm_job_id
 
-LOGGER = logging.getLogger("rasterscale.launch")
 POLL_SECONDS = 0.5
 EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit
 PLACE_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
-def launched_by_slurm(env: Mapping[str, str] | None = None) -> bool:
-    """Ranks were started by srun (one process per task), not by this job's process."""
-    env = os.environ if env is None else env
-    return "SLURM_PROCID" in env and "SLURM_STEP_ID" in env
-
-
-def in_slurm_job(env: Mapping[str, str]) -> bool:
-    return "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
 
 
 def starts_local_ranks(ranks: int, nodes: int, env: Mapping[str, str] | None = None) -> bool:
     """Whether this process starts the job's other ranks: a job of several ranks on this one node, outside Slurm,
     in a process that is not itself a rank started by another (``LOCAL_RANK``)."""
     env = os.environ if env is None else env
-    return ranks > 1 and nodes == 1 and "LOCAL_RANK" not in env and not in_slurm_job(env)
+    return ranks > 1 and nodes == 1 and "LOCAL_RANK" not in env and slurm_job_id(env) is None
 
 
 def free_port() -> int:
@@ -124,7 +112,8 @@ def start_local_ranks(config: Mapping[str, Any], section: str, argv: Sequence[st
     geometry = launch_geometry(config, section)
     if not starts_local_ranks(geometry.world_size, geometry.nodes):
         return LocalRanks()
-    command = [sys.executable, os.path.abspath((argv or sys.argv)[0]), *(argv or sys.argv)[1:]]
+    script, *arguments = argv or sys.argv
+    command = [sys.executable, os.path.abspath(script), *arguments]
     environments = rank_environments(geometry.world_size, os.environ, free_port(), str(this_process()))
     os.environ.update({name: environments[0][name] for name in PLACE_VARIABLES})
     return LocalRanks([subprocess.Popen(command, env=env) for env in environments[1:]])

@@ -214,14 +214,14 @@ class SlurmStep:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SlurmStep | None:
-        if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env:
+        if not launched_by_slurm(env):
             return None
         ntasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
         nnodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or 1)
         listed = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         per_node = tuple(parse_tasks_per_node(listed)) if listed else (ntasks // max(1, nnodes),) * nnodes
         return cls(
-            job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "?",
+            job_id=slurm_job_id(env) or "?",
             step_id=env["SLURM_STEP_ID"],
             ntasks=ntasks,
             nnodes=nnodes,
@@ -229,6 +229,17 @@ class SlurmStep:
             procid=int(env["SLURM_PROCID"]),
             node=env.get("SLURMD_NODENAME", ""),
         )
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """The Slurm job this process runs in (None outside any allocation)."""
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+
+
+def launched_by_slurm(env: Mapping[str, str] | None = None) -> bool:
+    """This process is a task of an srun step (srun started the ranks, one process per task)."""
+    env = os.environ if env is None else env
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
 
 def check_launch(geometry: Geometry, env: Mapping[str, str] | None = None) -> SlurmStep | None:
@@ -240,7 +251,7 @@ def check_launch(geometry: Geometry, env: Mapping[str, str] | None = None) -> Sl
     env = os.environ if env is None else env
     g = geometry
     s = g.section
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    job_id = slurm_job_id(env)
     if job_id is None:
         return None
     step = SlurmStep.from_env(env)

@@ -23,7 +23,6 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy
 
 from rasterscale import precision as precisions
-from rasterscale.launch import launched_by_slurm
 from rasterscale.lifetime import bind_rank
 from rasterscale.preflight import (
     Geometry,
@@ -32,6 +31,7 @@ from rasterscale.preflight import (
     check_launch,
     check_world_size,
     launch_geometry,
+    launched_by_slurm,
 )
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
