@@ -22,8 +22,11 @@ RANK = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     sys.path.insert(0, {scripts!r})
+    from rasterscale import launch
     from rasterscale.launch import start_local_ranks
     out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    fail_code, zero_stops_after = int(sys.argv[4]), float(sys.argv[5])
+    launch.STOP_GRACE_SECONDS = 3.0
     ranks = start_local_ranks({{"predict": {{"devices": devices, "shards": 1}}}}, "predict")
     rank = int(os.environ["LOCAL_RANK"])
     names = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RASTERSCALE_RANK_LAUNCHER")
@@ -31,7 +34,10 @@ RANK = textwrap.dedent(
     place.update(pid=os.getpid(), ppid=os.getppid(), torch="torch" in sys.modules)
     (out / f"rank-{{rank}}.json").write_text(json.dumps(place))
     if rank == fail_rank:
-        sys.exit(3)
+        sys.exit(fail_code)
+    if rank == 0 and zero_stops_after >= 0:  # rank 0 stops on its own, as after an agreed stop
+        time.sleep(zero_stops_after)
+        os._exit(143)
     if fail_rank >= 0:
         time.sleep(60)
     ranks.wait()
@@ -39,12 +45,17 @@ RANK = textwrap.dedent(
 )
 
 
-def run_ranks(tmp_path: Path, devices: int, fail_rank: int = -1, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_ranks(
+    tmp_path: Path, devices: int, fail_rank: int = -1, fail_code: int = 3, zero_stops_after: float = -1
+) -> subprocess.CompletedProcess:
+    """Run a job of ``devices`` local ranks; rank ``fail_rank`` exits with ``fail_code``; rank 0 exits with 143
+    after ``zero_stops_after`` seconds where that is not negative."""
     script = tmp_path / "rank.py"
     script.write_text(RANK.format(scripts=str(SCRIPTS)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("LOCAL_RANK", "RANK")}
-    command = [sys.executable, str(script), str(tmp_path), str(fail_rank), str(devices)]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    command = [sys.executable, str(script), str(tmp_path), str(fail_rank), str(devices), str(fail_code)]
+    command.append(str(zero_stops_after))
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_only_a_local_job_of_several_ranks_starts_them_here():
@@ -90,6 +101,25 @@ def test_a_rank_that_fails_ends_the_job_at_once_with_one_line(tmp_path):
     sleeper = json.loads((tmp_path / "rank-1.json").read_text())
     time.sleep(0.5)
     assert not psutil.pid_exists(sleeper["pid"]) or psutil.Process(sleeper["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_rank_stopped_on_sigterm_lets_rank_zero_stop_and_the_job_exits_143(tmp_path):
+    """A training job stops on all its ranks at one step: rank 1 may exit (143) a moment before rank 0 does."""
+    result = run_ranks(tmp_path, devices=2, fail_rank=1, fail_code=143, zero_stops_after=1.5)
+    assert result.returncode == 143, result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+
+
+def test_a_rank_stopped_on_sigterm_ends_the_job_with_143_when_rank_zero_does_not_stop(tmp_path):
+    started = time.monotonic()
+    result = run_ranks(tmp_path, devices=3, fail_rank=2, fail_code=143)
+    seconds = time.monotonic() - started
+    assert result.returncode == 143 and 3 < seconds < 20, (seconds, result.stderr)  # the grace: 3 s, sleepers: 60
+    stopped = json.loads((tmp_path / "rank-2.json").read_text())
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert lines == [
+        f"rasterscale: local rank 2 (pid {stopped['pid']}) stopped on SIGTERM and rank 0 did not: ending the job"
+    ]
 
 
 @pytest.mark.parametrize("entry", ["predict.py", "train.py", "check_environment.py"])

@@ -10,8 +10,10 @@ Slurm allocation that srun did not start is refused by the pre-flight checks: no
 case, nor for a one-rank job.
 
 Rank 0 watches the ranks it started (:class:`LocalRanks`): when one exits with an error, it kills the others and
-exits with one line. A rank started here dies with rank 0 (:mod:`rasterscale.lifetime`, which reads
-:data:`~rasterscale.lifetime.RANK_LAUNCHER`). This module imports no torch: entry scripts call
+exits with one line. One that exits with the code of a stop on SIGTERM (143: a training job stops on all its ranks
+at the same step, once its checkpoint is written) leaves rank 0 :data:`STOP_GRACE_SECONDS` to stop on its own; the
+job then exits with 143, not as a failure. A rank started here dies with rank 0 (:mod:`rasterscale.lifetime`,
+which reads :data:`~rasterscale.lifetime.RANK_LAUNCHER`). This module imports no torch: entry scripts call
 :func:`start_local_ranks` before they import the rest of the package.
 """
 
@@ -26,11 +28,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rasterscale.lifetime import RANK_LAUNCHER, kill_children, this_process
+from rasterscale.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, kill_children, this_process
 from rasterscale.preflight import launch_geometry, slurm_job_id
 
 POLL_SECONDS = 0.5
 EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit
+STOP_GRACE_SECONDS = 20.0  # how long rank 0 has to stop on its own once a rank it started stopped on SIGTERM
 PLACE_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
@@ -75,20 +78,29 @@ class LocalRanks:
         return None
 
     def _watch(self) -> None:
+        stopped_since: float | None = None
         while not self.done.wait(POLL_SECONDS):
             failure = self.failed()
-            if failure is not None:
+            if failure is None:
+                continue
+            if failure[1] != SIGTERM_EXIT_CODE:
+                self.end_job(*failure)
+            stopped_since = stopped_since or time.monotonic()
+            if time.monotonic() - stopped_since > STOP_GRACE_SECONDS:
                 self.end_job(*failure)
 
     def end_job(self, local_rank: int, code: int) -> None:
-        """A rank failed: kill every process this one started, and exit at once with one line."""
-        sys.stderr.write(
-            f"rasterscale: local rank {local_rank} (pid {self.processes[local_rank - 1].pid}) exited with code "
-            f"{code}: ending the job's other ranks\n"
-        )
+        """A rank failed, or stopped on SIGTERM while rank 0 did not: kill every process this one started, and exit
+        at once with one line (with 143 after a stop, else 1)."""
+        pid = self.processes[local_rank - 1].pid
+        if code == SIGTERM_EXIT_CODE:
+            line = f"local rank {local_rank} (pid {pid}) stopped on SIGTERM and rank 0 did not: ending the job"
+        else:
+            line = f"local rank {local_rank} (pid {pid}) exited with code {code}: ending the job's other ranks"
+        sys.stderr.write(f"rasterscale: {line}\n")
         sys.stderr.flush()
         kill_children()
-        os._exit(1)
+        os._exit(SIGTERM_EXIT_CODE if code == SIGTERM_EXIT_CODE else 1)
 
     def wait(self, timeout: float = EXIT_WAIT_SECONDS) -> None:
         """Rank 0 is done: wait for the ranks it started to exit; one that failed fails the job."""
