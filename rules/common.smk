@@ -453,13 +453,3 @@ def print_predict_profiles():
             f"  {name:<24} {total['ranks']} rank(s) {total['tiles']:>7} tiles {total['tiles_per_s']:>8.2f} tiles/s "
             f"wall {total['wall_s']:.1f} s"
         )
-
-
-def write_batch_file(job, path, log):
-    """Rule scene_batch: the batch's job file (atomically) and one line in its log."""
-    from rasterscale.outputs import atomic_path
-
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(job + "\n")
-    scenes = json.loads(job)["scenes"]
-    Path(log).write_text(f"{path}: {len(scenes)} scene(s): {', '.join(s['name'] for s in scenes)}\n")

@@ -6,10 +6,12 @@ rule scene_batch:
     log:
         "logs/scene_batch/batch-{batch}.log",
     localrule: True
+    conda:
+        "../envs/environment.yaml"
     params:
         job=lambda wildcards: batch_job(wildcards.batch),
-    run:
-        write_batch_file(params.job, output[0], log[0])
+    script:
+        "../scripts/write_job_file.py"
 
 
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts

@@ -19,7 +19,7 @@ def main() -> None:
     from rasterscale.runtime import run_spec
 
     run_environment_check(args.config, run_spec(args.config, "predict"), args.out_dir, args.log_dir)
-    ranks.wait()
+    ranks.finish()
 
 
 if __name__ == "__main__":

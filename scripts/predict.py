@@ -20,7 +20,8 @@ def main() -> None:
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.predict import read_job_file, run_prediction
+    from rasterscale.jobfiles import read_job_file
+    from rasterscale.predict import run_prediction
     from rasterscale.runtime import run_spec
 
     run_prediction(
@@ -34,7 +35,7 @@ def main() -> None:
         shard=args.shard,
         resume_dir=args.resume_dir,
     )
-    ranks.wait()
+    ranks.finish()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def main() -> None:
         plot_path=args.plot,
         log_dir=args.log_dir,
     )
-    ranks.wait()
+    ranks.finish()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ import torch
 from conftest import write_raster
 from rasterscale.config import validate_config
 from rasterscale.imagery import resolve_spec
+from rasterscale.jobfiles import SceneJob
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
-from rasterscale.predict import SceneJob, run_prediction
+from rasterscale.predict import run_prediction
 from rasterscale.runtime import RunSpec, resolve_precision
 from rasterscale.tiling import build_manifest, write_manifest
 

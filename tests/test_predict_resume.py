@@ -202,7 +202,8 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     shards of 1 rank: the same tiles per rank file, each rank on one thread as the workflow's 2 ranks on 2
     cores), its rank records checked and its rank files merged by the task's merge; the merged files."""
     from rasterscale.config import validate_config
-    from rasterscale.predict import read_job_file, run_prediction
+    from rasterscale.jobfiles import read_job_file
+    from rasterscale.predict import run_prediction
     from rasterscale.rankfiles import check_scene_records
     from rasterscale.runtime import run_spec
     from rasterscale.tasks import load_task, model_labels

@@ -312,7 +312,8 @@ def test_scenes_dataset_holds_one_scene_at_a_time():
 @pytest.mark.parametrize("strategy", ["single", "batch"])
 def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
     from rasterscale.config import validate_config as validated
-    from rasterscale.predict import SceneJob, run_prediction
+    from rasterscale.jobfiles import SceneJob
+    from rasterscale.predict import run_prediction
     from rasterscale.runtime import RunSpec
 
     first = PredictScene.make(tmp_path / "first", 300, 200)

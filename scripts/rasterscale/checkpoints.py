@@ -30,11 +30,9 @@ import csv
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 import signal
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +43,7 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
-from rasterscale.lifetime import SIGTERM_EXIT_CODE, bind_worker
+from rasterscale.lifetime import SIGTERM_EXIT_CODE, bind_worker, exit_at_once
 from rasterscale.outputs import atomic_path, write_json
 from rasterscale.runtime import gather_to_all
 
@@ -179,13 +177,9 @@ def set_random_state(state: Mapping[str, Any]) -> None:
 
 
 def exit_stopped() -> None:
-    """End a stopped rank with :data:`STOP_EXIT_CODE` once its logs are flushed, skipping the interpreter's
-    teardown: after a stop it took 4-8 s (in torch's and gloo's C++ destructors) of the seconds Slurm leaves
-    before SIGKILL. Everything the rank wrote is already in place (atomic writes)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(STOP_EXIT_CODE)
+    """End a stopped rank with :data:`STOP_EXIT_CODE` at once (:func:`~rasterscale.lifetime.exit_at_once`): the
+    interpreter's teardown would take seconds of those Slurm leaves before SIGKILL."""
+    exit_at_once(STOP_EXIT_CODE)
 
 
 def init_training_worker(worker_id: int, rank: int, rank_pid: int) -> None:

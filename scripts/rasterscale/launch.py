@@ -26,9 +26,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from rasterscale.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, kill_children, this_process
+from rasterscale.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
 from rasterscale.preflight import launch_geometry, slurm_job_id
 
 POLL_SECONDS = 0.5
@@ -61,7 +61,7 @@ def rank_environments(ranks: int, base: Mapping[str, str], port: int, launcher: 
 
 class LocalRanks:
     """The ranks this process started (none where it starts none), watched from a daemon thread: one that exits
-    with an error ends the job (:meth:`end_job`). :meth:`wait` at rank 0's normal end."""
+    with an error ends the job (:meth:`end_job`). :meth:`finish` at a rank's normal end."""
 
     def __init__(self, processes: Sequence[subprocess.Popen] = ()) -> None:
         self.processes = list(processes)
@@ -116,6 +116,12 @@ class LocalRanks:
             self.end_job(*failure)
         if any(process.poll() is None for process in self.processes):
             raise SystemExit(f"rasterscale: the job's other ranks were still running {timeout:.0f} s after rank 0")
+
+    def finish(self) -> NoReturn:
+        """This rank's work is done and written: wait for the ranks it started (:meth:`wait`), then exit 0 at once
+        (:func:`~rasterscale.lifetime.exit_at_once`), without the seconds of the interpreter's teardown."""
+        self.wait()
+        exit_at_once(0)
 
 
 def start_local_ranks(config: Mapping[str, Any], section: str, argv: Sequence[str] | None = None) -> LocalRanks:

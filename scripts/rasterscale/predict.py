@@ -1,7 +1,7 @@
 """DDP prediction over the tile manifests of a batch of scenes, whatever the task: every rank reads only its own
 tiles and writes its own files per scene.
 
-A job predicts a batch of scenes (its job file lists them: :func:`read_job_file`) with one model load. The
+A job predicts a batch of scenes (its job file lists them: :mod:`rasterscale.jobfiles`) with one model load. The
 batch's tiles, scene after scene in manifest order, are split into ``shards`` balanced, contiguous parts (one
 job, one node each), and each shard into ``world_size`` parts, one per rank (:mod:`rasterscale.sharding`); one
 ``trainer.predict`` runs over all of a rank's tiles (and the neighbours a task needs of them:
@@ -23,7 +23,6 @@ ahead while the model computes (strategies: :mod:`rasterscale.data`). Lightning'
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
@@ -48,6 +47,7 @@ from rasterscale.data import (
 )
 from rasterscale.imagery import ImageSpec, read_spec
 from rasterscale.inputs import check_raster
+from rasterscale.jobfiles import SceneJob
 from rasterscale.lifetime import bind_worker
 from rasterscale.profiler import PredictProfiler
 from rasterscale.profiling import format_profile_table, summarize
@@ -60,21 +60,6 @@ from rasterscale.tasks.base import PredictScene, RankOutput, Task
 from rasterscale.tiling import Tile, read_manifest, tiles_from_frame
 
 LOGGER_NAME = "rasterscale.predict"
-
-
-@dataclass(frozen=True)
-class SceneJob:
-    """One scene of a prediction job, as its job file lists it: raster and tile manifest."""
-
-    name: str
-    raster: str
-    manifest: str
-
-
-def read_job_file(path: str | Path) -> list[SceneJob]:
-    """The scenes of a batch's job file (rule scene_batch), in order."""
-    scenes = json.loads(Path(path).read_text())["scenes"]
-    return [SceneJob(s["name"], s["raster"], s["manifest"]) for s in scenes]
 
 
 def load_scene(job: SceneJob) -> PredictScene:
