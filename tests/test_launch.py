@@ -40,7 +40,7 @@ RANK = textwrap.dedent(
         os._exit(143)
     if fail_rank >= 0:
         time.sleep(60)
-    ranks.wait()
+    ranks.finish()
     """
 )
 
