@@ -29,6 +29,8 @@ def model_section(**keys):
 
 def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     config = tiny_config(train={"scenes": []}, predict={"devices": 1, "workers": 0})
+    # 4 tiles: DeepForest's models resize each 256 px tile to 800 px (about 4 s a tile on 2 CPU cores)
+    config["demo"]["scenes"]["tiny_test"] = {"width": 448, "height": 448, "seed": 12}
     config["model"] = model_section(checkpoint=str(deepforest_folder), score_threshold=0.005)
     run_workflow(tmp_path, config)
     detections = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
@@ -40,7 +42,9 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
 
 
 def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path, deepforest_folder):
-    config = tiny_config(train={"init": str(deepforest_folder), "devices": 1, "max_steps": 2}, predict={"scenes": []})
+    # one step of 2 tiles: DeepForest's models train on tiles resized to 800 px (about 25 s a step of 4 on 2 CPU cores)
+    train = {"init": str(deepforest_folder), "devices": 1, "max_steps": 1, "batch_size": 2}
+    config = tiny_config(train=train, predict={"scenes": []})
     config["model"] = model_section(labels=["crown"])
     run_workflow(tmp_path, config)
     log = (tmp_path / "logs/train/tiny.log").read_text()

@@ -234,9 +234,10 @@ def test_scene_table_errors_are_one_line_at_dry_run(project, tmp_path, rows, mes
 
 
 @pytest.mark.slow
-def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(project, tmp_path):
+def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(project, tmp_path):
     """3 scenes in one batch, 2 shards x 2 ranks: per-scene rank files (empty where a rank got none of a
-    scene's tiles), every tile once; the merged layers equal those of one job (one rank) per scene."""
+    scene's tiles), every tile once; the merged layers equal those of one job of one rank. (That a batch predicts
+    each scene as it alone would: test_one_job_over_two_scenes_predicts_each_as_alone.)"""
     root, model = project
     batched, single = tmp_path / "batched", tmp_path / "single"
     for workdir in (batched, single):
@@ -254,7 +255,7 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_job_per_scene(p
         empty += sum(len(ids) == 0 for ids in processed)
         assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
     assert empty > 0  # ranks own contiguous runs of the batch's tiles: some got none of a scene
-    run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=1))
+    run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=3))
     for name in ("a", "b", "mosaic"):
         one = gpd.read_parquet(single / f"results/{name}/detections.parquet")
         many = gpd.read_parquet(batched / f"results/{name}/detections.parquet")

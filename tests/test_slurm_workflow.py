@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import geopandas as gpd
@@ -106,32 +107,91 @@ def placements(log_dir: Path) -> list[tuple[int, int, int, str, str]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def slurm_run(cluster, tmp_path_factory):
-    base = tmp_path_factory.mktemp("slurm-run")
-    workdir = base / "work"
-    command = workflow_command(workdir, slurm_config(), "--profile", str(edited_profile(base / "profile", cluster)))
-    started = time.monotonic()
-    result = subprocess.run(
-        command, env=cluster_env(cluster, base / "bin"), capture_output=True, text=True, timeout=600, check=False
-    )
-    seconds = time.monotonic() - started
-    if result.returncode != 0:
+@dataclass
+class ClusterRun:
+    """A workflow run on the cluster: its folder, its snakemake's output, its Slurm jobs by rule (and by
+    ``predict/<batch>_<shard>``), its seconds."""
+
+    workdir: Path
+    output: str
+    jobs: dict[str, list[str]]
+    seconds: float
+
+
+def start_cluster_run(cluster: SlurmCluster, base: Path, config: dict) -> subprocess.Popen:
+    command = workflow_command(base / "work", config, "--profile", str(edited_profile(base / "profile", cluster)))
+    out = (base / "snakemake.out").open("w")
+    return subprocess.Popen(command, env=cluster_env(cluster, base / "bin"), stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish_cluster_run(cluster: SlurmCluster, base: Path, process: subprocess.Popen, started: float) -> ClusterRun:
+    """Wait for a run started by :func:`start_cluster_run`; a failure fails the test with every log's tail."""
+    try:
+        process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    seconds, workdir = time.monotonic() - started, base / "work"
+    output = (base / "snakemake.out").read_text()
+    if process.returncode != 0:
         logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
         slurm_logs = "\n".join(
             f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(workdir.glob(".snakemake/slurm_logs/**/*.log"))
         )
         pytest.fail(
-            f"slurm workflow failed ({result.returncode}):\n{result.stderr[-5000:]}\n{logs}\n{slurm_logs}\n"
+            f"slurm workflow in {base} failed ({process.returncode}):\n{output[-5000:]}\n{logs}\n{slurm_logs}\n"
             f"{cluster.log_tail()}"
         )
     jobs: dict[str, list[str]] = {}
-    for job_id, rule, wildcards in SUBMITTED.findall(result.stdout + result.stderr):
+    for job_id, rule, wildcards in SUBMITTED.findall(output):
         jobs.setdefault(rule, []).append(job_id)
         if rule == "predict":  # one rule, a job per (batch, shard): wildcards "<batch>_<shard>"
             jobs.setdefault(f"predict/{wildcards}", []).append(job_id)
-    report(f"\n[slurm workflow] {seconds:.0f} s; Slurm jobs by rule: {jobs}")
-    return workdir, jobs
+    return ClusterRun(workdir, output, jobs, seconds)
+
+
+def segmentation_inputs(run: Path) -> dict:
+    """A segmentation config over one scene, with an untrained segmenter (the machinery is under test): 2 shard
+    jobs of 2 ranks."""
+    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
+    from rasterscale.synth import synthesize_scene
+
+    (run / "resources/demo").mkdir(parents=True)
+    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12)
+    cfg = SegmenterConfig(("background", "tree"), patch_size=256)
+    save_segmenter(build_segmenter(cfg), cfg, run / "segmenter.pt")
+    config = yaml.safe_load((REPO / "tests/configs/tiny_segmentation.yaml").read_text())
+    config["scenes"]["tiny_test"].pop("annotations")
+    config.update(
+        model={"checkpoint": "segmenter.pt"},
+        train={"scenes": []},
+        predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
+    """Two workflows submitted to the cluster at once (their jobs share its two nodes; most of a run's wall time
+    is the executor's waits between status checks): the tiny detection config (training on 2 nodes, prediction
+    in 2 shards) and a segmentation config (2 shards)."""
+    base = tmp_path_factory.mktemp("slurm-run")
+    started = time.monotonic()
+    segmentation_config = segmentation_inputs(base / "segmentation/work")
+    processes = {
+        "detection": start_cluster_run(cluster, base / "detection", slurm_config()),
+        "segmentation": start_cluster_run(cluster, base / "segmentation", segmentation_config),
+    }
+    runs = {name: finish_cluster_run(cluster, base / name, proc, started) for name, proc in processes.items()}
+    for name, run in runs.items():
+        report(f"\n[slurm workflow, {name}] {run.seconds:.0f} s; Slurm jobs by rule: {run.jobs}")
+    return runs
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster_runs) -> tuple[Path, dict[str, list[str]]]:
+    run = cluster_runs["detection"]
+    return run.workdir, run.jobs
 
 
 def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
@@ -223,47 +283,25 @@ def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
     assert matched == (1.0, 1.0)
 
 
-def test_segmentation_runs_two_shards_on_the_cluster(cluster, slurm_run, tmp_path):
+def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     """The segmentation task through the same launch, shard and record machinery: 2 shard jobs of 2 ranks."""
-    import yaml
     from rio_cogeo.cogeo import cog_validate
 
     from rasterscale.rankfiles import read_tile_ids
-    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
 
-    workdir, _ = slurm_run
-    base = tmp_path / "seg"
-    run = base / "work"
-    for name in ("resources/demo/tiny_test.tif",):
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(workdir / name, run / name)
-    cfg = SegmenterConfig(("background", "tree"), patch_size=256)
-    save_segmenter(build_segmenter(cfg), cfg, run / "segmenter.pt")  # untrained: the machinery is under test
-    config = yaml.safe_load((REPO / "tests/configs/tiny_segmentation.yaml").read_text())
-    config["scenes"]["tiny_test"].pop("annotations")
-    config.update(
-        model={"checkpoint": "segmenter.pt"},
-        train={"scenes": []},
-        predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
-    )
-    command = workflow_command(run, config, "--profile", str(edited_profile(base / "profile", cluster)))
-    started = time.monotonic()
-    result = subprocess.run(
-        command, env=cluster_env(cluster, base / "bin"), capture_output=True, text=True, timeout=600, check=False
-    )
-    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(run.glob("logs/**/*.log")))
-    assert result.returncode == 0, f"{result.stderr[-4000:]}\n{logs}"
-    submitted = SUBMITTED.findall(result.stdout + result.stderr)
-    shards = {wildcards: job_id for job_id, rule, wildcards in submitted if rule == "predict"}
-    assert sorted(shards) == ["0_0", "0_1"]
-    nodes = {scontrol_job(cluster, job_id)["NodeList"] for job_id in shards.values()}
-    report(f"[segmentation on slurm] {time.monotonic() - started:.0f} s; shard jobs {shards} on nodes {nodes}")
-    manifest = gpd.read_parquet(run / "results/tiny_test/tiles.parquet")
-    stems = rank_stems(run, "tiny_test", ".tif")
+    run = cluster_runs["segmentation"]
+    shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}
+    assert sorted(shards) == ["0_0", "0_1"] and all(len(job_ids) == 1 for job_ids in shards.values())
+    infos = {shard: scontrol_job(cluster, job_ids[0]) for shard, job_ids in shards.items()}
+    report(f"[segmentation on slurm] shard jobs {shards} on nodes {[i['NodeList'] for i in infos.values()]}")
+    for info in infos.values():
+        assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "2")
+    manifest = gpd.read_parquet(run.workdir / "results/tiny_test/tiles.parquet")
+    stems = rank_stems(run.workdir, "tiny_test", ".tif")
     assert len(stems) == 4
     processed = np.concatenate([read_tile_ids(stem) for stem in stems])
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
-    valid, errors, _ = cog_validate(str(run / "results/tiny_test/classes.tif"))
+    valid, errors, _ = cog_validate(str(run.workdir / "results/tiny_test/classes.tif"))
     assert valid, errors
 
 
