@@ -45,6 +45,7 @@ def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path,
     # one step of 2 tiles: DeepForest's models train on tiles resized to 800 px (about 25 s a step of 4 on 2 CPU cores)
     train = {"init": str(deepforest_folder), "devices": 1, "max_steps": 1, "batch_size": 2}
     config = tiny_config(train=train, predict={"scenes": []})
+    config["demo"]["scenes"]["tiny_train"] = {"width": 512, "height": 512, "seed": 11}  # 9 tiles, 3 validated
     config["model"] = model_section(labels=["crown"])
     run_workflow(tmp_path, config)
     log = (tmp_path / "logs/train/tiny.log").read_text()

@@ -1,8 +1,9 @@
 """The real workflow on a real (throwaway, 2-node, loopback) Slurm cluster with `snakemake --profile profiles/slurm`.
 
-On the tiny config (CPU ranks): training as multi-node DDP on 2 nodes x 1 rank, prediction split into 2 shard
-jobs of 2 ranks each (one per node), merge and evaluation as ordinary one-task jobs. The merged layer must equal
-a local (`--cores 2`) run's with the same checkpoint. Also on the cluster: a failing rank takes its job down at
+On the tiny config (CPU ranks; its demo scenes made locally first): training as multi-node DDP on 2 nodes x 1
+rank, prediction split into 2 shard jobs of 2 ranks each (one per node), merge and evaluation as ordinary one-task
+jobs; at the same time a segmentation config in 2 shard jobs. The merged layer must equal a local
+(`--cores 2`) run's with the same checkpoint. Also on the cluster: a failing rank takes its job down at
 once, and the in-process pre-flight checks turn bad launches into one-line errors.
 
 Needs root and Debian's slurm packages (installed on demand by tests/slurm_cluster.py); skips with the reason
@@ -173,11 +174,14 @@ def segmentation_inputs(run: Path) -> dict:
 @pytest.fixture(scope="module")
 def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
     """Two workflows submitted to the cluster at once (their jobs share its two nodes; most of a run's wall time
-    is the executor's waits between status checks): the tiny detection config (training on 2 nodes, prediction
-    in 2 shards) and a segmentation config (2 shards)."""
+    is the executor's waits between status checks, which grow by 10 s each time no job has ended): the tiny
+    detection config (training on 2 nodes, prediction in 2 shards) and a segmentation config (2 shards)."""
     base = tmp_path_factory.mktemp("slurm-run")
     started = time.monotonic()
     segmentation_config = segmentation_inputs(base / "segmentation/work")
+    # the demo's scenes made locally first: their synthesis is not what runs on the cluster under test
+    demo = [f"resources/demo/{name}.tif" for name in ("tiny_train", "tiny_test")]
+    run_workflow(base / "detection/work", slurm_config(), *demo)
     processes = {
         "detection": start_cluster_run(cluster, base / "detection", slurm_config()),
         "segmentation": start_cluster_run(cluster, base / "segmentation", segmentation_config),
@@ -241,7 +245,8 @@ def test_prediction_shards_run_one_per_node_with_two_ranks_each(cluster, slurm_r
         assert {node for *_, node in ranks} == {info["NodeList"]}
         nodes_of_shard[shard] = info["NodeList"]
     assert sorted(nodes_of_shard.values()) == ["n1", "n2"]
-    for rule in ("synthesize_scene", "tile_manifest", "tile_manifests_batch_0", "merge_batch_0", "evaluate_scene"):
+    assert "synthesize_scene" not in jobs  # made locally before the run
+    for rule in ("tile_manifest", "tile_manifests_batch_0", "merge_batch_0", "evaluate_scene"):
         for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
             info = scontrol_job(cluster, job_id)
             assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "1"), (rule, info)
