@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -49,6 +51,19 @@ def write_raster(
             colours = [ColorInterp.red, ColorInterp.green, ColorInterp.blue][: count - 1]
             dst.colorinterp = [*colours, *[ColorInterp.gray] * (count - 1 - len(colours)), ColorInterp.alpha]
     return path
+
+
+def schema_keys(prefix: str, node: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every key below a schema node, at every depth: properties, free names ({name}), object oneOfs."""
+    children = dict(node.get("properties", {}))
+    if isinstance(node.get("additionalProperties"), Mapping):
+        children["{name}"] = node["additionalProperties"]
+    for alternative in node.get("oneOf", []):
+        children.update(alternative.get("properties", {}))
+    for name, child in children.items():
+        path = f"{prefix}.{name}" if prefix else name
+        yield path, child
+        yield from schema_keys(path, child)
 
 
 def write_rgba(path: Path, data: np.ndarray, **kwargs) -> Path:

@@ -4,9 +4,10 @@ import sys
 
 import pytest
 import yaml
+from snakemake.utils import update_config
 
-from conftest import REPO
-from rasterscale.config import ConfigError, load_config, validate_config
+from conftest import REPO, schema_keys
+from rasterscale.config import ConfigError, load_config, load_schema, validate_config
 
 MINIMAL = {"scenes": {"a": {"path": "a.tif"}}}
 
@@ -19,10 +20,12 @@ def test_defaults_are_filled_in():
     assert config["predict"]["devices"] == 1
 
 
-def test_every_schema_property_has_a_description_or_is_self_explanatory():
-    schema = yaml.safe_load((REPO / "config/schema.yaml").read_text())
-    for section, body in schema["properties"].items():
-        assert body.get("description"), section
+def test_every_schema_key_at_every_depth_has_a_description():
+    """Each key a user can write is described; a free name ({name}: a scene) is described by its parent."""
+    keys = list(schema_keys("", load_schema()))
+    assert len(keys) > 80 and "train.warmup_steps" in dict(keys) and "scenes.{name}.scale.min" in dict(keys)
+    missing = [path for path, node in keys if not path.endswith("{name}") and not node.get("description")]
+    assert not missing, f"config/schema.yaml: keys without a description: {missing}"
 
 
 @pytest.mark.parametrize(
@@ -48,9 +51,21 @@ def test_errors_are_one_line_naming_the_key(patch, message):
     assert "\n" not in str(err.value)
 
 
-def test_shipped_configs_are_valid():
-    for path in [REPO / "config/config.yaml", *sorted((REPO / "tests/configs").glob("*.yaml"))]:
-        load_config(path)
+SHIPPED_CONFIGS = sorted(
+    path
+    for path in [*(REPO / "config").glob("*.yaml"), *(REPO / "tests/configs").glob("*.yaml")]
+    if path.name != "schema.yaml"
+)
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda path: str(path.relative_to(REPO)))
+def test_shipped_configs_are_valid(path):
+    """Every shipped config (config/*.yaml but the schema, tests/configs/*.yaml) is valid on its own and as
+    Snakemake reads it from the repository root: laid over config/config.yaml, the Snakefile's configfile."""
+    load_config(path)
+    merged = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(merged, yaml.safe_load(path.read_text()))
+    validate_config(merged)
 
 
 def snakemake_dry_run(tmp_path, config: dict):

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from conftest import REPO
+from conftest import REPO, schema_keys
 from rasterscale.config import load_schema
 from rasterscale.configdoc import escape_text, format_type, format_value, render_reference
 
 REFERENCE = REPO / "docs" / "configuration.md"
-
-
-def schema_paths(prefix: str, node: Mapping[str, Any]) -> Iterator[str]:
-    """Every key path below a node, written independently of configdoc: properties, free names, object oneOfs."""
-    children = dict(node.get("properties", {}))
-    if isinstance(node.get("additionalProperties"), Mapping):
-        children["{name}"] = node["additionalProperties"]
-    for alternative in node.get("oneOf", []):
-        children.update(alternative.get("properties", {}))
-    for name, child in children.items():
-        path = f"{prefix}.{name}" if prefix else name
-        yield path
-        yield from schema_paths(path, child)
 
 
 def test_reference_is_generated_from_schema():
@@ -33,7 +20,7 @@ def test_reference_is_generated_from_schema():
 def test_every_schema_key_appears():
     text = REFERENCE.read_text()
     schema = load_schema()
-    paths = list(schema_paths("", schema))
+    paths = [path for path, _ in schema_keys("", schema)]
     assert len(paths) > 60
     missing = [path for path in paths if not _documented(text, schema, path)]
     assert not missing, f"keys missing from docs/configuration.md (run `make docs`): {missing}"
