@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 from affine import Affine
 
-from rasterscale.geo import pixel_boxes_to_polygons
+from rasterscale.geo import box_pairs, pixel_boxes_to_polygons
 from rasterscale.merge import (
     cross_tile_nms,
     empty_detections,
@@ -79,10 +79,18 @@ def test_distinct_neighbours_survive(manifest):
 
 
 def test_cross_tile_nms_runs_per_overlap_group():
-    boxes = np.array([[0, 0, 10, 10], [1, 0, 11, 10], [100, 100, 110, 110], [101, 100, 111, 110], [500, 0, 510, 10]])
-    scores = np.array([0.5, 0.9, 0.9, 0.5, 0.1])
-    keep = cross_tile_nms(boxes.astype(float), scores, np.zeros(5, dtype=int), 0.5)
-    assert sorted(keep.tolist()) == [1, 2, 4]
+    """NMS compares only the pairs of intersecting boxes (each overlap group on its own, never all pairs): a pair
+    left out of the pair list is not compared, and a box of another label or out of every group is kept."""
+    boxes = np.array(
+        [[0, 0, 10, 10], [1, 0, 11, 10], [100, 100, 110, 110], [101, 100, 111, 110], [500, 0, 510, 10], [2, 0, 12, 10]]
+    ).astype(float)
+    scores = np.array([0.5, 0.9, 0.9, 0.5, 0.1, 0.3])
+    labels = np.array([0, 0, 0, 0, 0, 1])
+    assert sorted(cross_tile_nms(boxes, scores, labels, 0.5).tolist()) == [1, 2, 4, 5]
+    i, j = box_pairs(boxes)
+    assert (0, 1) in set(zip(i.tolist(), j.tolist(), strict=True))
+    other = ~((i == 0) & (j == 1))  # the group {0, 1} without its pair: nothing in it is compared
+    assert sorted(cross_tile_nms(boxes, scores, labels, 0.5, (i[other], j[other])).tolist()) == [0, 1, 2, 4, 5]
 
 
 def test_exactly_once_passes_and_names_missing_and_duplicated_tiles():

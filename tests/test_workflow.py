@@ -2,18 +2,23 @@
 (CPU ranks over gloo), merge and evaluation."""
 
 import json
+from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
 import pytest
 import rasterio
+import shapely
 import torch
+from rasterio.windows import Window
 
+from conftest import damage_block
 from rasterscale.merge import DETECTION_COLUMNS
 from rasterscale.precision import choose, probe
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config
 
 pytestmark = pytest.mark.slow
+TRANSFORM = rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +28,37 @@ def tiny_run(tmp_path_factory):
     return workdir, result
 
 
+def unreadable_scene(folder: Path, name: str, width: int, height: int) -> Path:
+    """A deflated, tiled GeoTIFF whose header is right and every pixel block is noise: any pixel read fails."""
+    path = folder / f"{name}.tif"
+    profile = dict(driver="GTiff", width=width, height=height, count=3, dtype="uint8", crs="EPSG:32617")
+    profile.update(transform=TRANSFORM, tiled=True, blockxsize=128, blockysize=128, compress="deflate")
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(np.random.default_rng(0).integers(0, 255, (3, height, width), dtype=np.uint8))
+    for x in range(-(-width // 128)):
+        for y in range(-(-height // 128)):
+            damage_block(path, x, y)
+    boxes = [shapely.box(404002 + 3 * k, 3284990, 404004 + 3 * k, 3284992) for k in range(5)]
+    gpd.GeoDataFrame({"label": ["tree"] * 5}, geometry=boxes, crs="EPSG:32617").to_file(folder / f"{name}.gpkg")
+    return path
+
+
 def test_dry_run_plans_without_reading_pixels(tmp_path):
-    result = run_workflow(tmp_path, tiny_config(), "-n")
+    """Existing scenes whose every pixel block is damaged (their headers intact) are validated and planned, train
+    and predict alike: the dry run reads headers and annotations only, never a pixel."""
+    data = tmp_path / "data"
+    data.mkdir()
+    scenes = {name: unreadable_scene(data, name, 768, 768) for name in ("tiny_train", "tiny_test")}
+    with rasterio.open(scenes["tiny_test"]) as src, pytest.raises(rasterio.errors.RasterioIOError):
+        src.read(1, window=Window(0, 0, 128, 128))  # the damage is real: a pixel read fails
+    config = tiny_config()
+    del config["demo"]
+    config["scenes"] = {
+        name: {"path": str(path), "annotations": str(path.with_suffix(".gpkg"))} for name, path in scenes.items()
+    }
+    result = run_workflow(tmp_path / "run", config, "-n")
     assert "rule predict:" in result.stdout and "wildcards: batch=0, shard=0" in result.stdout
-    assert "train_model" in result.stdout
-    assert not (tmp_path / "resources").exists()
+    assert "rule train_model:" in result.stdout and "rule tile_manifests_batch_0:" in result.stdout
 
 
 def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):
