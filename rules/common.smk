@@ -70,10 +70,6 @@ def demo_raster(name):
     return f"{DEMO['directory']}/{name}.tif"
 
 
-def demo_boxes(name):
-    return f"{DEMO['directory']}/{name}.gpkg"
-
-
 UNTILED = {}  # scene -> its striped rasters (itself, or a VRT's sources): read from a tiled COG (rules/cog.smk)
 
 

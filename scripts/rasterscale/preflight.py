@@ -53,11 +53,6 @@ class Geometry:
         nodes = "1 node" if self.nodes == 1 else f"{self.nodes} nodes"
         return f"{self.section}.devices={self.devices} x {nodes}"
 
-    @property
-    def rank_files(self) -> int:
-        """Rank files per scene: every rank of every shard writes one."""
-        return self.world_size * self.shards
-
     def srun_hint(self) -> str:
         return f"srun --nodes={self.nodes} --ntasks-per-node={self.devices}"
 
