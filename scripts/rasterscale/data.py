@@ -34,11 +34,11 @@ from torch.utils.data import Dataset
 
 from rasterscale.geo import box_areas
 from rasterscale.imagery import ImageSpec, ProcessRaster, read_tile
+from rasterscale.inputs import RGB_BANDS
 from rasterscale.sampling import NO_FLIPS, Flips
 from rasterscale.tiling import Tile
 from rasterscale.windows import tile_window
 
-RGB_BANDS = 3  # the bands the model sees
 PREDICT_STRATEGIES = ("window", "single", "batch")
 
 

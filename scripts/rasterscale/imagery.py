@@ -44,6 +44,10 @@ SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
 MASKS = ("none", "alpha", "nodata", "dataset")
 PERCENTILE_SIDE = 2048  # longest side of the decimated read a percentile stretch is computed from
+# ImageNet's statistics, as torchvision and DeepForest use them: every model normalizes its uint8 RGB tiles (/ 255)
+# by these, inside the model, on the device
+IMAGE_MEAN = (0.485, 0.456, 0.406)
+IMAGE_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass(frozen=True)

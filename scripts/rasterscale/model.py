@@ -24,6 +24,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from rasterscale.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.inputs import InputError
 from rasterscale.modelfiles import (
     CHECKPOINT_FORMAT,
@@ -37,10 +38,6 @@ from rasterscale.modelfiles import (
 
 __all__ = ["DetectorConfig", "build_detector", "load_checkpoint", "save_checkpoint"]
 
-# ImageNet statistics, as DeepForest and torchvision use them.
-IMAGE_MEAN = [0.485, 0.456, 0.406]
-IMAGE_STD = [0.229, 0.224, 0.225]
-
 
 class PatchTransform(GeneralizedRCNNTransform):
     """Normalizes and batches tiles; resizes them only when the model records a resize ``(min_size, max_size)``
@@ -49,7 +46,7 @@ class PatchTransform(GeneralizedRCNNTransform):
 
     def __init__(self, patch_size: int, resize: tuple[int, int] | None = None) -> None:
         min_size, max_size = resize or (patch_size, patch_size)
-        super().__init__(min_size, max_size, IMAGE_MEAN, IMAGE_STD)
+        super().__init__(min_size, max_size, list(IMAGE_MEAN), list(IMAGE_STD))
         self.native = resize is None
 
     def resize(self, image: torch.Tensor, target: dict[str, torch.Tensor] | None = None) -> tuple:
@@ -76,8 +73,8 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
     model = RetinaNet(
         features,
         num_classes=len(cfg.labels),
-        image_mean=IMAGE_MEAN,
-        image_std=IMAGE_STD,
+        image_mean=list(IMAGE_MEAN),
+        image_std=list(IMAGE_STD),
         score_thresh=cfg.score_threshold,
         nms_thresh=cfg.nms_threshold,
         detections_per_img=cfg.detections_per_tile,

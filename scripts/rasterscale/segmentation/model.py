@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rasterscale.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.inputs import InputError
 
 __all__ = [
@@ -40,8 +41,6 @@ SEGMENTER_FORMAT = "rasterscale-segmenter/1"
 ARCHITECTURES = ("unet", "unetplusplus", "fpn", "deeplabv3plus", "linknet", "pspnet", "manet", "pan")
 UNET_DECODER = (128, 64, 32, 16, 8)  # smp's default is (256, 128, 64, 32, 16)
 STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of it
-IMAGE_MEAN = (0.485, 0.456, 0.406)
-IMAGE_STD = (0.229, 0.224, 0.225)
 NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER_FORMAT})"
 
 
