@@ -152,3 +152,53 @@ def test_every_rank_logs_its_precision_and_rank_zero_warns_once_of_an_emulated_v
     assert len(warnings) == 1
     assert "train.precision '16-mixed'" in warnings[0] and "'train.precision: auto' picks" in warnings[0]
     logging.getLogger("rasterscale.test_precision").handlers.clear()
+
+
+def output_dtypes(model: torch.nn.Module, layers: dict[str, torch.nn.Module], run) -> dict[str, torch.dtype]:
+    """The dtype of each named layer's output while ``run`` runs the model under bf16 autocast."""
+    seen: dict[str, torch.dtype] = {}
+
+    def record(name: str):
+        def hook(_module, _inputs, output) -> None:
+            seen.setdefault(name, output.dtype)
+
+        return hook
+
+    hooks = [layer.register_forward_hook(record(name)) for name, layer in layers.items()]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        run(model)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def test_the_models_output_layers_compute_in_fp32_under_bf16_autocast_with_their_parameter_names():
+    """Training and prediction alike: under bf16 autocast the detector's box deltas and class logits, and the
+    segmenter's class logits, come out in fp32 while the backbone runs in bf16 (tiny inputs: bf16 may be
+    emulated here); the parameters keep a plain Conv2d's names, so model files do not change."""
+    from rasterscale.model import DetectorConfig, build_detector
+    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter
+
+    torch.manual_seed(0)
+    detector = build_detector(DetectorConfig(backbone="resnet18", patch_size=64, fpn_channels=16))
+    head = detector.head
+    layers = {
+        "stem": detector.backbone.body.conv1,
+        "deltas": head.regression_head.bbox_reg,
+        "logits": head.classification_head.cls_logits,
+    }
+    images = [torch.rand(3, 64, 64)]
+    targets = [{"boxes": torch.tensor([[8.0, 8.0, 30.0, 30.0]]), "labels": torch.tensor([0])}]
+    for mode, run in [("train", lambda m: m(images, targets)), ("eval", lambda m: m(images))]:
+        detector.train(mode == "train")
+        dtypes = output_dtypes(detector, layers, run)
+        assert dtypes == {"stem": torch.bfloat16, "deltas": torch.float32, "logits": torch.float32}, mode
+    names = set(detector.state_dict())
+    assert {"head.regression_head.bbox_reg.weight", "head.classification_head.cls_logits.bias"} <= names
+    assert not [name for name in names if ".layer." in name]
+
+    segmenter = build_segmenter(SegmenterConfig(labels=("background", "tree"), patch_size=64)).eval()
+    layers = {"stem": segmenter.net.encoder.conv1, "logits": segmenter.net.segmentation_head[0]}
+    dtypes = output_dtypes(segmenter, layers, lambda m: m(torch.rand(1, 3, 64, 64)))
+    assert dtypes == {"stem": torch.bfloat16, "logits": torch.float32}
+    assert "net.segmentation_head.0.weight" in segmenter.state_dict()

@@ -1,6 +1,7 @@
 """The inference fast path that any convolutional model takes: batch norms folded into their convolutions,
-channels_last weights and inputs, chosen layers kept in fp32 under autocast. Tasks apply it to their models
-(:meth:`rasterscale.tasks.base.Task.prepare_for_inference`); which precision autocasts: :mod:`rasterscale.precision`."""
+channels_last weights and inputs. Tasks apply it to their models
+(:meth:`rasterscale.tasks.base.Task.prepare_for_inference`). Which precision autocasts, and the output layers that
+stay in fp32 under it: :mod:`rasterscale.precision`."""
 
 from __future__ import annotations
 
@@ -28,19 +29,6 @@ def fuse_conv_bn(module: torch.nn.Module) -> int:
                 children[bn_name] = torch.nn.Identity()
                 fused += 1
     return fused
-
-
-class Float32Output(torch.nn.Module):
-    """Runs a layer outside autocast, in fp32: for output layers whose values need fp32 accuracy (box deltas,
-    class logits). Cheap (a few output channels)."""
-
-    def __init__(self, layer: torch.nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            return self.layer(x.float())
 
 
 def channels_last_input(module: torch.nn.Module, args: tuple) -> tuple:

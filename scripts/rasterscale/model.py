@@ -35,6 +35,7 @@ from rasterscale.modelfiles import (
     resolve_detector,
     same_classes,
 )
+from rasterscale.precision import float32_conv
 
 __all__ = ["DetectorConfig", "build_detector", "load_checkpoint", "save_checkpoint"]
 
@@ -80,6 +81,9 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
         detections_per_img=cfg.detections_per_tile,
     )
     model.transform = PatchTransform(cfg.patch_size, cfg.resize)
+    head = model.head  # its output layers in fp32 under autocast (rasterscale.precision)
+    head.classification_head.cls_logits = float32_conv(head.classification_head.cls_logits)
+    head.regression_head.bbox_reg = float32_conv(head.regression_head.bbox_reg)
     return model
 
 

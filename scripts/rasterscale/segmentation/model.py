@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from rasterscale.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.inputs import InputError
+from rasterscale.precision import float32_conv
 
 __all__ = [
     "SEGMENTER_FORMAT",
@@ -121,6 +122,7 @@ def build_segmenter(cfg: SegmenterConfig) -> Segmenter:
     net = smp.create_model(
         cfg.architecture, encoder_name=cfg.backbone, encoder_weights=None, classes=cfg.num_classes, **kwargs
     )
+    net.segmentation_head[0] = float32_conv(net.segmentation_head[0])  # in fp32 under autocast (rasterscale.precision)
     return Segmenter(net)
 
 

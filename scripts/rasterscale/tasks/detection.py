@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rasterscale.data import TrainTileDataset, collate_lists
-from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
+from rasterscale.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import ImageSpec, on_data
 from rasterscale.inputs import check_raster, read_annotations
@@ -35,14 +35,10 @@ LOGGER = logging.getLogger("rasterscale.train")
 
 
 def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
-    """The detector's fast path: eval mode, batch norms folded into convolutions, the heads' output layers in
-    fp32 under autocast (bf16's 8-bit mantissa on the box deltas would move boxes by pixels), and (when asked)
-    channels_last weights and input batches."""
+    """The detector's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
+    weights and input batches (its heads' output layers are in fp32 under autocast as built)."""
     model.eval()
     fuse_conv_bn(model)
-    head = model.head
-    head.regression_head.bbox_reg = Float32Output(head.regression_head.bbox_reg)
-    head.classification_head.cls_logits = Float32Output(head.classification_head.cls_logits)
     if channels_last:
         to_channels_last(model, model.backbone)
     return model

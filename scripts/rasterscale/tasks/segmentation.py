@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from rasterscale.fastpath import Float32Output, fuse_conv_bn, to_channels_last
+from rasterscale.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.imagery import ImageSpec
 from rasterscale.resume import Part
 from rasterscale.segmentation import NODATA_CLASS
@@ -62,12 +62,10 @@ def validate_segmenter(model: torch.nn.Module, datasets: Sequence[Dataset], batc
 
 
 def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
-    """The segmenter's fast path: eval mode, batch norms folded into convolutions, the last layer (the class
-    logits) in fp32 under autocast, and (when asked) channels_last weights and inputs."""
+    """The segmenter's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
+    weights and inputs (its last layer, the class logits, is in fp32 under autocast as built)."""
     model.eval()
     fuse_conv_bn(model)
-    head = model.net.segmentation_head
-    head[0] = Float32Output(head[0])
     if channels_last:
         to_channels_last(model, model.net)
     return model
