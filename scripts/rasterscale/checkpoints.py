@@ -36,7 +36,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import numpy as np
@@ -155,7 +155,9 @@ def stop_agreed(trainer: L.Trainer, stop: bool) -> bool:
 
 def random_state() -> dict[str, Any]:
     """This process's random generators (torch, CUDA, numpy, Python), as tensors and plain values."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # numpy's stub gives a call without arguments the dict of legacy=False; the default (legacy=True) returns this
+    legacy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    kind, keys, pos, has_gauss, cached = legacy_state
     state = {
         "torch": torch.get_rng_state(),
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
@@ -266,7 +268,8 @@ class ResumeCheckpoints(L.Callback):
         """The training curves so far: the earlier runs', then this run's (rank 0, after its logger saved); with
         ``trainer``, at a step's end, also that step's row (Lightning logs it only after the step's callbacks)."""
         rows = [*self.earlier_metrics, *read_metrics(self.logged_metrics)]
-        if trainer is not None and trainer.global_step % trainer.log_every_n_steps == 0:
+        # Trainer.__init__ sets log_every_n_steps (through its logger connector) without declaring it
+        if trainer is not None and trainer.global_step % trainer.log_every_n_steps == 0:  # type: ignore[attr-defined]
             values = {
                 key: str(float(value)) for key, value in trainer.callback_metrics.items() if key.startswith("train_")
             }
@@ -279,7 +282,8 @@ class ResumeCheckpoints(L.Callback):
         if self._trainer is not None:
             states = gather_to_all(self._trainer, states[0])
             # saved at a step's end: its batch counts as taken (Lightning's "processed")
-            taken = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            # Lightning declares the tracker as _ReadyCompletedTracker; a _BatchProgress holds a _ProcessedTracker
+            taken = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed  # type: ignore[attr-defined]
             state["data"] = {"epoch": self._trainer.current_epoch, "batches": taken}
             state["precision"] = str(self._trainer.precision)  # the value the ranks trained at
         return {"random_state": states, **state}

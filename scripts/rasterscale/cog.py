@@ -9,8 +9,12 @@ neighbouring tiles decode the same strips again. The workflow therefore reads su
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rasterscale.outputs import atomic_path
+
+if TYPE_CHECKING:
+    from rio_cogeo.cogeo import RIOResampling
 
 BLOCK_SIZE = 512
 
@@ -20,7 +24,7 @@ def convert_to_cog(
     dst: str | Path,
     block_size: int = BLOCK_SIZE,
     threads: int = 1,
-    overview_resampling: str = "nearest",
+    overview_resampling: RIOResampling = "nearest",
     add_mask: bool = False,
 ) -> None:
     """Write ``src`` as a tiled, deflate-compressed COG with overviews (same pixels, bands, nodata, CRS and

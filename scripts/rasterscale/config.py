@@ -35,7 +35,7 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
         return yaml.safe_load(handle)
 
 
-def _extend_with_defaults(validator_class: type) -> type:
+def _extend_with_defaults(validator_class: type[Any]) -> type[Any]:
     """A validator that fills in ``default`` values of absent properties while it validates."""
     validate_properties = validator_class.VALIDATORS["properties"]
 
@@ -176,7 +176,7 @@ def expand_all(config: dict[str, Any]) -> None:
 RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (read, with a warning)
 
 # keys that only one task reads: setting them under the other task is an error, not a silent no-op
-TASK_KEYS = {
+TASK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "detection": {
         "model": (
             "score_threshold",

@@ -70,7 +70,7 @@ class ImageSpec:
             raise ValueError("low and high are given together")
 
     @property
-    def indexes(self) -> list[int]:
+    def indexes(self) -> list[int | None]:
         """Bands to read in one call: the three bands, then the alpha band when the mask is alpha."""
         return [*self.bands, self.alpha] if self.mask == "alpha" else list(self.bands)
 
@@ -120,7 +120,8 @@ def resolve_spec(
     info = check_raster(path)
     check_imagery(info, bands, scale, key)
     kind, alpha, nodata = mask_of(info)
-    spec = ImageSpec(tuple(bands or DEFAULT_BANDS), kind, alpha, nodata)
+    red, green, blue = bands or DEFAULT_BANDS  # three bands: check_imagery failed otherwise
+    spec = ImageSpec((red, green, blue), kind, alpha, nodata)
     if not scale:
         return spec
     if "percentile" in scale:

@@ -189,7 +189,14 @@ def has_trained_statistics(model: RetinaNet) -> bool:
     """Whether the backbone's batch norms hold statistics estimated on data: a model that was never trained keeps
     their initial mean 0 and variance 1, and freezing those would only fix an untrained stem."""
     norms = [m for m in model.backbone.body.modules() if isinstance(m, torch.nn.BatchNorm2d | FrozenBatchNorm2d)]
-    return any(bool((m.running_mean != 0).any() or (m.running_var != 1).any()) for m in norms)
+    return any(_estimated(m) for m in norms)
+
+
+def _estimated(norm: torch.nn.BatchNorm2d | FrozenBatchNorm2d) -> bool:
+    """Whether a batch norm's running statistics moved from their initial mean 0 and variance 1."""
+    mean, var = norm.running_mean, norm.running_var
+    assert mean is not None and var is not None  # a ResNet's batch norms track running statistics
+    return bool((mean != 0).any() or (var != 1).any())
 
 
 def freeze_pretrained_backbone(model: RetinaNet) -> str:

@@ -28,9 +28,18 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from rasterscale.inputs import InputError
+
+
+class DetectorDefaults(TypedDict):
+    """The detector's settings where neither the config nor the model file gives them."""
+
+    score_threshold: float
+    nms_threshold: float
+    detections_per_tile: int
+
 
 CHECKPOINT_FORMAT = "rasterscale-detector/1"
 DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
@@ -38,7 +47,7 @@ DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_PATCH_SIZE = 400
 DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
-DEFAULTS = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
+DEFAULTS: DetectorDefaults = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
 FOLDER_FILES = ("config.json", "model.safetensors")
 SAFETENSORS_KEY = "rasterscale"  # safetensors metadata entry holding what DeepForest's config.json cannot
@@ -238,7 +247,7 @@ def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
     if isinstance(payload, Mapping) and str(payload.get("format", "")).startswith("rasterscale-segmenter"):
-        model = payload.get("model") if isinstance(payload.get("model"), Mapping) else {}
+        model = found if isinstance(found := payload.get("model"), Mapping) else {}
         raise _fail(
             path,
             f"a segmentation model ({model.get('architecture', '?')} on {model.get('backbone', '?')}), but task is "
@@ -330,7 +339,7 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
 # --- resolving ------------------------------------------------------------------------------------------------
 
 
-def configured_resize(value: Any) -> Resize | str:
+def configured_resize(value: Any) -> Resize | Literal["native"]:
     """``model.resize`` as set: ``"native"``, ``{min_size, max_size}`` or ``None`` (the model file's)."""
     if value is None or value == "native":
         return value

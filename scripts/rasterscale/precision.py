@@ -27,16 +27,22 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal, cast
 
 import torch
 
-AUTO = "auto"
-FP32 = "32-true"
-BF16 = "bf16-mixed"
-FP16 = "16-mixed"
-CHOICES = (AUTO, FP32, BF16, FP16)
+# a value a rank runs at (resolved, never "auto"): what Lightning's Trainer and precision plugins take
+PrecisionValue = Literal["32-true", "bf16-mixed", "16-mixed"]
+# a value of train.precision / predict.precision
+PrecisionSetting = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
+
+AUTO: Final = "auto"
+FP32: Final = "32-true"
+BF16: Final = "bf16-mixed"
+FP16: Final = "16-mixed"
+CHOICES: tuple[PrecisionSetting, ...] = (AUTO, FP32, BF16, FP16)
 # from least to most demanding of the device: the value a whole job can agree on is the least of its ranks'
-AGREEMENT_ORDER = (FP32, FP16, BF16)
+AGREEMENT_ORDER: tuple[PrecisionValue, ...] = (FP32, FP16, BF16)
 
 CUDA_BF16_MAJOR = 8  # compute capability from which CUDA runs bf16 natively (Ampere)
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of x86 CPUs with bf16 arithmetic
@@ -68,7 +74,7 @@ class Resolution:
 
     key: str
     requested: str
-    value: str
+    value: PrecisionValue
     capability: Capability
     warning: str | None = None
 
@@ -88,13 +94,14 @@ class Float32Conv2d(torch.nn.Conv2d):
 
 def float32_conv(conv: torch.nn.Conv2d) -> Float32Conv2d:
     """``conv`` as a :class:`Float32Conv2d` with the same parameters (shared, not copied)."""
+    # torch types a convolution's geometry as any tuple (_ConvNd's); a Conv2d's are pairs (padding: or a string)
     layer = Float32Conv2d(
         conv.in_channels,
         conv.out_channels,
-        conv.kernel_size,
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
+        cast("tuple[int, int]", conv.kernel_size),
+        stride=cast("tuple[int, int]", conv.stride),
+        padding=cast("str | tuple[int, int]", conv.padding),
+        dilation=cast("tuple[int, int]", conv.dilation),
         groups=conv.groups,
         bias=conv.bias is not None,
         padding_mode=conv.padding_mode,
@@ -104,7 +111,7 @@ def float32_conv(conv: torch.nn.Conv2d) -> Float32Conv2d:
     return layer
 
 
-def choose(capability: Capability) -> str:
+def choose(capability: Capability) -> PrecisionValue:
     """What ``auto`` picks on a device (module docstring)."""
     if capability.bf16:
         return BF16
@@ -138,7 +145,7 @@ def resolve(key: str, requested: str, capability: Capability) -> Resolution:
     return Resolution(key, requested, value, capability, warning)
 
 
-def agree(values: Sequence[str]) -> str:
+def agree(values: Sequence[PrecisionValue]) -> PrecisionValue:
     """The one value for a job whose ranks resolved ``values``: the least demanding (a rank without native bf16
     makes the whole job use what it runs natively: no job trains half in fp16)."""
     return min(values, key=AGREEMENT_ORDER.index)

@@ -26,10 +26,10 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import numpy as np
@@ -53,7 +53,7 @@ from rasterscale.profiler import PredictProfiler
 from rasterscale.profiling import format_profile_table, summarize
 from rasterscale.rankfiles import rank_stem, write_rank_record
 from rasterscale.resume import CheckpointClock, RankCheckpoints, file_digest, fingerprint, remove_resume_dir
-from rasterscale.runtime import RunSpec, end_rank, gather_to_all, make_trainer, start_rank
+from rasterscale.runtime import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import PredictScene, RankOutput, Task
@@ -258,13 +258,14 @@ class PredictionDataModule(L.LightningDataModule):
         )
 
     def predict_dataloader(self) -> DataLoader:
-        trainer = self.trainer
+        trainer = attached_trainer(self)
         dataset: Dataset = self.dataset_for_rank(trainer.world_size, trainer.global_rank, trainer.strategy.root_device)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=False,
-            num_workers=self.workers if len(dataset) else 0,
+            # a map-style dataset has a length (torch's Dataset type leaves __len__ to its subclasses)
+            num_workers=self.workers if len(cast(Sized, dataset)) else 0,
             collate_fn=collate_lists,
             pin_memory=self.pin_memory,
             worker_init_fn=functools.partial(bind_worker, rank_pid=os.getpid()),

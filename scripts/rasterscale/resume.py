@@ -25,6 +25,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def file_digest(path: str | Path) -> str:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode() + b"\0")
         with open(file, "rb") as handle:
-            for block in iter(lambda handle=handle: handle.read(2**22), b""):
+            for block in iter(partial(handle.read, 2**22), b""):
                 digest.update(block)
     return digest.hexdigest()
 

@@ -46,7 +46,7 @@ class RunSpec:
     accelerator: str  # "cpu" or "gpu" (resolved, never "auto")
     devices: int
     nodes: int
-    precision: str  # the value used (resolved, never "auto")
+    precision: precisions.PrecisionValue  # the value used (resolved, never "auto")
     section: str = "run"  # config section it comes from ("train", "predict"), named in pre-flight errors
     resolution: precisions.Resolution | None = field(default=None, repr=False)  # how, on this rank's device
 
@@ -184,12 +184,12 @@ class AgreedPrecision(L.Callback):
                 agreed,
             )
 
-    def switch(self, trainer: L.Trainer, value: str) -> None:
+    def switch(self, trainer: L.Trainer, value: precisions.PrecisionValue) -> None:
         """Run this rank at ``value`` instead of what its Trainer was made with."""
         trainer.strategy.precision_plugin = precision_plugin(value, self.spec.accelerator)
 
 
-def precision_plugin(value: str, accelerator: str) -> Any:
+def precision_plugin(value: precisions.PrecisionValue, accelerator: str) -> Any:
     """Lightning's precision plugin for a value (what its Trainer makes of ``precision=value``)."""
     if value == precisions.FP32:
         return Precision()
@@ -301,6 +301,14 @@ def log_precision(spec: RunSpec, rank: int) -> None:
     logger.info("precision: %s", spec.resolution.describe())
     if spec.resolution.warning is not None and rank == 0:
         logger.warning("rasterscale: %s", spec.resolution.warning)
+
+
+def attached_trainer(datamodule: L.LightningDataModule) -> L.Trainer:
+    """The Trainer running ``datamodule``'s hooks: Lightning attaches it before calling any of them (a datamodule's
+    ``trainer`` is optional only until then)."""
+    trainer = datamodule.trainer
+    assert trainer is not None, f"{type(datamodule).__name__} is not attached to a Trainer"
+    return trainer
 
 
 def gather_to_all(trainer: L.Trainer, item: Any) -> list[Any]:

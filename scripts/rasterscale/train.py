@@ -17,12 +17,12 @@ import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from rasterscale.batching import BatchPlan, plan_batches
 from rasterscale.checkpoints import (
@@ -38,10 +38,10 @@ from rasterscale.checkpoints import (
 )
 from rasterscale.imagery import read_spec
 from rasterscale.inputs import check_raster
-from rasterscale.runtime import RunSpec, end_rank, make_trainer, start_rank
+from rasterscale.runtime import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
 from rasterscale.sampling import EpochSampler, FlippableSamples, KeyedSamples
 from rasterscale.tasks import load_task
-from rasterscale.tasks.base import Task, TrainScene
+from rasterscale.tasks.base import SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tiling import read_manifest, split_train_validation, tiles_from_frame
 
 LOGGER_NAME = "rasterscale.train"
@@ -58,7 +58,7 @@ class TrainingDataModule(L.LightningDataModule):
         super().__init__()
         self.task, self.scenes, self.model_cfg, self.plan, self.cfg = task, scenes, model_cfg, plan, cfg
         self.train_sets: list[FlippableSamples] = []
-        self.val_sets: list[Dataset] = []
+        self.val_sets: list[SizedDataset] = []
         self.resumed: tuple[int, int] | None = None  # (epoch, batches its interrupted run took)
 
     def resume_at(self, epoch: int, batches: int) -> None:
@@ -78,7 +78,7 @@ class TrainingDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         workers = self.cfg["workers"]
         samples = KeyedSamples(self.train_sets, self.cfg["seed"])
-        trainer, batch = self.trainer, self.plan.per_device_batch
+        trainer, batch = attached_trainer(self), self.plan.per_device_batch
         sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.cfg["seed"], batch)
         if self.resumed is not None:
             sampler.resume_at(*self.resumed)
@@ -88,7 +88,7 @@ class TrainingDataModule(L.LightningDataModule):
             sampler=sampler,
             num_workers=workers,
             persistent_workers=workers > 0,
-            worker_init_fn=partial(init_training_worker, rank=self.trainer.global_rank, rank_pid=os.getpid())
+            worker_init_fn=partial(init_training_worker, rank=trainer.global_rank, rank_pid=os.getpid())
             if workers > 0
             else None,
             collate_fn=self.task.collate,
@@ -140,12 +140,16 @@ class RankZeroValidation(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         epoch = trainer.current_epoch + 1
-        last_epoch = epoch >= trainer.max_epochs or (0 < trainer.max_steps <= trainer.global_step)
+        max_epochs = trainer.max_epochs
+        assert max_epochs is not None  # fit() has resolved it (run_training sets train.epochs) before any epoch
+        last_epoch = epoch >= max_epochs or (0 < trainer.max_steps <= trainer.global_step)
         if not self.datamodule.val_sets or (epoch % self.every and not last_epoch):
             return
         if trainer.is_global_zero:
             with torch.random.fork_rng():  # training's random stream is the same with or without validation
-                self.last = self.task.validate(module.model, self.datamodule.val_sets, self.batch_size)
+                # Lightning types the hook's module as any LightningModule; it is the task's TrainingModule
+                model = cast(TrainingModule, module).model
+                self.last = self.task.validate(model, self.datamodule.val_sets, self.batch_size)
             self.last["epoch"] = trainer.current_epoch
             if trainer.logger is not None:
                 trainer.logger.log_metrics(self.last, step=trainer.global_step)

@@ -176,6 +176,7 @@ def merge_class_rasters(
         convert_to_cog(tmp_classes, classes_path, block_size=block, overview_resampling="mode")
         if probs_dst is not None:
             probs_dst.close()
+            assert probabilities_path is not None  # probs_dst is opened for a probabilities_path only
             convert_to_cog(
                 tmp_probs, probabilities_path, block_size=block, overview_resampling="average", add_mask=True
             )
@@ -235,7 +236,7 @@ class Region:
     vertices: int = 0
 
 
-def block_pieces(data: np.ndarray, window: Window, skip: Sequence[int]) -> list[tuple[object, int]]:
+def block_pieces(data: np.ndarray, window: Window, skip: Sequence[int]) -> list[tuple[shapely.Geometry, int]]:
     """(polygon in the raster's pixel coordinates, class id) of the 4-connected regions of a block, skipped
     classes left out."""
     keep = ~np.isin(data, list(skip))
@@ -253,7 +254,7 @@ def touches_edge(bounds: tuple[float, float, float, float], window: Window) -> b
     )
 
 
-def piece_labels(pieces: Sequence[tuple[object, int]], window: Window) -> np.ndarray:
+def piece_labels(pieces: Sequence[tuple[shapely.Geometry, int]], window: Window) -> np.ndarray:
     """Which piece (its index in ``pieces`` + 1; 0 for none) holds each pixel of the block."""
     shape = (int(window.height), int(window.width))
     if not pieces:

@@ -94,6 +94,9 @@ class SegmenterConfig:
 class Segmenter(torch.nn.Module):
     """An smp network (``.net``) behind ImageNet normalization and padding to a multiple of :data:`STRIDE`."""
 
+    mean: torch.Tensor  # buffers (registered in __init__)
+    std: torch.Tensor
+
     def __init__(self, net: torch.nn.Module) -> None:
         super().__init__()
         self.net = net

@@ -10,15 +10,16 @@ its :class:`~rasterscale.tasks.TaskInfo`'s (no torch: a merge job does not load 
 from __future__ import annotations
 
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import lightning as L
 import torch
-from torch.utils.data import Dataset
 
 from rasterscale.batching import BatchPlan
 from rasterscale.imagery import ImageSpec
@@ -26,6 +27,15 @@ from rasterscale.resume import Part
 from rasterscale.sampling import FlippableSamples
 from rasterscale.tasks import TaskInfo
 from rasterscale.tiling import Tile
+
+
+class SizedDataset(Protocol):
+    """Samples by index that know their number (a map-style dataset with ``__len__``, which torch's ``Dataset``
+    leaves to its subclasses): a task's validation samples."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,8 @@ class TrainingModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch)
-        loss = sum(losses.values())
+        # the terms added in order: sum()'s start, the int 0, adds nothing (a tensor start would promote bf16 to fp32)
+        loss: torch.Tensor = reduce(operator.add, losses.values())
         size = len(batch[0])
         self.log("train_loss", loss.detach(), batch_size=size)
         for name, value in losses.items():
@@ -157,7 +168,7 @@ class Task(ABC):
         validation: Sequence[Tile],
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
-    ) -> tuple[FlippableSamples, Dataset | None]:
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
         """A scene's training samples (flipped by the sampler: :mod:`rasterscale.sampling`) and validation
         samples, made from its tiles."""
 
@@ -166,7 +177,7 @@ class Task(ABC):
         """A training batch from samples."""
 
     @abstractmethod
-    def validate(self, model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         """Validation scores (``val_*``) of the model on validation samples."""
 
     @abstractmethod

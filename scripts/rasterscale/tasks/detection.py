@@ -11,13 +11,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import geopandas as gpd
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import Dataset
 
 from rasterscale.data import TrainTileDataset, collate_lists
 from rasterscale.fastpath import fuse_conv_bn, to_channels_last
@@ -27,9 +26,13 @@ from rasterscale.inputs import check_raster, read_annotations
 from rasterscale.merge import empty_detections, write_detections_file
 from rasterscale.modelfiles import DEFAULT_FPN_CHANNELS, DetectorConfig, detector_of_config, write_deepforest_folder
 from rasterscale.resume import Part
+from rasterscale.sampling import FlippableSamples
 from rasterscale.tasks import DETECTION
-from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
+from rasterscale.tasks.base import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tiling import Tile
+
+if TYPE_CHECKING:
+    from torchvision.models.detection import RetinaNet
 
 LOGGER = logging.getLogger("rasterscale.train")
 
@@ -40,7 +43,8 @@ def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) ->
     model.eval()
     fuse_conv_bn(model)
     if channels_last:
-        to_channels_last(model, model.backbone)
+        detector = cast("RetinaNet", model)  # the task's model (rasterscale.model.build_detector), typed as any Module
+        to_channels_last(model, detector.backbone)
     return model
 
 
@@ -117,7 +121,7 @@ def predict_tiles(model: torch.nn.Module, dataset: TrainTileDataset, batch_size:
     """Run the raw detector over a tile dataset (rank 0 only: no collectives)."""
     was_training = model.training
     model.eval()
-    outputs = []
+    outputs: list[dict[str, np.ndarray]] = []
     with torch.inference_mode():
         for start in range(0, len(dataset), batch_size):
             images = [dataset[i][0] for i in range(start, min(len(dataset), start + batch_size))]
@@ -152,7 +156,7 @@ def validate_detector(
         np.concatenate(gt_boxes),
         np.concatenate(gt_labels),
         iou_threshold=0.4,
-        score_threshold=float(model.score_thresh),
+        score_threshold=float(cast("RetinaNet", model).score_thresh),  # the task's model: a RetinaNet
     )
     return {f"val_{k}": float(metrics[k]) for k in ("precision", "recall", "f1", "map50")}
 
@@ -207,7 +211,7 @@ class DetectionTask(Task):
         validation: Sequence[Tile],
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
-    ) -> tuple[Dataset, Dataset | None]:
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
         raster = check_raster(scene.raster)
         truth = read_annotations(
             scene.annotations, raster, list(model_cfg.labels), scene.label_column, scene.image_path
@@ -225,7 +229,7 @@ class DetectionTask(Task):
     def collate(self, batch: list[Any]) -> Any:
         return collate_lists(batch)
 
-    def validate(self, model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_detector(model, datasets, batch_size)  # type: ignore[arg-type]
 
     def save_model(

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from rasterscale.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.imagery import ImageSpec
 from rasterscale.resume import Part
+from rasterscale.sampling import FlippableSamples
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
-from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, load_segmenter, segmenter_of_config
+from rasterscale.segmentation.model import (
+    Segmenter,
+    SegmenterConfig,
+    build_segmenter,
+    load_segmenter,
+    segmenter_of_config,
+)
 from rasterscale.tasks import SEGMENTATION
-from rasterscale.tasks.base import PredictScene, RankOutput, Task, TrainingModule, TrainScene
+from rasterscale.tasks.base import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tiling import Tile
 
 
@@ -40,7 +46,7 @@ def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch
     return torch.stack(images), torch.stack(masks)
 
 
-def validate_segmenter(model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
     """mIoU and pixel accuracy on the validation tiles (rank 0 only: no collectives)."""
     from rasterscale.segmentation.metrics import confusion_matrix, iou_scores
 
@@ -67,7 +73,8 @@ def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) ->
     model.eval()
     fuse_conv_bn(model)
     if channels_last:
-        to_channels_last(model, model.net)
+        net = cast(Segmenter, model).net  # the task's model (build_segmenter), typed as any Module
+        to_channels_last(model, net)
     return model
 
 
@@ -141,7 +148,7 @@ class SegmentationTask(Task):
         validation: Sequence[Tile],
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
-    ) -> tuple[Dataset, Dataset | None]:
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
         from rasterscale.segmentation.dataset import SegmentationTileDataset
         from rasterscale.segmentation.groundtruth import read_segmentation_truth
 
@@ -153,7 +160,7 @@ class SegmentationTask(Task):
     def collate(self, batch: list[Any]) -> Any:
         return collate_stack(batch)
 
-    def validate(self, model: torch.nn.Module, datasets: Sequence[Dataset], batch_size: int) -> dict[str, float]:
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_segmenter(model, datasets, batch_size)
 
     def save_model(
