@@ -42,6 +42,7 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check scripts tests bench
 	$(BIN)/ruff format --check scripts tests bench
+	$(BIN)/mypy
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint -n
 

@@ -1,4 +1,5 @@
-"""The project's own style gates: ruff, snakefmt and snakemake --lint stay clean."""
+"""The project's own style gates: ruff, the type checker mypy (over scripts/rasterscale, settings in pyproject.toml),
+snakefmt and snakemake --lint stay clean."""
 
 import subprocess
 import sys
@@ -16,10 +17,11 @@ BIN = Path(sys.executable).parent
     [
         [str(BIN / "ruff"), "check", "scripts", "tests", "bench"],
         [str(BIN / "ruff"), "format", "--check", "scripts", "tests", "bench"],
+        [str(BIN / "mypy")],
         [str(BIN / "snakefmt"), "--check", "Snakefile", "rules"],
         [sys.executable, "-m", "snakemake", "--lint", "-n"],
     ],
-    ids=["ruff", "ruff-format", "snakefmt", "snakemake-lint"],
+    ids=["ruff", "ruff-format", "mypy", "snakefmt", "snakemake-lint"],
 )
 def test_clean(command):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
