@@ -2,7 +2,11 @@
 # Entry point; rules live in rules/, logic in the Python package scripts/rasterscale.
 
 
-configfile: "config/config.yaml"
+# The demo's config, unless the command line gives one with --configfile: that config replaces it (Snakemake would lay
+# it over this one key by key, and the demo's scenes would join the user's).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"

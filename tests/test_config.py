@@ -1,13 +1,14 @@
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
-from snakemake.utils import update_config
 
 from conftest import REPO, schema_keys
 from rasterscale.config import ConfigError, load_config, load_schema, validate_config
+from workflow import tiny_config
 
 MINIMAL = {"scenes": {"a": {"path": "a.tif"}}}
 
@@ -60,12 +61,9 @@ SHIPPED_CONFIGS = sorted(
 
 @pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda path: str(path.relative_to(REPO)))
 def test_shipped_configs_are_valid(path):
-    """Every shipped config (config/*.yaml but the schema, tests/configs/*.yaml) is valid on its own and as
-    Snakemake reads it from the repository root: laid over config/config.yaml, the Snakefile's configfile."""
+    """Every shipped config (config/*.yaml but the schema, tests/configs/*.yaml) is valid as the workflow reads it:
+    on its own (given with --configfile, a config replaces config/config.yaml)."""
     load_config(path)
-    merged = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    update_config(merged, yaml.safe_load(path.read_text()))
-    validate_config(merged)
 
 
 def snakemake_dry_run(tmp_path, config: dict):
@@ -106,10 +104,24 @@ def test_dry_run_fails_on_a_missing_raster(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--configfile", "config/segmentation.yaml"]], ids=["demo", "segmentation demo"])
 def test_the_readmes_demo_commands_plan_with_the_repositorys_configs(tmp_path, extra):
-    """`snakemake` and `snakemake --configfile config/segmentation.yaml`, as the README gives them: the second
-    config extends config/config.yaml (the Snakefile's configfile), so no detection-only key may sit there."""
+    """`snakemake` and `snakemake --configfile config/segmentation.yaml`, as the README gives them, from a folder
+    holding config/ (as the repository root does)."""
     shutil.copytree(REPO / "config", tmp_path / "config")
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
     result = subprocess.run([*command, "-n", "--cores", "2", *extra], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rasterscale:" not in result.stderr and "train_model" in result.stdout
+
+
+def test_a_configfile_replaces_the_demo_config(tmp_path):
+    """From a folder holding config/config.yaml (the Snakefile's configfile), a config given with --configfile
+    replaces it (Snakemake would merge them): `predict.scenes: all` plans that config's scenes, none of the demo's."""
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    mine = tmp_path / "my.yaml"
+    mine.write_text(yaml.safe_dump(tiny_config(predict={"scenes": "all"})))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
+    result = subprocess.run([*command, "-n", "--configfile", str(mine)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    planned = set(re.findall(r"scene=(\w+)", result.stdout))
+    assert planned == {"tiny_train", "tiny_test"}, planned
+    assert "demo_" not in result.stdout
