@@ -21,6 +21,7 @@ from rasterscale.segmentation.dataset import SegmentationTileDataset
 from rasterscale.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.segmentation.metrics import evaluate_class_map
 from rasterscale.segmentation.model import (
+    ARCHITECTURES,
     UNET_DECODER,
     SegmenterConfig,
     build_segmenter,
@@ -45,6 +46,9 @@ def test_config_round_trip_and_defaults() -> None:
     assert cfg.describe() == described
     with pytest.raises(ValueError, match="unknown architecture"):
         SegmenterConfig(LABELS, architecture="segformerx")
+    assert set(ARCHITECTURES) == {"unet", "fpn", "deeplabv3plus"}  # the schema's model.architecture, nothing more
+    with pytest.raises(ValueError, match=r"unknown architecture 'pspnet' \(one of unet, fpn, deeplabv3plus\)"):
+        SegmenterConfig(LABELS, architecture="pspnet")
     with pytest.raises(ValueError, match="at least 2 classes"):
         SegmenterConfig(("tree",))
 

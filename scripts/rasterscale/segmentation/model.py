@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rasterscale.config import load_schema
 from rasterscale.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.inputs import InputError
 from rasterscale.precision import float32_conv
@@ -39,7 +40,10 @@ __all__ = [
 ]
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
-ARCHITECTURES = ("unet", "unetplusplus", "fpn", "deeplabv3plus", "linknet", "pspnet", "manet", "pan")
+# the segmentation-models-pytorch networks a config may name: config/schema.yaml's model.architecture
+ARCHITECTURES: tuple[str, ...] = tuple(
+    name for name in load_schema()["properties"]["model"]["properties"]["architecture"]["enum"] if name
+)
 UNET_DECODER = (128, 64, 32, 16, 8)  # smp's default is (256, 128, 64, 32, 16)
 STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of it
 NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER_FORMAT})"
