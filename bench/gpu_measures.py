@@ -48,7 +48,7 @@ from rasterscale.imagery import read_spec, resolve_spec
 from rasterscale.profiling import MB, UtilizationSampler, summarize
 from rasterscale.runtime import cpu_threads_per_rank, precision_plugin
 from rasterscale.synth import synthesize_scene
-from rasterscale.tiling import build_manifest, read_manifest, tiles_from_frame, write_manifest
+from rasterscale.tiling import TileGrid, build_manifest, read_manifest, tiles_from_frame, write_manifest
 from synthetic import write_checkpoint
 
 PRECISIONS = (precisions.AUTO, precisions.FP32)  # auto first: its trained model is the one predicted
@@ -167,7 +167,8 @@ def workers_per_rank(wanted: int, ranks: int) -> int:
 
 def write_scene_manifest(raster: Path, sizes: Sizes) -> Path:
     manifest = raster.with_suffix(".parquet")
-    write_manifest(build_manifest(raster, sizes.patch, sizes.overlap), resolve_spec(raster), manifest)
+    grid = TileGrid(sizes.patch, sizes.overlap)
+    write_manifest(build_manifest(raster, grid.patch_size, grid.overlap), resolve_spec(raster), grid, manifest)
     return manifest
 
 

@@ -38,7 +38,15 @@ from rasterscale.model import load_checkpoint
 from rasterscale.outputs import write_geoparquet
 from rasterscale.precision import BF16, FP16, FP32
 from rasterscale.tasks.detection import prepare_for_inference
-from rasterscale.tiling import Tile, build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.tiling import (
+    Tile,
+    TileGrid,
+    build_manifest,
+    manifest_frame,
+    tile_grid,
+    tiles_from_frame,
+    write_manifest,
+)
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
 PATCH, OVERLAP = 400, 80
@@ -298,7 +306,7 @@ def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: in
         manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
         chosen = manifest.iloc[spread(range(len(manifest)), count)]
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
-        write_manifest(chosen, resolve_spec(raster), directory / "tiles.parquet")
+        write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
         job = run_predict_job(directory, raster, directory / "tiles.parquet", checkpoint, {"devices": 1, "workers": 0})
         raster.unlink()
         profile = job.profiles[0]

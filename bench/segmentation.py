@@ -27,7 +27,7 @@ from rasterscale.config import validate_config
 from rasterscale.imagery import resolve_spec
 from rasterscale.rankfiles import rank_stem
 from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
-from rasterscale.tiling import manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.tiling import TileGrid, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int =
         chosen = band_of_rows(side, tiles)
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
         manifest = directory / "tiles.parquet"
-        write_manifest(chosen, resolve_spec(raster), manifest)
+        write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
         jobs = [
             run_predict_job(directory / f"run-{k}", raster, manifest, checkpoint, config["predict"], config=config)
             for k in range(RUNS)

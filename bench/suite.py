@@ -24,7 +24,7 @@ from measures import (
     timed,
 )
 from rasterscale.imagery import resolve_spec
-from rasterscale.tiling import build_manifest, tiles_from_frame, write_manifest
+from rasterscale.tiling import TileGrid, build_manifest, tiles_from_frame, write_manifest
 from segmentation import measure_segmentation_rss
 from synthetic import write_checkpoint, write_raster
 
@@ -109,7 +109,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     checkpoint = write_checkpoint(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
-    write_manifest(manifest, resolve_spec(raster), workdir / "tiles.parquet")
+    write_manifest(manifest, resolve_spec(raster), TileGrid(PATCH, 80), workdir / "tiles.parquet")
     tiles = tiles_from_frame(manifest)
     details: dict[str, Any] = {}
 

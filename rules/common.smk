@@ -10,17 +10,12 @@ sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.cog import striped_sources  # noqa: E402
 from rasterscale.config import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import (  # noqa: E402
-    InputError,
-    check_imagery,
-    check_raster,
-    check_validation_band,
-    unwritable_folder,
-)
+from rasterscale.inputs import InputError, check_imagery, check_raster, unwritable_folder  # noqa: E402
 from rasterscale.preflight import launch_geometry  # noqa: E402
 from rasterscale.rankfiles import rank_stem  # noqa: E402
 from rasterscale.resume import resume_dir  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
+from rasterscale.tiling import check_validation_band  # noqa: E402
 
 
 def fail(message):

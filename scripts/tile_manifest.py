@@ -8,7 +8,7 @@ from typing import Any
 
 from rasterscale.imagery import resolve_spec
 from rasterscale.inputs import check_raster, run_entry
-from rasterscale.tiling import build_manifest, write_manifest
+from rasterscale.tiling import TileGrid, build_manifest, write_manifest
 
 
 def write_scene_manifest(raster: str, out: str, imagery: dict[str, Any], args: argparse.Namespace) -> None:
@@ -16,7 +16,7 @@ def write_scene_manifest(raster: str, out: str, imagery: dict[str, Any], args: a
     spec = resolve_spec(raster, imagery.get("bands"), imagery.get("scale"), imagery.get("key", "scene"))
     print(f"{raster}: imagery {spec.describe()}")
     manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec)
-    write_manifest(manifest, spec, out)
+    write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)
     print(f"{raster}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
 
 

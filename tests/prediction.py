@@ -15,7 +15,7 @@ from rasterscale.jobfiles import SceneJob
 from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
 from rasterscale.predict import run_prediction
 from rasterscale.runtime import RunSpec, resolve_precision
-from rasterscale.tiling import build_manifest, write_manifest
+from rasterscale.tiling import TileGrid, build_manifest, write_manifest
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class PredictScene:
         directory.mkdir(parents=True, exist_ok=True)
         raster = write_raster(directory / "scene.tif", width, height)
         manifest = build_manifest(raster, cls.patch_size, cls.overlap)
-        write_manifest(manifest, resolve_spec(raster), directory / "tiles.parquet")
+        write_manifest(
+            manifest, resolve_spec(raster), TileGrid(cls.patch_size, cls.overlap), directory / "tiles.parquet"
+        )
         torch.manual_seed(0)
         detector = DetectorConfig(backbone="resnet18", patch_size=cls.patch_size, score_threshold=0.0)
         save_checkpoint(build_detector(detector), detector, directory / "model.pt")

@@ -16,7 +16,7 @@ from conftest import REPO, write_raster, write_rgba
 from rasterscale.data import TrainTileDataset, WindowDataset, load_region, prediction_dataset
 from rasterscale.imagery import SPEC_KEY, ImageSpec, drop_masked, on_data, read_spec, resolve_spec, valid_at
 from rasterscale.inputs import InputError
-from rasterscale.tiling import Tile, build_manifest, tiles_from_frame, write_manifest
+from rasterscale.tiling import Tile, TileGrid, build_manifest, tiles_from_frame, write_manifest
 
 
 def rgba_with_masked_corner(size: int = 512, corner: int = 300) -> np.ndarray:
@@ -31,7 +31,7 @@ def rgba_with_masked_corner(size: int = 512, corner: int = 300) -> np.ndarray:
 def manifest_of(path, tmp_path, patch=128, overlap=0, **imagery):
     spec = resolve_spec(path, imagery.get("bands"), imagery.get("scale"), "scenes.x")
     out = tmp_path / "tiles.parquet"
-    write_manifest(build_manifest(path, patch, overlap, True, spec), spec, out)
+    write_manifest(build_manifest(path, patch, overlap, True, spec), spec, TileGrid(patch, overlap), out)
     return out
 
 

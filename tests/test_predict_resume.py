@@ -27,7 +27,7 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
 from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
-from rasterscale.tiling import Tile, tile_grid
+from rasterscale.tiling import Tile, TileGrid, tile_grid
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
@@ -125,7 +125,7 @@ def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
     from rasterscale.tasks.detection import DetectionRankOutput, TileDetections
 
     tiles = [Tile(k, 100 * k, 0, 128, 128) for k in range(7)]
-    scene = PredictScene("scene", "scene.tif", tiles, None, 800, 128, TRANSFORM, UTM17N)
+    scene = PredictScene("scene", "scene.tif", tiles, None, TileGrid(128, 28), 800, 128, TRANSFORM, UTM17N)
     rng = np.random.default_rng(0)
 
     def result(tile):

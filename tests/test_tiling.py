@@ -4,7 +4,9 @@ import rasterio
 import shapely
 from affine import Affine
 
-from rasterscale.tiling import build_manifest, tile_grid, tile_offsets
+from rasterscale.imagery import read_spec, resolve_spec
+from rasterscale.inputs import InputError
+from rasterscale.tiling import TileGrid, build_manifest, read_grid, tile_grid, tile_offsets, write_manifest
 
 
 @pytest.mark.parametrize(
@@ -91,3 +93,18 @@ def test_manifest_reads_no_pixels_without_nodata(raster_factory, monkeypatch):
     monkeypatch.setattr(rasterio.io.DatasetReader, "read", forbid)
     monkeypatch.setattr(rasterio.io.DatasetReader, "dataset_mask", forbid)
     assert len(build_manifest(path, 200, 20)) == 9
+
+
+def test_the_manifest_carries_its_tile_grid_and_an_old_manifest_names_the_rule_to_rerun(raster_factory, tmp_path):
+    """Patch size and overlap travel with the manifest (the segmentation blend takes its taper from there, not from
+    the config); a manifest without them fails with one line naming the file and the rule."""
+    path = raster_factory(width=500, height=300)
+    manifest = build_manifest(path, 200, 40)
+    out = tmp_path / "tiles.parquet"
+    write_manifest(manifest, resolve_spec(path), TileGrid(200, 40), out)
+    assert read_grid(out) == TileGrid(200, 40)
+    assert read_spec(out) == resolve_spec(path)
+    old = tmp_path / "old.parquet"
+    manifest.to_parquet(old)
+    with pytest.raises(InputError, match=rf"^{old}: tile manifest holds no tile grid .*; rerun rule tile_manifest$"):
+        read_grid(old)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -235,42 +234,6 @@ def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] |
     wrong = [k for k, (lo, hi) in enumerate(zip(limits["min"], limits["max"], strict=True)) if not lo < hi]
     if wrong:
         raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")
-
-
-def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
-    """A training scene must hold whole tiles both above its held-out bottom band (``train.validation_fraction``
-    of its height) and inside it: otherwise training, or validation, would silently get none of its tiles (and
-    the tiles across the band's edge are used by neither). Judged on the tile grid of the raster's header."""
-    from rasterscale.tiling import Tile, split_train_validation, tile_offsets
-
-    if fraction <= 0:
-        return
-    height = raster.height
-    rows = [
-        Tile(k, 0, row, raster.width, min(patch_size, height))
-        for k, row in enumerate(tile_offsets(height, patch_size, overlap))
-    ]
-    train, validation = split_train_validation(rows, height, fraction)
-    if train and validation:
-        return
-    where = f"{raster.path}: training scene {scene} is {height} px high"
-    if height < 2 * patch_size:
-        raise InputError(
-            f"{where}, too small to hold out a validation band of whole {patch_size} px tiles below training tiles; "
-            f"set train.validation_fraction: 0 (no validation), or tiling.patch_size to at most {height // 2}"
-        )
-    if not validation:
-        least = math.ceil(100 * patch_size / height) / 100
-        raise InputError(
-            f"{where}: its validation band (train.validation_fraction {fraction:g}, the bottom "
-            f"{round(height * fraction)} px) holds no whole {patch_size} px tile, so validation would never run; set "
-            f"train.validation_fraction to at least {least:g}, or 0 to train without validation"
-        )
-    most = math.floor(100 * (1 - patch_size / height)) / 100
-    raise InputError(
-        f"{where}: above its validation band (train.validation_fraction {fraction:g}) no whole {patch_size} px tile "
-        f"is left to train on; set train.validation_fraction to at most {most:g}"
-    )
 
 
 WORKFLOW_FOLDERS = ("results", "results/models", "logs", "benchmarks", ".snakemake")

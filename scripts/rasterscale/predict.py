@@ -57,7 +57,7 @@ from rasterscale.runtime import RunSpec, attached_trainer, end_rank, gather_to_a
 from rasterscale.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.tasks import load_task
 from rasterscale.tasks.base import PredictScene, RankOutput, Task
-from rasterscale.tiling import Tile, read_manifest, tiles_from_frame
+from rasterscale.tiling import Tile, read_grid, read_manifest, tiles_from_frame
 
 LOGGER_NAME = "rasterscale.predict"
 
@@ -67,8 +67,9 @@ def load_scene(job: SceneJob) -> PredictScene:
     size and georeference."""
     raster = check_raster(job.raster)
     tiles = tiles_from_frame(read_manifest(job.manifest))
+    spec, grid = read_spec(job.manifest), read_grid(job.manifest)
     return PredictScene(
-        job.name, job.raster, tiles, read_spec(job.manifest), raster.width, raster.height, raster.transform, raster.crs
+        job.name, job.raster, tiles, spec, grid, raster.width, raster.height, raster.transform, raster.crs
     )
 
 

@@ -3,14 +3,16 @@
 A manifest is computed from the raster's metadata (size and transform), and, for rasters that mark invalid
 pixels, from a decimated read of their mask: tiles wholly masked are left out. Offsets step by
 ``patch_size - overlap``; the last row and column of tiles are flush with the raster's edge, so every pixel is
-covered and no tile reads past the raster. The scene's :class:`~rasterscale.imagery.ImageSpec` travels in the
-manifest's parquet metadata (:func:`write_manifest`, :func:`rasterscale.imagery.read_spec`).
+covered and no tile reads past the raster. The scene's :class:`~rasterscale.imagery.ImageSpec` and its
+:class:`TileGrid` (patch size and overlap) travel in the manifest's parquet metadata (:func:`write_manifest`,
+:func:`rasterscale.imagery.read_spec`, :func:`read_grid`): jobs take them from there, never from the config.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import geopandas as gpd
@@ -23,10 +25,19 @@ from rasterio.crs import CRS
 
 from rasterscale.geo import pixel_boxes_to_polygons
 from rasterscale.imagery import SPEC_KEY, ImageSpec, mask_of, valid_mask
-from rasterscale.inputs import DEFAULT_BANDS, raster_info
+from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, raster_info
 from rasterscale.outputs import atomic_path
 
 MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
+GRID_KEY = b"rasterscale:grid"
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """How a raster is cut: tiles of ``patch_size`` px whose neighbours overlap by ``overlap`` px."""
+
+    patch_size: int
+    overlap: int
 
 
 @dataclass(frozen=True)
@@ -128,10 +139,11 @@ def build_manifest(
         return manifest_frame(grid, src.transform, src.crs)
 
 
-def write_manifest(frame: gpd.GeoDataFrame, spec: ImageSpec, path: str | Path) -> None:
-    """Write a manifest as GeoParquet with the scene's imagery spec in its metadata, atomically."""
+def write_manifest(frame: gpd.GeoDataFrame, spec: ImageSpec, grid: TileGrid, path: str | Path) -> None:
+    """Write a manifest as GeoParquet with the scene's imagery spec and tile grid in its metadata, atomically."""
     table = _geopandas_to_arrow(frame, index=False)  # what GeoDataFrame.to_parquet writes, "geo" metadata included
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), SPEC_KEY: spec.to_json().encode()})
+    ours = {SPEC_KEY: spec.to_json().encode(), GRID_KEY: json.dumps(asdict(grid)).encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **ours})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
@@ -143,3 +155,47 @@ def tiles_from_frame(frame: gpd.GeoDataFrame) -> list[Tile]:
 
 def read_manifest(path: str | Path) -> gpd.GeoDataFrame:
     return gpd.read_parquet(path)
+
+
+def read_grid(manifest_path: str | Path) -> TileGrid:
+    """The tile grid a manifest was cut with (stored by the tile_manifest rule)."""
+    metadata = pq.read_schema(manifest_path).metadata or {}
+    if GRID_KEY not in metadata:
+        raise InputError(
+            f"{manifest_path}: tile manifest holds no tile grid ({GRID_KEY.decode()}); rerun rule tile_manifest"
+        )
+    return TileGrid(**json.loads(metadata[GRID_KEY]))
+
+
+def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
+    """A training scene must hold whole tiles both above its held-out bottom band (``train.validation_fraction``
+    of its height) and inside it: otherwise training, or validation, would silently get none of its tiles (and
+    the tiles across the band's edge are used by neither). Judged on the tile grid of the raster's header."""
+    if fraction <= 0:
+        return
+    height = raster.height
+    rows = [
+        Tile(k, 0, row, raster.width, min(patch_size, height))
+        for k, row in enumerate(tile_offsets(height, patch_size, overlap))
+    ]
+    train, validation = split_train_validation(rows, height, fraction)
+    if train and validation:
+        return
+    where = f"{raster.path}: training scene {scene} is {height} px high"
+    if height < 2 * patch_size:
+        raise InputError(
+            f"{where}, too small to hold out a validation band of whole {patch_size} px tiles below training tiles; "
+            f"set train.validation_fraction: 0 (no validation), or tiling.patch_size to at most {height // 2}"
+        )
+    if not validation:
+        least = math.ceil(100 * patch_size / height) / 100
+        raise InputError(
+            f"{where}: its validation band (train.validation_fraction {fraction:g}, the bottom "
+            f"{round(height * fraction)} px) holds no whole {patch_size} px tile, so validation would never run; set "
+            f"train.validation_fraction to at least {least:g}, or 0 to train without validation"
+        )
+    most = math.floor(100 * (1 - patch_size / height)) / 100
+    raise InputError(
+        f"{where}: above its validation band (train.validation_fraction {fraction:g}) no whole {patch_size} px tile "
+        f"is left to train on; set train.validation_fraction to at most {most:g}"
+    )

@@ -26,7 +26,7 @@ from rasterscale.imagery import ImageSpec
 from rasterscale.resume import Part
 from rasterscale.sampling import FlippableSamples
 from rasterscale.tasks import TaskInfo
-from rasterscale.tiling import Tile
+from rasterscale.tiling import Tile, TileGrid
 
 
 class SizedDataset(Protocol):
@@ -52,13 +52,14 @@ class TrainScene:
 
 @dataclass(frozen=True)
 class PredictScene:
-    """A scene of a prediction job: its raster, its tiles and imagery spec (from its manifest), and its raster's
-    size and georeference."""
+    """A scene of a prediction job: its raster, its tiles, imagery spec and tile grid (from its manifest), and its
+    raster's size and georeference."""
 
     name: str
     raster: str
     tiles: list[Tile]
     imagery: ImageSpec
+    grid: TileGrid
     width: int
     height: int
     transform: Any

@@ -201,7 +201,7 @@ class SegmentationTask(Task):
             scene.width,
             scene.height,
             model_cfg.num_classes,
-            config["tiling"]["overlap"],
+            scene.grid.overlap,
             path,
             scene.transform,
             scene.crs,
