@@ -95,9 +95,9 @@ def test_manifest_reads_no_pixels_without_nodata(raster_factory, monkeypatch):
     assert len(build_manifest(path, 200, 20)) == 9
 
 
-def test_the_manifest_carries_its_tile_grid_and_an_old_manifest_names_the_rule_to_rerun(raster_factory, tmp_path):
+def test_the_manifest_carries_its_tile_grid_and_an_old_manifest_fails_in_one_line(raster_factory, tmp_path):
     """Patch size and overlap travel with the manifest (the segmentation blend takes its taper from there, not from
-    the config); a manifest without them fails with one line naming the file and the rule."""
+    the config); a manifest without them fails with one line naming the file and the fix."""
     path = raster_factory(width=500, height=300)
     manifest = build_manifest(path, 200, 40)
     out = tmp_path / "tiles.parquet"
@@ -106,5 +106,5 @@ def test_the_manifest_carries_its_tile_grid_and_an_old_manifest_names_the_rule_t
     assert read_spec(out) == resolve_spec(path)
     old = tmp_path / "old.parquet"
     manifest.to_parquet(old)
-    with pytest.raises(InputError, match=rf"^{old}: tile manifest holds no tile grid .*; rerun rule tile_manifest$"):
+    with pytest.raises(InputError, match=rf"^{old}: tile manifest holds no tile grid .*; delete it and run again$"):
         read_grid(old)

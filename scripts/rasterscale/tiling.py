@@ -162,7 +162,8 @@ def read_grid(manifest_path: str | Path) -> TileGrid:
     metadata = pq.read_schema(manifest_path).metadata or {}
     if GRID_KEY not in metadata:
         raise InputError(
-            f"{manifest_path}: tile manifest holds no tile grid ({GRID_KEY.decode()}); rerun rule tile_manifest"
+            f"{manifest_path}: tile manifest holds no tile grid ({GRID_KEY.decode()}: an older rasterscale wrote it); "
+            "delete it and run again"
         )
     return TileGrid(**json.loads(metadata[GRID_KEY]))
 
