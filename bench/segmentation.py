@@ -26,7 +26,8 @@ from jobs import run_predict_job
 from rasterscale.config import validate_config
 from rasterscale.imagery import resolve_spec
 from rasterscale.rankfiles import rank_stem
-from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
+from rasterscale.segmentation.model import build_segmenter, save_segmenter
+from rasterscale.segmentation.modelfiles import SegmenterConfig
 from rasterscale.tiling import TileGrid, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 

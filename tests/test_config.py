@@ -103,14 +103,22 @@ def test_dry_run_fails_on_a_missing_raster(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [[], ["--configfile", "config/segmentation.yaml"]], ids=["demo", "segmentation demo"])
-def test_the_readmes_demo_commands_plan_with_the_repositorys_configs(tmp_path, extra):
-    """`snakemake` and `snakemake --configfile config/segmentation.yaml`, as the README gives them, from a folder
-    holding config/ (as the repository root does)."""
+def test_the_readmes_demo_commands_plan_without_importing_torch(tmp_path, extra):
+    """`snakemake -n` and `snakemake -n --configfile config/segmentation.yaml`, as the README gives them, from a
+    folder holding config/ (as the repository root does): they plan, and import neither torch nor Lightning (a
+    dry run reads model files' headers without them; Python's -X importtime lists every module imported)."""
     shutil.copytree(REPO / "config", tmp_path / "config")
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-    result = subprocess.run([*command, "-n", "--cores", "2", *extra], capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-X", "importtime", "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(tmp_path), "-n", "--cores", "2", *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rasterscale:" not in result.stderr and "train_model" in result.stdout
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "rasterscale.tasks" in imported and "yaml" in imported  # the list is real
+    heavy = imported & {"torch", "lightning", "segmentation_models_pytorch"}
+    assert not heavy, f"the dry run imported {sorted(heavy)}"
 
 
 def test_a_configfile_replaces_the_demo_config(tmp_path):

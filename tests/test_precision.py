@@ -177,7 +177,8 @@ def test_the_models_output_layers_compute_in_fp32_under_bf16_autocast_with_their
     segmenter's class logits, come out in fp32 while the backbone runs in bf16 (tiny inputs: bf16 may be
     emulated here); the parameters keep a plain Conv2d's names, so model files do not change."""
     from rasterscale.model import DetectorConfig, build_detector
-    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter
+    from rasterscale.segmentation.model import build_segmenter
+    from rasterscale.segmentation.modelfiles import SegmenterConfig
 
     torch.manual_seed(0)
     detector = build_detector(DetectorConfig(backbone="resnet18", patch_size=64, fpn_channels=16))

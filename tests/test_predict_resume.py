@@ -262,7 +262,8 @@ def untrained_model(path: Path, task: str) -> str:
         detector = DetectorConfig(backbone="resnet18", patch_size=256, score_threshold=0.0)
         save_checkpoint(build_detector(detector), detector, path)
     else:
-        from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
+        from rasterscale.segmentation.model import build_segmenter, save_segmenter
+        from rasterscale.segmentation.modelfiles import SegmenterConfig
 
         segmenter = SegmenterConfig(labels=("background", "tree"), patch_size=256)
         save_segmenter(build_segmenter(segmenter), segmenter, path)

@@ -1,4 +1,4 @@
-"""The segmenter (rasterscale.segmentation.model): building, files in and out, and a short training run."""
+"""The segmenter (rasterscale.segmentation.model, .modelfiles): building, files in and out, and a short training run."""
 
 from __future__ import annotations
 
@@ -20,15 +20,8 @@ from rasterscale.sampling import EpochSampler, KeyedSamples
 from rasterscale.segmentation.dataset import SegmentationTileDataset
 from rasterscale.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.segmentation.metrics import evaluate_class_map
-from rasterscale.segmentation.model import (
-    ARCHITECTURES,
-    UNET_DECODER,
-    SegmenterConfig,
-    build_segmenter,
-    load_segmenter,
-    read_segmenter_header,
-    save_segmenter,
-)
+from rasterscale.segmentation.model import build_segmenter, load_segmenter, save_segmenter
+from rasterscale.segmentation.modelfiles import ARCHITECTURES, UNET_DECODER, SegmenterConfig, read_segmenter_header
 from rasterscale.synth import synthesize_scene
 from rasterscale.tiling import Tile
 

@@ -154,7 +154,8 @@ def finish_cluster_run(cluster: SlurmCluster, base: Path, process: subprocess.Po
 def segmentation_inputs(run: Path) -> dict:
     """A segmentation config over one scene, with an untrained segmenter (the machinery is under test): 2 shard
     jobs of 2 ranks."""
-    from rasterscale.segmentation.model import SegmenterConfig, build_segmenter, save_segmenter
+    from rasterscale.segmentation.model import build_segmenter, save_segmenter
+    from rasterscale.segmentation.modelfiles import SegmenterConfig
     from rasterscale.synth import synthesize_scene
 
     (run / "resources/demo").mkdir(parents=True)

@@ -188,7 +188,7 @@ def model_labels(config: Mapping[str, Any]) -> list[str]:
         from rasterscale.modelfiles import detector_of_config
 
         return list(detector_of_config(config)[0].labels)
-    from rasterscale.segmentation.model import segmenter_of_config
+    from rasterscale.segmentation.modelfiles import segmenter_of_config
 
     return list(segmenter_of_config(config).labels)
 

@@ -22,13 +22,8 @@ from rasterscale.resume import Part
 from rasterscale.sampling import FlippableSamples
 from rasterscale.segmentation import NODATA_CLASS
 from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
-from rasterscale.segmentation.model import (
-    Segmenter,
-    SegmenterConfig,
-    build_segmenter,
-    load_segmenter,
-    segmenter_of_config,
-)
+from rasterscale.segmentation.model import Segmenter, build_segmenter, load_segmenter
+from rasterscale.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
 from rasterscale.tasks import SEGMENTATION
 from rasterscale.tasks.base import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tiling import Tile
