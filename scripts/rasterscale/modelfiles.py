@@ -214,7 +214,7 @@ def _folder_header(path: Path) -> ModelHeader:
     )
 
 
-def _torch_payload(path: Path) -> Any:
+def torch_payload(path: Path) -> Any:
     """A torch-saved file, memory-mapped when it can be (zip format), never unpickling anything but tensors and
     plain containers."""
     import pickle
@@ -323,7 +323,7 @@ def read_header(path: str | Path) -> ModelHeader:
     path = _existing(path)
     if path.is_dir():
         return _folder_header(path)
-    return _header_of_payload(path, _torch_payload(path))[0]
+    return _header_of_payload(path, torch_payload(path))[0]
 
 
 def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
@@ -333,7 +333,7 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
         from safetensors.torch import load_file
 
         return _folder_header(path), _strip_prefix(load_file(str(path / "model.safetensors"), device="cpu"))
-    return _header_of_payload(path, _torch_payload(path))
+    return _header_of_payload(path, torch_payload(path))
 
 
 # --- resolving ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from rasterscale.config import load_schema
 from rasterscale.inputs import InputError
-from rasterscale.modelfiles import _torch_payload, model_file, read_header
+from rasterscale.modelfiles import model_file, read_header, torch_payload
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
 # the segmentation-models-pytorch networks a config may name: config/schema.yaml's model.architecture
@@ -90,7 +90,7 @@ def segmenter_payload(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         raise InputError(f"{path}: {_detection_problem(path) or 'a folder, ' + NOT_A_SEGMENTER}")
     try:
-        payload = _torch_payload(path)
+        payload = torch_payload(path)
     except InputError:
         raise InputError(f"{path}: {NOT_A_SEGMENTER}") from None
     if isinstance(payload, Mapping) and payload.get("format") == SEGMENTER_FORMAT:
