@@ -233,7 +233,11 @@ def report(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default=str(REPO / "results/bench-deepforest"))
-    parser.add_argument("--deepforest-python", default=str(REPO / ".venv-deepforest/bin/python"))
+    parser.add_argument(
+        "--deepforest-python",
+        default=str(REPO / ".venv-deepforest/bin/python"),
+        type=os.path.abspath,  # DeepForest runs in its own folder; not resolved: the venv's python is a link
+    )
     parser.add_argument("--steps", type=int, default=120, help="fine-tuning steps (effective batch 4)")
     parser.add_argument("--side", type=int, default=4096, help="side of the synthetic scenes in pixels")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
