@@ -286,14 +286,18 @@ def read_tile(
     return tile
 
 
+def manifest_entry(manifest_path: str | Path, key: bytes, what: str, fix: str) -> bytes:
+    """An entry the tile_manifest rule stored in a manifest's parquet metadata; one line naming the file, ``what``
+    is missing and the ``fix`` otherwise."""
+    metadata = pq.read_schema(manifest_path).metadata or {}
+    if key not in metadata:
+        raise InputError(f"{manifest_path}: tile manifest holds no {what} ({key.decode()}); {fix}")
+    return metadata[key]
+
+
 def read_spec(manifest_path: str | Path) -> ImageSpec:
     """The imagery spec stored with a tile manifest (by the tile_manifest rule)."""
-    metadata = pq.read_schema(manifest_path).metadata or {}
-    if SPEC_KEY not in metadata:
-        raise InputError(
-            f"{manifest_path}: tile manifest holds no imagery spec ({SPEC_KEY.decode()}); rerun rule tile_manifest"
-        )
-    return ImageSpec.from_json(metadata[SPEC_KEY])
+    return ImageSpec.from_json(manifest_entry(manifest_path, SPEC_KEY, "imagery spec", "rerun rule tile_manifest"))
 
 
 class ProcessRaster:

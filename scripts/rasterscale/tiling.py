@@ -24,7 +24,7 @@ from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.crs import CRS
 
 from rasterscale.geo import pixel_boxes_to_polygons
-from rasterscale.imagery import SPEC_KEY, ImageSpec, mask_of, valid_mask
+from rasterscale.imagery import SPEC_KEY, ImageSpec, manifest_entry, mask_of, valid_mask
 from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, raster_info
 from rasterscale.outputs import atomic_path
 
@@ -159,13 +159,8 @@ def read_manifest(path: str | Path) -> gpd.GeoDataFrame:
 
 def read_grid(manifest_path: str | Path) -> TileGrid:
     """The tile grid a manifest was cut with (stored by the tile_manifest rule)."""
-    metadata = pq.read_schema(manifest_path).metadata or {}
-    if GRID_KEY not in metadata:
-        raise InputError(
-            f"{manifest_path}: tile manifest holds no tile grid ({GRID_KEY.decode()}: an older rasterscale wrote it); "
-            "delete it and run again"
-        )
-    return TileGrid(**json.loads(metadata[GRID_KEY]))
+    entry = manifest_entry(manifest_path, GRID_KEY, "tile grid", "delete it and run again")  # an older one's
+    return TileGrid(**json.loads(entry))
 
 
 def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
