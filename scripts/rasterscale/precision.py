@@ -11,8 +11,8 @@ values that device only emulates, and the one value every rank of a job uses.
 
 Under autocast the models' output convolutions (a detector's box deltas and class logits, a segmenter's class
 logits) still compute in fp32 (:class:`Float32Conv2d`, built so by the tasks' model builders), in training as in
-inference: in bf16 their 8-bit mantissa moves boxes by pixels and makes the loss coarse (the detection demo trained
-in bf16-mixed scored F1 0.85 with bf16 heads, 0.93 with fp32 ones).
+inference: in bf16 their 8-bit mantissa moves boxes by pixels and coarsens the loss the models learn from
+(docs/performance.md gives the figures).
 
 An explicit value is obeyed; one this device emulates (bf16 without native bf16, fp16 on a CPU, which autocasts to
 bf16 there as Lightning does) gets one warning line naming the key and ``auto``. The decision (:func:`choose`,
