@@ -267,8 +267,9 @@ def precision_row(p: dict[str, Any], hardware: dict[str, Any]) -> tuple[str, str
         f"{p['bf16_over_fp32']:.2f}x",
         None,
         f"fp32 {p['fp32_s_per_tile']:.3f} s/tile ({p['fp32_tiles']} tiles), bf16 autocast {p['bf16_s_per_tile']:.3f}"
-        f" s/tile ({p['bf16_tiles']} tiles), b{p['batch_size']}; auto picks {p['auto']}"
-        f" (bf16 {'native' if hardware['bf16_native'] else 'emulated'}: {hardware['onednn']})",
+        f" s/tile ({p['bf16_tiles']} tiles), b{p['batch_size']}; {p['gflop_per_tile']} GFLOP a tile:"
+        f" fp32 {p['fp32_gflops_per_thread']}, bf16 {p['bf16_gflops_per_thread']} GFLOPS a thread;"
+        f" auto picks {p['auto']} (bf16 {'native' if hardware['bf16_native'] else 'emulated'}: {hardware['onednn']})",
     )
 
 

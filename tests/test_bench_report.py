@@ -107,6 +107,9 @@ def bench_result(machine: dict) -> dict:
             "fp32_tiles": 4,
             "bf16_tiles": 4,
             "batch_size": 4,
+            "gflop_per_tile": 63.3,
+            "fp32_gflops_per_thread": 166.6,
+            "bf16_gflops_per_thread": 2.4,
         },
         "scaling": {
             "scaling": 1.8,
@@ -165,6 +168,7 @@ def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row()
     assert ">= 2.5" in fastpath and " NO " in fastpath
     precision = next(line for line in lines if line.startswith("bf16 / fp32 fast path time"))
     assert "70.00x" in precision
-    assert "fp32 0.190 s/tile (4 tiles), bf16 autocast 13.300 s/tile (4 tiles), b4; auto picks 32-true" in precision
+    assert "fp32 0.190 s/tile (4 tiles), bf16 autocast 13.300 s/tile (4 tiles), b4;" in precision
+    assert "63.3 GFLOP a tile: fp32 166.6, bf16 2.4 GFLOPS a thread; auto picks 32-true" in precision
     assert "(bf16 emulated: oneDNN bf16 no; no avx512_bf16/amx_bf16)" in precision
     assert any("of 2000 auto (32-true) fast-path boxes" in line for line in lines)
