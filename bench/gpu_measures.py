@@ -41,14 +41,14 @@ from rasterio.windows import Window
 
 from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
 from measures import best_matches, fast_model, spread
-from rasterscale import precision as precisions
-from rasterscale.config import validate_config
-from rasterscale.data import WindowDataset, to_model_input
-from rasterscale.imagery import read_spec, resolve_spec
-from rasterscale.profiling import MB, UtilizationSampler, summarize
-from rasterscale.runtime import cpu_threads_per_rank, precision_plugin
-from rasterscale.synth import synthesize_scene
-from rasterscale.tiling import TileGrid, build_manifest, read_manifest, tiles_from_frame, write_manifest
+from rasterscale.config.schema import validate_config
+from rasterscale.datasets import WindowDataset, to_model_input
+from rasterscale.grid.manifest import TileGrid, build_manifest, read_manifest, tiles_from_frame, write_manifest
+from rasterscale.predict.profile import MB, UtilizationSampler, summarize
+from rasterscale.raster.imagery import read_spec, resolve_spec
+from rasterscale.runtime import precision as precisions
+from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin
+from rasterscale.tools.synth import synthesize_scene
 from synthetic import write_checkpoint
 
 PRECISIONS = (precisions.AUTO, precisions.FP32)  # auto first: its trained model is the one predicted
@@ -357,7 +357,7 @@ RANK_KEYS = (
 
 
 def job_summary(job: JobResult) -> dict[str, Any]:
-    """A prediction job's wall, its totals and every rank's profile (:mod:`rasterscale.profiling`)."""
+    """A prediction job's wall, its totals and every rank's profile (:mod:`rasterscale.predict.profile`)."""
     profile = summarize(job.profiles)
     total = profile["total"]
     return {
@@ -408,7 +408,7 @@ def device_tiles(raster: Path, manifest: Path, count: int, device: torch.device)
 
 
 def detector(checkpoint: Path, device: torch.device, score_threshold: float) -> torch.nn.Module:
-    """The model on the prediction job's fast path (:func:`rasterscale.tasks.detection.prepare_for_inference`)."""
+    """The model on the prediction job's fast path (:func:`rasterscale.tasks.detection.task.prepare_for_inference`)."""
     return fast_model(checkpoint, score_threshold).to(device)
 
 

@@ -1,5 +1,5 @@
 """What the bench ran on: the CPU, its flags that decide bf16, cores, torch, what oneDNN says, the precision
-``auto`` picks there (:mod:`rasterscale.precision`, the one source of these facts) and the GPU, if any.
+``auto`` picks there (:mod:`rasterscale.runtime.precision`, the one source of these facts) and the GPU, if any.
 
 :func:`describe` and :func:`header` work on values, so they are testable for any machine; :func:`machine`
 measures this one.
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rasterscale.precision import Capability, choose, cpu_info, probe
+from rasterscale.runtime.precision import Capability, choose, cpu_info, probe
 
 # the x86 flags that decide how fast bf16 is: AVX2 (fp32 only), AVX-512 (bf16 emulated), AVX512-BF16, AMX
 REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")

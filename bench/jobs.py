@@ -15,14 +15,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rasterscale.config import validate_config
-from rasterscale.modelfiles import read_model_file
-from rasterscale.rankfiles import rank_stem, read_profiles
+from rasterscale.config.schema import validate_config
+from rasterscale.predict.rankfiles import rank_stem, read_profiles
+from rasterscale.tasks.detection.modelfiles import read_model_file
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = REPO / "scripts" / "predict.py"
 TRAIN_ENTRY = REPO / "scripts" / "train.py"
-# rank 0's progress line (rasterscale.train.RankZeroProgress), with its log time (rasterscale.runtime.LOG_FORMAT)
+# rank 0's progress line (rasterscale.train.engine.RankZeroProgress), with its log time
+# (rasterscale.runtime.ranks.LOG_FORMAT)
 PROGRESS = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) rank0 INFO step (\d+)/\d+ epoch \d+ loss \S+ lr \S+ [\d.]+ images/s",
     re.MULTILINE,

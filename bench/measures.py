@@ -30,16 +30,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from jobs import JobResult, run_predict_job
-from rasterscale.config import validate_config
-from rasterscale.data import WindowDataset, to_model_input
-from rasterscale.geo import box_pairs, pair_ious
-from rasterscale.imagery import resolve_spec
-from rasterscale.merge import merge_detections
-from rasterscale.model import load_checkpoint
-from rasterscale.outputs import write_geoparquet
-from rasterscale.precision import BF16, FP16, FP32
-from rasterscale.tasks.detection import prepare_for_inference
-from rasterscale.tiling import (
+from rasterscale.atomic import write_geoparquet
+from rasterscale.config.schema import validate_config
+from rasterscale.datasets import WindowDataset, to_model_input
+from rasterscale.grid.manifest import (
     Tile,
     TileGrid,
     build_manifest,
@@ -48,6 +42,12 @@ from rasterscale.tiling import (
     tiles_from_frame,
     write_manifest,
 )
+from rasterscale.raster.geo import box_pairs, pair_ious
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.runtime.precision import BF16, FP16, FP32
+from rasterscale.tasks.detection.merge import merge_detections
+from rasterscale.tasks.detection.model import load_checkpoint
+from rasterscale.tasks.detection.task import prepare_for_inference
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
 PATCH, OVERLAP = 400, 80

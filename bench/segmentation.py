@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs import run_predict_job
-from rasterscale.config import validate_config
-from rasterscale.imagery import resolve_spec
-from rasterscale.rankfiles import rank_stem
-from rasterscale.segmentation.model import build_segmenter, save_segmenter
-from rasterscale.segmentation.modelfiles import SegmenterConfig
-from rasterscale.tiling import TileGrid, manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.config.schema import validate_config
+from rasterscale.grid.manifest import TileGrid, manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.predict.rankfiles import rank_stem
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
+from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 
 REPO = Path(__file__).resolve().parents[1]

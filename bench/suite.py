@@ -23,8 +23,8 @@ from measures import (
     spread,
     timed,
 )
-from rasterscale.imagery import resolve_spec
-from rasterscale.tiling import TileGrid, build_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.manifest import TileGrid, build_manifest, tiles_from_frame, write_manifest
+from rasterscale.raster.imagery import resolve_spec
 from segmentation import measure_segmentation_rss
 from synthetic import write_checkpoint, write_raster
 

@@ -19,9 +19,9 @@ import torch
 from affine import Affine
 from rasterio.windows import Window
 
-from rasterscale.geo import box_areas, pixel_boxes_to_polygons
-from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
-from rasterscale.tiling import Tile
+from rasterscale.grid.manifest import Tile
+from rasterscale.raster.geo import box_areas, pixel_boxes_to_polygons
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
 
 CRS = "EPSG:32617"
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)

@@ -8,14 +8,14 @@ from pathlib import Path
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from rasterscale.cog import striped_sources  # noqa: E402
-from rasterscale.config import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
+from rasterscale.raster.cog import striped_sources  # noqa: E402
+from rasterscale.config.schema import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
 from rasterscale.inputs import InputError, check_imagery, check_raster, unwritable_folder  # noqa: E402
-from rasterscale.preflight import launch_geometry  # noqa: E402
-from rasterscale.rankfiles import rank_stem  # noqa: E402
-from rasterscale.resume import resume_dir  # noqa: E402
+from rasterscale.runtime.preflight import launch_geometry  # noqa: E402
+from rasterscale.predict.rankfiles import rank_stem  # noqa: E402
+from rasterscale.predict.tile_resume import resume_dir  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
-from rasterscale.tiling import check_validation_band  # noqa: E402
+from rasterscale.grid.manifest import check_validation_band  # noqa: E402
 
 
 def fail(message):
@@ -197,7 +197,7 @@ def shard_resume_dir(batch, shard):
 
 
 def scene_rank_files(name, batch):
-    """A scene's rank files (paths without suffix: rasterscale.rankfiles), every shard's, in rank order."""
+    """A scene's rank files (paths without suffix: rasterscale.predict.rankfiles), every shard's, in rank order."""
     world = world_size(PREDICT)
     return [rank_stem(shard_dir(batch, s), name, s * world + r) for s in range(predict_shards()) for r in range(world)]
 
@@ -265,11 +265,11 @@ def merge_job_config():
 
 
 # Launching the ranks: locally Lightning starts them; under the SLURM profile (slurm.launcher: srun) Slurm does,
-# one task per device. docs/slurm.md explains; rasterscale/preflight.py holds the checks.
-from rasterscale.lifetime import JOB_PARENT, this_process  # noqa: E402
-from rasterscale.preflight import PreflightError, plan_launch  # noqa: E402
+# one task per device. docs/slurm.md explains; rasterscale/runtime/preflight.py holds the checks.
+from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
+from rasterscale.runtime.preflight import PreflightError, plan_launch  # noqa: E402
 
-# Every rank ends when this snakemake process is gone (rasterscale.lifetime): the rule's shell outlives a killed
+# Every rank ends when this snakemake process is gone (rasterscale.runtime.lifetime): the rule's shell outlives a killed
 # snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
 os.environ[JOB_PARENT] = str(this_process())
 
@@ -426,7 +426,7 @@ PROFILE_TABLES_UP_TO = 4  # scenes; more get one line each (200 tables would bur
 def print_predict_profiles():
     """Each predicted scene's profile (gathered by the merge) as one table, at the end of the run; with many
     scenes, one line per scene (the tables are in the merge logs and predict_profile.json)."""
-    from rasterscale.profiling import format_profile_table
+    from rasterscale.predict.profile import format_profile_table
 
     profiles = {}
     for name in PREDICT["scenes"]:

@@ -1,10 +1,10 @@
 """Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput). Run locally, this
-process starts the job's other ranks first (rasterscale.launch)."""
+process starts the job's other ranks first (rasterscale.runtime.launch)."""
 
 import argparse
 import json
 
-from rasterscale.launch import start_local_ranks
+from rasterscale.runtime.launch import start_local_ranks
 
 
 def main() -> None:
@@ -15,8 +15,8 @@ def main() -> None:
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.envcheck import run_environment_check
-    from rasterscale.runtime import run_spec
+    from rasterscale.runtime.ranks import run_spec
+    from rasterscale.tools.envcheck import run_environment_check
 
     run_environment_check(args.config, run_spec(args.config, "predict"), args.out_dir, args.log_dir)
     ranks.finish()

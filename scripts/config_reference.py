@@ -4,9 +4,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from rasterscale.config import SCHEMA_PATH, load_schema
-from rasterscale.configdoc import render_reference
-from rasterscale.outputs import atomic_path
+from rasterscale.atomic import atomic_path
+from rasterscale.config.schema import SCHEMA_PATH, load_schema
+from rasterscale.tools.configdoc import render_reference
 
 
 def main() -> None:

@@ -2,8 +2,8 @@
 
 import argparse
 
-from rasterscale.cog import convert_to_cog
 from rasterscale.inputs import check_raster, run_entry
+from rasterscale.raster.cog import convert_to_cog
 
 
 def main() -> None:

@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from rasterscale.grid.manifest import read_manifest
 from rasterscale.inputs import run_entry
-from rasterscale.profiling import format_profile_table, write_scene_profile
-from rasterscale.rankfiles import check_scene_records
+from rasterscale.predict.profile import format_profile_table, write_scene_profile
+from rasterscale.predict.rankfiles import check_scene_records
 from rasterscale.tasks import task_info
-from rasterscale.tiling import read_manifest
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """Entry: DDP prediction of one shard of a batch of scenes, listed in the batch's job file. Run locally, this
-process starts the job's other ranks first (rasterscale.launch); under srun every rank runs it."""
+process starts the job's other ranks first (rasterscale.runtime.launch); under srun every rank runs it."""
 
 import argparse
 import json
 
-from rasterscale.launch import start_local_ranks
+from rasterscale.runtime.launch import start_local_ranks
 
 
 def main() -> None:
@@ -20,9 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.jobfiles import read_job_file
-    from rasterscale.predict import run_prediction
-    from rasterscale.runtime import run_spec
+    from rasterscale.predict.engine import run_prediction
+    from rasterscale.runtime.ranks import run_spec
+    from rasterscale.workflow.jobfiles import read_job_file
 
     run_prediction(
         scenes=read_job_file(args.job),

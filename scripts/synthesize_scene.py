@@ -2,7 +2,7 @@
 
 import argparse
 
-from rasterscale.synth import synthesize_scene
+from rasterscale.tools.synth import synthesize_scene
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rasterscale.imagery import resolve_spec
+from rasterscale.grid.manifest import TileGrid, build_manifest, write_manifest
 from rasterscale.inputs import check_raster, run_entry
-from rasterscale.tiling import TileGrid, build_manifest, write_manifest
+from rasterscale.raster.imagery import resolve_spec
 
 
 def write_scene_manifest(raster: str, out: str, imagery: dict[str, Any], args: argparse.Namespace) -> None:

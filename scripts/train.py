@@ -1,10 +1,10 @@
 """Entry: DDP training of the config's task. Run locally, this process starts the job's other ranks first
-(rasterscale.launch); under srun every rank runs it."""
+(rasterscale.runtime.launch); under srun every rank runs it."""
 
 import argparse
 import json
 
-from rasterscale.launch import start_local_ranks
+from rasterscale.runtime.launch import start_local_ranks
 
 
 def main() -> None:
@@ -18,9 +18,9 @@ def main() -> None:
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "train")
     # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.runtime import run_spec
-    from rasterscale.tasks.base import TrainScene
-    from rasterscale.train import run_training
+    from rasterscale.runtime.ranks import run_spec
+    from rasterscale.tasks.api import TrainScene
+    from rasterscale.train.engine import run_training
 
     run_training(
         scenes=[TrainScene(**scene) for scene in args.scenes],

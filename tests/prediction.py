@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 
 from conftest import write_raster
-from rasterscale.config import validate_config
-from rasterscale.imagery import resolve_spec
-from rasterscale.jobfiles import SceneJob
-from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
-from rasterscale.predict import run_prediction
-from rasterscale.runtime import RunSpec, resolve_precision
-from rasterscale.tiling import TileGrid, build_manifest, write_manifest
+from rasterscale.config.schema import validate_config
+from rasterscale.grid.manifest import TileGrid, build_manifest, write_manifest
+from rasterscale.predict.engine import run_prediction
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.runtime.ranks import RunSpec, resolve_precision
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.workflow.jobfiles import SceneJob
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from conftest import write_raster
-from rasterscale.segmentation.blend import SPILL_AHEAD, TileBlender, halo_tiles, tile_cores
-from rasterscale.tiling import Tile
+from rasterscale.grid.manifest import Tile
+from rasterscale.tasks.segmentation.blend import SPILL_AHEAD, TileBlender, halo_tiles, tile_cores
 
 NUM_CLASSES = 3
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from rasterscale import precision as precisions
-from rasterscale.tiling import tile_grid
+from rasterscale.grid.manifest import tile_grid
+from rasterscale.runtime import precision as precisions
 
 sys.path.insert(0, str(REPO / "bench"))
 

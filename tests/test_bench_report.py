@@ -1,5 +1,5 @@
-"""make bench's report, without running the bench: the hardware header (from rasterscale.precision's capability of
-a CPU or GPU), the autocast each precision value runs under, and the table of a whole result."""
+"""make bench's report, without running the bench: the hardware header (from rasterscale.runtime.precision's capability
+of a CPU or GPU), the autocast each precision value runs under, and the table of a whole result."""
 
 import sys
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from rasterscale.precision import AUTO, BF16, FP16, FP32, cpu_capability, cuda_capability
+from rasterscale.runtime.precision import AUTO, BF16, FP16, FP32, cpu_capability, cuda_capability
 
 sys.path.append(str(REPO / "bench"))  # the bench's modules import each other by name, as bench/run.py runs them
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from conftest import REPO, schema_keys
-from rasterscale.config import load_schema
-from rasterscale.configdoc import escape_text, format_type, format_value, render_reference
+from rasterscale.config.schema import load_schema
+from rasterscale.tools.configdoc import escape_text, format_type, format_value, render_reference
 
 REFERENCE = REPO / "docs" / "configuration.md"
 

@@ -8,7 +8,7 @@ import geopandas as gpd
 import pytest
 
 from deepforest_files import torchvision_retinanet, write_folder
-from rasterscale.modelfiles import read_header
+from rasterscale.tasks.detection.modelfiles import read_header
 from workflow import run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Faults of a prediction run and of snakemake itself, with real kill -9s (rasterscale.lifetime).
+"""Faults of a prediction run and of snakemake itself, with real kill -9s (rasterscale.runtime.lifetime).
 
 A local 2-rank prediction of the workflow (CPU ranks over gloo, an untrained RetinaNet at score threshold 0: plenty
 of boxes) is killed mid-prediction, found by its processes (rank 1's dataloader worker has started, no rank record
@@ -57,7 +57,7 @@ def scene_config() -> dict:
 
 def make_inputs(workdir: Path) -> None:
     """A random RGB raster and an untrained detector (the machinery is under test, not the model)."""
-    from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
+    from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
 
     workdir.mkdir(parents=True, exist_ok=True)
     write_raster(workdir / "scene.tif", WIDTH, HEIGHT)
@@ -162,7 +162,7 @@ def wait_gone(processes: dict[str, psutil.Process], since: float, timeout: float
 
 
 def final_files(workdir: Path) -> list[Path]:
-    """Every file at a final path under results/ opens completely (temporaries of rasterscale.outputs.atomic_path,
+    """Every file at a final path under results/ opens completely (temporaries of rasterscale.atomic.atomic_path,
     hidden siblings, are not final paths); returns them."""
     checked = []
     for path in sorted(p for p in (workdir / "results").rglob("*") if p.is_file() and not p.name.startswith(".")):
@@ -338,8 +338,8 @@ def test_the_recovered_run_gives_the_uninterrupted_layer(reference, faults):
 
 def predict_command(config: dict) -> str:
     """The rule predict's command for one shard of 2 ranks launched by srun (what the Slurm profile runs)."""
-    from rasterscale.config import validate_config
-    from rasterscale.preflight import srun_prefix
+    from rasterscale.config.schema import validate_config
+    from rasterscale.runtime.preflight import srun_prefix
 
     valid = validate_config(config)
     job_config = {
@@ -414,7 +414,7 @@ def test_on_slurm_killing_one_rank_ends_the_job_at_once(cluster, reference, tmp_
 WRITERS = {
     "atomic_path": (
         "out.bin",
-        "from rasterscale.outputs import atomic_path\n"
+        "from rasterscale.atomic import atomic_path\n"
         "with atomic_path(final) as tmp, open(tmp, 'wb') as f:\n"
         "    while True:\n"
         "        f.write(b'x' * 2**20)\n",
@@ -422,7 +422,7 @@ WRITERS = {
     "GeoPackage (merge)": (
         "detections.gpkg",
         "import numpy as np, geopandas as gpd, shapely\n"
-        "from rasterscale.outputs import write_gpkg\n"
+        "from rasterscale.atomic import write_gpkg\n"
         "x = np.random.default_rng(0).uniform(0, 1000, 300_000)\n"
         "frame = gpd.GeoDataFrame({'score': x}, geometry=shapely.box(x, x, x + 1, x + 1), crs='EPSG:32617')\n"
         "write_gpkg(frame, final, layer='detections')\n",
@@ -430,7 +430,7 @@ WRITERS = {
     "COG (segmentation merge)": (
         "classes.tif",
         "from conftest import write_raster\n"
-        "from rasterscale.cog import convert_to_cog\n"
+        "from rasterscale.raster.cog import convert_to_cog\n"
         "convert_to_cog(write_raster(final.parent / 'source.tif', 6000, 6000), final)\n",
     ),
 }
@@ -459,7 +459,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_at_the_final_path(writer, tmp_
 PROBE = """
 import logging, os, sys, threading, time
 sys.path.insert(0, {scripts!r})
-from rasterscale.lifetime import bind_rank
+from rasterscale.runtime.lifetime import bind_rank
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 bind_rank(False, logging.getLogger("probe"), sigterm_ends=True)
 {after}
@@ -469,7 +469,7 @@ time.sleep(120)
 
 
 def start_probe(after: str = "", **env: str) -> subprocess.Popen:
-    """A process that binds its life as a rank does (rasterscale.lifetime.bind_rank), then sleeps; ``env``: the
+    """A process that binds its life as a rank does (rasterscale.runtime.lifetime.bind_rank), then sleeps; ``env``: the
     variables it is started with."""
     script = PROBE.format(scripts=str(REPO / "scripts"), after=after)
     return subprocess.Popen(
@@ -482,13 +482,13 @@ def wait_bound(probe: subprocess.Popen) -> None:
 
 
 def process_id(pid: int) -> str:
-    from rasterscale.lifetime import ProcessId, process_start
+    from rasterscale.runtime.lifetime import ProcessId, process_start
 
     return str(ProcessId(socket.gethostname(), pid, process_start(pid) or 0))
 
 
 def test_a_rank_ends_once_the_workflow_process_is_gone():
-    from rasterscale.lifetime import JOB_PARENT
+    from rasterscale.runtime.lifetime import JOB_PARENT
 
     snakemake = subprocess.Popen(["sleep", "120"])  # stands for the snakemake process (not the probe's parent)
     probe = start_probe(**{JOB_PARENT: process_id(snakemake.pid)})
@@ -503,7 +503,7 @@ def test_a_rank_ends_once_the_workflow_process_is_gone():
 
 
 def test_a_rank_ends_at_once_when_its_workflow_process_or_launcher_is_already_gone():
-    from rasterscale.lifetime import JOB_PARENT, RANK_LAUNCHER
+    from rasterscale.runtime.lifetime import JOB_PARENT, RANK_LAUNCHER
 
     sleeper = subprocess.Popen(["sleep", "120"])
     host, pid, start = process_id(sleeper.pid).split(":")
@@ -553,7 +553,7 @@ import functools, os, sys, time
 import numpy as np
 from torch.utils.data import DataLoader
 sys.path.insert(0, {scripts!r})
-from rasterscale.lifetime import bind_worker
+from rasterscale.runtime.lifetime import bind_worker
 tiles = [np.zeros((400, 400, 3), np.uint8)] * 100  # 480 KB a tile: a batch is more than a pipe holds
 init = functools.partial(bind_worker, rank_pid=os.getpid())
 batches = iter(DataLoader(tiles, batch_size=2, num_workers=1, collate_fn=list, worker_init_fn=init))
@@ -565,7 +565,7 @@ time.sleep(120)
 
 def test_a_dataloader_worker_dies_with_its_rank():
     """A rank killed by -9 while its worker has batches queued for it: the worker is gone within seconds. Without
-    rasterscale.lifetime.bind_worker it ran on for good (torch's own check ends its loop, then its exit blocks
+    rasterscale.runtime.lifetime.bind_worker it ran on for good (torch's own check ends its loop, then its exit blocks
     writing the queued batch to the dead rank)."""
     rank = subprocess.Popen(
         [sys.executable, "-c", WORKER_PROBE.format(scripts=str(REPO / "scripts"))], stdout=subprocess.PIPE, text=True

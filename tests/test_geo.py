@@ -3,7 +3,7 @@ import pytest
 import shapely
 from affine import Affine
 
-from rasterscale.geo import box_pairs, geometries_to_pixel_boxes, pair_ious, pixel_boxes_to_polygons
+from rasterscale.raster.geo import box_pairs, geometries_to_pixel_boxes, pair_ious, pixel_boxes_to_polygons
 
 NORTH_UP = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 

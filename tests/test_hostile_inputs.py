@@ -18,10 +18,10 @@ import rasterio
 import shapely
 
 from conftest import REPO, damage_block, write_raster
-from rasterscale.config import ConfigError, validate_config
+from rasterscale.config.schema import ConfigError, validate_config
 from rasterscale.inputs import InputError, check_imagery, check_raster
-from rasterscale.modelfiles import detector_of_config, read_header
-from rasterscale.segmentation.groundtruth import check_segmentation_truth
+from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
+from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
 from workflow import workflow_command
 
 PATCH, OVERLAP = 128, 32
@@ -186,8 +186,8 @@ def detector_file(data) -> Path:
     """A real (untrained) rasterscale detector checkpoint, in a folder with a space in its name."""
     import torch
 
-    from rasterscale.model import build_detector, save_checkpoint
-    from rasterscale.modelfiles import DetectorConfig, write_deepforest_folder
+    from rasterscale.tasks.detection.model import build_detector, save_checkpoint
+    from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder
 
     folder = data / "my models"
     folder.mkdir()

@@ -12,10 +12,10 @@ import pytest
 import rasterio
 
 from conftest import write_raster, write_rgba
-from rasterscale.geo import geometries_to_pixel_boxes
-from rasterscale.imagery import SPEC_KEY
-from rasterscale.synth import synthesize_scene
-from rasterscale.tiling import tile_grid
+from rasterscale.grid.manifest import tile_grid
+from rasterscale.raster.geo import geometries_to_pixel_boxes
+from rasterscale.raster.imagery import SPEC_KEY
+from rasterscale.tools.synth import synthesize_scene
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow

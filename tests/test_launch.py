@@ -1,5 +1,5 @@
-"""rasterscale.launch: a local job's process starts the other ranks first, before it imports torch, gives each its
-place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
+"""rasterscale.runtime.launch: a local job's process starts the other ranks first, before it imports torch, gives each
+its place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
 
 import json
 import os
@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rasterscale.launch import rank_environments, starts_local_ranks
-from rasterscale.lifetime import RANK_LAUNCHER
+from rasterscale.runtime.launch import rank_environments, starts_local_ranks
+from rasterscale.runtime.lifetime import RANK_LAUNCHER
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -22,8 +22,8 @@ RANK = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     sys.path.insert(0, {scripts!r})
-    from rasterscale import launch
-    from rasterscale.launch import start_local_ranks
+    from rasterscale.runtime import launch
+    from rasterscale.runtime.launch import start_local_ranks
     out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     fail_code, zero_stops_after = int(sys.argv[4]), float(sys.argv[5])
     launch.STOP_GRACE_SECONDS = 3.0

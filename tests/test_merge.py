@@ -4,22 +4,22 @@ import pandas as pd
 import pytest
 from affine import Affine
 
-from rasterscale.geo import box_pairs, pixel_boxes_to_polygons
-from rasterscale.merge import (
-    cross_tile_nms,
-    empty_detections,
-    merge_detections,
-    read_detection_files,
-    write_detections_file,
-)
-from rasterscale.rankfiles import (
+from rasterscale.grid.manifest import manifest_frame, tile_grid
+from rasterscale.predict.rankfiles import (
     TileAccountingError,
     check_exactly_once,
     check_scene_records,
     read_tile_ids,
     write_rank_record,
 )
-from rasterscale.tiling import manifest_frame, tile_grid
+from rasterscale.raster.geo import box_pairs, pixel_boxes_to_polygons
+from rasterscale.tasks.detection.merge import (
+    cross_tile_nms,
+    empty_detections,
+    merge_detections,
+    read_detection_files,
+    write_detections_file,
+)
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 CRS = "EPSG:32617"

@@ -19,16 +19,16 @@ from deepforest_files import (
     write_lightning_checkpoint,
 )
 from prediction import PredictScene, predict_rank_file
-from rasterscale.config import ConfigError, validate_config
+from rasterscale.config.schema import ConfigError, validate_config
 from rasterscale.inputs import InputError
-from rasterscale.model import (
+from rasterscale.tasks.detection.model import (
     build_detector,
     init_from_model_file,
     load_backbone_weights,
     load_checkpoint,
     save_checkpoint,
 )
-from rasterscale.modelfiles import (
+from rasterscale.tasks.detection.modelfiles import (
     DEEPFOREST_RESIZE,
     DetectorConfig,
     read_header,
@@ -298,7 +298,7 @@ def test_written_folder_reads_back_and_predicts_the_same(tmp_path, tile, resize)
 
 
 def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path, tile):
-    from rasterscale.model import freeze_pretrained_backbone, load_weights
+    from rasterscale.tasks.detection.model import freeze_pretrained_backbone, load_weights
 
     cfg = DetectorConfig(backbone="resnet18", patch_size=256)
     model = build_detector(cfg).train()
@@ -318,7 +318,7 @@ def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path
 
 def test_an_untrained_backbone_is_not_frozen():
     """A model file that was never trained (batch norms at mean 0, variance 1) starts training whole."""
-    from rasterscale.model import freeze_pretrained_backbone
+    from rasterscale.tasks.detection.model import freeze_pretrained_backbone
 
     model = build_detector(DetectorConfig(backbone="resnet18", patch_size=256))
     assert "no trained statistics" in freeze_pretrained_backbone(model)

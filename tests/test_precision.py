@@ -11,8 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from rasterscale.config import validate_config
-from rasterscale.precision import (
+from rasterscale.config.schema import validate_config
+from rasterscale.runtime.precision import (
     BF16,
     FP16,
     FP32,
@@ -26,7 +26,7 @@ from rasterscale.precision import (
     probe,
     resolve,
 )
-from rasterscale.runtime import AgreedPrecision, RunSpec, run_spec, start_rank
+from rasterscale.runtime.ranks import AgreedPrecision, RunSpec, run_spec, start_rank
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_FLAGS = AVX2_FLAGS | {"avx512f", "avx512bw", "avx512_vnni"}
@@ -131,7 +131,7 @@ def test_a_cpu_capped_at_avx2_through_onednn_resolves_to_fp32():
     """A real process with oneDNN's ISA capped at AVX2 (as on a CPU without bf16): oneDNN's own query says no,
     whatever this CPU has."""
     code = (
-        "import json, torch; from rasterscale.precision import probe, choose; c = probe('cpu'); "
+        "import json, torch; from rasterscale.runtime.precision import probe, choose; c = probe('cpu'); "
         "print(json.dumps([torch.ops.mkldnn._is_mkldnn_bf16_supported(), c.bf16, choose(c), c.detail]))"
     )
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -176,9 +176,9 @@ def test_the_models_output_layers_compute_in_fp32_under_bf16_autocast_with_their
     """Training and prediction alike: under bf16 autocast the detector's box deltas and class logits, and the
     segmenter's class logits, come out in fp32 while the backbone runs in bf16 (tiny inputs: bf16 may be
     emulated here); the parameters keep a plain Conv2d's names, so model files do not change."""
-    from rasterscale.model import DetectorConfig, build_detector
-    from rasterscale.segmentation.model import build_segmenter
-    from rasterscale.segmentation.modelfiles import SegmenterConfig
+    from rasterscale.tasks.detection.model import DetectorConfig, build_detector
+    from rasterscale.tasks.segmentation.model import build_segmenter
+    from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 
     torch.manual_seed(0)
     detector = build_detector(DetectorConfig(backbone="resnet18", patch_size=64, fpn_channels=16))

@@ -25,9 +25,9 @@ import torch
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
-from rasterscale.resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
-from rasterscale.segmentation.blend import TileBlender, halo_tiles, tile_cores
-from rasterscale.tiling import Tile, TileGrid, tile_grid
+from rasterscale.grid.manifest import Tile, TileGrid, tile_grid
+from rasterscale.predict.tile_resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
+from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
@@ -121,8 +121,8 @@ def test_fingerprint_ignores_the_checkpoint_interval_only():
 
 
 def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
-    from rasterscale.tasks.base import PredictScene
-    from rasterscale.tasks.detection import DetectionRankOutput, TileDetections
+    from rasterscale.tasks.api import PredictScene
+    from rasterscale.tasks.detection.task import DetectionRankOutput, TileDetections
 
     tiles = [Tile(k, 100 * k, 0, 128, 128) for k in range(7)]
     scene = PredictScene("scene", "scene.tif", tiles, None, TileGrid(128, 28), 800, 128, TRANSFORM, UTM17N)
@@ -201,13 +201,13 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     """The uninterrupted reference, in this process: the same prediction job over ``workdir``'s scene (as 2
     shards of 1 rank: the same tiles per rank file, each rank on one thread as the workflow's 2 ranks on 2
     cores), its rank records checked and its rank files merged by the task's merge; the merged files."""
-    from rasterscale.config import validate_config
-    from rasterscale.jobfiles import read_job_file
-    from rasterscale.predict import run_prediction
-    from rasterscale.rankfiles import check_scene_records
-    from rasterscale.runtime import run_spec
+    from rasterscale.config.schema import validate_config
+    from rasterscale.grid.manifest import read_manifest
+    from rasterscale.predict.engine import run_prediction
+    from rasterscale.predict.rankfiles import check_scene_records
+    from rasterscale.runtime.ranks import run_spec
     from rasterscale.tasks import load_task, model_labels
-    from rasterscale.tiling import read_manifest
+    from rasterscale.workflow.jobfiles import read_job_file
 
     cwd, affinity = Path.cwd(), os.sched_getaffinity(0)
     os.chdir(workdir)
@@ -257,13 +257,13 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
 def untrained_model(path: Path, task: str) -> str:
     torch.manual_seed(0)
     if task == "detection":
-        from rasterscale.model import DetectorConfig, build_detector, save_checkpoint
+        from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
 
         detector = DetectorConfig(backbone="resnet18", patch_size=256, score_threshold=0.0)
         save_checkpoint(build_detector(detector), detector, path)
     else:
-        from rasterscale.segmentation.model import build_segmenter, save_segmenter
-        from rasterscale.segmentation.modelfiles import SegmenterConfig
+        from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
+        from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 
         segmenter = SegmenterConfig(labels=("background", "tree"), patch_size=256)
         save_segmenter(build_segmenter(segmenter), segmenter, path)

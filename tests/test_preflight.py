@@ -1,4 +1,4 @@
-"""Pre-flight checks of the DDP launch (scripts/rasterscale/preflight.py): one test per pitfall, at plan time
+"""Pre-flight checks of the DDP launch (scripts/rasterscale/runtime/preflight.py): one test per pitfall, at plan time
 (the job's Slurm resources, `snakemake -n`) and in the launched process (srun's variables, the Trainer).
 
 Every error is one line that names the fix. The same checks on a real Slurm cluster: tests/test_slurm_workflow.py.
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO
-from rasterscale.preflight import (
+from rasterscale.runtime.preflight import (
     Geometry,
     PreflightError,
     SlurmStep,
@@ -210,7 +210,7 @@ def test_lightning_alone_silently_runs_world_size_1_in_a_one_task_step(one_task_
 
 
 def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, capsys):
-    from rasterscale.runtime import RunSpec, make_trainer
+    from rasterscale.runtime.ranks import RunSpec, make_trainer
 
     with pytest.raises(SystemExit) as exit_:
         make_trainer(RunSpec("cpu", 2, 1, "32-true", "predict"), logger=False)
@@ -220,8 +220,8 @@ def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, cap
 
 
 def test_run_spec_prediction_jobs_are_one_node_each():
-    from rasterscale.config import validate_config
-    from rasterscale.runtime import run_spec
+    from rasterscale.config.schema import validate_config
+    from rasterscale.runtime.ranks import run_spec
 
     config = validate_config(
         {

@@ -6,14 +6,9 @@ import math
 import pytest
 
 from prediction import PredictScene, predict_rank_file
-from rasterscale.precision import choose, probe
-from rasterscale.profiling import (
-    RankProfile,
-    format_profile_table,
-    summarize,
-    write_scene_profile,
-)
-from rasterscale.rankfiles import read_rank_record, write_rank_record
+from rasterscale.predict.profile import RankProfile, format_profile_table, summarize, write_scene_profile
+from rasterscale.predict.rankfiles import read_rank_record, write_rank_record
+from rasterscale.runtime.precision import choose, probe
 
 FIELDS = set(RankProfile.__dataclass_fields__)
 

@@ -16,9 +16,9 @@ from affine import Affine
 
 from conftest import write_raster, write_vrt
 from prediction import PredictScene
-from rasterscale.cog import striped_sources
-from rasterscale.config import ConfigError, validate_config
-from rasterscale.rankfiles import read_tile_ids
+from rasterscale.config.schema import ConfigError, validate_config
+from rasterscale.predict.rankfiles import read_tile_ids
+from rasterscale.raster.cog import striped_sources
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, workflow_command
 
 
@@ -271,8 +271,8 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(proje
 
 
 def test_batch_tiles_split_over_shards_and_ranks_exactly_once_and_balanced():
-    from rasterscale.sharding import batch_rank_tiles
-    from rasterscale.tiling import Tile
+    from rasterscale.grid.manifest import Tile
+    from rasterscale.grid.sharding import batch_rank_tiles
 
     scenes = [[Tile(i, 0, 0, 8, 8) for i in range(n)] for n in (5, 0, 7, 1)]
     parts = [batch_rank_tiles(scenes, 2, shard, 2, rank) for shard in (0, 1) for rank in (0, 1)]
@@ -287,7 +287,7 @@ def test_scenes_dataset_holds_one_scene_at_a_time():
     import gc
     import weakref
 
-    from rasterscale.predict import ScenesDataset
+    from rasterscale.predict.engine import ScenesDataset
 
     made: list[weakref.ref] = []
 
@@ -312,10 +312,10 @@ def test_scenes_dataset_holds_one_scene_at_a_time():
 
 @pytest.mark.parametrize("strategy", ["single", "batch"])
 def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
-    from rasterscale.config import validate_config as validated
-    from rasterscale.jobfiles import SceneJob
-    from rasterscale.predict import run_prediction
-    from rasterscale.runtime import RunSpec
+    from rasterscale.config.schema import validate_config as validated
+    from rasterscale.predict.engine import run_prediction
+    from rasterscale.runtime.ranks import RunSpec
+    from rasterscale.workflow.jobfiles import SceneJob
 
     first = PredictScene.make(tmp_path / "first", 300, 200)
     second = PredictScene.make(tmp_path / "second", 250, 260)

@@ -11,9 +11,10 @@ import rasterio
 from affine import Affine
 
 from conftest import UTM17N, report
-from rasterscale.imagery import read_masked, resolve_spec
-from rasterscale.segmentation import NODATA_CLASS
-from rasterscale.segmentation.blend import (
+from rasterscale.grid.manifest import Tile, build_manifest, tile_grid, tiles_from_frame
+from rasterscale.raster.imagery import read_masked, resolve_spec
+from rasterscale.tasks.segmentation import NODATA_CLASS
+from rasterscale.tasks.segmentation.blend import (
     SPILL_AHEAD,
     TileBlender,
     axis_weights,
@@ -21,9 +22,8 @@ from rasterscale.segmentation.blend import (
     halo_tiles,
     tile_cores,
 )
-from rasterscale.segmentation.merge import merge_class_rasters
-from rasterscale.segmentation.rankraster import BLOCK_COLS, BLOCK_ROWS
-from rasterscale.tiling import Tile, build_manifest, tile_grid, tiles_from_frame
+from rasterscale.tasks.segmentation.merge import merge_class_rasters
+from rasterscale.tasks.segmentation.rankraster import BLOCK_COLS, BLOCK_ROWS
 from segmentation_tiles import (
     NUM_CLASSES,
     class_map,

@@ -18,10 +18,10 @@ from rasterio.windows import Window
 from rio_cogeo.cogeo import cog_validate
 
 from conftest import UTM17N, report, write_raster, write_rgba
-from rasterscale.imagery import ImageSpec, read_masked, resolve_spec
-from rasterscale.segmentation import NODATA_CLASS
-from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
-from rasterscale.tiling import build_manifest, tiles_from_frame
+from rasterscale.grid.manifest import build_manifest, tiles_from_frame
+from rasterscale.raster.imagery import ImageSpec, read_masked, resolve_spec
+from rasterscale.tasks.segmentation import NODATA_CLASS
+from rasterscale.tasks.segmentation.merge import merge_class_rasters, vectorize_classes
 from segmentation_tiles import class_map, predict_ranks, scene_with_hole
 
 PATCH, OVERLAP = 256, 64

@@ -1,4 +1,4 @@
-"""Segmentation scores (rasterscale.segmentation.metrics) on hand-made maps with known answers."""
+"""Segmentation scores (rasterscale.tasks.segmentation.metrics) on hand-made maps with known answers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from affine import Affine
 from rasterio.windows import Window
 
 from conftest import UTM17N, write_raster
-from rasterscale.segmentation.groundtruth import read_segmentation_truth
-from rasterscale.segmentation.metrics import (
+from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
+from rasterscale.tasks.segmentation.metrics import (
     confusion_matrix,
     evaluate_class_map,
     iou_scores,

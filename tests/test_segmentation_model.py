@@ -1,4 +1,5 @@
-"""The segmenter (rasterscale.segmentation.model, .modelfiles): building, files in and out, and a short training run."""
+"""The segmenter (rasterscale.tasks.segmentation.model, .modelfiles): building, files in and out, and a short training
+run."""
 
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import report
-from rasterscale.imagery import resolve_spec
+from rasterscale.grid.manifest import Tile
 from rasterscale.inputs import InputError
-from rasterscale.model import build_detector, save_checkpoint
-from rasterscale.modelfiles import DetectorConfig, write_deepforest_folder
-from rasterscale.sampling import EpochSampler, KeyedSamples
-from rasterscale.segmentation.dataset import SegmentationTileDataset
-from rasterscale.segmentation.groundtruth import read_segmentation_truth
-from rasterscale.segmentation.metrics import evaluate_class_map
-from rasterscale.segmentation.model import build_segmenter, load_segmenter, save_segmenter
-from rasterscale.segmentation.modelfiles import ARCHITECTURES, UNET_DECODER, SegmenterConfig, read_segmenter_header
-from rasterscale.synth import synthesize_scene
-from rasterscale.tiling import Tile
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.tasks.detection.model import build_detector, save_checkpoint
+from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder
+from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
+from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
+from rasterscale.tasks.segmentation.metrics import evaluate_class_map
+from rasterscale.tasks.segmentation.model import build_segmenter, load_segmenter, save_segmenter
+from rasterscale.tasks.segmentation.modelfiles import (
+    ARCHITECTURES,
+    UNET_DECODER,
+    SegmenterConfig,
+    read_segmenter_header,
+)
+from rasterscale.tools.synth import synthesize_scene
+from rasterscale.train.sampling import EpochSampler, KeyedSamples
 
 LABELS = ("background", "tree")
 

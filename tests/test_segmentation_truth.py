@@ -1,4 +1,4 @@
-"""Segmentation ground truth (rasterscale.segmentation.groundtruth) and the synthetic scene's crown polygons."""
+"""Segmentation ground truth (rasterscale.tasks.segmentation.groundtruth) and the synthetic scene's crown polygons."""
 
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ from affine import Affine
 from rasterio.windows import Window
 
 from conftest import REPO, UTM17N, damage_block, write_raster, write_rgba
-from rasterscale.geo import pixel_boxes_to_polygons
-from rasterscale.imagery import resolve_spec
+from rasterscale.grid.manifest import Tile
 from rasterscale.inputs import InputError
-from rasterscale.sampling import Flips
-from rasterscale.segmentation.dataset import SegmentationTileDataset
-from rasterscale.segmentation.groundtruth import (
+from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
+from rasterscale.tasks.segmentation.groundtruth import (
     NODATA_CLASS,
     PolygonTruth,
     RasterTruth,
     check_segmentation_truth,
     read_segmentation_truth,
 )
-from rasterscale.synth import synthesize_scene
-from rasterscale.tiling import Tile
+from rasterscale.tools.synth import synthesize_scene
+from rasterscale.train.sampling import Flips
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 WIDTH, HEIGHT = 200, 100

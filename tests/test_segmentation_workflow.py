@@ -16,7 +16,7 @@ import yaml
 from rasterio.features import rasterize
 
 from conftest import REPO
-from rasterscale.rankfiles import read_tile_ids, write_rank_record
+from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
 from workflow import rank_stems, run_workflow
 
 TINY = REPO / "tests/configs/tiny_segmentation.yaml"

@@ -154,9 +154,9 @@ def finish_cluster_run(cluster: SlurmCluster, base: Path, process: subprocess.Po
 def segmentation_inputs(run: Path) -> dict:
     """A segmentation config over one scene, with an untrained segmenter (the machinery is under test): 2 shard
     jobs of 2 ranks."""
-    from rasterscale.segmentation.model import build_segmenter, save_segmenter
-    from rasterscale.segmentation.modelfiles import SegmenterConfig
-    from rasterscale.synth import synthesize_scene
+    from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
+    from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+    from rasterscale.tools.synth import synthesize_scene
 
     (run / "resources/demo").mkdir(parents=True)
     synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12)
@@ -293,7 +293,7 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     """The segmentation task through the same launch, shard and record machinery: 2 shard jobs of 2 ranks."""
     from rio_cogeo.cogeo import cog_validate
 
-    from rasterscale.rankfiles import read_tile_ids
+    from rasterscale.predict.rankfiles import read_tile_ids
 
     run = cluster_runs["segmentation"]
     shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}
@@ -316,14 +316,14 @@ import sys
 sys.path.insert(0, {scripts!r})
 mode, devices, nodes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if mode == "check":  # the in-process checks alone (no torch import: fast)
-    from rasterscale.preflight import Geometry, PreflightError, check_launch
+    from rasterscale.runtime.preflight import Geometry, PreflightError, check_launch
     try:
         check_launch(Geometry("train", devices, nodes))
     except PreflightError as err:
         sys.exit(f"rasterscale: {{err}}")
     print("launch ok")
 else:  # what train.py/predict.py do: the runtime's Trainer, checked before and after it is built
-    from rasterscale.runtime import RunSpec, make_trainer
+    from rasterscale.runtime.ranks import RunSpec, make_trainer
     make_trainer(RunSpec("cpu", devices, nodes, "32-true", "train"), logger=False)
     print("trainer built")
 """
@@ -331,7 +331,7 @@ else:  # what train.py/predict.py do: the runtime's Trainer, checked before and 
 
 def test_on_the_cluster_bad_launches_fail_fast_with_one_line(cluster, tmp_path):
     """In-process pre-flight checks inside real Slurm steps, and --kill-on-bad-exit ending a job at once."""
-    from rasterscale.preflight import srun_prefix
+    from rasterscale.runtime.preflight import srun_prefix
 
     probe = f"{sys.executable} {tmp_path / 'probe.py'}"
     (tmp_path / "probe.py").write_text(PROBE.format(scripts=str(REPO / "scripts")))

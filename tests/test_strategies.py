@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from prediction import PredictScene, predict_rank_file
-from rasterscale.data import (
+from rasterscale.datasets import (
     RegionDataset,
     WindowDataset,
     bounding_window,
@@ -17,12 +17,12 @@ from rasterscale.data import (
     prediction_dataset,
     to_model_input,
 )
-from rasterscale.fastpath import fuse_conv_bn
-from rasterscale.imagery import ImageSpec
-from rasterscale.model import DetectorConfig, build_detector
-from rasterscale.rankfiles import read_tile_ids
-from rasterscale.tasks.detection import prepare_for_inference
-from rasterscale.tiling import Tile, build_manifest, tiles_from_frame
+from rasterscale.grid.manifest import Tile, build_manifest, tiles_from_frame
+from rasterscale.predict.fastpath import fuse_conv_bn
+from rasterscale.predict.rankfiles import read_tile_ids
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector
+from rasterscale.tasks.detection.task import prepare_for_inference
 
 STRATEGIES = ["window", "single", "batch"]
 RGB = ImageSpec()  # bands 1-3 of a uint8 raster without a mask

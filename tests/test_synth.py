@@ -1,4 +1,4 @@
-"""Tests for the synthetic canopy scene (rasterscale.synth)."""
+"""Tests for the synthetic canopy scene (rasterscale.tools.synth)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import rasterio
 from rasterio.crs import CRS
 from rasterio.transform import Affine
 
-from rasterscale import synth
-from rasterscale.synth import synthesize_scene
+from rasterscale.tools import synth
+from rasterscale.tools.synth import synthesize_scene
 
 WIDTH, HEIGHT = 512, 384
 ORIGIN = (404000.0, 3285000.0)

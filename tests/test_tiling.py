@@ -4,9 +4,9 @@ import rasterio
 import shapely
 from affine import Affine
 
-from rasterscale.imagery import read_spec, resolve_spec
+from rasterscale.grid.manifest import TileGrid, build_manifest, read_grid, tile_grid, tile_offsets, write_manifest
 from rasterscale.inputs import InputError
-from rasterscale.tiling import TileGrid, build_manifest, read_grid, tile_grid, tile_offsets, write_manifest
+from rasterscale.raster.imagery import read_spec, resolve_spec
 
 
 @pytest.mark.parametrize(

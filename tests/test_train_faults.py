@@ -1,7 +1,7 @@
 """Faults of a training job, for real: a 2-rank DDP training (CPU ranks over gloo, the tiny config) killed with
 kill -9 once a resume checkpoint exists, stopped by SIGTERM to every rank and to one rank, each rerun resuming
 where the last one stopped (within epochs too), until the model is written: bit for bit the model of an
-uninterrupted run (rasterscale.checkpoints, rasterscale.sampling).
+uninterrupted run (rasterscale.train.resume, rasterscale.train.sampling).
 
 One chain of four runs of the train entry (what rule train_model runs), shared by the tests: the module fixture
 runs it once; each test checks one fault. Every fault is a real signal (os.kill) at a point found by polling the
@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from conftest import REPO, report
-from rasterscale.checkpoints import RESUME_FILE, STOP_EXIT_CODE, find_resume_point, fingerprint, resume_folder
-from rasterscale.config import validate_config
-from rasterscale.outputs import write_json
-from rasterscale.tasks.base import TrainScene
+from rasterscale.atomic import write_json
+from rasterscale.config.schema import validate_config
+from rasterscale.tasks.api import TrainScene
+from rasterscale.train.resume import RESUME_FILE, STOP_EXIT_CODE, find_resume_point, fingerprint, resume_folder
 from workflow import tiny_config, workflow_command
 
 MAX_STEPS = 7  # the last SIGTERM (at step 5 or 6) leaves the last rerun a step or two

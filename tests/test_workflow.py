@@ -13,8 +13,8 @@ import torch
 from rasterio.windows import Window
 
 from conftest import damage_block
-from rasterscale.merge import DETECTION_COLUMNS
-from rasterscale.precision import choose, probe
+from rasterscale.runtime.precision import choose, probe
+from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config
 
 pytestmark = pytest.mark.slow

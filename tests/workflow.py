@@ -11,8 +11,8 @@ import numpy as np
 import yaml
 
 from conftest import REPO
-from rasterscale.geo import box_pairs, pair_ious
-from rasterscale.merge import BOX_COLUMNS
+from rasterscale.raster.geo import box_pairs, pair_ious
+from rasterscale.tasks.detection.merge import BOX_COLUMNS
 
 TINY = REPO / "tests/configs/tiny.yaml"
 
@@ -72,6 +72,6 @@ def rank_stems(workdir: Path, scene: str, suffix: str = ".parquet") -> list[Path
 
 def rank_tile_ids(workdir: Path, scene: str) -> list[list[int]]:
     """Each rank's processed tile_ids of a scene (from its record), in rank order."""
-    from rasterscale.rankfiles import read_tile_ids
+    from rasterscale.predict.rankfiles import read_tile_ids
 
     return [read_tile_ids(stem).tolist() for stem in rank_stems(workdir, scene)]

@@ -5,8 +5,8 @@
 
 - a folder DeepForest writes (``RetinaNetHub.save_pretrained``) and its Lightning ``.ckpt`` load in rasterscale
   and predict the boxes DeepForest predicts on the same tile;
-- a folder rasterscale writes (:func:`rasterscale.modelfiles.write_deepforest_folder`, as training writes
-  ``results/models/{name}/``) loads with ``RetinaNetHub.from_pretrained`` and through ``deepforest.main`` and
+- a folder rasterscale writes (:func:`rasterscale.tasks.detection.modelfiles.write_deepforest_folder`, as training
+  writes ``results/models/{name}/``) loads with ``RetinaNetHub.from_pretrained`` and through ``deepforest.main`` and
   predicts there what rasterscale predicts, at the input scale the model records.
 
 No download: ``RetinaNetHub(backbone_weights=None)`` still asks torchvision for ImageNet backbone weights, so
@@ -25,8 +25,8 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from rasterscale.model import build_detector, load_checkpoint
-from rasterscale.modelfiles import DetectorConfig, read_header, write_deepforest_folder
+from rasterscale.tasks.detection.model import build_detector, load_checkpoint
+from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 
 deepforest = pytest.importorskip("deepforest", reason="runs in DeepForest's environment")
 from deepforest.models.retinanet import RetinaNetHub  # noqa: E402

@@ -34,7 +34,7 @@ from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, MaskFlags
 from rasterio.errors import RasterioIOError
 
-from rasterscale.geo import geometries_to_pixel_boxes
+from rasterscale.raster.geo import geometries_to_pixel_boxes
 
 RGB_BANDS = 3
 DEFAULT_BANDS = (1, 2, 3)

@@ -1,6 +1,6 @@
 """Tasks: what rasterscale predicts over a raster. The core (tiling, sharding, launching, rank files, pre-flight
 checks) knows nothing of them; a task knows its model, its training samples and its rank output
-(:class:`rasterscale.tasks.base.Task`, in the spirit of torchgeo's ``BaseTask``), and its merge and its evaluation
+(:class:`rasterscale.tasks.api.Task`, in the spirit of torchgeo's ``BaseTask``), and its merge and its evaluation
 (:class:`TaskInfo`, here).
 
 - ``detection``: boxes (torchvision RetinaNet, DeepForest's model) -> a vector layer per scene.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rasterscale.tasks.base import Task
+    from rasterscale.tasks.api import Task
 
 TASKS = ("detection", "segmentation")
 
@@ -38,7 +38,7 @@ def _segmentation_summary(metrics: Mapping[str, Any]) -> str:
 
 
 def _merge_detections(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-    from rasterscale.merge import merge_scene
+    from rasterscale.tasks.detection.merge import merge_scene
 
     merged = merge_scene(outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"])
     return f"{len(merged)} detections -> {scene['gpkg']}"
@@ -47,7 +47,7 @@ def _merge_detections(scene: Mapping[str, Any], outputs: Sequence[str], config: 
 def _evaluate_detections(
     scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
-    from rasterscale.evaluate import evaluate_scene
+    from rasterscale.tasks.detection.evaluate import evaluate_scene
 
     return evaluate_scene(
         scene["parquet"],
@@ -63,8 +63,8 @@ def _evaluate_detections(
 
 
 def _merge_segmentation(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-    from rasterscale.imagery import read_spec
-    from rasterscale.segmentation.merge import merge_class_rasters, vectorize_classes
+    from rasterscale.raster.imagery import read_spec
+    from rasterscale.tasks.segmentation.merge import merge_class_rasters, vectorize_classes
 
     labels = config["labels"]
     summary = merge_class_rasters(
@@ -83,9 +83,9 @@ def _merge_segmentation(scene: Mapping[str, Any], outputs: Sequence[str], config
 def _evaluate_segmentation(
     scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
-    from rasterscale.outputs import write_json
-    from rasterscale.segmentation.groundtruth import read_segmentation_truth
-    from rasterscale.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
+    from rasterscale.atomic import write_json
+    from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
+    from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
 
     truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
     metrics = evaluate_class_map(scene["classes"], truth)
@@ -172,10 +172,10 @@ def load_task(name: str) -> Task:
     """The task's implementation (imports torch and the task's libraries)."""
     task_info(name)
     if name == "detection":
-        from rasterscale.tasks.detection import DetectionTask
+        from rasterscale.tasks.detection.task import DetectionTask
 
         return DetectionTask()
-    from rasterscale.tasks.segmentation import SegmentationTask
+    from rasterscale.tasks.segmentation.task import SegmentationTask
 
     return SegmentationTask()
 
@@ -185,10 +185,10 @@ def model_labels(config: Mapping[str, Any]) -> list[str]:
     only: cheap enough for a dry run), else the task's default. A model file of the other task, or that
     contradicts the config, raises a one-line error naming it."""
     if config["task"] == "detection":
-        from rasterscale.modelfiles import detector_of_config
+        from rasterscale.tasks.detection.modelfiles import detector_of_config
 
         return list(detector_of_config(config)[0].labels)
-    from rasterscale.segmentation.modelfiles import segmenter_of_config
+    from rasterscale.tasks.segmentation.modelfiles import segmenter_of_config
 
     return list(segmenter_of_config(config).labels)
 
@@ -202,6 +202,6 @@ def check_annotations(
 
         read_annotations(path, raster, labels, label_column, image_name)
         return
-    from rasterscale.segmentation.groundtruth import check_segmentation_truth
+    from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
 
     check_segmentation_truth(path, raster, labels, label_column)

@@ -1,0 +1,332 @@
+"""Load and validate the workflow configuration against ``config/schema.yaml``.
+
+Validation fills in the schema's defaults and turns the first problem into one line that names the key,
+so that a typo fails ``snakemake -n`` instead of a GPU job an hour later.
+
+``scenes`` may be a mapping, a scene table (tab-separated, a header row naming the columns ``name``, ``path``
+and any other per-scene key of the schema: the snakemake-workflows sample-sheet convention) or a glob of rasters
+(scene names from the file stems). Tables and globs are expanded into the mapping form before validation, so
+that their scenes are checked like any other, with errors naming the table's file and line. ``train.scenes`` and
+``predict.scenes`` may be ``all``: every scene (for training: every scene with annotations).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import glob
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded as one line that names the key."""
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    with open(path) as handle:
+        return yaml.safe_load(handle)
+
+
+def _extend_with_defaults(validator_class: type[Any]) -> type[Any]:
+    """A validator that fills in ``default`` values of absent properties while it validates."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: dict, instance: Any, schema: dict) -> Iterator:
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    instance[name] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "<top level>"
+
+
+def describe_error(error: jsonschema.ValidationError) -> str:
+    """One line naming the key and the problem."""
+    where = _key_path(error)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        prefix = f"{where}." if error.absolute_path else ""
+        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        return f"unknown key '{prefix}{unknown[0]}'{hint}"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    return f"key '{where}': {error.message}"
+
+
+SCENE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".jp2", ".img")  # a scenes string naming one raster is a glob of it
+
+
+def scene_properties(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema of one scene's keys (the allowed columns of a scene table)."""
+    return schema["properties"]["scenes"]["additionalProperties"]["properties"]
+
+
+def is_glob(value: str) -> bool:
+    return any(char in value for char in "*?[") or value.lower().endswith(RASTER_SUFFIXES)
+
+
+def sanitized_scene_name(stem: str) -> str:
+    """A file stem as a scene name: characters outside [A-Za-z0-9_-] become '_', leading '_'/'-' go."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", stem).lstrip("_-")
+
+
+def scenes_from_glob(pattern: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """One scene per raster the pattern matches (sorted), named by its file stem (no origins: the path is the
+    file's own)."""
+    paths = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not paths:
+        raise ConfigError(f"config: key 'scenes': the glob '{pattern}' matches no file")
+    scenes: dict[str, Any] = {}
+    for path in paths:
+        name = sanitized_scene_name(Path(path).stem)
+        if not name:
+            raise ConfigError(f"config: key 'scenes': {path} (glob '{pattern}') gives no usable scene name; rename it")
+        if name in scenes:
+            raise ConfigError(
+                f"config: key 'scenes': the glob '{pattern}' gives the scene name '{name}' to both "
+                f"{scenes[name]['path']} and {path}; rename one, or list the scenes in a table"
+            )
+        scenes[name] = {"path": path}
+    return scenes, {}
+
+
+def table_cell(value: str, schema: Mapping[str, Any]) -> Any:
+    """A table cell as the key's type: strings as written, anything else (lists, numbers, mappings) as YAML."""
+    return value if schema.get("type") == "string" else yaml.safe_load(value)
+
+
+def scenes_from_table(path: str, properties: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Scenes of a tab-separated table: a header row (name, path, annotations, ...), then one scene a line."""
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"config: key 'scenes': scene table {path} not found (scenes: a mapping, a tab-separated table "
+            "with columns name, path, annotations, ..., or a glob of rasters)"
+        )
+    with open(path, newline="") as handle:
+        lines = [(n, row) for n, row in enumerate(csv.reader(handle, delimiter="\t"), start=1) if any(row)]
+    lines = [(n, [cell.strip() for cell in row]) for n, row in lines if not row[0].lstrip().startswith("#")]
+    if not lines:
+        raise ConfigError(f"{path}: empty scene table (a header row, then one scene a line)")
+    header_line, header = lines[0]
+    allowed = ["name", *properties]
+    unknown = [column for column in header if column not in allowed]
+    if unknown:
+        raise ConfigError(f"{path} line {header_line}: unknown column '{unknown[0]}' (allowed: {', '.join(allowed)})")
+    for column in ("name", "path"):
+        if column not in header:
+            raise ConfigError(f"{path} line {header_line}: missing column '{column}' (columns: {', '.join(header)})")
+    if len(set(header)) != len(header):
+        raise ConfigError(f"{path} line {header_line}: a column is named twice ({', '.join(header)})")
+    scenes: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for number, row in lines[1:]:
+        where = f"{path} line {number}"
+        if len(row) != len(header):
+            raise ConfigError(f"{where}: {len(row)} cells, but the header has {len(header)} columns")
+        cells = dict(zip(header, row, strict=True))
+        name = cells.pop("name")
+        if not SCENE_NAME.match(name):
+            raise ConfigError(f"{where}, column 'name': '{name}' is not a scene name ([A-Za-z0-9][A-Za-z0-9_-]*)")
+        if name in scenes:
+            raise ConfigError(f"{where}, column 'name': scene '{name}' is already on {origins[name]}")
+        try:
+            scenes[name] = {key: table_cell(value, properties[key]) for key, value in cells.items() if value}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{where}: a cell is not valid YAML ({str(err).splitlines()[0]})") from err
+        origins[name] = where
+    return scenes, origins
+
+
+def expand_scenes(value: Any, schema: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
+    """``scenes`` in the mapping form, and where each scene came from (empty for a mapping)."""
+    if not isinstance(value, str):
+        return value, {}
+    if is_glob(value):
+        return scenes_from_glob(value)
+    return scenes_from_table(value, scene_properties(schema))
+
+
+def expand_all(config: dict[str, Any]) -> None:
+    """``train.scenes``/``predict.scenes`` ``all`` as lists, in the scenes' order."""
+    scenes = config["scenes"]
+    if config["predict"]["scenes"] == "all":
+        config["predict"]["scenes"] = list(scenes)
+    if config["train"]["scenes"] == "all":
+        config["train"]["scenes"] = [name for name, scene in scenes.items() if scene.get("annotations")]
+
+
+RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (read, with a warning)
+
+# keys that only one task reads: setting them under the other task is an error, not a silent no-op
+TASK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "detection": {
+        "model": (
+            "score_threshold",
+            "nms_threshold",
+            "detections_per_tile",
+            "resize",
+            "backbone_weights",
+            "fpn_channels",
+        ),
+        "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
+        "evaluate": ("iou_threshold", "score_threshold"),
+    },
+    "segmentation": {"model": ("architecture",), "predict": ("probabilities",)},
+}
+DEFAULT_MODEL_NAMES = {"detection": "detector", "segmentation": "segmenter"}
+
+
+def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
+    """Move renamed keys to their new names, with a notice each; both set is an error."""
+    for (section, old), (_, new) in RENAMED.items():
+        values = instance.get(section)
+        if isinstance(values, dict) and old in values:
+            if new in values:
+                raise ConfigError(f"config: key '{section}.{old}' is the old name of '{section}.{new}': set only {new}")
+            values[new] = values.pop(old)
+            notices.append(f"config: key '{section}.{old}' is deprecated: it is now '{section}.{new}' (same meaning)")
+
+
+def check_task_keys(raw: Mapping[str, Any]) -> None:
+    """A key set for the other task fails with one line (it would otherwise be silently ignored)."""
+    task = raw.get("task", "detection")
+    for other, sections in TASK_KEYS.items():
+        if other == task:
+            continue
+        for section, keys in sections.items():
+            values = raw.get(section)
+            for key in keys:
+                if isinstance(values, dict) and values.get(key) is not None:
+                    raise ConfigError(f"config: key '{section}.{key}' applies to task {other} only, and task is {task}")
+
+
+def validate_config(
+    config: Mapping[str, Any],
+    schema: dict[str, Any] | None = None,
+    origins: dict[str, str] | None = None,
+    notices: list[str] | None = None,
+    default_bands: set[str] | None = None,
+) -> dict[str, Any]:
+    """Return a validated copy of ``config`` with defaults filled in; raise ConfigError on the first problem.
+
+    ``origins``, when given, is filled with where each scene of a table or glob came from (see
+    :func:`scene_key`); ``notices`` with warnings: renamed keys, scenes scored on their own training data;
+    ``default_bands`` with the scenes whose ``bands`` are the default (not the user's choice)."""
+    instance = copy.deepcopy(dict(config))
+    rename_deprecated(instance, notices if notices is not None else [])
+    schema = schema or load_schema()
+    instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
+    if origins is not None:
+        origins.update(found)
+    if default_bands is not None and isinstance(instance["scenes"], dict):  # which scenes' bands the user left out
+        default_bands.update(
+            n for n, scene in instance["scenes"].items() if isinstance(scene, dict) and "bands" not in scene
+        )
+    validator = _DefaultingValidator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        path = list(errors[0].absolute_path)
+        where = f"{found[path[1]]}: " if path[:1] == ["scenes"] and len(path) > 1 and path[1] in found else ""
+        raise ConfigError(f"config: {where}{describe_error(errors[0])}")
+    check_task_keys(config)
+    if instance["model"]["name"] is None:
+        instance["model"]["name"] = DEFAULT_MODEL_NAMES[instance["task"]]
+    expand_all(instance)
+    check_consistency(instance)
+    if notices is not None:
+        notices.extend(scored_on_training_data(instance))
+    return instance
+
+
+def scene_key(name: str, key: str, origins: Mapping[str, str]) -> str:
+    """Where a scene's key is set: ``scenes.a.path``, or the table's file, line and column."""
+    return f"{origins[name]}, column '{key}'" if name in origins else f"scenes.{name}.{key}"
+
+
+def check_consistency(config: Mapping[str, Any]) -> None:
+    """Checks that span several keys (the schema cannot express them)."""
+    scenes = config["scenes"]
+    tiling = config["tiling"]
+    if tiling["overlap"] >= tiling["patch_size"]:
+        raise ConfigError(
+            f"config: key 'tiling.overlap' ({tiling['overlap']}) must be smaller than "
+            f"tiling.patch_size ({tiling['patch_size']})"
+        )
+    for section in ("train", "predict"):
+        for name in config[section]["scenes"]:
+            if name not in scenes:
+                raise ConfigError(
+                    f"config: key '{section}.scenes' names scene '{name}', which is not under 'scenes' "
+                    f"(known: {', '.join(sorted(scenes))})"
+                )
+    for key, values in (("train.scenes", config["train"]["scenes"]), ("predict.scenes", config["predict"]["scenes"])):
+        twice = sorted({name for name in values if values.count(name) > 1})
+        if twice:
+            raise ConfigError(f"config: key '{key}' names scene '{twice[0]}' twice: list each scene once")
+    labels = config["model"]["labels"] or []
+    twice = sorted({name for name in labels if [x.casefold() for x in labels].count(name.casefold()) > 1})
+    if twice:
+        raise ConfigError(f"config: key 'model.labels' names class '{twice[0]}' twice ({', '.join(labels)})")
+    if config["train"]["max_steps"] == 0 or config["train"]["max_steps"] < -1:
+        raise ConfigError(
+            f"config: key 'train.max_steps' is {config['train']['max_steps']}: -1 (no limit, train.epochs decide) or "
+            "at least 1"
+        )
+    for name in config["train"]["scenes"]:
+        if not scenes[name].get("annotations"):
+            raise ConfigError(f"config: training scene '{name}' has no 'annotations' (scenes.{name}.annotations)")
+    if config["train"]["scenes"] and config["model"]["checkpoint"]:
+        raise ConfigError(
+            "config: model.checkpoint and train.scenes are both set, and a checkpoint is predicted with, not trained: "
+            "leave train.scenes empty to predict with it, or give it as train.init to fine-tune it"
+        )
+    if config["predict"]["scenes"] and not config["train"]["scenes"] and not config["model"]["checkpoint"]:
+        raise ConfigError(
+            "config: predict.scenes is set but there is nothing to predict with: set train.scenes or model.checkpoint"
+        )
+
+
+def nothing_to_do(config: Mapping[str, Any]) -> str | None:
+    """Why the default target of a validated config would do nothing (no scene to train on or predict), or None."""
+    if config["train"]["scenes"] or config["predict"]["scenes"]:
+        return None
+    known = f"scenes: {', '.join(config['scenes'])}" if config["scenes"] else "no scenes"
+    return (
+        f"config: train.scenes and predict.scenes are both empty ({known}): nothing to do; name the scenes to train "
+        "on or predict"
+    )
+
+
+def scored_on_training_data(config: Mapping[str, Any]) -> list[str]:
+    """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data)."""
+    trained = set(config["train"]["scenes"]) if not config["model"]["checkpoint"] else set()
+    return [
+        f"scene {name} is trained on (train.scenes) and predicted and scored (predict.scenes): "
+        f"results/{name}/evaluation.json scores the model on its own training data"
+        for name in config["predict"]["scenes"]
+        if name in trained and config["scenes"][name].get("annotations")
+    ]
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    with open(path) as handle:
+        raw = yaml.safe_load(handle) or {}
+    return validate_config(raw)

@@ -1,0 +1,274 @@
+"""Datasets over tile manifests: windowed reads, one raster handle per dataloader worker, or views of a region.
+
+A rasterio dataset handle must not cross a fork, so each process (the rank itself, or each of its dataloader
+workers) opens its own on first use. Only the window of the tile is read: memory does not grow with the raster.
+
+Prediction has three dataloader strategies (``predict.strategy``, DeepForest's names):
+
+- ``window``: each tile's window is read when it is needed, in parallel dataloader workers, each with its own
+  raster handle. Memory stays flat whatever the raster's size.
+- ``single``: the rank's region (the bounding window of its tiles) is read once into CPU memory; tiles are
+  views of it, sent to the device batch by batch.
+- ``batch``: the rank's region is read once onto the device; tiles are views of the device tensor (no copies,
+  no worker processes). The region must fit in device memory.
+
+Every reader takes the scene's :class:`~rasterscale.raster.imagery.ImageSpec` (stored with its manifest): the bands,
+the mask and the scale that make the raster's pixels uint8 RGB (:func:`rasterscale.raster.imagery.read_tile`).
+Prediction tiles stay uint8 until they reach the device (:func:`to_model_input` scales them there): a quarter
+of the bytes to read, pin and copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+import torch
+from rasterio.env import set_gdal_config
+from rasterio.windows import Window
+from torch.utils.data import Dataset
+
+from rasterscale.grid.manifest import Tile
+from rasterscale.inputs import RGB_BANDS
+from rasterscale.raster.geo import box_areas
+from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
+from rasterscale.raster.windows import tile_window
+from rasterscale.train.sampling import NO_FLIPS, Flips
+
+PREDICT_STRATEGIES = ("window", "single", "batch")
+
+
+class RasterHandle(ProcessRaster):
+    """A scene's per-process handle that reads tiles as the model's uint8 RGB, through its imagery spec."""
+
+    def __init__(self, path: str | Path, spec: ImageSpec) -> None:
+        super().__init__(path)
+        self.spec = spec
+
+    def read_pixels(self, tile: Tile) -> np.ndarray:
+        """The tile as the model's uint8 RGB (the spec's bands, scale and fill), shape (3, height, width)."""
+        return read_tile(self.src, self.spec, tile_window(tile), tile.tile_id)
+
+    def read_rgb(self, tile: Tile) -> torch.Tensor:
+        """The tile as a float tensor in [0, 1], shape (3, height, width)."""
+        return pixels_to_tensor(self.read_pixels(tile))
+
+
+def limit_read_cache(megabytes: int) -> None:
+    """Bound GDAL's block cache in this process and in the dataloader workers it forks later (GDAL's default,
+    5% of the node's memory, would otherwise fill up over a large raster)."""
+    set_gdal_config("GDAL_CACHEMAX", int(megabytes) * 2**20)  # set at run time, GDAL takes bytes
+
+
+def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 pixels as a float tensor in [0, 1] (training)."""
+    return to_model_input(pixels_to_raw_tensor(pixels))
+
+
+def pixels_to_raw_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 pixels as a uint8 tensor (prediction: scaled on the device)."""
+    if pixels.dtype != np.uint8:
+        raise TypeError(f"tiles reach the model as uint8, not {pixels.dtype} (read them through an ImageSpec)")
+    return torch.from_numpy(np.ascontiguousarray(pixels))
+
+
+def to_model_input(image: torch.Tensor) -> torch.Tensor:
+    """A uint8 tile as the model takes it, float in [0, 1], where the tile is (on the device): training's
+    :func:`pixels_to_tensor` scales the same way."""
+    return image.float().div_(255.0) if image.dtype == torch.uint8 else image
+
+
+class WindowDataset(Dataset):
+    """Prediction tiles read window by window (strategy ``window``): item -> (uint8 image, tile_id)."""
+
+    def __init__(self, raster_path: str | Path, tiles: Sequence[Tile], spec: ImageSpec) -> None:
+        self.raster = RasterHandle(raster_path, spec)
+        self.tiles = list(tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        tile = self.tiles[index]
+        return pixels_to_raw_tensor(self.raster.read_pixels(tile)), tile.tile_id
+
+
+def bounding_window(tiles: Sequence[Tile]) -> Window:
+    """The smallest window holding every tile (a rank's tiles are contiguous rows of the manifest: a band)."""
+    col0, row0 = min(t.col_off for t in tiles), min(t.row_off for t in tiles)
+    col1, row1 = max(t.col_off + t.width for t in tiles), max(t.row_off + t.height for t in tiles)
+    return Window(col0, row0, col1 - col0, row1 - row0)
+
+
+def region_nbytes(window: Window) -> int:
+    """Bytes that :func:`load_region` holds for ``window`` (uint8 RGB)."""
+    return RGB_BANDS * int(window.width) * int(window.height)
+
+
+def load_region(
+    raster_path: str | Path,
+    window: Window,
+    spec: ImageSpec,
+    device: torch.device | str = "cpu",
+    chunk_rows: int = 1024,
+) -> torch.Tensor:
+    """A window as one uint8 RGB (3, height, width) tensor on ``device``, read through ``spec``.
+
+    It is read ``chunk_rows`` rows at a time into the tensor allocated on the device, so that beyond the
+    region itself only one chunk is ever held in host memory.
+    """
+    height, width = int(window.height), int(window.width)
+    region = torch.empty((RGB_BANDS, height, width), dtype=torch.uint8, device=device)
+    with rasterio.open(raster_path) as src:
+        for row in range(0, height, chunk_rows):
+            rows = min(chunk_rows, height - row)
+            chunk = read_tile(src, spec, Window(window.col_off, window.row_off + row, width, rows))
+            region[:, row : row + rows].copy_(pixels_to_raw_tensor(chunk))
+    return region
+
+
+class RegionDataset(Dataset):
+    """Prediction tiles as views of a region already in memory (strategies ``single`` and ``batch``):
+    item -> (view, tile_id). ``origin`` is the region's (col_off, row_off) in the raster."""
+
+    def __init__(self, region: torch.Tensor, origin: tuple[int, int], tiles: Sequence[Tile]) -> None:
+        self.region, self.origin, self.tiles = region, origin, list(tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        tile = self.tiles[index]
+        col, row = tile.col_off - self.origin[0], tile.row_off - self.origin[1]
+        return self.region[:, row : row + tile.height, col : col + tile.width], tile.tile_id
+
+
+def prediction_dataset(
+    strategy: str,
+    raster_path: str | Path,
+    tiles: Sequence[Tile],
+    spec: ImageSpec,
+    device: torch.device | str = "cpu",
+) -> Dataset:
+    """A rank's tiles under a dataloader strategy; ``single`` and ``batch`` read only the rank's region."""
+    if strategy not in PREDICT_STRATEGIES:
+        raise ValueError(f"unknown dataloader strategy {strategy!r} (one of {', '.join(PREDICT_STRATEGIES)})")
+    if strategy == "window" or not tiles:
+        return WindowDataset(raster_path, tiles, spec)
+    window = bounding_window(tiles)
+    target = torch.device(device if strategy == "batch" else "cpu")
+    check_region_fits(region_nbytes(window), target)
+    region = load_region(raster_path, window, spec, target)
+    return RegionDataset(region, (int(window.col_off), int(window.row_off)), tiles)
+
+
+def check_region_fits(nbytes: int, device: torch.device, headroom: float = 0.5) -> None:
+    """Fail with one line when a GPU region would take more than ``headroom`` of the device's free memory
+    (the model and its activations need the rest)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes > headroom * free:
+            raise RuntimeError(
+                f"strategy batch: the rank's region needs {nbytes / 2**20:.0f} MB on {device}, which has "
+                f"{free / 2**20:.0f} MB free; use predict.strategy window or single, or more ranks"
+            )
+
+
+def loader_workers(strategy: str, workers: int) -> int:
+    """Worker processes of a strategy: only ``window`` reads in workers; ``single`` and ``batch`` only slice a
+    region in memory (``batch``'s is a device tensor, which cannot cross a fork)."""
+    return workers if strategy == "window" else 0
+
+
+class DummyDataset(Dataset):
+    """Random tiles with a simulated read delay: checks an environment without any raster."""
+
+    def __init__(self, count: int, size: int, delay: float = 0.0, seed: int = 0) -> None:
+        self.count, self.size, self.delay, self.seed = count, size, delay, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.delay:
+            time.sleep(self.delay)
+        generator = torch.Generator().manual_seed(self.seed + index)
+        return torch.rand(3, self.size, self.size, generator=generator), index
+
+
+def boxes_in_tile(
+    boxes: np.ndarray, labels: np.ndarray, tile: Tile, min_visible_fraction: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes clipped to the tile, in tile pixels; a box keeps when enough of it lies inside the tile."""
+    x0, y0 = tile.col_off, tile.row_off
+    clipped = np.stack(
+        [
+            np.clip(boxes[:, 0], x0, x0 + tile.width),
+            np.clip(boxes[:, 1], y0, y0 + tile.height),
+            np.clip(boxes[:, 2], x0, x0 + tile.width),
+            np.clip(boxes[:, 3], y0, y0 + tile.height),
+        ],
+        axis=1,
+    )
+    full = box_areas(boxes)
+    visible = box_areas(clipped)
+    keep = (visible > 0) & (visible >= min_visible_fraction * full)
+    local = clipped[keep] - np.array([x0, y0, x0, y0], dtype=clipped.dtype)
+    return local.astype(np.float32), labels[keep]
+
+
+def flip_image_and_boxes(image: torch.Tensor, boxes: torch.Tensor, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image flipped, and its (N, 4) pixel boxes with it."""
+    _, height, width = image.shape
+    if flips.horizontal:
+        image = image.flip(-1)
+        boxes = torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], dim=1)
+    if flips.vertical:
+        image = image.flip(-2)
+        boxes = torch.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], dim=1)
+    return image, boxes
+
+
+class TrainTileDataset(Dataset):
+    """Training tiles with their ground-truth boxes clipped to the tile: item -> (image, target); ``sample``: the
+    same, flipped (training's augmentation: :mod:`rasterscale.train.sampling`)."""
+
+    def __init__(
+        self,
+        raster_path: str | Path,
+        tiles: Sequence[Tile],
+        spec: ImageSpec,
+        boxes: np.ndarray,
+        labels: np.ndarray,
+        min_visible_fraction: float = 0.5,
+    ) -> None:
+        self.raster = RasterHandle(raster_path, spec)
+        self.tiles = list(tiles)
+        self.boxes, self.labels = np.asarray(boxes, dtype=np.float64), np.asarray(labels, dtype=np.int64)
+        self.min_visible_fraction = min_visible_fraction
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def target(self, index: int) -> dict[str, torch.Tensor]:
+        boxes, labels = boxes_in_tile(self.boxes, self.labels, self.tiles[index], self.min_visible_fraction)
+        return {"boxes": torch.from_numpy(boxes).reshape(-1, 4), "labels": torch.from_numpy(labels)}
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.sample(index, NO_FLIPS)
+
+    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        image = self.raster.read_rgb(self.tiles[index])
+        target = self.target(index)
+        image, target["boxes"] = flip_image_and_boxes(image, target["boxes"], flips)
+        return image, target
+
+
+def collate_lists(batch: list[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """Detection batches are lists (torchvision detectors take lists of images)."""
+    images, extras = zip(*batch, strict=True)
+    return list(images), list(extras)

@@ -1,0 +1,197 @@
+"""Tile manifests: the windows that cut a raster into overlapping patches, with their footprints in the CRS.
+
+A manifest is computed from the raster's metadata (size and transform), and, for rasters that mark invalid
+pixels, from a decimated read of their mask: tiles wholly masked are left out. Offsets step by
+``patch_size - overlap``; the last row and column of tiles are flush with the raster's edge, so every pixel is
+covered and no tile reads past the raster. The scene's :class:`~rasterscale.raster.imagery.ImageSpec` and its
+:class:`TileGrid` (patch size and overlap) travel in the manifest's parquet metadata (:func:`write_manifest`,
+:func:`rasterscale.raster.imagery.read_spec`, :func:`read_grid`): jobs take them from there, never from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pyarrow.parquet as pq
+import rasterio
+from affine import Affine
+from geopandas.io.arrow import _geopandas_to_arrow
+from rasterio.crs import CRS
+
+from rasterscale.atomic import atomic_path
+from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, raster_info
+from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, manifest_entry, mask_of, valid_mask
+
+MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
+GRID_KEY = b"rasterscale:grid"
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """How a raster is cut: tiles of ``patch_size`` px whose neighbours overlap by ``overlap`` px."""
+
+    patch_size: int
+    overlap: int
+
+
+@dataclass(frozen=True)
+class Tile:
+    tile_id: int
+    col_off: int
+    row_off: int
+    width: int
+    height: int
+
+
+def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
+    """Start offsets along one axis: stride ``patch_size - overlap``, last tile flush with the edge."""
+    if overlap >= patch_size:
+        raise ValueError(f"overlap ({overlap}) must be smaller than patch_size ({patch_size})")
+    if length <= patch_size:
+        return [0]
+    stride = patch_size - overlap
+    count = math.ceil((length - patch_size) / stride) + 1
+    offsets = [i * stride for i in range(count - 1)]
+    offsets.append(length - patch_size)
+    return offsets
+
+
+def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
+    """Tiles wholly above the held-out bottom band train; tiles wholly inside it validate; the rest are unused."""
+    if validation_fraction <= 0:
+        return tiles, []
+    boundary = raster_height * (1.0 - validation_fraction)
+    train = [t for t in tiles if t.row_off + t.height <= boundary]
+    validation = [t for t in tiles if t.row_off >= boundary]
+    return train, validation
+
+
+def tile_grid(width: int, height: int, patch_size: int, overlap: int) -> np.ndarray:
+    """``(N, 4)`` int array of col_off, row_off, width, height in row-major order."""
+    cols = tile_offsets(width, patch_size, overlap)
+    rows = tile_offsets(height, patch_size, overlap)
+    col_grid, row_grid = np.meshgrid(np.asarray(cols, dtype=np.int64), np.asarray(rows, dtype=np.int64))
+    col_off, row_off = col_grid.ravel(), row_grid.ravel()
+    tile_w = np.full_like(col_off, min(patch_size, width))
+    tile_h = np.full_like(row_off, min(patch_size, height))
+    return np.stack([col_off, row_off, tile_w, tile_h], axis=1)
+
+
+def manifest_frame(grid: np.ndarray, transform: Affine, crs: CRS | str | None) -> gpd.GeoDataFrame:
+    """A manifest GeoDataFrame from a tile grid (tile_id numbers the tiles in row-major order)."""
+    col_off, row_off, width, height = (grid[:, k] for k in range(4))
+    boxes = np.stack([col_off, row_off, col_off + width, row_off + height], axis=1)
+    return gpd.GeoDataFrame(
+        {
+            "tile_id": np.arange(len(grid), dtype=np.int64),
+            "col_off": col_off,
+            "row_off": row_off,
+            "width": width,
+            "height": height,
+        },
+        geometry=pixel_boxes_to_polygons(boxes, transform),
+        crs=crs,
+    )
+
+
+def valid_tile_mask(
+    src: rasterio.io.DatasetReader, grid: np.ndarray, spec: ImageSpec, max_side: int = 2048
+) -> np.ndarray:
+    """True for tiles that hold at least one valid pixel, judged on a reduced-resolution mask (the spec's:
+    alpha, nodata or the dataset's mask).
+
+    The mask is read decimated (GDAL uses overviews where present) and each tile's window is grown by one
+    cell, so that a tile is only dropped when it is certainly all masked.
+    """
+    scale = max(1, math.ceil(max(src.width, src.height) / max_side))
+    out_shape = (max(1, math.ceil(src.height / scale)), max(1, math.ceil(src.width / scale)))
+    mask = valid_mask(src, spec, out_shape=out_shape)
+    if mask is None:
+        return np.ones(len(grid), dtype=bool)
+    keep = np.zeros(len(grid), dtype=bool)
+    for k, (col, row, width, height) in enumerate(grid):
+        c0, r0 = max(0, col // scale - 1), max(0, row // scale - 1)
+        c1, r1 = math.ceil((col + width) / scale) + 1, math.ceil((row + height) / scale) + 1
+        keep[k] = bool(mask[r0:r1, c0:c1].any())
+    return keep
+
+
+def build_manifest(
+    raster_path: str | Path,
+    patch_size: int,
+    overlap: int,
+    skip_nodata: bool = True,
+    spec: ImageSpec | None = None,
+) -> gpd.GeoDataFrame:
+    """The tile manifest of a raster; tiles that are certainly all masked (by ``spec``'s mask; default: the
+    raster's own, bands 1-3) are left out when asked. Rasters without a mask are not read."""
+    with rasterio.open(raster_path) as src:
+        spec = spec or ImageSpec(DEFAULT_BANDS, *mask_of(raster_info(src)))
+        grid = tile_grid(src.width, src.height, patch_size, overlap)
+        if skip_nodata and spec.mask != "none":
+            grid = grid[valid_tile_mask(src, grid, spec)]
+        return manifest_frame(grid, src.transform, src.crs)
+
+
+def write_manifest(frame: gpd.GeoDataFrame, spec: ImageSpec, grid: TileGrid, path: str | Path) -> None:
+    """Write a manifest as GeoParquet with the scene's imagery spec and tile grid in its metadata, atomically."""
+    table = _geopandas_to_arrow(frame, index=False)  # what GeoDataFrame.to_parquet writes, "geo" metadata included
+    ours = {SPEC_KEY: spec.to_json().encode(), GRID_KEY: json.dumps(asdict(grid)).encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **ours})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def tiles_from_frame(frame: gpd.GeoDataFrame) -> list[Tile]:
+    columns = ["tile_id", "col_off", "row_off", "width", "height"]
+    return [Tile(*map(int, row)) for row in frame[columns].itertuples(index=False)]
+
+
+def read_manifest(path: str | Path) -> gpd.GeoDataFrame:
+    return gpd.read_parquet(path)
+
+
+def read_grid(manifest_path: str | Path) -> TileGrid:
+    """The tile grid a manifest was cut with (stored by the tile_manifest rule)."""
+    entry = manifest_entry(manifest_path, GRID_KEY, "tile grid", "delete it and run again")  # an older one's
+    return TileGrid(**json.loads(entry))
+
+
+def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
+    """A training scene must hold whole tiles both above its held-out bottom band (``train.validation_fraction``
+    of its height) and inside it: otherwise training, or validation, would silently get none of its tiles (and
+    the tiles across the band's edge are used by neither). Judged on the tile grid of the raster's header."""
+    if fraction <= 0:
+        return
+    height = raster.height
+    rows = [
+        Tile(k, 0, row, raster.width, min(patch_size, height))
+        for k, row in enumerate(tile_offsets(height, patch_size, overlap))
+    ]
+    train, validation = split_train_validation(rows, height, fraction)
+    if train and validation:
+        return
+    where = f"{raster.path}: training scene {scene} is {height} px high"
+    if height < 2 * patch_size:
+        raise InputError(
+            f"{where}, too small to hold out a validation band of whole {patch_size} px tiles below training tiles; "
+            f"set train.validation_fraction: 0 (no validation), or tiling.patch_size to at most {height // 2}"
+        )
+    if not validation:
+        least = math.ceil(100 * patch_size / height) / 100
+        raise InputError(
+            f"{where}: its validation band (train.validation_fraction {fraction:g}, the bottom "
+            f"{round(height * fraction)} px) holds no whole {patch_size} px tile, so validation would never run; set "
+            f"train.validation_fraction to at least {least:g}, or 0 to train without validation"
+        )
+    most = math.floor(100 * (1 - patch_size / height)) / 100
+    raise InputError(
+        f"{where}: above its validation band (train.validation_fraction {fraction:g}) no whole {patch_size} px tile "
+        f"is left to train on; set train.validation_fraction to at most {most:g}"
+    )

@@ -1,0 +1,421 @@
+"""DDP prediction over the tile manifests of a batch of scenes, whatever the task: every rank reads only its own
+tiles and writes its own files per scene.
+
+A job predicts a batch of scenes (its job file lists them: :mod:`rasterscale.workflow.jobfiles`) with one model load.
+The batch's tiles, scene after scene in manifest order, are split into ``shards`` balanced, contiguous parts (one
+job, one node each), and each shard into ``world_size`` parts, one per rank (:mod:`rasterscale.grid.sharding`); one
+``trainer.predict`` runs over all of a rank's tiles (and the neighbours a task needs of them:
+:meth:`~rasterscale.tasks.api.Task.tiles_to_predict`). For each scene of the job, also one it got no tile of,
+rank ``r`` of shard ``s`` writes into ``{out_dir}/{scene}/`` its task's output ``rank-{s * world_size + r}.*`` and
+then its record ``rank-{i}.json``: the tiles it processed and its profile (:mod:`rasterscale.predict.rankfiles`). No
+prediction crosses ranks; only the small profiles are gathered, for the table rank 0 prints at the end.
+
+With a resume folder (the rule's: :func:`rasterscale.predict.tile_resume.resume_dir`), each rank also checkpoints its
+finished tiles there every ``predict.checkpoint_every`` seconds, and a rerun of the job skips the tiles its checkpoints
+hold (:mod:`rasterscale.predict.tile_resume`); the job removes the folder once every rank has written its files.
+
+Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
+ahead while the model computes (strategies: :mod:`rasterscale.datasets`). Lightning's predict runs under
+``torch.inference_mode`` and, where ``predict.precision`` resolves to ``bf16-mixed``/``16-mixed`` on the rank's device
+(:mod:`rasterscale.runtime.precision`), under autocast; the task puts its model on its fast path
+(:mod:`rasterscale.predict.fastpath`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence, Sized
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from rasterscale.datasets import (
+    bounding_window,
+    collate_lists,
+    limit_read_cache,
+    loader_workers,
+    prediction_dataset,
+    region_nbytes,
+    to_model_input,
+)
+from rasterscale.grid.manifest import Tile, read_grid, read_manifest, tiles_from_frame
+from rasterscale.grid.sharding import batch_rank_tiles, rank_file_index
+from rasterscale.inputs import check_raster
+from rasterscale.predict.measure import PredictProfiler
+from rasterscale.predict.profile import format_profile_table, summarize
+from rasterscale.predict.rankfiles import rank_stem, write_rank_record
+from rasterscale.predict.tile_resume import (
+    CheckpointClock,
+    RankCheckpoints,
+    file_digest,
+    fingerprint,
+    remove_resume_dir,
+)
+from rasterscale.raster.imagery import ImageSpec, read_spec
+from rasterscale.runtime.lifetime import bind_worker
+from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
+from rasterscale.tasks import load_task
+from rasterscale.tasks.api import PredictScene, RankOutput, Task
+from rasterscale.workflow.jobfiles import SceneJob
+
+LOGGER_NAME = "rasterscale.predict"
+
+
+def load_scene(job: SceneJob) -> PredictScene:
+    """A scene with what prediction needs of it: its tiles and imagery spec (from the manifest), its raster's
+    size and georeference."""
+    raster = check_raster(job.raster)
+    tiles = tiles_from_frame(read_manifest(job.manifest))
+    spec, grid = read_spec(job.manifest), read_grid(job.manifest)
+    return PredictScene(
+        job.name, job.raster, tiles, spec, grid, raster.width, raster.height, raster.transform, raster.crs
+    )
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's tiles of each scene of the job: its own (it accounts for them) and those it predicts, and its
+    checkpoints of each scene (None without a resume folder)."""
+
+    own: list[list[Tile]]
+    predicted: list[list[Tile]]
+    checkpoints: list[RankCheckpoints] | None = None
+
+
+class PredictionModule(L.LightningModule):
+    """The task's model over a batch of uint8 tiles: scaled on the device, then the task's ``predict_batch``.
+    Returns ``(scene index, position in the rank's predicted tiles of the scene, result)`` per tile."""
+
+    def __init__(self, task: Task, model: torch.nn.Module) -> None:
+        super().__init__()
+        # a rank may get no tile (more ranks than tiles): it still writes its (empty) rank files
+        self.allow_zero_length_dataloader_with_multiple_devices = True
+        self.task, self.model = task, model
+
+    def predict_step(self, batch: tuple[list, list], batch_idx: int) -> list[tuple[int, int, Any]]:
+        images, keys = batch
+        results = self.task.predict_batch(self.model, [to_model_input(image) for image in images])
+        return [(int(k[0]), int(k[1]), r) for k, r in zip(keys, results, strict=True)]
+
+
+class RankOutputs:
+    """Makes a rank's output of a scene (the task's), at ``{out_dir}/{scene}/rank-{i}{suffix}``."""
+
+    def __init__(
+        self,
+        task: Task,
+        scenes: Sequence[PredictScene],
+        plan_of_rank: Any,
+        out_dir: str | Path,
+        shard: int,
+        model_cfg: Any,
+        config: Mapping[str, Any],
+    ) -> None:
+        self.task, self.scenes, self.plan_of_rank = task, list(scenes), plan_of_rank
+        self.out_dir, self.shard, self.model_cfg, self.config = out_dir, shard, model_cfg, config
+
+    def stem(self, world: int, rank: int, scene: int) -> str:
+        return rank_stem(self.out_dir, self.scenes[scene].name, rank_file_index(self.shard, world, rank))
+
+    def __call__(self, world: int, rank: int, scene: int) -> RankOutput:
+        plan: RankPlan = self.plan_of_rank(world, rank)
+        path = self.stem(world, rank, scene) + self.task.info.rank_suffix
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        parts = plan.checkpoints[scene].parts if plan.checkpoints is not None else None
+        return self.task.rank_output(
+            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.config, parts
+        )
+
+
+class RankWriter(L.Callback):
+    """Feeds each predicted tile's result to its scene's rank output (in prediction order), then ends the batch
+    in the profile with the time that took, and, when prediction ends, writes every scene's output and record (the
+    record last: it vouches for a complete output)."""
+
+    def __init__(
+        self,
+        scenes: Sequence[PredictScene],
+        outputs: RankOutputs,
+        profiler: PredictProfiler,
+        resume_dir: str | Path | None = None,
+        checkpoint_every: float = 60.0,
+    ) -> None:
+        self.scenes, self.outputs, self.profiler = list(scenes), outputs, profiler
+        self.resume_dir, self.clock = resume_dir, CheckpointClock(checkpoint_every)
+        self.open: dict[int, RankOutput] = {}
+        self.seen: list[np.ndarray] | None = None
+        self.started = time.perf_counter()
+
+    def output(self, trainer: L.Trainer, scene: int) -> RankOutput:
+        if scene not in self.open:
+            self.open[scene] = self.outputs(trainer.world_size, trainer.global_rank, scene)
+        return self.open[scene]
+
+    def plan(self, trainer: L.Trainer) -> RankPlan:
+        return self.outputs.plan_of_rank(trainer.world_size, trainer.global_rank)
+
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        started = time.perf_counter()
+        plan = self.plan(trainer)
+        if self.seen is None:
+            self.seen = [np.zeros(len(tiles), dtype=np.int64) for tiles in plan.predicted]
+        for scene, position, result in outputs:
+            self.seen[scene][position] += 1
+            self.output(trainer, scene).add(plan.predicted[scene][position], result)
+        if plan.checkpoints is not None:
+            self.checkpoint(plan, plan.checkpoints)
+        self.profiler.end_batch(batch[1], time.perf_counter() - started)
+
+    def checkpoint(self, plan: RankPlan, checkpoints: Sequence[RankCheckpoints]) -> None:
+        """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's
+        output holds much of them), and a line of progress."""
+        due = self.clock.due()
+        for scene, output in self.open.items():
+            if due or self.clock.due(output.unsaved_bytes()):
+                ranked = checkpoints[scene]
+                part = output.checkpoint(ranked.next_part_path())
+                if part is not None:
+                    ranked.commit(part)
+                    logging.getLogger(LOGGER_NAME).info(
+                        "checkpoint %s: %d of %d own tiles of %s done",
+                        part.path.name,
+                        len(ranked.done),
+                        len(plan.own[scene]),
+                        self.scenes[scene].name,
+                    )
+        if due:
+            self.clock.reset()
+
+    def write(self, trainer: L.Trainer) -> None:
+        """Write this rank's files of each scene; called after ``trainer.predict`` returns, also on a rank
+        without tiles (Lightning skips the predict hooks there)."""
+        rank, world = trainer.global_rank, trainer.world_size
+        plan = self.plan(trainer)
+        logger = logging.getLogger(LOGGER_NAME)
+        for index, scene in enumerate(self.scenes):
+            count = len(plan.predicted[index])
+            seen = self.seen[index] if self.seen is not None else np.zeros(count, dtype=np.int64)
+            if (seen != 1).any():
+                raise RuntimeError(
+                    f"rank {rank}, scene {scene.name}: {int((seen == 1).sum())} of {count} tiles predicted once"
+                )
+            summary = self.output(trainer, index).write()
+            profile = self.profiler.finish(trainer, index)
+            stem = self.outputs.stem(world, rank, index)
+            own = [t.tile_id for t in plan.own[index]]
+            resumed = len(plan.checkpoints[index].resumed) if plan.checkpoints is not None else 0
+            write_rank_record(stem, own, asdict(profile), resumed=resumed)
+            logger.info(
+                "rank %d wrote %s: %d tiles (%d predicted, %d from checkpoints), %s, %.1f s",
+                rank,
+                stem,
+                len(own),
+                count,
+                resumed,
+                summary,
+                profile.wall_s,
+            )
+        seconds = time.perf_counter() - self.started
+        tiles = sum(len(tiles) for tiles in plan.predicted)
+        logger.info(
+            "rank %d: %d scene(s), %d tiles, %.1f s (%.2f tiles/s)",
+            rank,
+            len(self.scenes),
+            tiles,
+            seconds,
+            tiles / max(seconds, 1e-9),
+        )
+        # also a barrier: the job ends only once every rank has written its files
+        profiles = gather_to_all(trainer, asdict(self.profiler.finish(trainer)))
+        if trainer.is_global_zero:
+            title = f"predict profile, shard {self.outputs.shard}"
+            logger.info("%s", format_profile_table(summarize(profiles), title=title))
+            if self.resume_dir is not None:
+                remove_resume_dir(self.resume_dir)
+
+
+class PredictionDataModule(L.LightningDataModule):
+    """This rank's share of the shard's tiles (known only once the ranks exist).
+
+    A rank may get no tile at all (more ranks than tiles): it still writes its (empty) rank file.
+    """
+
+    def __init__(self, dataset_for_rank: Any, batch_size: int, workers: int, pin_memory: bool) -> None:
+        super().__init__()
+        self.dataset_for_rank, self.batch_size, self.workers, self.pin_memory = (
+            dataset_for_rank,
+            batch_size,
+            workers,
+            pin_memory,
+        )
+
+    def predict_dataloader(self) -> DataLoader:
+        trainer = attached_trainer(self)
+        dataset: Dataset = self.dataset_for_rank(trainer.world_size, trainer.global_rank, trainer.strategy.root_device)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=False,
+            # a map-style dataset has a length (torch's Dataset type leaves __len__ to its subclasses)
+            num_workers=self.workers if len(cast(Sized, dataset)) else 0,
+            collate_fn=collate_lists,
+            pin_memory=self.pin_memory,
+            worker_init_fn=functools.partial(bind_worker, rank_pid=os.getpid()),
+        )
+
+
+def scene_dataset(
+    strategy: str, raster_path: str, tiles: list[Tile], imagery: ImageSpec, device: torch.device
+) -> Dataset:
+    """One scene's tiles of a rank under the strategy (single and batch read the rank's region of it here)."""
+    if strategy != "window" and tiles:
+        logging.getLogger(LOGGER_NAME).info(
+            "strategy %s holds the region of %s of %.0f MB on %s",
+            strategy,
+            raster_path,
+            region_nbytes(bounding_window(tiles)) / 2**20,
+            device if strategy == "batch" else "cpu",
+        )
+    return prediction_dataset(strategy, raster_path, tiles, imagery, device)
+
+
+class ScenesDataset(Dataset):
+    """Several scenes' tiles, scene after scene: item -> (image, (scene index, position among the scene's tiles)).
+
+    A scene's dataset is made when its first tile is asked for and dropped when the next scene's is, so that a
+    process holds one scene's region (strategies single and batch) or raster handle at a time: items must be
+    asked for in order, as a prediction dataloader does (each worker process goes forward through its batches).
+    """
+
+    def __init__(self, factories: Sequence[Any], sizes: Sequence[int]) -> None:
+        self.factories = list(factories)
+        self.starts = np.cumsum([0, *sizes])
+        self.current: tuple[int, Dataset] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "current": None}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        scene = int(np.searchsorted(self.starts, index, side="right")) - 1
+        if self.current is None or self.current[0] != scene:
+            self.current = None  # the previous scene's region goes before the next one's is read
+            self.current = (scene, self.factories[scene]())
+        position = index - int(self.starts[scene])
+        image, _ = self.current[1][position]
+        return image, (scene, position)
+
+
+def run_prediction(
+    scenes: Sequence[SceneJob],
+    checkpoint_path: str | Path,
+    config: Mapping[str, Any],
+    spec: RunSpec,
+    out_dir: str | Path,
+    log_dir: str | Path,
+    shards: int = 1,
+    shard: int = 0,
+    resume_dir: str | Path | None = None,
+) -> None:
+    """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank.
+    ``config``: the validated config's ``task``, ``predict`` and ``model`` sections (every ``model.*`` key set
+    overrides the model file's). ``resume_dir``: where the ranks checkpoint finished tiles and a rerun resumes
+    from (none: no checkpoints)."""
+    predict_cfg = config["predict"]
+    logger = start_rank(spec, log_dir, LOGGER_NAME)
+    limit_read_cache(predict_cfg["read_cache_mb"])
+    task = load_task(config["task"])
+    model, model_cfg = task.load_model(checkpoint_path, config)
+    model = task.prepare_for_inference(model, predict_cfg)
+    loaded = [load_scene(job) for job in scenes]
+    strategy = predict_cfg["strategy"]
+    workers = loader_workers(strategy, predict_cfg["workers"])
+
+    model_digest = file_digest(checkpoint_path) if resume_dir is not None else ""
+
+    @functools.cache
+    def plan_of_rank(world: int, rank: int) -> RankPlan:
+        own = batch_rank_tiles([scene.tiles for scene in loaded], shards, shard, world, rank)
+        if resume_dir is None:
+            predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, own, strict=True)]
+            return RankPlan(own, predicted)
+        checkpoints = []
+        for scene in loaded:
+            tiles = [t.tile_id for t in scene.tiles]
+            mark = fingerprint(config, model_digest, world, shards, shard, tiles)
+            index = rank_file_index(shard, world, rank)
+            checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.info.rank_suffix, mark))
+            checkpoints[-1].load(logger)
+        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, checkpoints, strict=True)]
+        predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, remaining, strict=True)]
+        done = sum(len(ranked.resumed) for ranked in checkpoints)
+        if done:
+            logger.info(
+                "resuming: %d of %d tiles already done in %s; predicting %d tiles",
+                done,
+                sum(len(tiles) for tiles in own),
+                resume_dir,
+                sum(len(tiles) for tiles in predicted),
+            )
+        return RankPlan(own, predicted, checkpoints)
+
+    def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
+        predicted = plan_of_rank(world, rank).predicted
+        factories = [
+            functools.partial(scene_dataset, strategy, scene.raster, tiles, scene.imagery, device)
+            for scene, tiles in zip(loaded, predicted, strict=True)
+        ]
+        return ScenesDataset(factories, [len(tiles) for tiles in predicted])
+
+    profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
+    outputs = RankOutputs(task, loaded, plan_of_rank, out_dir, shard, model_cfg, config)
+    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["checkpoint_every"])
+    trainer = make_trainer(
+        spec,
+        logger=False,
+        callbacks=[profiler, writer],
+        use_distributed_sampler=False,
+        benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
+    )
+    if trainer.is_global_zero:
+        logger.info("model %s: %s", checkpoint_path, task.describe(model_cfg))
+        logger.info(
+            "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
+            "%d worker(s) per rank",
+            len(loaded),
+            ", ".join(scene.name for scene in loaded[:5]) + (", ..." if len(loaded) > 5 else ""),
+            sum(len(scene.tiles) for scene in loaded),
+            shard + 1,
+            shards,
+            spec,
+            strategy,
+            predict_cfg["batch_size"],
+            workers,
+        )
+    datamodule = PredictionDataModule(
+        dataset_for_rank,
+        predict_cfg["batch_size"],
+        workers,
+        pin_memory=spec.accelerator == "gpu" and strategy != "batch",
+    )
+    trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
+    writer.write(trainer)
+    end_rank()

@@ -1,0 +1,137 @@
+"""A job's local ranks start together: the job's process (local rank 0) starts the node's other ranks as its first
+act, before it imports torch or loads anything, so that every rank imports, loads its model and reads its scenes at
+the same time (as torchrun does). Lightning's own local launcher started them only once rank 0 had done all that,
+inside ``trainer.fit``/``trainer.predict``: every job paid the start of one rank, then of the others.
+
+The ranks learn their place from the variables Lightning's launcher sets (``MASTER_ADDR``, ``MASTER_PORT``,
+``NODE_RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); with ``LOCAL_RANK`` set, Lightning's ``LightningEnvironment`` says
+the processes were created externally and starts none. Under srun Slurm starts every rank, and a job inside a
+Slurm allocation that srun did not start is refused by the pre-flight checks: nothing is started here in either
+case, nor for a one-rank job.
+
+Rank 0 watches the ranks it started (:class:`LocalRanks`): when one exits with an error, it kills the others and
+exits with one line. One that exits with the code of a stop on SIGTERM (143: a training job stops on all its ranks
+at the same step, once its checkpoint is written) leaves rank 0 :data:`STOP_GRACE_SECONDS` to stop on its own; the
+job then exits with 143, not as a failure. A rank started here dies with rank 0 (:mod:`rasterscale.runtime.lifetime`,
+which reads :data:`~rasterscale.runtime.lifetime.RANK_LAUNCHER`). This module imports no torch: entry scripts call
+:func:`start_local_ranks` before they import the rest of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from rasterscale.runtime.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
+from rasterscale.runtime.preflight import launch_geometry, slurm_job_id
+
+POLL_SECONDS = 0.5
+EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit
+STOP_GRACE_SECONDS = 20.0  # how long rank 0 has to stop on its own once a rank it started stopped on SIGTERM
+PLACE_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def starts_local_ranks(ranks: int, nodes: int, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process starts the job's other ranks: a job of several ranks on this one node, outside Slurm,
+    in a process that is not itself a rank started by another (``LOCAL_RANK``)."""
+    env = os.environ if env is None else env
+    return ranks > 1 and nodes == 1 and "LOCAL_RANK" not in env and slurm_job_id(env) is None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_environments(ranks: int, base: Mapping[str, str], port: int, launcher: str) -> list[dict[str, str]]:
+    """The environment of each local rank (rank 0's first): its place in the job, and for the ranks started here
+    the process that started them."""
+    place = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0", "WORLD_SIZE": str(ranks)}
+    environments = [{**base, **place, "LOCAL_RANK": "0"}]
+    environments += [{**base, **place, "LOCAL_RANK": str(k), RANK_LAUNCHER: launcher} for k in range(1, ranks)]
+    return environments
+
+
+class LocalRanks:
+    """The ranks this process started (none where it starts none), watched from a daemon thread: one that exits
+    with an error ends the job (:meth:`end_job`). :meth:`finish` at a rank's normal end."""
+
+    def __init__(self, processes: Sequence[subprocess.Popen] = ()) -> None:
+        self.processes = list(processes)
+        self.done = threading.Event()
+        if self.processes:
+            threading.Thread(target=self._watch, name="rasterscale-local-ranks", daemon=True).start()
+
+    def failed(self) -> tuple[int, int] | None:
+        """The first started rank that exited with an error: (local rank, exit code)."""
+        for local_rank, process in enumerate(self.processes, start=1):
+            code = process.poll()
+            if code:
+                return local_rank, code
+        return None
+
+    def _watch(self) -> None:
+        stopped_since: float | None = None
+        while not self.done.wait(POLL_SECONDS):
+            failure = self.failed()
+            if failure is None:
+                continue
+            if failure[1] != SIGTERM_EXIT_CODE:
+                self.end_job(*failure)
+            stopped_since = stopped_since or time.monotonic()
+            if time.monotonic() - stopped_since > STOP_GRACE_SECONDS:
+                self.end_job(*failure)
+
+    def end_job(self, local_rank: int, code: int) -> None:
+        """A rank failed, or stopped on SIGTERM while rank 0 did not: kill every process this one started, and exit
+        at once with one line (with 143 after a stop, else 1)."""
+        pid = self.processes[local_rank - 1].pid
+        if code == SIGTERM_EXIT_CODE:
+            line = f"local rank {local_rank} (pid {pid}) stopped on SIGTERM and rank 0 did not: ending the job"
+        else:
+            line = f"local rank {local_rank} (pid {pid}) exited with code {code}: ending the job's other ranks"
+        sys.stderr.write(f"rasterscale: {line}\n")
+        sys.stderr.flush()
+        kill_children()
+        os._exit(SIGTERM_EXIT_CODE if code == SIGTERM_EXIT_CODE else 1)
+
+    def wait(self, timeout: float = EXIT_WAIT_SECONDS) -> None:
+        """Rank 0 is done: wait for the ranks it started to exit; one that failed fails the job."""
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self.done.set()
+        failure = self.failed()
+        if failure is not None:
+            self.end_job(*failure)
+        if any(process.poll() is None for process in self.processes):
+            raise SystemExit(f"rasterscale: the job's other ranks were still running {timeout:.0f} s after rank 0")
+
+    def finish(self) -> NoReturn:
+        """This rank's work is done and written: wait for the ranks it started (:meth:`wait`), then exit 0 at once
+        (:func:`~rasterscale.runtime.lifetime.exit_at_once`), without the seconds of the interpreter's teardown."""
+        self.wait()
+        exit_at_once(0)
+
+
+def start_local_ranks(config: Mapping[str, Any], section: str, argv: Sequence[str] | None = None) -> LocalRanks:
+    """Start the other local ranks of this job of ``section`` (``train``, ``predict``) with the same command line
+    (``argv``, this process' by default), when this process starts them (:func:`starts_local_ranks`)."""
+    geometry = launch_geometry(config, section)
+    if not starts_local_ranks(geometry.world_size, geometry.nodes):
+        return LocalRanks()
+    script, *arguments = argv or sys.argv
+    command = [sys.executable, os.path.abspath(script), *arguments]
+    environments = rank_environments(geometry.world_size, os.environ, free_port(), str(this_process()))
+    os.environ.update({name: environments[0][name] for name in PLACE_VARIABLES})
+    return LocalRanks([subprocess.Popen(command, env=env) for env in environments[1:]])

@@ -1,0 +1,215 @@
+"""The task interface: what the task-neutral core (training, prediction) asks of a task.
+
+The core owns everything that does not depend on what is predicted: tile manifests, the batch plan, launching
+ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
+(:mod:`rasterscale.predict.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
+batch's output becomes a rank output; how rank outputs merge into a scene's layers, and how they are scored, is
+its :class:`~rasterscale.tasks.TaskInfo`'s (no torch: a merge job does not load it).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import lightning as L
+import torch
+
+from rasterscale.grid.manifest import Tile, TileGrid
+from rasterscale.predict.tile_resume import Part
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.tasks import TaskInfo
+from rasterscale.train.batching import BatchPlan
+from rasterscale.train.sampling import FlippableSamples
+
+
+class SizedDataset(Protocol):
+    """Samples by index that know their number (a map-style dataset with ``__len__``, which torch's ``Dataset``
+    leaves to its subclasses): a task's validation samples."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TrainScene:
+    """A training scene, as the workflow lists it: raster, tile manifest and ground truth."""
+
+    name: str
+    raster: str
+    manifest: str
+    annotations: str
+    label_column: str | None = None
+    image_path: str | None = None  # the scene's image name in CSV/VOC annotations (detection)
+
+
+@dataclass(frozen=True)
+class PredictScene:
+    """A scene of a prediction job: its raster, its tiles, imagery spec and tile grid (from its manifest), and its
+    raster's size and georeference."""
+
+    name: str
+    raster: str
+    tiles: list[Tile]
+    imagery: ImageSpec
+    grid: TileGrid
+    width: int
+    height: int
+    transform: Any
+    crs: Any
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Learning-rate factor: linear warm-up, then cosine decay to 5% of the peak."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TrainingModule(L.LightningModule):
+    """The Lightning module of every task: the task's model, its loss, and one optimizer and schedule for all
+    (AdamW at the batch plan's learning rate, warm-up then cosine)."""
+
+    def __init__(self, model: torch.nn.Module, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.model, self.plan, self.train_cfg = model, plan, dict(train_cfg)
+
+    def losses(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The task's loss terms of a batch (their sum is optimized)."""
+        raise NotImplementedError
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        losses = self.losses(batch)
+        # the terms added in order: sum()'s start, the int 0, adds nothing (a tensor start would promote bf16 to fp32)
+        loss: torch.Tensor = reduce(operator.add, losses.values())
+        size = len(batch[0])
+        self.log("train_loss", loss.detach(), batch_size=size)
+        for name, value in losses.items():
+            self.log(f"train_{name}", value.detach(), batch_size=size)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.plan.lr, weight_decay=self.train_cfg["weight_decay"])
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = min(self.train_cfg["warmup_steps"], max(0, total // 5))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class RankOutput(ABC):
+    """One rank's output of one scene, filled tile by tile in prediction order and written once at the end, from
+    the parts of a previous run of the rank (:mod:`rasterscale.predict.tile_resume`) and the tiles predicted since."""
+
+    @abstractmethod
+    def add(self, tile: Tile, result: Any) -> None:
+        """One predicted tile's result (what :meth:`Task.predict_batch` returned for it)."""
+
+    @abstractmethod
+    def checkpoint(self, path: Path) -> Part | None:
+        """Write, atomically at ``path``, what the output holds of finished own tiles and no part holds yet;
+        the part (with the own tile_ids it vouches for), or None when there is nothing new."""
+
+    def unsaved_bytes(self) -> int:
+        """Finished data held for the next part (a part is written early when it grows large)."""
+        return 0
+
+    @abstractmethod
+    def write(self) -> str:
+        """Write the output atomically (the parts and the rest); return what it holds, for the log (e.g. "12
+        detections")."""
+
+
+class Task(ABC):
+    """One kind of prediction over rasters (see the module docstring for what the core does instead)."""
+
+    info: ClassVar[TaskInfo]
+
+    # --- the model -----------------------------------------------------------------------------------------
+    @abstractmethod
+    def model_config(self, config: Mapping[str, Any]) -> Any:
+        """The effective model configuration: the config's model keys over the model file's (dry-run cheap)."""
+
+    @abstractmethod
+    def describe(self, model_cfg: Any) -> str:
+        """One line for the logs."""
+
+    @abstractmethod
+    def build_model(self, model_cfg: Any) -> torch.nn.Module:
+        """A fresh (untrained) model."""
+
+    @abstractmethod
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, Any]:
+        """A trained model file's model and its effective configuration."""
+
+    # --- training ------------------------------------------------------------------------------------------
+    training_module_class: ClassVar[type[TrainingModule]]
+
+    def training_module(self, model_cfg: Any, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> TrainingModule:
+        """A fresh model in the task's Lightning module."""
+        return self.training_module_class(self.build_model(model_cfg), plan, train_cfg)
+
+    @abstractmethod
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+        """Start the model from train.init / model.backbone_weights (or not); returns what, for the log."""
+
+    @abstractmethod
+    def training_datasets(
+        self,
+        scene: TrainScene,
+        model_cfg: Any,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
+        """A scene's training samples (flipped by the sampler: :mod:`rasterscale.train.sampling`) and validation
+        samples, made from its tiles."""
+
+    @abstractmethod
+    def collate(self, batch: list[Any]) -> Any:
+        """A training batch from samples."""
+
+    @abstractmethod
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+        """Validation scores (``val_*``) of the model on validation samples."""
+
+    @abstractmethod
+    def save_model(self, model: torch.nn.Module, model_cfg: Any, model_path: str | Path, **meta: Any) -> list[Path]:
+        """Write the trained model (``results/models/{name}.pt`` and anything beside it); returns the files."""
+
+    # --- prediction ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        """The model's fast path (eval mode, folded norms, channels_last...)."""
+
+    @abstractmethod
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[Any]:
+        """A batch of tiles (float [0, 1] tensors on the device) to one host-side result per tile."""
+
+    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
+        """The tiles a rank predicts for its own tiles (a blending task also needs their neighbours')."""
+        return list(own)
+
+    @abstractmethod
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: Any,
+        config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
+    ) -> RankOutput:
+        """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``). ``own``: all the rank's tiles
+        of the scene; ``parts``: what a previous run of the rank wrote of them (their tiles are not predicted
+        again), None when the rank does not checkpoint (then :meth:`RankOutput.checkpoint` is never called);
+        ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part)."""

@@ -1,0 +1,192 @@
+"""Detection's merge: per-rank detection files into one layer, without the duplicates tile overlaps create.
+
+Each prediction rank writes one GeoParquet file of its detections (boxes in raster pixels and as polygons in the
+raster's CRS); which tiles it processed is in its record (:mod:`rasterscale.predict.rankfiles`), checked before. The
+merge removes the duplicates that tile overlaps create:
+
+1. a box *cut* by an inner tile edge (an edge that is not the raster's) is dropped when most of it lies inside
+   a whole box of the same label, which the neighbouring tile saw in full;
+2. greedy NMS (torchvision's rule) then runs over the sparse list of intersecting pairs, found once with an
+   STRtree, so that a million boxes cost seconds, not a quadratic NMS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from geopandas.io.arrow import _geopandas_to_arrow
+
+from rasterscale.atomic import atomic_path
+from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
+
+BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
+DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
+
+
+def empty_detections(crs: object) -> gpd.GeoDataFrame:
+    frame = pd.DataFrame(
+        {
+            "tile_id": pd.Series(dtype="int64"),
+            "label": pd.Series(dtype="str"),
+            "score": pd.Series(dtype="float32"),
+            **{column: pd.Series(dtype="float64") for column in BOX_COLUMNS},
+        }
+    )
+    return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries([], crs=crs), crs=crs)
+
+
+def write_detections_file(detections: gpd.GeoDataFrame, path: str | Path) -> None:
+    """GeoParquet of detections in the merge's columns (a rank's output), atomically."""
+    table = _geopandas_to_arrow(detections[DETECTION_COLUMNS].reset_index(drop=True))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def cut_by_inner_edge(
+    boxes: np.ndarray, windows: np.ndarray, raster_width: int, raster_height: int, tolerance: float
+) -> np.ndarray:
+    """True for boxes touching an edge of their tile that is not the raster's edge (the object may go on)."""
+    col, row, width, height = (windows[:, k] for k in range(4))
+    left = (col > 0) & (boxes[:, 0] <= col + tolerance)
+    top = (row > 0) & (boxes[:, 1] <= row + tolerance)
+    right = (col + width < raster_width) & (boxes[:, 2] >= col + width - tolerance)
+    bottom = (row + height < raster_height) & (boxes[:, 3] >= row + height - tolerance)
+    return left | top | right | bottom
+
+
+def drop_contained_cut_boxes(
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    cut: np.ndarray,
+    containment_threshold: float,
+    pairs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Keep-mask dropping cut boxes that lie mostly inside a whole box of the same label.
+
+    ``pairs``: the intersecting pairs of ``boxes`` (:func:`box_pairs`), when already known.
+    """
+    keep = np.ones(len(boxes), dtype=bool)
+    i, j = box_pairs(boxes) if pairs is None else pairs
+    a = np.concatenate([i[cut[i] & ~cut[j]], j[cut[j] & ~cut[i]]])
+    b = np.concatenate([j[cut[i] & ~cut[j]], i[cut[j] & ~cut[i]]])
+    if len(a) == 0:
+        return keep
+    same = labels[a] == labels[b]
+    inside = intersection_areas(boxes[a], boxes[b]) / np.maximum(box_areas(boxes[a]), 1e-9)
+    keep[a[same & (inside >= containment_threshold)]] = False
+    return keep
+
+
+def greedy_nms(scores: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Keep-mask of greedy NMS given the suppressing pairs (i, j): a box is dropped when a kept box of higher
+    score (ties: lower index) suppresses it, as in torchvision's NMS.
+
+    Decided in rounds over the sparse pair list instead of box by box: each round suppresses the boxes that a
+    kept box suppresses and keeps those whose higher-scoring neighbours are all suppressed. The best undecided
+    box is always decided, so the rounds end; they are as many as the longest chain of overlaps (a handful).
+    """
+    n = len(scores)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.lexsort((np.arange(n), -np.asarray(scores)))] = np.arange(n)
+    first = rank[i] < rank[j]
+    high, low = np.where(first, i, j), np.where(first, j, i)
+    state = np.zeros(n, dtype=np.int8)  # 0 undecided, 1 kept, -1 suppressed
+    while True:
+        pending = state[low] == 0
+        high, low = high[pending], low[pending]
+        state[low[state[high] == 1]] = -1
+        blocked = np.zeros(n, dtype=bool)
+        blocked[low[state[high] == 0]] = True
+        state[(state == 0) & ~blocked] = 1
+        if not blocked.any():
+            return state == 1
+
+
+def cross_tile_nms(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    iou_threshold: float,
+    pairs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Indices kept by greedy NMS per label, over the pairs of intersecting boxes (never all pairs)."""
+    i, j = box_pairs(boxes) if pairs is None else pairs
+    suppressing = (labels[i] == labels[j]) & (pair_ious(boxes[i], boxes[j]) > iou_threshold)
+    return np.flatnonzero(greedy_nms(np.asarray(scores, dtype=np.float64), i[suppressing], j[suppressing]))
+
+
+def merge_detections(
+    detections: gpd.GeoDataFrame,
+    manifest: gpd.GeoDataFrame,
+    raster_width: int,
+    raster_height: int,
+    iou_threshold: float,
+    edge_tolerance: float,
+    containment_threshold: float,
+) -> gpd.GeoDataFrame:
+    """One layer without the duplicates created by tile overlaps, sorted by score."""
+    if len(detections) == 0:
+        return detections.reset_index(drop=True)
+    windows = manifest.set_index("tile_id").loc[detections["tile_id"], ["col_off", "row_off", "width", "height"]]
+    boxes = detections[BOX_COLUMNS].to_numpy(dtype=np.float64)
+    labels = pd.factorize(detections["label"])[0]
+    scores = detections["score"].to_numpy(dtype=np.float64)
+    cut = cut_by_inner_edge(boxes, windows.to_numpy(), raster_width, raster_height, edge_tolerance)
+    i, j = box_pairs(boxes)  # once: both steps only look at intersecting boxes
+    keep = drop_contained_cut_boxes(boxes, labels, cut, containment_threshold, (i, j))
+    both = keep[i] & keep[j]
+    local = np.cumsum(keep) - 1
+    keep = np.flatnonzero(keep)
+    pairs = (local[i[both]], local[j[both]])
+    kept = keep[cross_tile_nms(boxes[keep], scores[keep], labels[keep], iou_threshold, pairs)]
+    merged = detections.iloc[kept].sort_values("score", ascending=False, kind="stable")
+    return merged.reset_index(drop=True)
+
+
+def read_detection_files(paths: Sequence[str | Path]) -> gpd.GeoDataFrame:
+    """All ranks' detections of a scene, as one frame."""
+    frames = [gpd.read_parquet(p) for p in paths]
+    crs = next((f.crs for f in frames if f.crs is not None), None)
+    non_empty = [f for f in frames if len(f)]
+    detections = pd.concat(non_empty, ignore_index=True) if non_empty else empty_detections(crs)
+    return gpd.GeoDataFrame(detections, geometry="geometry", crs=crs)
+
+
+def merge_scene(
+    rank_files: Sequence[str | Path],
+    manifest_path: str | Path,
+    raster_path: str | Path,
+    gpkg_path: str | Path,
+    parquet_path: str | Path,
+    merge_cfg: Mapping[str, float],
+    layer: str = "detections",
+) -> gpd.GeoDataFrame:
+    """Merge a scene's rank detection files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across
+    tile overlaps; write GeoPackage and GeoParquet."""
+    from rasterscale.atomic import write_geoparquet, write_gpkg
+    from rasterscale.grid.manifest import read_manifest
+    from rasterscale.inputs import check_raster
+    from rasterscale.raster.imagery import drop_masked, read_spec
+
+    manifest = read_manifest(manifest_path)
+    raster = check_raster(raster_path)
+    detections = read_detection_files(rank_files)
+    detections = drop_masked(detections, raster_path, read_spec(manifest_path))  # none on nodata pixels
+    merged = merge_detections(
+        detections,
+        manifest,
+        raster.width,
+        raster.height,
+        iou_threshold=merge_cfg["iou_threshold"],
+        edge_tolerance=merge_cfg["edge_tolerance"],
+        containment_threshold=merge_cfg["containment_threshold"],
+    )
+    merged = merged.set_crs(raster.crs, allow_override=True)
+    write_gpkg(merged, gpkg_path, layer=layer)
+    write_geoparquet(merged, parquet_path)
+    return merged

@@ -1,0 +1,489 @@
+"""Model files in and out, and the detector configuration they resolve to.
+
+rasterscale reads four formats, all holding torchvision RetinaNet weights on a ResNet-FPN backbone:
+
+- a rasterscale checkpoint (``.pt``, written by :func:`rasterscale.tasks.detection.model.save_checkpoint`);
+- a DeepForest model folder as ``RetinaNetHub.save_pretrained`` writes it (``config.json`` with ``label_dict``,
+  ``num_classes``, ``score_thresh``, ``nms_thresh``; ``model.safetensors``, keys with or without the ``model.``
+  prefix of older releases);
+- a DeepForest Lightning checkpoint (``.ckpt``: ``state_dict`` keys under ``model.``, ``label_dict``);
+- a legacy DeepForest state dict (``.pt``, e.g. ``NEON.pt``).
+
+:func:`read_header` reads what a file says cheaply (labels, classes, backbone depth from the weights' keys,
+thresholds, input scale); :func:`resolve_detector` turns the validated config and that header into the one
+:class:`DetectorConfig` that training and prediction use: every ``model.*`` key the user sets overrides the file.
+:func:`write_deepforest_folder` writes a model the way DeepForest 2.1.0 loads it (``RetinaNetHub.from_pretrained``).
+
+DeepForest's models see their patches through torchvision's ``GeneralizedRCNNTransform`` with ``min_size=800,
+max_size=1333`` (a 400 px patch is upsampled to 800 px): that input scale is part of a DeepForest model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+from rasterscale.inputs import InputError
+
+
+class DetectorDefaults(TypedDict):
+    """The detector's settings where neither the config nor the model file gives them."""
+
+    score_threshold: float
+    nms_threshold: float
+    detections_per_tile: int
+
+
+CHECKPOINT_FORMAT = "rasterscale-detector/1"
+DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
+DEFAULT_LABELS = ("tree",)
+DEFAULT_BACKBONE = "resnet50"
+DEFAULT_PATCH_SIZE = 400
+DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
+DEFAULTS: DetectorDefaults = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
+NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
+FOLDER_FILES = ("config.json", "model.safetensors")
+SAFETENSORS_KEY = "rasterscale"  # safetensors metadata entry holding what DeepForest's config.json cannot
+CLASS_LOGITS = "head.classification_head.cls_logits."
+
+# ResNet depth from the block type and the number of blocks in layer3
+BACKBONES = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6): "resnet50"}
+BACKBONES[("bottleneck", 23)] = "resnet101"
+
+Resize = tuple[int, int] | None  # (min_size, max_size) of torchvision's transform; None: native scale
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    backbone: str = DEFAULT_BACKBONE
+    labels: tuple[str, ...] = DEFAULT_LABELS
+    patch_size: int = DEFAULT_PATCH_SIZE
+    score_threshold: float = DEFAULTS["score_threshold"]
+    nms_threshold: float = DEFAULTS["nms_threshold"]
+    detections_per_tile: int = DEFAULTS["detections_per_tile"]
+    resize: Resize = None
+    fpn_channels: int = DEFAULT_FPN_CHANNELS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = list(self.labels)
+        data["resize"] = list(self.resize) if self.resize else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DetectorConfig:
+        data = dict(data)
+        data["labels"] = tuple(data["labels"])
+        data["resize"] = tuple(data["resize"]) if data.get("resize") else None
+        return cls(**data)
+
+    def describe_resize(self) -> str:
+        return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
+
+    def describe(self) -> str:
+        """One line for the logs: labels, input scale and the detection thresholds."""
+        return (
+            f"labels {', '.join(self.labels)}, FPN {self.fpn_channels} channels, {self.describe_resize()}, "
+            f"score {self.score_threshold:.3g}, "
+            f"nms {self.nms_threshold:.3g}, {self.detections_per_tile} detections per tile"
+        )
+
+
+@dataclass(frozen=True)
+class ModelHeader:
+    """What a model file says about itself (``None``: the file does not say)."""
+
+    path: str
+    kind: str  # rasterscale checkpoint | DeepForest folder | DeepForest Lightning checkpoint | DeepForest state dict
+    backbone: str
+    num_classes: int
+    labels: tuple[str, ...] | None = None
+    score_threshold: float | None = None
+    nms_threshold: float | None = None
+    detections_per_tile: int | None = None
+    resize: Resize = None
+    patch_size: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
+
+    @property
+    def is_deepforest(self) -> bool:
+        return self.kind.startswith("DeepForest")
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def _fail(path: str | Path, problem: str) -> InputError:
+    return InputError(f"{path}: {problem}")
+
+
+NOT_A_MODEL = (
+    "not a model file rasterscale reads (a rasterscale .pt checkpoint, a DeepForest model folder with config.json "
+    "and model.safetensors, a DeepForest Lightning .ckpt or a DeepForest .pt state dict)"
+)
+
+
+def _strip_prefix(keys_or_dict: Any) -> Any:
+    """Keys without DeepForest's ``model.`` prefix (older releases and Lightning checkpoints carry it)."""
+    if isinstance(keys_or_dict, Mapping):
+        return {k.removeprefix("model."): v for k, v in keys_or_dict.items()}
+    return [k.removeprefix("model.") for k in keys_or_dict]
+
+
+def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int]:
+    """(backbone, num_classes, FPN channels) of RetinaNet weights, from their keys and the class head's and
+    feature pyramid's shapes."""
+    shapes = {k.removeprefix("model."): v for k, v in shapes.items()}
+    logits = shapes.get(CLASS_LOGITS + "weight")
+    if logits is None or "backbone.fpn.layer_blocks.0.0.weight" not in shapes:
+        raise _fail(path, f"{NOT_A_MODEL}: its weights are not a torchvision RetinaNet with a ResNet-FPN backbone")
+    blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"backbone\.body\.layer3\.(\d+)\.", k))}
+    kind = "bottleneck" if "backbone.body.layer1.0.conv3.weight" in shapes else "basic"
+    backbone = BACKBONES.get((kind, len(blocks)))
+    if backbone is None:
+        raise _fail(path, f"backbone with {len(blocks)} {kind} blocks in layer3 is not resnet18/34/50/101")
+    if logits[0] % NUM_ANCHORS:
+        raise _fail(path, f"class head has {logits[0]} outputs, not a multiple of {NUM_ANCHORS} anchors")
+    return backbone, logits[0] // NUM_ANCHORS, shapes["backbone.fpn.layer_blocks.0.0.weight"][0]
+
+
+def _labels_from_dict(path: str | Path, label_dict: Mapping[str, int], num_classes: int) -> tuple[str, ...]:
+    """Class names in index order from DeepForest's ``label_dict`` (name -> 0-based index)."""
+    by_index = {int(index): str(name) for name, index in label_dict.items()}
+    if sorted(by_index) != list(range(num_classes)):
+        raise _fail(path, f"label_dict {dict(label_dict)} does not number the weights' {num_classes} classes 0..")
+    return tuple(by_index[k] for k in range(num_classes))
+
+
+def _folder_header(path: Path) -> ModelHeader:
+    from safetensors import safe_open
+
+    missing = [name for name in FOLDER_FILES if not (path / name).is_file()]
+    if missing:
+        raise _fail(path, f"a DeepForest model folder needs {' and '.join(FOLDER_FILES)}; missing {', '.join(missing)}")
+    from safetensors import SafetensorError
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="numpy") as handle:
+            shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
+            metadata = handle.metadata() or {}
+    except (
+        OSError,
+        ValueError,
+        SafetensorError,
+    ) as err:  # a file cut short: "incomplete metadata, file not fully covered"
+        raise _fail(
+            path / "model.safetensors", f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
+        ) from None
+    backbone, classes, fpn_channels = architecture(path, shapes)
+    if config.get("num_classes", classes) != classes:
+        raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
+    labels = (
+        _labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
+    )
+    ours = json.loads(metadata.get(SAFETENSORS_KEY, "{}"))
+    if "resize" in ours:
+        resize = tuple(ours["resize"]) if ours["resize"] else None
+    else:
+        resize = (config.get("min_size", DEEPFOREST_RESIZE[0]), config.get("max_size", DEEPFOREST_RESIZE[1]))
+    return ModelHeader(
+        path=str(path),
+        kind="DeepForest folder",
+        backbone=backbone,
+        num_classes=classes,
+        labels=labels,
+        score_threshold=config.get("score_thresh"),
+        nms_threshold=config.get("nms_thresh"),
+        detections_per_tile=config.get("detections_per_img"),
+        resize=resize,
+        patch_size=ours.get("patch_size"),
+        fpn_channels=fpn_channels,
+    )
+
+
+def torch_payload(path: Path) -> Any:
+    """A torch-saved file, memory-mapped when it can be (zip format), never unpickling anything but tensors and
+    plain containers."""
+    import pickle
+
+    import torch
+
+    for mmap in (True, False):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError as err:
+            if mmap and "mmap" in str(err):  # the legacy (non-zip) serialization
+                continue
+            raise _fail(path, NOT_A_MODEL) from None
+        except (pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError):
+            # what torch's unpickler raises on a file that is not (or no longer) a whole torch-saved file
+            raise _fail(path, NOT_A_MODEL) from None
+    raise AssertionError("unreachable")
+
+
+def _is_state_dict(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, Mapping) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
+def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state_dict.items()}
+
+
+def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
+    """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
+    if isinstance(payload, Mapping) and str(payload.get("format", "")).startswith("rasterscale-segmenter"):
+        model = found if isinstance(found := payload.get("model"), Mapping) else {}
+        raise _fail(
+            path,
+            f"a segmentation model ({model.get('architecture', '?')} on {model.get('backbone', '?')}), but task is "
+            "detection (set task: segmentation, or give a detection model)",
+        )
+    if isinstance(payload, Mapping) and payload.get("format") == CHECKPOINT_FORMAT:
+        cfg = DetectorConfig.from_dict(payload["model"])
+        state = dict(payload["state_dict"])
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
+            raise _fail(
+                path,
+                f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
+                f"{backbone}/{classes}/{fpn_channels}",
+            )
+        header = ModelHeader(
+            str(path),
+            "rasterscale checkpoint",
+            backbone,
+            classes,
+            cfg.labels,
+            cfg.score_threshold,
+            cfg.nms_threshold,
+            cfg.detections_per_tile,
+            cfg.resize,
+            cfg.patch_size,
+            dict(payload.get("meta", {})),
+            fpn_channels,
+        )
+        return header, state
+    if isinstance(payload, Mapping) and _is_state_dict(payload.get("state_dict")):
+        # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
+        state = {k.removeprefix("model."): v for k, v in payload["state_dict"].items() if k.startswith("model.")}
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        config = (payload.get("hyper_parameters") or {}).get("config") or {}
+        label_dict = payload.get("label_dict") or config.get("label_dict")
+        header = ModelHeader(
+            str(path),
+            "DeepForest Lightning checkpoint",
+            backbone,
+            classes,
+            _labels_from_dict(path, label_dict, classes) if label_dict else None,
+            config.get("score_thresh"),
+            config.get("nms_thresh"),
+            config.get("detections_per_img"),
+            DEEPFOREST_RESIZE,
+            config.get("patch_size"),
+            fpn_channels=fpn_channels,
+        )
+        return header, state
+    if _is_state_dict(payload):
+        state = _strip_prefix(payload)
+        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        header = ModelHeader(
+            str(path), "DeepForest state dict", backbone, classes, resize=DEEPFOREST_RESIZE, fpn_channels=fpn_channels
+        )
+        return header, state
+    raise _fail(path, NOT_A_MODEL)
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise _fail(path, "model file not found")
+    if path.is_file() and path.name in FOLDER_FILES:
+        raise _fail(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
+    return path
+
+
+def read_header(path: str | Path) -> ModelHeader:
+    """What a model file says about itself; one-line :class:`InputError` naming the file when it is not a model
+    file rasterscale reads or contradicts itself."""
+    path = _existing(path)
+    if path.is_dir():
+        return _folder_header(path)
+    return _header_of_payload(path, torch_payload(path))[0]
+
+
+def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
+    """The header and the state dict (torchvision RetinaNet keys, no ``model.`` prefix) of a model file."""
+    path = _existing(path)
+    if path.is_dir():
+        from safetensors.torch import load_file
+
+        return _folder_header(path), _strip_prefix(load_file(str(path / "model.safetensors"), device="cpu"))
+    return _header_of_payload(path, torch_payload(path))
+
+
+# --- resolving ------------------------------------------------------------------------------------------------
+
+
+def configured_resize(value: Any) -> Resize | Literal["native"]:
+    """``model.resize`` as set: ``"native"``, ``{min_size, max_size}`` or ``None`` (the model file's)."""
+    if value is None or value == "native":
+        return value
+    return int(value["min_size"]), int(value["max_size"])
+
+
+def _pick(user: Any, from_file: Any, default: Any) -> Any:
+    if user is not None:
+        return user
+    return from_file if from_file is not None else default
+
+
+def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same classes in the same order, whatever the case (DeepForest's "Tree" is rasterscale's "tree")."""
+    return [x.casefold() for x in a] == [x.casefold() for x in b]
+
+
+def config_error(problem: str) -> Exception:
+    from rasterscale.config.schema import ConfigError  # imported here: reading model files needs no jsonschema
+
+    return ConfigError(f"config: {problem}")
+
+
+def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
+    """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
+    default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
+    otherwise (prediction) the labels must number the file's classes.
+    """
+    model = config.get("model", {})
+    if header and model.get("backbone") not in (None, header.backbone):
+        raise config_error(
+            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
+            "leave model.backbone out to use the file's"
+        )
+    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
+        raise config_error(
+            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
+            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
+        )
+    labels = tuple(model["labels"]) if model.get("labels") else None
+    if labels is None:
+        labels = header.labels if header and header.labels else None
+    if labels is None:
+        labels = DEFAULT_LABELS
+        if header and header.num_classes != len(labels):
+            raise config_error(
+                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
+            )
+    if header and not new_head and len(labels) != header.num_classes:
+        raise config_error(
+            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
+            f"{': ' + ', '.join(header.labels) if header.labels else ''}"
+        )
+    if header and not new_head and header.labels and not same_classes(labels, header.labels):
+        raise config_error(
+            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
+            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
+        )
+    resize = configured_resize(model.get("resize"))
+    if resize is None:
+        resize = header.resize if header else None
+    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or DEFAULT_PATCH_SIZE
+    return DetectorConfig(
+        backbone=_pick(model.get("backbone"), header and header.backbone, DEFAULT_BACKBONE),
+        labels=labels,
+        patch_size=patch_size,
+        score_threshold=_pick(
+            model.get("score_threshold"), header and header.score_threshold, DEFAULTS["score_threshold"]
+        ),
+        nms_threshold=_pick(model.get("nms_threshold"), header and header.nms_threshold, DEFAULTS["nms_threshold"]),
+        detections_per_tile=_pick(
+            model.get("detections_per_tile"), header and header.detections_per_tile, DEFAULTS["detections_per_tile"]
+        ),
+        resize=None if resize == "native" else resize,
+        fpn_channels=_pick(model.get("fpn_channels"), header and header.fpn_channels, DEFAULT_FPN_CHANNELS),
+    )
+
+
+def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The model file the config starts from and whether it is a starting point for training:
+    (``model.checkpoint``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
+    checkpoint = config.get("model", {}).get("checkpoint")
+    if checkpoint:
+        return checkpoint, False
+    init = config.get("train", {}).get("init")
+    return (init, True) if init else (None, False)
+
+
+def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
+    """The effective detector of a validated config, reading the header of the model file it names."""
+    path, new_head = model_file(config)
+    if new_head and config.get("model", {}).get("backbone_weights"):
+        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
+    header = read_header(path) if path else None
+    return resolve_detector(config, header, new_head=new_head), header
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+
+def deepforest_config(cfg: DetectorConfig) -> dict[str, Any]:
+    """``config.json`` of a DeepForest model folder. DeepForest passes every key to ``RetinaNetHub(**config)``
+    and so to torchvision's ``RetinaNet``: only keys RetinaNet takes. ``min_size``/``max_size`` carry the input
+    scale (a native-scale model: the patch size, so DeepForest's 400 px patches are not resampled)."""
+    min_size, max_size = cfg.resize or (cfg.patch_size, cfg.patch_size)
+    return {
+        "label_dict": {name: index for index, name in enumerate(cfg.labels)},
+        "num_classes": len(cfg.labels),
+        "score_thresh": cfg.score_threshold,
+        "nms_thresh": cfg.nms_threshold,
+        "detections_per_img": cfg.detections_per_tile,
+        "min_size": min_size,
+        "max_size": max_size,
+    }
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Move a finished folder into place; an existing one is moved aside first and removed after."""
+    aside = None
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, aside / target.name)
+    os.replace(tmp, target)
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+def write_deepforest_folder(state_dict: Mapping[str, Any], cfg: DetectorConfig, folder: str | Path) -> Path:
+    """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically (a temporary folder beside it,
+    renamed). Keys are torchvision's without prefix, as DeepForest 2.1.0 writes them; batch-norm step counters
+    are left out, like DeepForest's released weights. What config.json cannot hold for DeepForest (backbone,
+    native scale, patch size) goes into the safetensors metadata."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    ours = {"backbone": cfg.backbone, "resize": list(cfg.resize) if cfg.resize else None, "patch_size": cfg.patch_size}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(deepforest_config(cfg), indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", SAFETENSORS_KEY: json.dumps(ours)})
+        _replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

@@ -1,0 +1,57 @@
+"""A downsampled picture of a scene with predicted and true boxes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import rasterio
+
+from rasterscale.atomic import save_figure
+from rasterscale.raster.imagery import decoding
+
+
+def display_uint8(image: np.ndarray) -> np.ndarray:
+    """uint8 as it is; other types (16-bit, float) stretched per band between their 2nd and 98th percentiles,
+    for the picture only."""
+    if image.dtype == np.uint8:
+        return image
+    values = image.astype(np.float32)
+    low, high = np.nanpercentile(values, [2, 98], axis=(1, 2), keepdims=True)
+    return np.nan_to_num(np.clip((values - low) / np.maximum(high - low, 1e-6) * 255, 0, 255)).astype(np.uint8)
+
+
+def render_quicklook(
+    raster_path: str | Path,
+    pred_boxes: np.ndarray,
+    true_boxes: np.ndarray | None,
+    png_path: str | Path,
+    max_side: int = 1600,
+    title: str = "",
+) -> None:
+    """Decimated read (overviews when present) with boxes in pixel units drawn on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    with rasterio.open(raster_path) as src:
+        scale = max(1.0, max(src.width, src.height) / max_side)
+        shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
+        with decoding(str(raster_path)):
+            image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
+        width, height = src.width, src.height
+    fig, ax = plt.subplots(figsize=(shape[2] / 100, shape[1] / 100), dpi=100)
+    ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))
+
+    def outlines(boxes: np.ndarray) -> list[np.ndarray]:
+        return [np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]) for x0, y0, x1, y1 in boxes]
+
+    if true_boxes is not None and len(true_boxes):
+        ax.add_collection(PolyCollection(outlines(true_boxes), facecolors="none", edgecolors="cyan", linewidths=0.6))
+    if len(pred_boxes):
+        ax.add_collection(PolyCollection(outlines(pred_boxes), facecolors="none", edgecolors="red", linewidths=0.6))
+    ax.set_axis_off()
+    ax.set_title(title + "  (red: predicted, cyan: true)", fontsize=9)
+    save_figure(fig, png_path)

@@ -1,0 +1,287 @@
+"""Detection: boxes with torchvision's RetinaNet (DeepForest's model), one vector layer per scene.
+
+The detector's library lives beside this module, in this folder: ``model`` and ``modelfiles`` (building, model
+files, DeepForest's formats), ``merge`` (the cross-tile merge), ``evaluate`` (precision, recall, F1, mAP).
+This module is what the core asks of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import torch
+
+from rasterscale.datasets import TrainTileDataset, collate_lists
+from rasterscale.grid.manifest import Tile
+from rasterscale.inputs import check_raster, read_annotations
+from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
+from rasterscale.predict.tile_resume import Part
+from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.raster.imagery import ImageSpec, on_data
+from rasterscale.tasks import DETECTION
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
+from rasterscale.tasks.detection.modelfiles import (
+    DEFAULT_FPN_CHANNELS,
+    DetectorConfig,
+    detector_of_config,
+    write_deepforest_folder,
+)
+from rasterscale.train.sampling import FlippableSamples
+
+if TYPE_CHECKING:
+    from torchvision.models.detection import RetinaNet
+
+LOGGER = logging.getLogger("rasterscale.train")
+
+
+def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
+    """The detector's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
+    weights and input batches (its heads' output layers are in fp32 under autocast as built)."""
+    model.eval()
+    fuse_conv_bn(model)
+    if channels_last:
+        detector = cast(
+            "RetinaNet", model
+        )  # the task's model (rasterscale.tasks.detection.model.build_detector), typed as any Module
+        to_channels_last(model, detector.backbone)
+    return model
+
+
+@dataclass
+class TileDetections:
+    boxes: np.ndarray  # tile pixels
+    scores: np.ndarray
+    labels: np.ndarray
+
+
+def detections_frame(
+    tiles: Sequence[tuple[Tile, TileDetections]], labels: Sequence[str], transform: Any, crs: Any
+) -> gpd.GeoDataFrame:
+    """Tile-pixel detections to raster pixels and CRS polygons, one row per box."""
+    rows = [(tile, d) for tile, d in tiles if len(d.boxes)]
+    if not rows:
+        return empty_detections(crs)
+    boxes = np.concatenate([d.boxes.astype(np.float64) + [t.col_off, t.row_off, t.col_off, t.row_off] for t, d in rows])
+    frame = pd.DataFrame(
+        {
+            "tile_id": np.concatenate([np.full(len(d.boxes), t.tile_id, dtype=np.int64) for t, d in rows]),
+            "label": np.asarray(labels, dtype=object)[np.concatenate([d.labels for _, d in rows])],
+            "score": np.concatenate([d.scores for _, d in rows]).astype(np.float32),
+            "px_xmin": boxes[:, 0],
+            "px_ymin": boxes[:, 1],
+            "px_xmax": boxes[:, 2],
+            "px_ymax": boxes[:, 3],
+        }
+    )
+    return gpd.GeoDataFrame(frame, geometry=pixel_boxes_to_polygons(boxes, transform), crs=crs)
+
+
+class DetectionRankOutput(RankOutput):
+    """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons): the parts'
+    rows, then those of the tiles predicted since, in prediction order. A part holds the boxes of the tiles
+    added since the previous one."""
+
+    def __init__(self, scene: PredictScene, labels: Sequence[str], path: str | Path, parts: Sequence[Part] = ()):
+        self.scene, self.labels, self.path = scene, list(labels), Path(path)
+        self.parts = list(parts)
+        self.results: list[tuple[Tile, TileDetections]] = []  # tiles added and not in a part yet
+
+    def add(self, tile: Tile, result: TileDetections) -> None:
+        self.results.append((tile, result))
+
+    def frame(self) -> gpd.GeoDataFrame:
+        return detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
+
+    def checkpoint(self, path: Path) -> Part | None:
+        if not self.results:
+            return None
+        write_detections_file(self.frame(), path)
+        part = Part(path, [tile.tile_id for tile, _ in self.results])
+        self.parts.append(part)
+        self.results = []
+        return part
+
+    def write(self) -> str:
+        frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
+        frames = [frame for frame in frames if len(frame)]
+        frame = pd.concat(frames, ignore_index=True) if frames else empty_detections(self.scene.crs)
+        write_detections_file(frame, self.path)
+        resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
+        return f"{len(frame)} detections{resumed}"
+
+
+class DetectionTrainingModule(TrainingModule):
+    def losses(self, batch: tuple[list, list]) -> dict[str, torch.Tensor]:
+        images, targets = batch
+        return self.model(images, targets)
+
+
+def predict_tiles(model: torch.nn.Module, dataset: TrainTileDataset, batch_size: int) -> list[dict[str, np.ndarray]]:
+    """Run the raw detector over a tile dataset (rank 0 only: no collectives)."""
+    was_training = model.training
+    model.eval()
+    outputs: list[dict[str, np.ndarray]] = []
+    with torch.inference_mode():
+        for start in range(0, len(dataset), batch_size):
+            images = [dataset[i][0] for i in range(start, min(len(dataset), start + batch_size))]
+            outputs.extend({k: v.float().numpy() for k, v in o.items()} for o in model(images))
+    model.train(was_training)
+    return outputs
+
+
+def validate_detector(
+    model: torch.nn.Module, datasets: Sequence[TrainTileDataset], batch_size: int
+) -> dict[str, float]:
+    """Tile-level precision/recall/F1 (IoU 0.4) and mAP@0.5 on the validation tiles."""
+    from rasterscale.tasks.detection.evaluate import evaluate_detections
+
+    pred_boxes, pred_scores, pred_labels, gt_boxes, gt_labels = [], [], [], [], []
+    offset = 0.0
+    for dataset in datasets:
+        for index, out in enumerate(predict_tiles(model, dataset, batch_size)):
+            target = dataset.target(index)
+            # place each tile in its own region of a virtual plane so that tiles never match across
+            shift = np.array([offset, 0, offset, 0])
+            pred_boxes.append(out["boxes"] + shift)
+            pred_scores.append(out["scores"])
+            pred_labels.append(out["labels"])
+            gt_boxes.append(target["boxes"].numpy() + shift)
+            gt_labels.append(target["labels"].numpy())
+            offset += 1e5
+    metrics = evaluate_detections(
+        np.concatenate(pred_boxes),
+        np.concatenate(pred_scores),
+        np.concatenate(pred_labels),
+        np.concatenate(gt_boxes),
+        np.concatenate(gt_labels),
+        iou_threshold=0.4,
+        score_threshold=float(cast("RetinaNet", model).score_thresh),  # the task's model: a RetinaNet
+    )
+    return {f"val_{k}": float(metrics[k]) for k in ("precision", "recall", "f1", "map50")}
+
+
+def deepforest_folder_of(model_path: str | Path) -> Path:
+    """The DeepForest model folder written beside a trained model: results/models/{name}/."""
+    return Path(model_path).with_suffix("")
+
+
+class DetectionTask(Task):
+    info = DETECTION
+
+    def model_config(self, config: Mapping[str, Any]) -> DetectorConfig:
+        return detector_of_config(config)[0]
+
+    def describe(self, model_cfg: DetectorConfig) -> str:
+        return f"RetinaNet {model_cfg.backbone}, {model_cfg.describe()}"
+
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, DetectorConfig]:
+        from rasterscale.tasks.detection.model import load_checkpoint
+
+        model, cfg, _ = load_checkpoint(path, config)
+        return model, cfg
+
+    training_module_class = DetectionTrainingModule
+
+    def build_model(self, model_cfg: DetectorConfig) -> torch.nn.Module:
+        from rasterscale.tasks.detection.model import build_detector
+
+        return build_detector(model_cfg)  # its transform resizes as the model records (model.resize)
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: DetectorConfig, config: Mapping[str, Any]) -> str:
+        """Start the detector from ``train.init`` (any model file rasterscale reads), or its backbone from
+        ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch. A pretrained backbone is
+        fine-tuned as DeepForest does (frozen batch norms and stem)."""
+        from rasterscale.tasks.detection.model import (
+            freeze_pretrained_backbone,
+            init_from_model_file,
+            load_backbone_weights,
+        )
+
+        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
+        if init:
+            loaded = init_from_model_file(model, model_cfg, init)
+        elif backbone_weights:
+            loaded = load_backbone_weights(model, backbone_weights) + ", the rest initialized at random"
+        else:
+            return "no weights: training from scratch (random initialization)"
+        return f"{loaded}; {freeze_pretrained_backbone(model)}"
+
+    def training_datasets(
+        self,
+        scene: TrainScene,
+        model_cfg: DetectorConfig,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
+        raster = check_raster(scene.raster)
+        truth = read_annotations(
+            scene.annotations, raster, list(model_cfg.labels), scene.label_column, scene.image_path
+        )
+        keep = on_data(scene.raster, spec, truth.boxes)  # boxes on masked pixels: the tiles show none
+        common = {
+            "boxes": truth.boxes[keep],
+            "labels": truth.labels[keep],
+            "min_visible_fraction": train_cfg["min_visible_fraction"],
+        }
+        train_set = TrainTileDataset(scene.raster, train, spec, **common)
+        val_set = TrainTileDataset(scene.raster, validation, spec, **common) if validation else None
+        return train_set, val_set
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_lists(batch)
+
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+        return validate_detector(model, datasets, batch_size)  # type: ignore[arg-type]
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        """The rasterscale checkpoint and, beside it, the same model as a DeepForest model folder."""
+        from rasterscale.tasks.detection.model import save_checkpoint
+
+        save_checkpoint(model, model_cfg, model_path, **meta)
+        folder = deepforest_folder_of(model_path)
+        write_deepforest_folder(model.state_dict(), model_cfg, folder)
+        if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
+            LOGGER.warning(
+                "%s: written for rasterscale (model.checkpoint reads it); DeepForest itself builds resnet50 models "
+                "with a %d-channel feature pyramid only and cannot load this %s with %d",
+                folder,
+                DEFAULT_FPN_CHANNELS,
+                model_cfg.backbone,
+                model_cfg.fpn_channels,
+            )
+        return [Path(model_path), folder]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[TileDetections]:
+        return [
+            TileDetections(
+                out["boxes"].float().cpu().numpy(), out["scores"].float().cpu().numpy(), out["labels"].cpu().numpy()
+            )
+            for out in model(images)
+        ]
+
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: DetectorConfig,
+        config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
+    ) -> RankOutput:
+        return DetectionRankOutput(scene, model_cfg.labels, path, parts or ())

@@ -1,0 +1,148 @@
+"""Segmenter files without torch: what a segmenter is (:class:`SegmenterConfig`), what a file records and what a
+config asks for (:func:`segmenter_of_config`), read at dry run. A file's payload is read with torch only when there
+is a file to read; the network itself lives in :mod:`rasterscale.tasks.segmentation.model`.
+
+A segmenter file (``.pt``) is ``torch.save`` of ``{"format": SEGMENTER_FORMAT, "task": "segmentation", "model":
+config, "state_dict": weights, "meta": training figures}``. Anything else is refused with one line naming the file
+(a detector, a DeepForest folder: "a detection model, but task is segmentation").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rasterscale.config.schema import load_schema
+from rasterscale.inputs import InputError
+from rasterscale.tasks.detection.modelfiles import model_file, read_header, torch_payload
+
+SEGMENTER_FORMAT = "rasterscale-segmenter/1"
+# the segmentation-models-pytorch networks a config may name: config/schema.yaml's model.architecture
+ARCHITECTURES: tuple[str, ...] = tuple(
+    name for name in load_schema()["properties"]["model"]["properties"]["architecture"]["enum"] if name
+)
+UNET_DECODER = (128, 64, 32, 16, 8)  # smp's default is (256, 128, 64, 32, 16)
+NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER_FORMAT})"
+
+
+@dataclass(frozen=True)
+class SegmenterConfig:
+    """What builds a segmenter. ``decoder_channels`` None: the architecture's default (:data:`UNET_DECODER` for a
+    U-Net, smp's otherwise)."""
+
+    labels: tuple[str, ...]
+    architecture: str = "unet"
+    backbone: str = "resnet18"
+    patch_size: int = 400
+    decoder_channels: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.labels) < 2:
+            raise ValueError(f"a segmenter needs at least 2 classes, got labels {list(self.labels)}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {self.architecture!r} (one of {', '.join(ARCHITECTURES)})")
+        if self.decoder_channels is None and self.architecture == "unet":
+            object.__setattr__(self, "decoder_channels", UNET_DECODER)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = list(self.labels)
+        data["decoder_channels"] = list(self.decoder_channels) if self.decoder_channels else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SegmenterConfig:
+        data = dict(data)
+        data["labels"] = tuple(data["labels"])
+        if data.get("decoder_channels") is not None:
+            data["decoder_channels"] = tuple(data["decoder_channels"])
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for the logs."""
+        decoder = f", decoder {list(self.decoder_channels)}" if self.decoder_channels else ""
+        return (
+            f"{self.architecture} on {self.backbone}{decoder}, {self.num_classes} classes "
+            f"({', '.join(self.labels)}), {self.patch_size} px tiles"
+        )
+
+
+def _detection_problem(path: Path) -> str | None:
+    """How to say that ``path`` is a detection model file, or None when it is none."""
+    try:
+        header = read_header(path)
+    except InputError:
+        return None
+    return f"a detection model ({header.kind}, {header.backbone}), but task is segmentation"
+
+
+def segmenter_payload(path: str | Path) -> dict[str, Any]:
+    """The payload of a segmenter file (tensors memory-mapped); one-line InputError naming the file otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: segmentation model file not found")
+    if path.is_dir():
+        raise InputError(f"{path}: {_detection_problem(path) or 'a folder, ' + NOT_A_SEGMENTER}")
+    try:
+        payload = torch_payload(path)
+    except InputError:
+        raise InputError(f"{path}: {NOT_A_SEGMENTER}") from None
+    if isinstance(payload, Mapping) and payload.get("format") == SEGMENTER_FORMAT:
+        if not isinstance(payload.get("model"), Mapping) or not isinstance(payload.get("state_dict"), Mapping):
+            raise InputError(f"{path}: a {SEGMENTER_FORMAT} file without its model or state_dict")
+        return dict(payload)
+    raise InputError(f"{path}: {_detection_problem(path) or NOT_A_SEGMENTER}")
+
+
+def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> SegmenterConfig:
+    try:
+        return SegmenterConfig.from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: bad segmenter configuration ({err})") from None
+
+
+def read_segmenter_header(path: str | Path) -> SegmenterConfig:
+    """The configuration a segmenter file records (its weights are memory-mapped, not read)."""
+    return config_of_payload(path, segmenter_payload(path))
+
+
+DEFAULT_LABELS = ("background", "tree")
+
+
+def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
+    """The effective segmenter of a validated config: each ``model.*`` key set, else what the model file
+    (``model.checkpoint``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
+    ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes the config's
+    labels contradict, raises a one-line InputError naming it (at dry run)."""
+    model = config.get("model", {})
+    path, new_head = model_file(config)
+    header = read_segmenter_header(path) if path else None
+    labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
+    if header is not None and len(labels) != header.num_classes:
+        raise InputError(
+            f"{path}: model.labels names {len(labels)} classes but the segmenter has {header.num_classes} "
+            f"({', '.join(header.labels)})"
+        )
+    if header is not None and not new_head and [x.casefold() for x in labels] != [x.casefold() for x in header.labels]:
+        raise InputError(
+            f"{path}: the segmenter predicts [{', '.join(header.labels)}] but model.labels is [{', '.join(labels)}]; "
+            "leave model.labels out to use the file's"
+        )
+    if len(labels) < 2:
+        raise InputError(f"model.labels: a segmenter needs at least 2 classes (e.g. [background, tree]), got {labels}")
+    architecture = model.get("architecture") or (header.architecture if header else "unet")
+    backbone = model.get("backbone") or (header.backbone if header else "resnet18")
+    if header is not None and (architecture, backbone) != (header.architecture, header.backbone):
+        raise InputError(
+            f"{path}: a {header.architecture} on {header.backbone}, but model.architecture/model.backbone ask for "
+            f"a {architecture} on {backbone}"
+        )
+    patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
+    decoder = header.decoder_channels if header else None
+    return SegmenterConfig(labels, architecture, backbone, int(patch_size), decoder)

@@ -1,0 +1,207 @@
+"""Segmentation: a class per pixel with a segmentation-models-pytorch network, one COG of classes per scene (with
+its probabilities and its polygons).
+
+Each rank blends its tiles' class probabilities with weights that taper toward inner tile edges and writes the
+classes of its own tiles' cores (:mod:`rasterscale.tasks.segmentation.blend`: memory flat however large the raster); the
+merge assembles the cores into ``classes.tif`` (:mod:`rasterscale.tasks.segmentation.merge`). The library is
+:mod:`rasterscale.tasks.segmentation`; this module is what the core asks of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from rasterscale.grid.manifest import Tile
+from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
+from rasterscale.predict.tile_resume import Part
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.tasks import SEGMENTATION
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.tasks.segmentation import NODATA_CLASS
+from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
+from rasterscale.tasks.segmentation.model import Segmenter, build_segmenter, load_segmenter
+from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
+from rasterscale.train.sampling import FlippableSamples
+
+
+class SegmentationTrainingModule(TrainingModule):
+    def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images, masks = batch
+        logits = self.model(images)
+        return {"cross_entropy": torch.nn.functional.cross_entropy(logits, masks, ignore_index=NODATA_CLASS)}
+
+
+def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    images, masks = zip(*batch, strict=True)
+    return torch.stack(images), torch.stack(masks)
+
+
+def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+    """mIoU and pixel accuracy on the validation tiles (rank 0 only: no collectives)."""
+    from rasterscale.tasks.segmentation.metrics import confusion_matrix, iou_scores
+
+    was_training = model.training
+    model.eval()
+    confusion: np.ndarray | None = None
+    with torch.inference_mode():
+        for dataset in datasets:
+            for start in range(0, len(dataset), batch_size):
+                images, masks = collate_stack([dataset[i] for i in range(start, min(len(dataset), start + batch_size))])
+                logits = model(images)
+                part = confusion_matrix(logits.argmax(1).numpy().astype(np.uint8), masks.numpy(), logits.shape[1])
+                confusion = part if confusion is None else confusion + part
+    model.train(was_training)
+    if confusion is None:
+        return {}
+    scores = iou_scores(confusion, [str(k) for k in range(len(confusion))])
+    return {"val_miou": float(scores["miou"]), "val_pixel_accuracy": float(scores["pixel_accuracy"])}
+
+
+def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
+    """The segmenter's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
+    weights and inputs (its last layer, the class logits, is in fp32 under autocast as built)."""
+    model.eval()
+    fuse_conv_bn(model)
+    if channels_last:
+        net = cast(Segmenter, model).net  # the task's model (build_segmenter), typed as any Module
+        to_channels_last(model, net)
+    return model
+
+
+class SegmentationRankOutput(RankOutput):
+    """A rank's class raster of one scene: the blended classes of its own tiles' cores (a part: the blocks of it
+    written since the previous one)."""
+
+    def __init__(self, blender: TileBlender, path: str | Path) -> None:
+        self.blender, self.path = blender, path
+
+    def add(self, tile: Tile, result: np.ndarray) -> None:
+        self.blender.add(tile.tile_id, result)
+
+    def checkpoint(self, path: Path) -> Part | None:
+        written = self.blender.checkpoint(path)
+        if written is None:
+            return None
+        tiles, blocks = written
+        return Part(path, tiles, {"blocks": blocks})
+
+    def unsaved_bytes(self) -> int:
+        return self.blender.unsaved_bytes()
+
+    def write(self) -> str:
+        written = self.blender.close()
+        parts = self.blender.raster.parts
+        resumed = f" ({len(parts)} part(s) of an earlier run)" if parts else ""
+        return f"classes of {len(written)} tile cores{resumed} -> {self.path}"
+
+
+class SegmentationTask(Task):
+    info = SEGMENTATION
+    training_module_class = SegmentationTrainingModule
+
+    def __init__(self) -> None:
+        self.cores: dict[str, dict[int, Any]] = {}  # scene name -> its tiles' cores (a rank needs them twice)
+
+    def cores_of(self, scene: PredictScene) -> dict[int, Any]:
+        """The cores of a scene's tiles (:func:`tile_cores`), computed once per scene of the job."""
+        if scene.name not in self.cores:
+            self.cores[scene.name] = tile_cores(scene.tiles, scene.width, scene.height)
+        return self.cores[scene.name]
+
+    def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig:
+        return segmenter_of_config(config)
+
+    def describe(self, model_cfg: SegmenterConfig) -> str:
+        return model_cfg.describe()
+
+    def build_model(self, model_cfg: SegmenterConfig) -> torch.nn.Module:
+        return build_segmenter(model_cfg)
+
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, SegmenterConfig]:
+        model, cfg, _ = load_segmenter(path, config.get("model", {}).get("labels"))
+        return model, cfg
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: SegmenterConfig, config: Mapping[str, Any]) -> str:
+        """Start from ``train.init`` (a rasterscale segmenter of the same classes and network), or from scratch."""
+        init = config["train"]["init"]
+        if not init:
+            return "no weights: training from scratch (random initialization)"
+        start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
+        model.load_state_dict(start.state_dict())
+        return f"all weights from {init} ({start_cfg.describe()})"
+
+    def training_datasets(
+        self,
+        scene: TrainScene,
+        model_cfg: SegmenterConfig,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
+        from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
+        from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
+
+        truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
+        train_set = SegmentationTileDataset(scene.raster, train, spec, truth)
+        val_set = SegmentationTileDataset(scene.raster, validation, spec, truth) if validation else None
+        return train_set, val_set
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_stack(batch)
+
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+        return validate_segmenter(model, datasets, batch_size)
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: SegmenterConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        from rasterscale.tasks.segmentation.model import save_segmenter
+
+        save_segmenter(model, model_cfg, model_path, **meta)
+        return [Path(model_path)]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
+        probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
+        return list(probabilities.cpu().numpy())
+
+    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
+        """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
+        if not own:
+            return []
+        return halo_tiles(scene.tiles, {t.tile_id for t in own}, self.cores_of(scene))
+
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: SegmenterConfig,
+        config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
+    ) -> RankOutput:
+        blender = TileBlender(
+            list(predicted),
+            {t.tile_id for t in own},
+            self.cores_of(scene),
+            scene.width,
+            scene.height,
+            model_cfg.num_classes,
+            scene.grid.overlap,
+            path,
+            scene.transform,
+            scene.crs,
+            probabilities=config["predict"]["probabilities"],
+            parts=[part.path for part in parts or ()],
+            keep_unsaved=parts is not None,
+        )
+        return SegmentationRankOutput(blender, path)

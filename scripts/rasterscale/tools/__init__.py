@@ -1,0 +1,1 @@
+"""Tools beside the workflow: the synthetic demo scenes, the configuration reference, the environment check."""

@@ -1,0 +1,90 @@
+"""The environment check: DDP prediction of the task's untrained model over random tiles, no raster needed. It
+checks ranks, devices and throughput (like the seeds' mgpr with fake data): rule check_environment."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import Dataset
+
+from rasterscale.atomic import write_json
+from rasterscale.datasets import DummyDataset
+from rasterscale.grid.sharding import split_balanced
+from rasterscale.predict.engine import PredictionDataModule, PredictionModule
+from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
+from rasterscale.tasks import load_task
+
+LOGGER_NAME = "rasterscale.check"
+
+
+class RankShare(Dataset):
+    """A rank's share of the random tiles: item -> (image, (0, position)), as prediction's datasets key them."""
+
+    def __init__(self, dataset: DummyDataset, indices: list[int]) -> None:
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        image, _ = self.dataset[self.indices[position]]
+        return image, (0, position)
+
+
+class ThroughputReport(L.Callback):
+    """Counts a rank's tiles and writes its throughput."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir, self.tiles, self.started = Path(out_dir), 0, time.perf_counter()
+
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.tiles += len(batch[0])
+
+    def write(self, trainer: L.Trainer) -> None:
+        seconds = time.perf_counter() - self.started
+        report = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "device": str(trainer.strategy.root_device),
+            "tiles": self.tiles,
+            "seconds": round(seconds, 3),
+            "tiles_per_s": round(self.tiles / max(seconds, 1e-9), 3),
+        }
+        write_json(report, self.out_dir / f"rank-{trainer.global_rank}.json")
+        logging.getLogger(LOGGER_NAME).info("environment check: %s", report)
+
+
+def run_environment_check(config: Mapping[str, Any], spec: RunSpec, out_dir: str | Path, log_dir: str | Path) -> None:
+    """Every rank predicts its share of ``dummy.count`` random tiles with the task's untrained model."""
+    start_rank(spec, log_dir, LOGGER_NAME)
+    dummy_cfg, predict_cfg = config["dummy"], config["predict"]
+    task = load_task(config["task"])
+    model = task.prepare_for_inference(task.build_model(task.model_config(config)), predict_cfg)
+    dataset = DummyDataset(dummy_cfg["count"], dummy_cfg["size"], dummy_cfg["delay"])
+    indices = list(range(len(dataset)))
+
+    def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
+        return RankShare(dataset, split_balanced(indices, world, rank))
+
+    report = ThroughputReport(out_dir)
+    trainer = make_trainer(spec, logger=False, callbacks=[report], use_distributed_sampler=False)
+    datamodule = PredictionDataModule(
+        dataset_for_rank, predict_cfg["batch_size"], predict_cfg["workers"], pin_memory=spec.accelerator == "gpu"
+    )
+    trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
+    report.write(trainer)
+    end_rank()

@@ -1,0 +1,283 @@
+"""DDP training of a task's model with Lightning (the task makes the model, the samples and the scores).
+
+Batch semantics are explicit: ``train.batch_size`` is the effective global batch, each rank loads
+``ceil(batch_size / world_size)`` tiles, and the learning rate follows the effective batch when
+``lr_scaling: linear``. The plan is logged once, by rank 0, before the first step. Only rank 0 logs progress,
+validates (on tiles of a held-out band of each training scene) and writes the checkpoint, the training curves
+(CSV) and their plot. Resume checkpoints, and the stop on SIGTERM: :mod:`rasterscale.train.resume`.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from rasterscale.grid.manifest import read_manifest, split_train_validation, tiles_from_frame
+from rasterscale.inputs import check_raster
+from rasterscale.raster.imagery import read_spec
+from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
+from rasterscale.tasks import load_task
+from rasterscale.tasks.api import SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.train.batching import BatchPlan, plan_batches
+from rasterscale.train.resume import (
+    ResumeCheckpoints,
+    StoppedBySignal,
+    exit_stopped,
+    find_resume_point,
+    fingerprint,
+    init_training_worker,
+    remove_resume_folder,
+    resume_folder,
+    write_metrics,
+)
+from rasterscale.train.sampling import EpochSampler, FlippableSamples, KeyedSamples
+
+LOGGER_NAME = "rasterscale.train"
+
+
+class TrainingDataModule(L.LightningDataModule):
+    """Training and validation samples of every training scene, made by the task from their manifests' tiles;
+    each rank takes its share of every epoch's samples (:mod:`rasterscale.train.sampling`), from where an interrupted
+    run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
+
+    def __init__(
+        self, task: Task, scenes: list[TrainScene], model_cfg: Any, plan: BatchPlan, cfg: Mapping[str, Any]
+    ) -> None:
+        super().__init__()
+        self.task, self.scenes, self.model_cfg, self.plan, self.cfg = task, scenes, model_cfg, plan, cfg
+        self.train_sets: list[FlippableSamples] = []
+        self.val_sets: list[SizedDataset] = []
+        self.resumed: tuple[int, int] | None = None  # (epoch, batches its interrupted run took)
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        self.resumed = (epoch, batches)
+
+    def setup(self, stage: str) -> None:
+        for scene in self.scenes:
+            raster = check_raster(scene.raster)
+            tiles = tiles_from_frame(read_manifest(scene.manifest))
+            train, validation = split_train_validation(tiles, raster.height, self.cfg["validation_fraction"])
+            spec = read_spec(scene.manifest)
+            train_set, val_set = self.task.training_datasets(scene, self.model_cfg, train, validation, spec, self.cfg)
+            self.train_sets.append(train_set)
+            if val_set is not None:
+                self.val_sets.append(val_set)
+
+    def train_dataloader(self) -> DataLoader:
+        workers = self.cfg["workers"]
+        samples = KeyedSamples(self.train_sets, self.cfg["seed"])
+        trainer, batch = attached_trainer(self), self.plan.per_device_batch
+        sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.cfg["seed"], batch)
+        if self.resumed is not None:
+            sampler.resume_at(*self.resumed)
+        return DataLoader(
+            samples,
+            batch_size=batch,
+            sampler=sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            worker_init_fn=partial(init_training_worker, rank=trainer.global_rank, rank_pid=os.getpid())
+            if workers > 0
+            else None,
+            collate_fn=self.task.collate,
+            drop_last=False,
+        )
+
+
+class RankZeroProgress(L.Callback):
+    """Progress lines from rank 0 only: step, epoch, loss, learning rate and global images per second."""
+
+    def __init__(self, every_n_steps: int, plan: BatchPlan) -> None:
+        self.every, self.plan = every_n_steps, plan
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step % self.every:
+            return
+        elapsed = time.perf_counter() - self._t0
+        images = self.every * self.plan.effective_batch
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        total = trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches)
+        _logger().info(
+            "step %d/%d epoch %d loss %.4f lr %.3g %.1f images/s",
+            step,
+            total,
+            trainer.current_epoch,
+            loss,
+            lr,
+            images / elapsed,
+        )
+        self._t0 = time.perf_counter()
+
+
+def _logger() -> logging.Logger:
+    return logging.getLogger(LOGGER_NAME)
+
+
+class RankZeroValidation(L.Callback):
+    """Validation by rank 0 alone every n epochs and at the end; the other ranks wait at a barrier. It leaves
+    training's random state as it found it (so a run resumed at an epoch's end goes on as the uninterrupted one)."""
+
+    def __init__(self, task: Task, datamodule: TrainingDataModule, every_n_epochs: int, batch_size: int) -> None:
+        self.task, self.datamodule, self.every, self.batch_size = task, datamodule, every_n_epochs, batch_size
+        self.last: dict[str, float] = {}
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        epoch = trainer.current_epoch + 1
+        max_epochs = trainer.max_epochs
+        assert max_epochs is not None  # fit() has resolved it (run_training sets train.epochs) before any epoch
+        last_epoch = epoch >= max_epochs or (0 < trainer.max_steps <= trainer.global_step)
+        if not self.datamodule.val_sets or (epoch % self.every and not last_epoch):
+            return
+        if trainer.is_global_zero:
+            with torch.random.fork_rng():  # training's random stream is the same with or without validation
+                # Lightning types the hook's module as any LightningModule; it is the task's TrainingModule
+                model = cast(TrainingModule, module).model
+                self.last = self.task.validate(model, self.datamodule.val_sets, self.batch_size)
+            self.last["epoch"] = trainer.current_epoch
+            if trainer.logger is not None:
+                trainer.logger.log_metrics(self.last, step=trainer.global_step)
+            _logger().info(
+                "validation epoch %d: %s",
+                trainer.current_epoch,
+                " ".join(f"{k}={v:.3f}" for k, v in self.last.items() if k != "epoch"),
+            )
+        trainer.strategy.barrier("rank_zero_validation")
+
+
+def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
+    """Training loss and validation scores over steps, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rasterscale.atomic import save_figure
+
+    with open(metrics_csv) as handle:
+        rows = list(csv.DictReader(handle))
+
+    def series(key: str) -> tuple[list[float], list[float]]:
+        pts = [(float(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(*series("train_loss"), lw=0.8, label="train loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_yscale("log")
+    ax_loss.legend()
+    for key in sorted({key for row in rows for key in row if key.startswith("val_")}):
+        steps, values = series(key)
+        if steps:
+            ax_val.plot(steps, values, marker="o", label=key)
+    ax_val.set_xlabel("step")
+    ax_val.set_ylim(0, 1)
+    ax_val.legend()
+    save_figure(fig, png_path, dpi=100)
+
+
+def run_training(
+    scenes: list[TrainScene],
+    config: Mapping[str, Any],
+    spec: RunSpec,
+    model_path: str | Path,
+    metrics_path: str | Path,
+    plot_path: str | Path,
+    log_dir: str | Path,
+) -> None:
+    """Train the config's task with ``spec.world_size`` ranks, starting from ``train.init`` or
+    ``model.backbone_weights`` when given; rank 0 writes the model (and what the task writes beside it), the
+    metrics CSV and the plot."""
+    train_cfg = config["train"]
+    logger = start_rank(spec, log_dir, LOGGER_NAME)
+    task = load_task(config["task"])
+    model_cfg = task.model_config(config)
+    plan = plan_batches(
+        train_cfg["batch_size"],
+        spec.world_size,
+        train_cfg["lr"],
+        train_cfg["lr_reference_batch"],
+        train_cfg["lr_scaling"],
+    )
+    L.seed_everything(train_cfg["seed"], workers=True, verbose=False)
+    datamodule = TrainingDataModule(task, scenes, model_cfg, plan, train_cfg)
+    module = task.training_module(model_cfg, plan, train_cfg)
+    loaded = task.initial_weights(module.model, model_cfg, config)
+    validation = RankZeroValidation(task, datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
+    folder = resume_folder(model_path)
+    run_fingerprint = fingerprint(config, scenes, spec.world_size)
+    resume = find_resume_point(folder, run_fingerprint)
+    csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
+    logged = Path(csv_logger.log_dir, "metrics.csv")
+    every = train_cfg["checkpoint_every_n_steps"]
+    checkpoints = ResumeCheckpoints(
+        folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged), datamodule.resume_at
+    )
+    trainer = make_trainer(
+        spec,
+        max_epochs=train_cfg["epochs"],
+        max_steps=train_cfg["max_steps"],
+        logger=csv_logger,
+        log_every_n_steps=train_cfg["log_every_n_steps"],
+        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints],
+        use_distributed_sampler=False,  # each rank's share is the EpochSampler's
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        gradient_clip_val=10.0,
+    )
+    if trainer.is_global_zero:
+        logger.info("batch plan: %s", plan.describe())
+        logger.info("run: %s", spec)
+        logger.info("start: %s", loaded)
+        logger.info("%s: %s", task.info.name, task.describe(model_cfg))
+        logger.info("%s", resume.why)
+    # Lightning warns of a resume within an epoch unless the dataloader itself is resumable; the samples are
+    # (EpochSampler, told by the checkpoint how many batches of the epoch were taken)
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    started = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint)
+    except StoppedBySignal as stop:
+        if trainer.is_global_zero:
+            logger.error("%s", stop)
+        end_rank()
+        exit_stopped()
+    if not trainer.is_global_zero:
+        end_rank()
+        return
+    seconds = time.perf_counter() - started
+    csv_logger.finalize("success")
+    written = task.save_model(
+        module.model,
+        model_cfg,
+        model_path,
+        batch_plan=plan.describe(),
+        steps=int(trainer.global_step),
+        epochs=int(trainer.current_epoch),
+        seconds=round(seconds, 1),
+        precision=str(trainer.precision),
+        validation=validation.last,
+    )
+    write_metrics(checkpoints.metrics(), metrics_path)
+    plot_curves(metrics_path, plot_path)
+    logger.info(
+        "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
+    )
+    remove_resume_folder(folder)
+    end_rank()
