@@ -43,7 +43,8 @@ from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_tr
 from measures import best_matches, fast_model, spread
 from rasterscale.config.schema import validate_config
 from rasterscale.datasets import WindowDataset, to_model_input
-from rasterscale.grid.manifest import TileGrid, build_manifest, read_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.manifest import build_manifest, read_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.profile import MB, UtilizationSampler, summarize
 from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions

@@ -24,7 +24,8 @@ from typing import Any
 
 from jobs import run_predict_job
 from rasterscale.config.schema import validate_config
-from rasterscale.grid.manifest import TileGrid, manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
+from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.rankfiles import rank_stem
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter

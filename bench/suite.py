@@ -23,7 +23,8 @@ from measures import (
     spread,
     timed,
 )
-from rasterscale.grid.manifest import TileGrid, build_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
 from segmentation import measure_segmentation_rss
 from synthetic import write_checkpoint, write_raster

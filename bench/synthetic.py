@@ -19,7 +19,7 @@ import torch
 from affine import Affine
 from rasterio.windows import Window
 
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import box_areas, pixel_boxes_to_polygons
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
 

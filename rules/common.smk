@@ -9,13 +9,18 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from rasterscale.raster.cog import striped_sources  # noqa: E402
-from rasterscale.config.schema import ConfigError, nothing_to_do, scene_key, validate_config  # noqa: E402
-from rasterscale.inputs import InputError, check_imagery, check_raster, unwritable_folder  # noqa: E402
+from rasterscale.errors import ConfigError  # noqa: E402
+from rasterscale.config.schema import nothing_to_do, validate_config  # noqa: E402
+from rasterscale.config.scenes import scene_key  # noqa: E402
+from rasterscale.errors import InputError  # noqa: E402
+from rasterscale.raster.imagery import check_imagery  # noqa: E402
+from rasterscale.raster.headers import check_raster  # noqa: E402
+from rasterscale.workflow.checks import unwritable_folder  # noqa: E402
 from rasterscale.runtime.preflight import launch_geometry  # noqa: E402
 from rasterscale.predict.rankfiles import rank_stem  # noqa: E402
 from rasterscale.predict.tile_resume import resume_dir  # noqa: E402
 from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
-from rasterscale.grid.manifest import check_validation_band  # noqa: E402
+from rasterscale.grid.split import check_validation_band  # noqa: E402
 
 
 def fail(message):

@@ -2,8 +2,9 @@
 
 import argparse
 
-from rasterscale.inputs import check_raster, run_entry
+from rasterscale.errors import run_entry
 from rasterscale.raster.cog import convert_to_cog
+from rasterscale.raster.headers import check_raster
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from rasterscale.inputs import run_entry
+from rasterscale.errors import run_entry
 from rasterscale.tasks import task_info
 
 

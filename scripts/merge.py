@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
-from rasterscale.inputs import run_entry
 from rasterscale.predict.profile import format_profile_table, write_scene_profile
 from rasterscale.predict.rankfiles import check_scene_records
 from rasterscale.tasks import task_info

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rasterscale.grid.manifest import TileGrid, build_manifest, write_manifest
-from rasterscale.inputs import check_raster, run_entry
+from rasterscale.errors import run_entry
+from rasterscale.grid.manifest import build_manifest, write_manifest
+from rasterscale.grid.tile import TileGrid
+from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
 
 

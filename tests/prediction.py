@@ -10,7 +10,8 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.grid.manifest import TileGrid, build_manifest, write_manifest
+from rasterscale.grid.manifest import build_manifest, write_manifest
+from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from conftest import write_raster
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 from rasterscale.tasks.segmentation.blend import SPILL_AHEAD, TileBlender, halo_tiles, tile_cores
 
 NUM_CLASSES = 3

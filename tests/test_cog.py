@@ -10,8 +10,8 @@ from rio_cogeo.cogeo import cog_validate
 
 from conftest import write_raster
 from prediction import PredictScene
-from rasterscale.inputs import check_raster
 from rasterscale.raster.cog import convert_to_cog
+from rasterscale.raster.headers import check_raster
 from workflow import run_workflow
 
 

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from conftest import REPO, schema_keys
-from rasterscale.config.schema import ConfigError, load_config, load_schema, validate_config
+from rasterscale.config.schema import load_config, load_schema, validate_config
+from rasterscale.errors import ConfigError
 from workflow import tiny_config
 
 MINIMAL = {"scenes": {"a": {"path": "a.tif"}}}

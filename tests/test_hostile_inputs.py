@@ -18,8 +18,10 @@ import rasterio
 import shapely
 
 from conftest import REPO, damage_block, write_raster
-from rasterscale.config.schema import ConfigError, validate_config
-from rasterscale.inputs import InputError, check_imagery, check_raster
+from rasterscale.config.schema import validate_config
+from rasterscale.errors import ConfigError, InputError
+from rasterscale.raster.headers import check_raster
+from rasterscale.raster.imagery import check_imagery
 from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
 from workflow import workflow_command

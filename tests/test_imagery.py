@@ -13,10 +13,13 @@ import rasterio
 import torch
 
 from conftest import REPO, write_raster, write_rgba
-from rasterscale.datasets import TrainTileDataset, WindowDataset, load_region, prediction_dataset
-from rasterscale.grid.manifest import Tile, TileGrid, build_manifest, tiles_from_frame, write_manifest
-from rasterscale.inputs import InputError
-from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, drop_masked, on_data, read_spec, resolve_spec, valid_at
+from rasterscale.datasets import WindowDataset, load_region, prediction_dataset
+from rasterscale.errors import InputError
+from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.tile import Tile, TileGrid
+from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, on_data, read_spec, resolve_spec, valid_at
+from rasterscale.tasks.detection.dataset import TrainTileDataset
+from rasterscale.tasks.detection.merge import drop_masked
 
 
 def rgba_with_masked_corner(size: int = 512, corner: int = 300) -> np.ndarray:

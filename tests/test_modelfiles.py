@@ -19,8 +19,8 @@ from deepforest_files import (
     write_lightning_checkpoint,
 )
 from prediction import PredictScene, predict_rank_file
-from rasterscale.config.schema import ConfigError, validate_config
-from rasterscale.inputs import InputError
+from rasterscale.config.schema import validate_config
+from rasterscale.errors import ConfigError, InputError
 from rasterscale.tasks.detection.model import (
     build_detector,
     init_from_model_file,

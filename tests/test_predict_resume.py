@@ -25,7 +25,8 @@ import torch
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
-from rasterscale.grid.manifest import Tile, TileGrid, tile_grid
+from rasterscale.grid.manifest import tile_grid
+from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.predict.tile_resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities

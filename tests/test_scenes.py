@@ -16,7 +16,8 @@ from affine import Affine
 
 from conftest import write_raster, write_vrt
 from prediction import PredictScene
-from rasterscale.config.schema import ConfigError, validate_config
+from rasterscale.config.schema import validate_config
+from rasterscale.errors import ConfigError
 from rasterscale.predict.rankfiles import read_tile_ids
 from rasterscale.raster.cog import striped_sources
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, workflow_command
@@ -271,8 +272,8 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(proje
 
 
 def test_batch_tiles_split_over_shards_and_ranks_exactly_once_and_balanced():
-    from rasterscale.grid.manifest import Tile
     from rasterscale.grid.sharding import batch_rank_tiles
+    from rasterscale.grid.tile import Tile
 
     scenes = [[Tile(i, 0, 0, 8, 8) for i in range(n)] for n in (5, 0, 7, 1)]
     parts = [batch_rank_tiles(scenes, 2, shard, 2, rank) for shard in (0, 1) for rank in (0, 1)]

@@ -11,7 +11,8 @@ import rasterio
 from affine import Affine
 
 from conftest import UTM17N, report
-from rasterscale.grid.manifest import Tile, build_manifest, tile_grid, tiles_from_frame
+from rasterscale.grid.manifest import build_manifest, tile_grid, tiles_from_frame
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import read_masked, resolve_spec
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import (

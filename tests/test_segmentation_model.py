@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import report
-from rasterscale.grid.manifest import Tile
-from rasterscale.inputs import InputError
+from rasterscale.errors import InputError
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.detection.model import build_detector, save_checkpoint
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder

@@ -17,8 +17,8 @@ from affine import Affine
 from rasterio.windows import Window
 
 from conftest import REPO, UTM17N, damage_block, write_raster, write_rgba
-from rasterscale.grid.manifest import Tile
-from rasterscale.inputs import InputError
+from rasterscale.errors import InputError
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset

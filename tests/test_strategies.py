@@ -17,7 +17,8 @@ from rasterscale.datasets import (
     prediction_dataset,
     to_model_input,
 )
-from rasterscale.grid.manifest import Tile, build_manifest, tiles_from_frame
+from rasterscale.grid.manifest import build_manifest, tiles_from_frame
+from rasterscale.grid.tile import Tile
 from rasterscale.predict.fastpath import fuse_conv_bn
 from rasterscale.predict.rankfiles import read_tile_ids
 from rasterscale.raster.imagery import ImageSpec

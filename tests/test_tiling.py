@@ -4,8 +4,9 @@ import rasterio
 import shapely
 from affine import Affine
 
-from rasterscale.grid.manifest import TileGrid, build_manifest, read_grid, tile_grid, tile_offsets, write_manifest
-from rasterscale.inputs import InputError
+from rasterscale.errors import InputError
+from rasterscale.grid.manifest import build_manifest, read_grid, tile_grid, tile_offsets, write_manifest
+from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import read_spec, resolve_spec
 
 

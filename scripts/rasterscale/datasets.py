@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import rasterio
@@ -32,12 +31,10 @@ from rasterio.env import set_gdal_config
 from rasterio.windows import Window
 from torch.utils.data import Dataset
 
-from rasterscale.grid.manifest import Tile
-from rasterscale.inputs import RGB_BANDS
-from rasterscale.raster.geo import box_areas
+from rasterscale.grid.tile import Tile
+from rasterscale.raster.headers import RGB_BANDS
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.windows import tile_window
-from rasterscale.train.sampling import NO_FLIPS, Flips
 
 PREDICT_STRATEGIES = ("window", "single", "batch")
 
@@ -198,77 +195,3 @@ class DummyDataset(Dataset):
             time.sleep(self.delay)
         generator = torch.Generator().manual_seed(self.seed + index)
         return torch.rand(3, self.size, self.size, generator=generator), index
-
-
-def boxes_in_tile(
-    boxes: np.ndarray, labels: np.ndarray, tile: Tile, min_visible_fraction: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes clipped to the tile, in tile pixels; a box keeps when enough of it lies inside the tile."""
-    x0, y0 = tile.col_off, tile.row_off
-    clipped = np.stack(
-        [
-            np.clip(boxes[:, 0], x0, x0 + tile.width),
-            np.clip(boxes[:, 1], y0, y0 + tile.height),
-            np.clip(boxes[:, 2], x0, x0 + tile.width),
-            np.clip(boxes[:, 3], y0, y0 + tile.height),
-        ],
-        axis=1,
-    )
-    full = box_areas(boxes)
-    visible = box_areas(clipped)
-    keep = (visible > 0) & (visible >= min_visible_fraction * full)
-    local = clipped[keep] - np.array([x0, y0, x0, y0], dtype=clipped.dtype)
-    return local.astype(np.float32), labels[keep]
-
-
-def flip_image_and_boxes(image: torch.Tensor, boxes: torch.Tensor, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
-    """The image flipped, and its (N, 4) pixel boxes with it."""
-    _, height, width = image.shape
-    if flips.horizontal:
-        image = image.flip(-1)
-        boxes = torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], dim=1)
-    if flips.vertical:
-        image = image.flip(-2)
-        boxes = torch.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], dim=1)
-    return image, boxes
-
-
-class TrainTileDataset(Dataset):
-    """Training tiles with their ground-truth boxes clipped to the tile: item -> (image, target); ``sample``: the
-    same, flipped (training's augmentation: :mod:`rasterscale.train.sampling`)."""
-
-    def __init__(
-        self,
-        raster_path: str | Path,
-        tiles: Sequence[Tile],
-        spec: ImageSpec,
-        boxes: np.ndarray,
-        labels: np.ndarray,
-        min_visible_fraction: float = 0.5,
-    ) -> None:
-        self.raster = RasterHandle(raster_path, spec)
-        self.tiles = list(tiles)
-        self.boxes, self.labels = np.asarray(boxes, dtype=np.float64), np.asarray(labels, dtype=np.int64)
-        self.min_visible_fraction = min_visible_fraction
-
-    def __len__(self) -> int:
-        return len(self.tiles)
-
-    def target(self, index: int) -> dict[str, torch.Tensor]:
-        boxes, labels = boxes_in_tile(self.boxes, self.labels, self.tiles[index], self.min_visible_fraction)
-        return {"boxes": torch.from_numpy(boxes).reshape(-1, 4), "labels": torch.from_numpy(labels)}
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.sample(index, NO_FLIPS)
-
-    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        image = self.raster.read_rgb(self.tiles[index])
-        target = self.target(index)
-        image, target["boxes"] = flip_image_and_boxes(image, target["boxes"], flips)
-        return image, target
-
-
-def collate_lists(batch: list[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
-    """Detection batches are lists (torchvision detectors take lists of images)."""
-    images, extras = zip(*batch, strict=True)
-    return list(images), list(extras)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import geopandas as gpd
@@ -24,29 +24,13 @@ from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.crs import CRS
 
 from rasterscale.atomic import atomic_path
-from rasterscale.inputs import DEFAULT_BANDS, InputError, RasterInfo, raster_info
+from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.raster.headers import DEFAULT_BANDS, raster_info
 from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, manifest_entry, mask_of, valid_mask
 
 MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
 GRID_KEY = b"rasterscale:grid"
-
-
-@dataclass(frozen=True)
-class TileGrid:
-    """How a raster is cut: tiles of ``patch_size`` px whose neighbours overlap by ``overlap`` px."""
-
-    patch_size: int
-    overlap: int
-
-
-@dataclass(frozen=True)
-class Tile:
-    tile_id: int
-    col_off: int
-    row_off: int
-    width: int
-    height: int
 
 
 def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
@@ -60,16 +44,6 @@ def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
     offsets = [i * stride for i in range(count - 1)]
     offsets.append(length - patch_size)
     return offsets
-
-
-def split_train_validation(tiles: list[Tile], raster_height: int, validation_fraction: float) -> tuple[list, list]:
-    """Tiles wholly above the held-out bottom band train; tiles wholly inside it validate; the rest are unused."""
-    if validation_fraction <= 0:
-        return tiles, []
-    boundary = raster_height * (1.0 - validation_fraction)
-    train = [t for t in tiles if t.row_off + t.height <= boundary]
-    validation = [t for t in tiles if t.row_off >= boundary]
-    return train, validation
 
 
 def tile_grid(width: int, height: int, patch_size: int, overlap: int) -> np.ndarray:
@@ -161,37 +135,3 @@ def read_grid(manifest_path: str | Path) -> TileGrid:
     """The tile grid a manifest was cut with (stored by the tile_manifest rule)."""
     entry = manifest_entry(manifest_path, GRID_KEY, "tile grid", "delete it and run again")  # an older one's
     return TileGrid(**json.loads(entry))
-
-
-def check_validation_band(raster: RasterInfo, scene: str, patch_size: int, overlap: int, fraction: float) -> None:
-    """A training scene must hold whole tiles both above its held-out bottom band (``train.validation_fraction``
-    of its height) and inside it: otherwise training, or validation, would silently get none of its tiles (and
-    the tiles across the band's edge are used by neither). Judged on the tile grid of the raster's header."""
-    if fraction <= 0:
-        return
-    height = raster.height
-    rows = [
-        Tile(k, 0, row, raster.width, min(patch_size, height))
-        for k, row in enumerate(tile_offsets(height, patch_size, overlap))
-    ]
-    train, validation = split_train_validation(rows, height, fraction)
-    if train and validation:
-        return
-    where = f"{raster.path}: training scene {scene} is {height} px high"
-    if height < 2 * patch_size:
-        raise InputError(
-            f"{where}, too small to hold out a validation band of whole {patch_size} px tiles below training tiles; "
-            f"set train.validation_fraction: 0 (no validation), or tiling.patch_size to at most {height // 2}"
-        )
-    if not validation:
-        least = math.ceil(100 * patch_size / height) / 100
-        raise InputError(
-            f"{where}: its validation band (train.validation_fraction {fraction:g}, the bottom "
-            f"{round(height * fraction)} px) holds no whole {patch_size} px tile, so validation would never run; set "
-            f"train.validation_fraction to at least {least:g}, or 0 to train without validation"
-        )
-    most = math.floor(100 * (1 - patch_size / height)) / 100
-    raise InputError(
-        f"{where}: above its validation band (train.validation_fraction {fraction:g}) no whole {patch_size} px tile "
-        f"is left to train on; set train.validation_fraction to at most {most:g}"
-    )

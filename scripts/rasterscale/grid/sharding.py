@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 
 T = TypeVar("T")
 

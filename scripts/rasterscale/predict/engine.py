@@ -39,16 +39,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from rasterscale.datasets import (
     bounding_window,
-    collate_lists,
     limit_read_cache,
     loader_workers,
     prediction_dataset,
     region_nbytes,
     to_model_input,
 )
-from rasterscale.grid.manifest import Tile, read_grid, read_manifest, tiles_from_frame
+from rasterscale.grid.manifest import read_grid, read_manifest, tiles_from_frame
 from rasterscale.grid.sharding import batch_rank_tiles, rank_file_index
-from rasterscale.inputs import check_raster
+from rasterscale.grid.tile import Tile
 from rasterscale.predict.measure import PredictProfiler
 from rasterscale.predict.profile import format_profile_table, summarize
 from rasterscale.predict.rankfiles import rank_stem, write_rank_record
@@ -59,11 +58,13 @@ from rasterscale.predict.tile_resume import (
     fingerprint,
     remove_resume_dir,
 )
+from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, read_spec
 from rasterscale.runtime.lifetime import bind_worker
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.tasks import load_task
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
+from rasterscale.tasks.detection.dataset import collate_lists
 from rasterscale.workflow.jobfiles import SceneJob
 
 LOGGER_NAME = "rasterscale.predict"

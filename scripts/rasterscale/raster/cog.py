@@ -54,7 +54,7 @@ def striped_sources(path: str | Path) -> list[str]:
     VRT, whose own 128 px blocks say nothing of its sources' layout), its striped source files."""
     import rasterio
 
-    from rasterscale.inputs import check_raster
+    from rasterscale.raster.headers import check_raster
 
     if not check_raster(path).is_tiled:
         return [str(path)]

@@ -30,15 +30,8 @@ import rasterio
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window
 
-from rasterscale.inputs import (
-    DEFAULT_BANDS,
-    InputError,
-    RasterInfo,
-    RasterReadError,
-    check_imagery,
-    check_raster,
-    innermost_cause,
-)
+from rasterscale.errors import InputError, RasterReadError, innermost_cause
+from rasterscale.raster.headers import DEFAULT_BANDS, RGB_BANDS, RasterInfo, check_raster
 
 SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
@@ -115,7 +108,7 @@ def resolve_spec(
     path: str | Path, bands: Sequence[int] | None = None, scale: Mapping[str, Any] | None = None, key: str = "scene"
 ) -> ImageSpec:
     """A scene's spec from its raster and config; a percentile stretch is computed here, once. Bad
-    combinations fail with the one line of :func:`rasterscale.inputs.check_imagery` (``key``: the scene's
+    combinations fail with the one line of :func:`rasterscale.raster.imagery.check_imagery` (``key``: the scene's
     config key, e.g. ``scenes.ortho``)."""
     info = check_raster(path)
     check_imagery(info, bands, scale, key)
@@ -250,14 +243,6 @@ def on_data(path: str | Path, spec: ImageSpec, boxes: np.ndarray) -> np.ndarray:
     return valid_at(path, spec, (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2)
 
 
-def drop_masked(detections: Any, path: str | Path, spec: ImageSpec) -> Any:
-    """Detections (raster pixel columns px_xmin..px_ymax) centred on valid pixels (a tile partly masked may
-    still see an object in its fill)."""
-    if spec.mask == "none" or not len(detections):
-        return detections
-    return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]
-
-
 def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
     """Bands as stored -> uint8 by the spec's linear scale (clipped); uint8 without a scale as it is."""
     if spec.low is None or spec.high is None:
@@ -275,7 +260,7 @@ def read_tile(
     src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window, tile_id: int | None = None
 ) -> np.ndarray:
     """A window as the model's uint8 (3, h, w) tile: bands, scale, masked pixels filled. Pixels that will not
-    decode raise :class:`~rasterscale.inputs.RasterReadError` naming the raster and the tile (``tile_id``)."""
+    decode raise :class:`~rasterscale.errors.RasterReadError` naming the raster and the tile (``tile_id``)."""
     try:
         pixels, valid = read_masked(src, spec, window=window)
     except RasterReadError as err:
@@ -317,3 +302,60 @@ class ProcessRaster:
             self._src = rasterio.open(self.path)
             self._pid = os.getpid()
         return self._src
+
+
+def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mapping[str, Any] | None, key: str) -> None:
+    """Check that a scene's ``bands`` and ``scale`` (config ``<key>.bands``/``<key>.scale``, e.g. key
+    ``scenes.ortho``) can make uint8 RGB tiles of the raster: one line naming the file and the key otherwise."""
+    path = raster.path
+    given = bands
+    bands = list(bands or DEFAULT_BANDS)
+    if len(bands) != RGB_BANDS:
+        raise InputError(f"{path}: {key}.bands lists {len(bands)} band(s); the model needs {RGB_BANDS} (RGB)")
+    outside = [b for b in bands if not 1 <= b <= raster.count]
+    if outside:
+        raise InputError(
+            f"{path}: raster has {raster.count} band(s); {key}.bands {bands} asks for band(s) "
+            f"{', '.join(map(str, outside))} (set {key}.bands to 3 of 1..{raster.count})"
+        )
+    if raster.alpha is not None and raster.alpha in bands:
+        raise InputError(f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands")
+    check_scale(raster, bands, scale, key)
+    colours = raster.count - (raster.alpha is not None)
+    if given is None and not scale and colours > RGB_BANDS:  # uint8 RGBN, or RGBA whose alpha is not marked so
+        raise InputError(
+            f"{path}: raster has {colours} bands{' besides its alpha band' if raster.alpha else ''}; set "
+            f"{key}.bands to the three (1-based) the model sees as red, green, blue (e.g. [1, 2, 3])"
+        )
+
+
+def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] | None, key: str) -> None:
+    """Bands that are not uint8 need ``<key>.scale``, and a scale must be well formed."""
+    path = raster.path
+    dtypes = sorted({raster.dtypes[b - 1] for b in bands}) if raster.dtypes else ["uint8"]
+    if not scale:
+        if dtypes != ["uint8"]:
+            raise InputError(
+                f"{path}: bands are {'/'.join(dtypes)}, not uint8; set {key}.scale ({{min: [..], max: [..]}} per "
+                "band, or {percentile: [2, 98]}) to map them to 0-255"
+            )
+        return
+    if "percentile" in scale:
+        low, high = scale["percentile"]
+        if not 0 <= low < high <= 100:
+            raise InputError(f"{path}: {key}.scale.percentile [{low}, {high}] must be 0 <= low < high <= 100")
+        return
+    limits = {}
+    for name in ("min", "max"):
+        value = scale.get(name)
+        if value is None:
+            raise InputError(f"{path}: {key}.scale needs both min and max (or percentile)")
+        values = [value] * len(bands) if isinstance(value, int | float) else list(value)
+        if len(values) != len(bands):
+            raise InputError(
+                f"{path}: {key}.scale.{name} has {len(values)} value(s) for the {len(bands)} bands of {key}.bands"
+            )
+        limits[name] = values
+    wrong = [k for k, (lo, hi) in enumerate(zip(limits["min"], limits["max"], strict=True)) if not lo < hi]
+    if wrong:
+        raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")

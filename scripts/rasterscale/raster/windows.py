@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from rasterio.windows import Window
 
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 
 
 def tile_window(tile: Tile) -> Window:

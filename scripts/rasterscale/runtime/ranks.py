@@ -255,7 +255,7 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
     """A rank that dies of an exception leaves its traceback in its own log file, too. An input error (a raster
     whose tile will not decode, a bad input file) is the user's to fix: the rule's log gets its one line, naming
     the file and the tile, and where the traceback is; other exceptions print their traceback there as well."""
-    from rasterscale.inputs import InputError, one_line
+    from rasterscale.errors import InputError, one_line
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
         files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]

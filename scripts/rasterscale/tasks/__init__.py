@@ -198,7 +198,7 @@ def check_annotations(
 ) -> None:
     """Header checks of a scene's ground truth for the task (one-line InputError naming the file)."""
     if task == "detection":
-        from rasterscale.inputs import read_annotations
+        from rasterscale.tasks.detection.annotations import read_annotations
 
         read_annotations(path, raster, labels, label_column, image_name)
         return

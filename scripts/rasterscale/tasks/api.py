@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import lightning as L
 import torch
 
-from rasterscale.grid.manifest import Tile, TileGrid
+from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.tasks import TaskInfo

@@ -24,8 +24,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from rasterscale.grid.manifest import read_manifest, split_train_validation, tiles_from_frame
-from rasterscale.inputs import check_raster
+from rasterscale.grid.manifest import read_manifest, tiles_from_frame
+from rasterscale.grid.split import split_train_validation
+from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
 from rasterscale.tasks import load_task

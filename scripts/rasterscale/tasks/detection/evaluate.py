@@ -120,7 +120,8 @@ def evaluate_scene(
     import geopandas as gpd
 
     from rasterscale.atomic import write_json
-    from rasterscale.inputs import check_raster, label_indexes, read_annotations
+    from rasterscale.raster.headers import check_raster
+    from rasterscale.tasks.detection.annotations import label_indexes, read_annotations
     from rasterscale.tasks.detection.merge import BOX_COLUMNS
     from rasterscale.tasks.detection.quicklook import render_quicklook
 

@@ -21,8 +21,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 from geopandas.io.arrow import _geopandas_to_arrow
 
-from rasterscale.atomic import atomic_path
+from rasterscale.atomic import atomic_path, write_geoparquet, write_gpkg
+from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
+from rasterscale.raster.headers import check_raster
+from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
 
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
@@ -168,10 +171,6 @@ def merge_scene(
 ) -> gpd.GeoDataFrame:
     """Merge a scene's rank detection files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across
     tile overlaps; write GeoPackage and GeoParquet."""
-    from rasterscale.atomic import write_geoparquet, write_gpkg
-    from rasterscale.grid.manifest import read_manifest
-    from rasterscale.inputs import check_raster
-    from rasterscale.raster.imagery import drop_masked, read_spec
 
     manifest = read_manifest(manifest_path)
     raster = check_raster(raster_path)
@@ -190,3 +189,11 @@ def merge_scene(
     write_gpkg(merged, gpkg_path, layer=layer)
     write_geoparquet(merged, parquet_path)
     return merged
+
+
+def drop_masked(detections: pd.DataFrame, path: str | Path, spec: ImageSpec) -> pd.DataFrame:
+    """Detections (raster pixel columns px_xmin..px_ymax) centred on valid pixels (a tile partly masked may
+    still see an object in its fill)."""
+    if spec.mask == "none" or not len(detections):
+        return detections
+    return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]

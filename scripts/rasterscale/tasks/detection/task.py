@@ -18,15 +18,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rasterscale.datasets import TrainTileDataset, collate_lists
-from rasterscale.grid.manifest import Tile
-from rasterscale.inputs import check_raster, read_annotations
+from rasterscale.grid.tile import Tile
 from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data
 from rasterscale.tasks import DETECTION
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.tasks.detection.annotations import read_annotations
+from rasterscale.tasks.detection.dataset import TrainTileDataset, collate_lists
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
 from rasterscale.tasks.detection.modelfiles import (
     DEFAULT_FPN_CHANNELS,

@@ -38,7 +38,7 @@ import numpy as np
 from affine import Affine
 from rasterio.windows import Window
 
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.windows import bounding_window, intersection, overlap_slices, tile_window, windows_intersect
 from rasterscale.tasks.segmentation.rankraster import BLOCK_ROWS, RankRaster
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rasterscale.datasets import RasterHandle
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, read_masked
 from rasterscale.raster.windows import tile_window
 from rasterscale.tasks.segmentation import NODATA_CLASS

@@ -28,8 +28,10 @@ from rasterio.features import rasterize
 from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
 
-from rasterscale.inputs import InputError, RasterInfo, check_raster, label_indexes, read_raster_header
+from rasterscale.errors import InputError
+from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
+from rasterscale.tasks.detection.annotations import label_indexes
 from rasterscale.tasks.segmentation import NODATA_CLASS
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config.schema import load_schema
-from rasterscale.inputs import InputError
+from rasterscale.errors import InputError
 from rasterscale.tasks.detection.modelfiles import model_file, read_header, torch_payload
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"

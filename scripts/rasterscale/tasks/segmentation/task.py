@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from rasterscale.grid.manifest import Tile
+from rasterscale.grid.tile import Tile
 from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.imagery import ImageSpec

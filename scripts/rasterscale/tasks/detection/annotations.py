@@ -1,0 +1,166 @@
+"""Checks of user inputs (rasters and annotations), each failing with one line that names the file.
+
+These run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
+They read metadata only, never pixels: a GeoTIFF cut short is found from its header (its blocks' offsets and
+sizes reach past the end of the file). What only decoding finds (a block whose bytes are damaged) fails the
+job reading it with :class:`RasterReadError` (``imagery.decoding``), one line naming the raster and the window or
+tile: a rank's in the rule's log with its traceback in the rank's own (``runtime``), a one-process job's (COG
+conversion, tile manifest, merge, evaluation) alone (:func:`run_entry`).
+
+Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
+label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
+A CSV or XML names its image: only the rows of the scene's raster (its file name, or ``scenes.X.image_path``)
+are used, the others are counted in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+
+from rasterscale.errors import InputError
+from rasterscale.raster.geo import geometries_to_pixel_boxes
+from rasterscale.raster.headers import RasterInfo
+
+CSV_COLUMNS = ["image_path", "xmin", "ymin", "xmax", "ymax", "label"]
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Annotations:
+    boxes: np.ndarray  # (N, 4) pixel boxes in the raster
+    labels: np.ndarray  # (N,) int64 label indices (0-based into the label list)
+    ignored: int = 0  # rows of a CSV/VOC file that name another image
+
+
+def read_annotations(
+    path: str | Path,
+    raster: RasterInfo,
+    labels: list[str],
+    label_column: str | None = None,
+    image_path: str | None = None,
+) -> Annotations:
+    """Ground-truth boxes of a scene in the raster's pixel space; bad files fail with one line.
+
+    ``.csv`` is read as DeepForest CSV and ``.xml`` as Pascal VOC, keeping the rows whose image is
+    ``image_path`` (compared by file name; default: the raster's file name); anything else as an OGR vector
+    file (``label_column`` names its class column). Class names map through ``labels``.
+    """
+    path = str(path)
+    if not Path(path).exists():
+        raise InputError(f"{path}: annotation file not found")
+    suffix = Path(path).suffix.lower()
+    if suffix in (".csv", ".xml"):
+        image = PurePath(image_path or raster.path).name
+        reader = read_deepforest_csv if suffix == ".csv" else read_voc_xml
+        frame = reader(path)
+        mine = frame["image_path"].map(lambda p: PurePath(str(p).replace("\\", "/")).name) == image
+        ignored = int((~mine).sum())
+        if not mine.any():
+            images = ", ".join(sorted(frame["image_path"].astype(str).unique())[:5])
+            raise InputError(f"{path}: no box for image {image} (it has boxes of {images}; set scenes.X.image_path)")
+        if ignored:
+            LOGGER.warning("%s: %d box(es) of other images than %s ignored", path, ignored, image)
+        frame = frame[mine]
+        boxes = frame[["xmin", "ymin", "xmax", "ymax"]].to_numpy(dtype=np.float64)
+        label_ids = label_indexes(path, frame["label"].astype(str).to_numpy(), labels)
+    else:
+        boxes, label_ids = read_vector_boxes(path, raster, labels, label_column)
+        ignored = 0
+    inside = (boxes[:, 2] > 0) & (boxes[:, 3] > 0) & (boxes[:, 0] < raster.width) & (boxes[:, 1] < raster.height)
+    if not inside.any():
+        raise InputError(f"{path}: no annotation overlaps the raster {raster.path}")
+    return Annotations(boxes[inside], label_ids[inside], ignored)
+
+
+def label_indexes(path: str, names: np.ndarray, labels: list[str]) -> np.ndarray:
+    """Class names -> 0-based indexes into ``labels``; an unknown name fails with one line."""
+    unknown = sorted(set(names) - set(labels))
+    if unknown:
+        raise InputError(f"{path}: label(s) {', '.join(unknown)} are not in model.labels ({', '.join(labels)})")
+    index = {name: k for k, name in enumerate(labels)}
+    return np.array([index[name] for name in names], dtype=np.int64)
+
+
+def read_vector_boxes(
+    path: str, raster: RasterInfo, labels: list[str], label_column: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes (pixels of the raster) and label indexes of an OGR vector file or GeoParquet."""
+    try:
+        frame = gpd.read_parquet(path) if path.endswith(".parquet") else gpd.read_file(path)
+    except Exception as err:  # pyogrio and pyarrow raise many types
+        raise InputError(f"{path}: not a readable vector file ({err})") from err
+    frame = frame[~(frame.geometry.isna() | frame.geometry.is_empty)]
+    if len(frame) == 0:
+        raise InputError(f"{path}: annotation file holds no boxes")
+    if frame.crs is None:
+        raise InputError(f"{path}: annotations have no CRS")
+    if frame.crs != raster.crs:
+        frame = frame.to_crs(raster.crs)
+    if label_column:
+        if label_column not in frame.columns:
+            raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, frame.columns))})")
+        label_ids = label_indexes(path, frame[label_column].astype(str).to_numpy(), labels)
+    else:
+        label_ids = np.zeros(len(frame), dtype=np.int64)
+    return geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform), label_ids
+
+
+def read_deepforest_csv(path: str) -> pd.DataFrame:
+    """A DeepForest CSV's rows (image_path, xmin, ymin, xmax, ymax, label; pixel coordinates), checked."""
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}: annotation file holds no boxes") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from err
+    missing = [c for c in CSV_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: DeepForest CSV lacks column(s) {', '.join(missing)} (needs {','.join(CSV_COLUMNS)})")
+    if len(frame) == 0:
+        raise InputError(f"{path}: annotation file holds no boxes")
+    return check_pixel_boxes(path, frame, row_offset=2)
+
+
+def read_voc_xml(path: str) -> pd.DataFrame:
+    """A Pascal VOC file's boxes as DeepForest CSV rows (its ``<filename>`` is every row's image_path)."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as err:
+        raise InputError(f"{path}: not a readable XML file ({err})") from err
+    filename = root.findtext("filename")
+    if root.tag != "annotation" or not filename:
+        raise InputError(f"{path}: not a Pascal VOC file (needs <annotation> with <filename>)")
+    rows = []
+    for number, obj in enumerate(root.iter("object"), start=1):
+        box = obj.find("bndbox")
+        name = obj.findtext("name")
+        if box is None or not name:
+            raise InputError(f"{path}: <object> {number} lacks <name> or <bndbox>")
+        try:
+            coords = [float(box.findtext(k) or "nan") for k in ("xmin", "ymin", "xmax", "ymax")]
+        except ValueError as err:
+            raise InputError(f"{path}: <object> {number} has a bad <bndbox> ({err})") from err
+        rows.append([filename, *coords, name.strip()])
+    if not rows:
+        raise InputError(f"{path}: annotation file holds no boxes")
+    return check_pixel_boxes(path, pd.DataFrame(rows, columns=CSV_COLUMNS), row_offset=1, row_name="<object>")
+
+
+def check_pixel_boxes(path: str, frame: pd.DataFrame, row_offset: int, row_name: str = "line") -> pd.DataFrame:
+    """Pixel boxes must be numbers with xmin < xmax and ymin < ymax; the first bad row fails with one line."""
+    coords = frame[["xmin", "ymin", "xmax", "ymax"]].apply(pd.to_numeric, errors="coerce")
+    bad = coords.isna().any(axis=1) | (coords["xmax"] <= coords["xmin"]) | (coords["ymax"] <= coords["ymin"])
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        values = ", ".join(str(v) for v in frame.iloc[first][["xmin", "ymin", "xmax", "ymax"]])
+        raise InputError(
+            f"{path}: {row_name} {first + row_offset} has a bad box ({values}); needs numbers, xmin < xmax, ymin < ymax"
+        )
+    return frame.assign(**{c: coords[c] for c in coords.columns})
