@@ -43,6 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check scripts tests bench
 	$(BIN)/ruff format --check scripts tests bench
 	$(BIN)/mypy
+	PYTHONPATH=scripts $(BIN)/lint-imports pyproject.toml
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint -n
 

@@ -42,7 +42,7 @@ from rasterio.windows import Window
 from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
 from measures import best_matches, fast_model, spread
 from rasterscale.config.schema import validate_config
-from rasterscale.datasets import WindowDataset, to_model_input
+from rasterscale.datasets.tiles import WindowDataset, to_model_input
 from rasterscale.grid.manifest import build_manifest, read_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.profile import MB, UtilizationSampler, summarize

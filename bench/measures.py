@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from jobs import JobResult, run_predict_job
 from rasterscale.atomic import write_geoparquet
 from rasterscale.config.schema import validate_config
-from rasterscale.datasets import WindowDataset, to_model_input
+from rasterscale.datasets.tiles import WindowDataset, to_model_input
 from rasterscale.grid.manifest import build_manifest, manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_pairs, pair_ious

@@ -19,7 +19,7 @@ from rasterscale.workflow.checks import unwritable_folder  # noqa: E402
 from rasterscale.runtime.preflight import launch_geometry  # noqa: E402
 from rasterscale.predict.rankfiles import rank_stem  # noqa: E402
 from rasterscale.predict.tile_resume import resume_dir  # noqa: E402
-from rasterscale.tasks import check_annotations, model_labels, task_info  # noqa: E402
+from rasterscale.tasks.registry import task_spec  # noqa: E402
 from rasterscale.grid.split import check_validation_band  # noqa: E402
 
 
@@ -51,13 +51,13 @@ MODEL = CONFIG["model"]
 TRAIN = CONFIG["train"]
 PREDICT = CONFIG["predict"]
 PYTHON = sys.executable
-TASK = task_info(CONFIG["task"])
+TASK = task_spec(CONFIG["task"])
 # launch geometry (ranks per node, nodes, shards) of each DDP section: computed in one place
 GEOMETRY = {section: launch_geometry(CONFIG, section) for section in ("train", "predict")}
 
 try:
     # the effective class names: config keys over what the model file (model.checkpoint / train.init) says
-    LABELS = model_labels(CONFIG)  # use these, never MODEL["labels"]
+    LABELS = TASK.labels(CONFIG)  # use these, never MODEL["labels"]
 except (ConfigError, InputError) as err:
     fail(err)
 
@@ -124,9 +124,7 @@ def check_scene(name, scene):
         UNTILED[name] = striped
     annotations = scene.get("annotations")
     if annotations and (Path(annotations).exists() or not demo):
-        check_annotations(
-            CONFIG["task"], annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name)
-        )
+        TASK.check_annotations(annotations, raster, LABELS, scene.get("label_column"), scene_image_name(name))
 
 
 def check_scene_inputs():

@@ -4,7 +4,7 @@ import argparse
 import json
 
 from rasterscale.errors import run_entry
-from rasterscale.tasks import task_info
+from rasterscale.tasks.registry import task_spec
 
 
 def main() -> None:
@@ -15,9 +15,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quicklook", required=True)
     args = parser.parse_args()
-    info = task_info(args.config["task"])
-    metrics = info.evaluate(args.scene, args.config, args.labels, args.out, args.quicklook)
-    print(f"{args.scene['raster']}: {info.summarize(metrics)}")
+    spec = task_spec(args.config["task"])
+    metrics = spec.evaluate(args.scene, args.config, args.labels, args.out, args.quicklook)
+    print(f"{args.scene['raster']}: {spec.summarize(metrics)}")
 
 
 if __name__ == "__main__":

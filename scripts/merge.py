@@ -10,7 +10,7 @@ from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.predict.profile import format_profile_table, write_scene_profile
 from rasterscale.predict.rankfiles import check_scene_records
-from rasterscale.tasks import task_info
+from rasterscale.tasks.registry import task_spec
 
 
 def main() -> None:
@@ -18,12 +18,12 @@ def main() -> None:
     parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with their rank files)")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON: task, labels, merge and predict")
     args = parser.parse_args()
-    info = task_info(args.config["task"])  # not the task itself: no torch in a merge job
+    spec = task_spec(args.config["task"])  # not the task itself: no torch in a merge job
     for scene in json.loads(Path(args.job).read_text())["scenes"]:
         stems = scene["rank_files"]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
-        outputs = [stem + info.rank_suffix for stem in stems]
-        print(f"{scene['name']}: merged {len(stems)} rank files: {info.merge(scene, outputs, args.config)}")
+        outputs = [stem + spec.rank_suffix for stem in stems]
+        print(f"{scene['name']}: merged {len(stems)} rank files: {spec.merge(scene, outputs, args.config)}")
         profile = write_scene_profile(stems, scene["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene['profile']})"))
 

@@ -1,6 +1,6 @@
 import pytest
 
-from rasterscale.train.batching import per_device_batch, plan_batches, scaled_lr
+from rasterscale.runtime.batching import per_device_batch, plan_batches, scaled_lr
 
 
 @pytest.mark.parametrize(

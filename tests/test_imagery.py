@@ -13,7 +13,7 @@ import rasterio
 import torch
 
 from conftest import REPO, write_raster, write_rgba
-from rasterscale.datasets import WindowDataset, load_region, prediction_dataset
+from rasterscale.datasets.tiles import WindowDataset, load_region, prediction_dataset
 from rasterscale.errors import InputError
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import Tile, TileGrid

@@ -27,8 +27,9 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import Part, RankCheckpoints, file_digest, fingerprint, resume_dir
+from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, fingerprint, resume_dir
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
+from rasterscale.tasks.spec import Part
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
@@ -207,7 +208,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     from rasterscale.predict.engine import run_prediction
     from rasterscale.predict.rankfiles import check_scene_records
     from rasterscale.runtime.ranks import run_spec
-    from rasterscale.tasks import load_task, model_labels
+    from rasterscale.tasks.registry import task_spec
     from rasterscale.workflow.jobfiles import read_job_file
 
     cwd, affinity = Path.cwd(), os.sched_getaffinity(0)
@@ -222,13 +223,13 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
             run_prediction(
                 scenes, valid["model"]["checkpoint"], job, run_spec(job, "predict"), out, out / "logs", 2, shard
             )
-        task = load_task(valid["task"])
+        spec = task_spec(valid["task"])
         (scene,) = json.loads(Path("results/batches/batch-0.json").read_text())["scenes"]
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
-        merged = {key: str(out / Path(scene[key]).name) for key in task.info.scene_outputs(valid)}
-        merge = {"task": valid["task"], "labels": model_labels(valid), "merge": valid["merge"], "predict": predict}
-        task.info.merge({**scene, **merged}, [stem + task.info.rank_suffix for stem in stems], merge)
+        merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(valid)}
+        merge = {"task": valid["task"], "labels": spec.labels(valid), "merge": valid["merge"], "predict": predict}
+        spec.merge({**scene, **merged}, [stem + spec.rank_suffix for stem in stems], merge)
         return merged
     finally:
         os.sched_setaffinity(0, affinity)

@@ -1,11 +1,11 @@
-"""Training samples by seed, epoch and index (rasterscale.train.sampling): each rank's share of every epoch, the rest of
-an epoch after a resume, and flips that do not depend on who draws them."""
+"""Training samples by seed, epoch and index (rasterscale.datasets.sampling): each rank's share of every epoch, the
+rest of an epoch after a resume, and flips that do not depend on who draws them."""
 
 from __future__ import annotations
 
 import pytest
 
-from rasterscale.train.sampling import EpochSampler, Flips, KeyedSamples, flips_of
+from rasterscale.datasets.sampling import EpochSampler, Flips, KeyedSamples, flips_of
 
 
 class Scene:

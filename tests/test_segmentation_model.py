@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import report
+from rasterscale.datasets.sampling import EpochSampler, KeyedSamples
 from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import resolve_spec
@@ -29,7 +30,6 @@ from rasterscale.tasks.segmentation.modelfiles import (
     read_segmenter_header,
 )
 from rasterscale.tools.synth import synthesize_scene
-from rasterscale.train.sampling import EpochSampler, KeyedSamples
 
 LABELS = ("background", "tree")
 

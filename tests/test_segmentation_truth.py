@@ -17,6 +17,7 @@ from affine import Affine
 from rasterio.windows import Window
 
 from conftest import REPO, UTM17N, damage_block, write_raster, write_rgba
+from rasterscale.datasets.sampling import Flips
 from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
@@ -30,7 +31,6 @@ from rasterscale.tasks.segmentation.groundtruth import (
     read_segmentation_truth,
 )
 from rasterscale.tools.synth import synthesize_scene
-from rasterscale.train.sampling import Flips
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 WIDTH, HEIGHT = 200, 100

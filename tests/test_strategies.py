@@ -7,21 +7,21 @@ import pytest
 import torch
 
 from prediction import PredictScene, predict_rank_file
-from rasterscale.datasets import (
+from rasterscale.datasets.tiles import (
     RegionDataset,
     WindowDataset,
-    bounding_window,
     limit_read_cache,
     load_region,
     loader_workers,
     prediction_dataset,
+    tiles_window,
     to_model_input,
 )
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame
 from rasterscale.grid.tile import Tile
-from rasterscale.predict.fastpath import fuse_conv_bn
 from rasterscale.predict.rankfiles import read_tile_ids
 from rasterscale.raster.imagery import ImageSpec
+from rasterscale.runtime.fastpath import fuse_conv_bn
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector
 from rasterscale.tasks.detection.task import prepare_for_inference
 
@@ -50,7 +50,7 @@ def test_every_strategy_gives_each_tile_the_same_pixels(scene):
 
 def test_region_is_the_bounding_window_of_the_rank_tiles_read_in_chunks(scene):
     tiles = [Tile(0, 100, 40, 64, 64), Tile(1, 150, 60, 64, 64)]
-    window = bounding_window(tiles)
+    window = tiles_window(tiles)
     assert (window.col_off, window.row_off, window.width, window.height) == (100, 40, 114, 84)
     whole = load_region(scene.raster, window, RGB)
     assert torch.equal(load_region(scene.raster, window, RGB, chunk_rows=7), whole)

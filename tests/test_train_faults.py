@@ -1,7 +1,7 @@
 """Faults of a training job, for real: a 2-rank DDP training (CPU ranks over gloo, the tiny config) killed with
 kill -9 once a resume checkpoint exists, stopped by SIGTERM to every rank and to one rank, each rerun resuming
 where the last one stopped (within epochs too), until the model is written: bit for bit the model of an
-uninterrupted run (rasterscale.train.resume, rasterscale.train.sampling).
+uninterrupted run (rasterscale.train.resume, rasterscale.datasets.sampling).
 
 One chain of four runs of the train entry (what rule train_model runs), shared by the tests: the module fixture
 runs it once; each test checks one fault. Every fault is a real signal (os.kill) at a point found by polling the

@@ -22,13 +22,23 @@ import yaml
 
 from rasterscale.config.scenes import expand_all, expand_scenes
 from rasterscale.errors import ConfigError
+from rasterscale.tasks.registry import TASKS
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """config/schema.yaml, with what the tasks say (:mod:`rasterscale.tasks.registry`): the values of ``task``,
+    and of each task's own keys (``TaskSpec.schema_enums``; null stays allowed where the file allows it)."""
     with open(path) as handle:
-        return yaml.safe_load(handle)
+        schema = yaml.safe_load(handle)
+    schema["properties"]["task"]["enum"] = list(TASKS)
+    for spec in TASKS.values():
+        for dotted, values in spec.schema_enums.items():
+            section, key = dotted.split(".")
+            prop = schema["properties"][section]["properties"][key]
+            prop["enum"] = [*([None] if None in prop.get("enum", []) else []), *values]
+    return schema
 
 
 def _extend_with_defaults(validator_class: type[Any]) -> type[Any]:
@@ -68,24 +78,6 @@ def describe_error(error: jsonschema.ValidationError) -> str:
 
 RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (read, with a warning)
 
-# keys that only one task reads: setting them under the other task is an error, not a silent no-op
-TASK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
-    "detection": {
-        "model": (
-            "score_threshold",
-            "nms_threshold",
-            "detections_per_tile",
-            "resize",
-            "backbone_weights",
-            "fpn_channels",
-        ),
-        "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
-        "evaluate": ("iou_threshold", "score_threshold"),
-    },
-    "segmentation": {"model": ("architecture",), "predict": ("probabilities",)},
-}
-DEFAULT_MODEL_NAMES = {"detection": "detector", "segmentation": "segmenter"}
-
 
 def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
     """Move renamed keys to their new names, with a notice each; both set is an error."""
@@ -98,13 +90,13 @@ def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
             notices.append(f"config: key '{section}.{old}' is deprecated: it is now '{section}.{new}' (same meaning)")
 
 
-def check_task_keys(raw: Mapping[str, Any]) -> None:
+def check_task_keys(raw: Mapping[str, Any], default_task: str) -> None:
     """A key set for the other task fails with one line (it would otherwise be silently ignored)."""
-    task = raw.get("task", "detection")
-    for other, sections in TASK_KEYS.items():
+    task = raw.get("task", default_task)
+    for other, spec in TASKS.items():
         if other == task:
             continue
-        for section, keys in sections.items():
+        for section, keys in spec.config_keys.items():
             values = raw.get(section)
             for key in keys:
                 if isinstance(values, dict) and values.get(key) is not None:
@@ -139,9 +131,9 @@ def validate_config(
         path = list(errors[0].absolute_path)
         where = f"{found[path[1]]}: " if path[:1] == ["scenes"] and len(path) > 1 and path[1] in found else ""
         raise ConfigError(f"config: {where}{describe_error(errors[0])}")
-    check_task_keys(config)
+    check_task_keys(config, schema["properties"]["task"]["default"])
     if instance["model"]["name"] is None:
-        instance["model"]["name"] = DEFAULT_MODEL_NAMES[instance["task"]]
+        instance["model"]["name"] = TASKS[instance["task"]].default_model_name
     expand_all(instance)
     check_consistency(instance)
     if notices is not None:

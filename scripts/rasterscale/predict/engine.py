@@ -15,10 +15,10 @@ finished tiles there every ``predict.checkpoint_every`` seconds, and a rerun of 
 hold (:mod:`rasterscale.predict.tile_resume`); the job removes the folder once every rank has written its files.
 
 Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
-ahead while the model computes (strategies: :mod:`rasterscale.datasets`). Lightning's predict runs under
+ahead while the model computes (strategies: :mod:`rasterscale.datasets.tiles`). Lightning's predict runs under
 ``torch.inference_mode`` and, where ``predict.precision`` resolves to ``bf16-mixed``/``16-mixed`` on the rank's device
 (:mod:`rasterscale.runtime.precision`), under autocast; the task puts its model on its fast path
-(:mod:`rasterscale.predict.fastpath`).
+(:mod:`rasterscale.runtime.fastpath`).
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rasterscale.datasets import (
-    bounding_window,
+from rasterscale.datasets.tiles import (
+    collate_lists,
     limit_read_cache,
     loader_workers,
     prediction_dataset,
     region_nbytes,
+    tiles_window,
     to_model_input,
 )
 from rasterscale.grid.manifest import read_grid, read_manifest, tiles_from_frame
@@ -62,9 +63,8 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, read_spec
 from rasterscale.runtime.lifetime import bind_worker
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
-from rasterscale.tasks import load_task
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
-from rasterscale.tasks.detection.dataset import collate_lists
+from rasterscale.tasks.registry import task_spec
 from rasterscale.workflow.jobfiles import SceneJob
 
 LOGGER_NAME = "rasterscale.predict"
@@ -128,7 +128,7 @@ class RankOutputs:
 
     def __call__(self, world: int, rank: int, scene: int) -> RankOutput:
         plan: RankPlan = self.plan_of_rank(world, rank)
-        path = self.stem(world, rank, scene) + self.task.info.rank_suffix
+        path = self.stem(world, rank, scene) + self.task.spec.rank_suffix
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         parts = plan.checkpoints[scene].parts if plan.checkpoints is not None else None
         return self.task.rank_output(
@@ -290,7 +290,7 @@ def scene_dataset(
             "strategy %s holds the region of %s of %.0f MB on %s",
             strategy,
             raster_path,
-            region_nbytes(bounding_window(tiles)) / 2**20,
+            region_nbytes(tiles_window(tiles)) / 2**20,
             device if strategy == "batch" else "cpu",
         )
     return prediction_dataset(strategy, raster_path, tiles, imagery, device)
@@ -343,7 +343,7 @@ def run_prediction(
     predict_cfg = config["predict"]
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     limit_read_cache(predict_cfg["read_cache_mb"])
-    task = load_task(config["task"])
+    task = task_spec(config["task"]).load()
     model, model_cfg = task.load_model(checkpoint_path, config)
     model = task.prepare_for_inference(model, predict_cfg)
     loaded = [load_scene(job) for job in scenes]
@@ -363,7 +363,7 @@ def run_prediction(
             tiles = [t.tile_id for t in scene.tiles]
             mark = fingerprint(config, model_digest, world, shards, shard, tiles)
             index = rank_file_index(shard, world, rank)
-            checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.info.rank_suffix, mark))
+            checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.spec.rank_suffix, mark))
             checkpoints[-1].load(logger)
         remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, checkpoints, strict=True)]
         predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, remaining, strict=True)]

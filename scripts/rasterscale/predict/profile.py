@@ -35,6 +35,9 @@ from typing import Any
 
 import psutil
 
+from rasterscale.atomic import write_json
+from rasterscale.predict.rankfiles import read_profiles
+
 MB = 1024 * 1024
 NVML_PERIOD_S = 0.2
 WORKER_SAMPLE_PERIOD_S = 1.0
@@ -164,14 +167,12 @@ def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def gather_profile(rank_stems: Sequence[str | Path]) -> dict[str, Any]:
     """The profiles of all of a scene's rank records (all shards), with totals."""
-    from rasterscale.predict.rankfiles import read_profiles
 
     return summarize(read_profiles(rank_stems))
 
 
 def write_scene_profile(rank_stems: Sequence[str | Path], path: str | Path) -> dict[str, Any]:
     """Gather a scene's rank profiles into ``path`` (JSON, atomically); returns what was written."""
-    from rasterscale.atomic import write_json
 
     profile = gather_profile(rank_stems)
     write_json(profile, path)

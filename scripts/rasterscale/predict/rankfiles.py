@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from rasterscale.atomic import write_json
+
 RECORD_FORMAT = "rasterscale-rank-record/1"
 
 
@@ -42,7 +44,6 @@ def write_rank_record(
     """Write the record of a rank's output ``{stem}.*`` (atomically): its processed tile_ids, its profile (of
     this run's prediction) and how many of the tiles came from an earlier run's checkpoints
     (:mod:`rasterscale.predict.tile_resume`)."""
-    from rasterscale.atomic import write_json
 
     path = record_path(stem)
     record = {"format": RECORD_FORMAT, "tile_ids": [int(t) for t in tile_ids], "profile": profile, "resumed": resumed}

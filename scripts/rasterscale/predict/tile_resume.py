@@ -24,12 +24,13 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rasterscale.atomic import write_json
 from rasterscale.predict.rankfiles import rank_stem
+from rasterscale.tasks.spec import Part
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock
@@ -74,15 +75,6 @@ def fingerprint(
         "shards": [int(shards), int(shard)],
         "tiles": hashlib.sha256(json.dumps([int(t) for t in scene_tiles]).encode()).hexdigest(),
     }
-
-
-@dataclass(frozen=True)
-class Part:
-    """A part of a rank output: its file, the own tile_ids it vouches for, and what its task says of it."""
-
-    path: Path
-    tiles: list[int]
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class RankCheckpoints:
@@ -145,7 +137,6 @@ class RankCheckpoints:
     def commit(self, part: Part) -> None:
         """Record a part written (atomically) at :meth:`next_part_path`: the index is rewritten atomically after
         it, so an index names only complete parts."""
-        from rasterscale.atomic import write_json
 
         self.parts.append(part)
         parts = [{"file": p.path.name, "tiles": [int(t) for t in p.tiles], "meta": p.meta} for p in self.parts]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rasterscale.atomic import atomic_path
+from rasterscale.raster.headers import check_raster
 
 if TYPE_CHECKING:
     from rio_cogeo.cogeo import RIOResampling
@@ -53,8 +54,6 @@ def striped_sources(path: str | Path) -> list[str]:
     """The striped rasters a read of ``path`` decodes: ``path`` itself when striped, or, for a mosaic (a GDAL
     VRT, whose own 128 px blocks say nothing of its sources' layout), its striped source files."""
     import rasterio
-
-    from rasterscale.raster.headers import check_raster
 
     if not check_raster(path).is_tiled:
         return [str(path)]

@@ -22,6 +22,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnv
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy
 
+from rasterscale.errors import InputError, one_line
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.lifetime import bind_rank
 from rasterscale.runtime.preflight import (
@@ -255,7 +256,6 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
     """A rank that dies of an exception leaves its traceback in its own log file, too. An input error (a raster
     whose tile will not decode, a bad input file) is the user's to fix: the rule's log gets its one line, naming
     the file and the tile, and where the traceback is; other exceptions print their traceback there as well."""
-    from rasterscale.errors import InputError, one_line
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
         files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]

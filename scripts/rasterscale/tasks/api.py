@@ -4,7 +4,7 @@ The core owns everything that does not depend on what is predicted: tile manifes
 ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
 (:mod:`rasterscale.predict.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
 batch's output becomes a rank output; how rank outputs merge into a scene's layers, and how they are scored, is
-its :class:`~rasterscale.tasks.TaskInfo`'s (no torch: a merge job does not load it).
+its :class:`~rasterscale.tasks.spec.TaskSpec`'s (no torch: a merge job does not load it).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from typing import Any, ClassVar, Protocol
 import lightning as L
 import torch
 
+from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks import TaskInfo
-from rasterscale.train.batching import BatchPlan
-from rasterscale.train.sampling import FlippableSamples
+from rasterscale.runtime.batching import BatchPlan
+from rasterscale.tasks.spec import Part, TaskSpec
 
 
 class SizedDataset(Protocol):
@@ -130,7 +129,7 @@ class RankOutput(ABC):
 class Task(ABC):
     """One kind of prediction over rasters (see the module docstring for what the core does instead)."""
 
-    info: ClassVar[TaskInfo]
+    spec: ClassVar[TaskSpec]
 
     # --- the model -----------------------------------------------------------------------------------------
     @abstractmethod
@@ -170,7 +169,7 @@ class Task(ABC):
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
     ) -> tuple[FlippableSamples, SizedDataset | None]:
-        """A scene's training samples (flipped by the sampler: :mod:`rasterscale.train.sampling`) and validation
+        """A scene's training samples (flipped by the sampler: :mod:`rasterscale.datasets.sampling`) and validation
         samples, made from its tiles."""
 
     @abstractmethod

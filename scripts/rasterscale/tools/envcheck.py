@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import Dataset
 
 from rasterscale.atomic import write_json
-from rasterscale.datasets import DummyDataset
+from rasterscale.datasets.tiles import DummyDataset
 from rasterscale.grid.sharding import split_balanced
 from rasterscale.predict.engine import PredictionDataModule, PredictionModule
 from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
-from rasterscale.tasks import load_task
+from rasterscale.tasks.registry import task_spec
 
 LOGGER_NAME = "rasterscale.check"
 
@@ -72,7 +72,7 @@ def run_environment_check(config: Mapping[str, Any], spec: RunSpec, out_dir: str
     """Every rank predicts its share of ``dummy.count`` random tiles with the task's untrained model."""
     start_rank(spec, log_dir, LOGGER_NAME)
     dummy_cfg, predict_cfg = config["dummy"], config["predict"]
-    task = load_task(config["task"])
+    task = task_spec(config["task"]).load()
     model = task.prepare_for_inference(task.build_model(task.model_config(config)), predict_cfg)
     dataset = DummyDataset(dummy_cfg["count"], dummy_cfg["size"], dummy_cfg["delay"])
     indices = list(range(len(dataset)))

@@ -24,14 +24,16 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from rasterscale.atomic import save_figure
+from rasterscale.datasets.sampling import EpochSampler, FlippableSamples, KeyedSamples
 from rasterscale.grid.manifest import read_manifest, tiles_from_frame
 from rasterscale.grid.split import split_train_validation
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
+from rasterscale.runtime.batching import BatchPlan, plan_batches
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
-from rasterscale.tasks import load_task
 from rasterscale.tasks.api import SizedDataset, Task, TrainingModule, TrainScene
-from rasterscale.train.batching import BatchPlan, plan_batches
+from rasterscale.tasks.registry import task_spec
 from rasterscale.train.resume import (
     ResumeCheckpoints,
     StoppedBySignal,
@@ -43,14 +45,13 @@ from rasterscale.train.resume import (
     resume_folder,
     write_metrics,
 )
-from rasterscale.train.sampling import EpochSampler, FlippableSamples, KeyedSamples
 
 LOGGER_NAME = "rasterscale.train"
 
 
 class TrainingDataModule(L.LightningDataModule):
     """Training and validation samples of every training scene, made by the task from their manifests' tiles;
-    each rank takes its share of every epoch's samples (:mod:`rasterscale.train.sampling`), from where an interrupted
+    each rank takes its share of every epoch's samples (:mod:`rasterscale.datasets.sampling`), from where an interrupted
     run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
 
     def __init__(
@@ -169,8 +170,6 @@ def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rasterscale.atomic import save_figure
-
     with open(metrics_csv) as handle:
         rows = list(csv.DictReader(handle))
 
@@ -207,7 +206,7 @@ def run_training(
     metrics CSV and the plot."""
     train_cfg = config["train"]
     logger = start_rank(spec, log_dir, LOGGER_NAME)
-    task = load_task(config["task"])
+    task = task_spec(config["task"]).load()
     model_cfg = task.model_config(config)
     plan = plan_batches(
         train_cfg["batch_size"],
@@ -246,7 +245,7 @@ def run_training(
         logger.info("batch plan: %s", plan.describe())
         logger.info("run: %s", spec)
         logger.info("start: %s", loaded)
-        logger.info("%s: %s", task.info.name, task.describe(model_cfg))
+        logger.info("%s: %s", task.spec.name, task.describe(model_cfg))
         logger.info("%s", resume.why)
     # Lightning warns of a resume within an epoch unless the dataloader itself is resumable; the samples are
     # (EpochSampler, told by the checkpoint how many batches of the epoch were taken)

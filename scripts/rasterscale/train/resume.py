@@ -20,7 +20,7 @@ checkpoint is kept, and its rerun goes on from there:
 
 A resumed run goes on exactly as the uninterrupted run would, also within an epoch: every rank's random state is
 saved and restored, and so is how many batches of its epoch the run took; the training samples of that epoch go
-on from there, flipped as before (:mod:`rasterscale.train.sampling`; left to Lightning, a resumed epoch started its
+on from there, flipped as before (:mod:`rasterscale.datasets.sampling`; left to Lightning, a resumed epoch started its
 data over, with fresh random flips).
 """
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from rasterscale.datasets import RasterHandle
+from rasterscale.datasets.sampling import NO_FLIPS, Flips
+from rasterscale.datasets.tiles import RasterHandle
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import box_areas
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.train.sampling import NO_FLIPS, Flips
 
 
 def boxes_in_tile(
@@ -53,7 +52,7 @@ def flip_image_and_boxes(image: torch.Tensor, boxes: torch.Tensor, flips: Flips)
 
 class TrainTileDataset(Dataset):
     """Training tiles with their ground-truth boxes clipped to the tile: item -> (image, target); ``sample``: the
-    same, flipped (training's augmentation: :mod:`rasterscale.train.sampling`)."""
+    same, flipped (training's augmentation: :mod:`rasterscale.datasets.sampling`)."""
 
     def __init__(
         self,
@@ -84,9 +83,3 @@ class TrainTileDataset(Dataset):
         target = self.target(index)
         image, target["boxes"] = flip_image_and_boxes(image, target["boxes"], flips)
         return image, target
-
-
-def collate_lists(batch: list[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
-    """Detection batches are lists (torchvision detectors take lists of images)."""
-    images, extras = zip(*batch, strict=True)
-    return list(images), list(extras)

@@ -12,7 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from rasterscale.atomic import write_json
 from rasterscale.raster.geo import box_pairs, pair_ious
+from rasterscale.raster.headers import check_raster
+from rasterscale.tasks.detection.annotations import label_indexes, read_annotations
+from rasterscale.tasks.detection.merge import BOX_COLUMNS
+from rasterscale.tasks.detection.quicklook import render_quicklook
 
 
 def match_detections(
@@ -118,12 +123,6 @@ def evaluate_scene(
     """Score a merged detection layer against a scene's annotations; write the JSON and the quicklook.
     ``image_path``: the scene's image name in CSV/VOC annotations (default: the raster's file name)."""
     import geopandas as gpd
-
-    from rasterscale.atomic import write_json
-    from rasterscale.raster.headers import check_raster
-    from rasterscale.tasks.detection.annotations import label_indexes, read_annotations
-    from rasterscale.tasks.detection.merge import BOX_COLUMNS
-    from rasterscale.tasks.detection.quicklook import render_quicklook
 
     raster = check_raster(raster_path)
     truth = read_annotations(annotations_path, raster, labels, label_column, image_path)

@@ -24,6 +24,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
@@ -88,7 +89,6 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
 
 
 def save_checkpoint(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path, **meta: Any) -> None:
-    from rasterscale.atomic import atomic_path
 
     payload = {
         "format": CHECKPOINT_FORMAT,

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from rasterscale.errors import InputError
+from rasterscale.errors import ConfigError, InputError
 
 
 class DetectorDefaults(TypedDict):
@@ -358,7 +358,6 @@ def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 
 def config_error(problem: str) -> Exception:
-    from rasterscale.errors import ConfigError  # imported here: reading model files needs no jsonschema
 
     return ConfigError(f"config: {problem}")
 

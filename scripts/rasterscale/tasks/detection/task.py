@@ -18,24 +18,34 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rasterscale.datasets.sampling import FlippableSamples
+from rasterscale.datasets.tiles import collate_lists
 from rasterscale.grid.tile import Tile
-from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
-from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data
-from rasterscale.tasks import DETECTION
+from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tasks.detection.annotations import read_annotations
-from rasterscale.tasks.detection.dataset import TrainTileDataset, collate_lists
+from rasterscale.tasks.detection.dataset import TrainTileDataset
+from rasterscale.tasks.detection.evaluate import evaluate_detections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
+from rasterscale.tasks.detection.model import (
+    build_detector,
+    freeze_pretrained_backbone,
+    init_from_model_file,
+    load_backbone_weights,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rasterscale.tasks.detection.modelfiles import (
     DEFAULT_FPN_CHANNELS,
     DetectorConfig,
     detector_of_config,
     write_deepforest_folder,
 )
-from rasterscale.train.sampling import FlippableSamples
+from rasterscale.tasks.detection.spec import DETECTION
+from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
     from torchvision.models.detection import RetinaNet
@@ -142,7 +152,6 @@ def validate_detector(
     model: torch.nn.Module, datasets: Sequence[TrainTileDataset], batch_size: int
 ) -> dict[str, float]:
     """Tile-level precision/recall/F1 (IoU 0.4) and mAP@0.5 on the validation tiles."""
-    from rasterscale.tasks.detection.evaluate import evaluate_detections
 
     pred_boxes, pred_scores, pred_labels, gt_boxes, gt_labels = [], [], [], [], []
     offset = 0.0
@@ -175,7 +184,7 @@ def deepforest_folder_of(model_path: str | Path) -> Path:
 
 
 class DetectionTask(Task):
-    info = DETECTION
+    spec = DETECTION
 
     def model_config(self, config: Mapping[str, Any]) -> DetectorConfig:
         return detector_of_config(config)[0]
@@ -184,7 +193,6 @@ class DetectionTask(Task):
         return f"RetinaNet {model_cfg.backbone}, {model_cfg.describe()}"
 
     def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, DetectorConfig]:
-        from rasterscale.tasks.detection.model import load_checkpoint
 
         model, cfg, _ = load_checkpoint(path, config)
         return model, cfg
@@ -192,7 +200,6 @@ class DetectionTask(Task):
     training_module_class = DetectionTrainingModule
 
     def build_model(self, model_cfg: DetectorConfig) -> torch.nn.Module:
-        from rasterscale.tasks.detection.model import build_detector
 
         return build_detector(model_cfg)  # its transform resizes as the model records (model.resize)
 
@@ -200,11 +207,6 @@ class DetectionTask(Task):
         """Start the detector from ``train.init`` (any model file rasterscale reads), or its backbone from
         ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch. A pretrained backbone is
         fine-tuned as DeepForest does (frozen batch norms and stem)."""
-        from rasterscale.tasks.detection.model import (
-            freeze_pretrained_backbone,
-            init_from_model_file,
-            load_backbone_weights,
-        )
 
         init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
         if init:
@@ -248,7 +250,6 @@ class DetectionTask(Task):
         self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: str | Path, **meta: Any
     ) -> list[Path]:
         """The rasterscale checkpoint and, beside it, the same model as a DeepForest model folder."""
-        from rasterscale.tasks.detection.model import save_checkpoint
 
         save_checkpoint(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)

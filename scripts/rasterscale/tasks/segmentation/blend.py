@@ -197,7 +197,7 @@ class TileBlender:
     The rank raster (:class:`~rasterscale.tasks.segmentation.rankraster.RankRaster`) covers the bounding window of the
     own cores: band 1 the class ids (:data:`NODATA_CLASS` elsewhere), and with ``probabilities`` bands 2..C+1 the
     blended probabilities as round(p * 255) (band scale 1/255). It is written block by block, atomically; GDAL's
-    block cache bound is the caller's (:func:`rasterscale.datasets.limit_read_cache`). A rank without own tiles
+    block cache bound is the caller's (:func:`rasterscale.datasets.tiles.limit_read_cache`). A rank without own tiles
     writes one pixel of no data.
 
     ``parts``: parts an earlier run of the rank wrote (:meth:`checkpoint`), copied first; the own cores they hold
@@ -344,6 +344,7 @@ class TileBlender:
         it does: a piece's sums are then held from its own tile to its last contributor only."""
         own_id, core = self.pieces[piece]
         common = intersection(tile_window(tile), core)
+        assert common is not None, "a tile's targets are the pieces it overlaps"
         in_tile, in_core = overlap_slices(common, tile_window(tile)), overlap_slices(common, core)
         tile_weights = weights[in_tile]
         contribution = (in_core, probs[(slice(None), *in_tile)] * tile_weights, tile_weights)

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from rasterscale.datasets import RasterHandle
+from rasterscale.datasets.sampling import NO_FLIPS, Flips
+from rasterscale.datasets.tiles import RasterHandle
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, read_masked
 from rasterscale.raster.windows import tile_window
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
-from rasterscale.train.sampling import NO_FLIPS, Flips
 
 
 class SegmentationTileDataset(Dataset):
@@ -23,7 +23,7 @@ class SegmentationTileDataset(Dataset):
 
     Mask pixels are :data:`NODATA_CLASS` (to ignore in the loss) where the imagery is masked (the spec's mask) or
     the ground truth says nothing. ``sample``: the same, image and mask flipped together (training's augmentation:
-    :mod:`rasterscale.train.sampling`).
+    :mod:`rasterscale.datasets.sampling`).
     """
 
     def __init__(

@@ -194,7 +194,7 @@ def assemble_block(
     probs = np.zeros((num_probabilities, *shape), dtype=np.uint8) if num_probabilities else None
     for index, (path, src, rank) in enumerate(ranks):
         common = intersection(window, rank)
-        if common.width <= 0 or common.height <= 0:
+        if common is None:
             continue
         inside = Window(common.col_off - rank.col_off, common.row_off - rank.row_off, common.width, common.height)
         rows = slice(common.row_off - window.row_off, common.row_off - window.row_off + common.height)

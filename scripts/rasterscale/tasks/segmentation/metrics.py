@@ -19,6 +19,7 @@ from rasterio.windows import Window
 
 from rasterscale.atomic import save_figure
 from rasterscale.raster.imagery import decoding
+from rasterscale.tasks.detection.quicklook import display_uint8
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
 
@@ -95,8 +96,6 @@ def render_segmentation_quicklook(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
-
-    from rasterscale.tasks.detection.quicklook import display_uint8
 
     with rasterio.open(raster) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
@@ -78,7 +79,6 @@ def build_segmenter(cfg: SegmenterConfig) -> Segmenter:
 
 def save_segmenter(model: torch.nn.Module, cfg: SegmenterConfig, path: str | Path, **meta: Any) -> None:
     """Write a segmenter file atomically (a DDP wrapper's ``.module`` is saved, not the wrapper)."""
-    from rasterscale.atomic import atomic_path
 
     module = getattr(model, "module", model)
     payload = {

@@ -14,15 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rasterscale.config.schema import load_schema
 from rasterscale.errors import InputError
 from rasterscale.tasks.detection.modelfiles import model_file, read_header, torch_payload
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
-# the segmentation-models-pytorch networks a config may name: config/schema.yaml's model.architecture
-ARCHITECTURES: tuple[str, ...] = tuple(
-    name for name in load_schema()["properties"]["model"]["properties"]["architecture"]["enum"] if name
-)
+# the segmentation-models-pytorch networks a config may name (the schema's model.architecture takes them from here)
+ARCHITECTURES: tuple[str, ...] = ("unet", "fpn", "deeplabv3plus")
 UNET_DECODER = (128, 64, 32, 16, 8)  # smp's default is (256, 128, 64, 32, 16)
 NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER_FORMAT})"
 

@@ -156,6 +156,7 @@ class RankRaster:
                     continue  # held by a part: the same pixels
                 block = self.block_window(row, col)
                 common = intersection(window, block)
+                assert common is not None, "covered_pixels gives the blocks the window overlaps"
                 buffer = self.buffers.get((row, col))
                 if buffer is None:
                     buffer = self.buffers[row, col] = self.empty_block(row, col)

@@ -16,17 +16,20 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
-from rasterscale.predict.fastpath import fuse_conv_bn, to_channels_last
-from rasterscale.predict.tile_resume import Part
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks import SEGMENTATION
+from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
-from rasterscale.tasks.segmentation.model import Segmenter, build_segmenter, load_segmenter
+from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
+from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
+from rasterscale.tasks.segmentation.metrics import confusion_matrix, iou_scores
+from rasterscale.tasks.segmentation.model import Segmenter, build_segmenter, load_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
-from rasterscale.train.sampling import FlippableSamples
+from rasterscale.tasks.segmentation.spec import SEGMENTATION
+from rasterscale.tasks.spec import Part
 
 
 class SegmentationTrainingModule(TrainingModule):
@@ -43,7 +46,6 @@ def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch
 
 def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
     """mIoU and pixel accuracy on the validation tiles (rank 0 only: no collectives)."""
-    from rasterscale.tasks.segmentation.metrics import confusion_matrix, iou_scores
 
     was_training = model.training
     model.eval()
@@ -101,7 +103,7 @@ class SegmentationRankOutput(RankOutput):
 
 
 class SegmentationTask(Task):
-    info = SEGMENTATION
+    spec = SEGMENTATION
     training_module_class = SegmentationTrainingModule
 
     def __init__(self) -> None:
@@ -144,8 +146,6 @@ class SegmentationTask(Task):
         spec: ImageSpec,
         train_cfg: Mapping[str, Any],
     ) -> tuple[FlippableSamples, SizedDataset | None]:
-        from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
-        from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
 
         truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
         train_set = SegmentationTileDataset(scene.raster, train, spec, truth)
@@ -161,7 +161,6 @@ class SegmentationTask(Task):
     def save_model(
         self, model: torch.nn.Module, model_cfg: SegmenterConfig, model_path: str | Path, **meta: Any
     ) -> list[Path]:
-        from rasterscale.tasks.segmentation.model import save_segmenter
 
         save_segmenter(model, model_cfg, model_path, **meta)
         return [Path(model_path)]

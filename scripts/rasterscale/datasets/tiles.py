@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import rasterio
@@ -34,7 +35,7 @@ from torch.utils.data import Dataset
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import RGB_BANDS
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
-from rasterscale.raster.windows import tile_window
+from rasterscale.raster.windows import bounding_window, tile_window
 
 PREDICT_STRATEGIES = ("window", "single", "batch")
 
@@ -94,11 +95,11 @@ class WindowDataset(Dataset):
         return pixels_to_raw_tensor(self.raster.read_pixels(tile)), tile.tile_id
 
 
-def bounding_window(tiles: Sequence[Tile]) -> Window:
+def tiles_window(tiles: Sequence[Tile]) -> Window:
     """The smallest window holding every tile (a rank's tiles are contiguous rows of the manifest: a band)."""
-    col0, row0 = min(t.col_off for t in tiles), min(t.row_off for t in tiles)
-    col1, row1 = max(t.col_off + t.width for t in tiles), max(t.row_off + t.height for t in tiles)
-    return Window(col0, row0, col1 - col0, row1 - row0)
+    window = bounding_window(tile_window(t) for t in tiles)
+    assert window is not None, "a region of no tiles"
+    return window
 
 
 def region_nbytes(window: Window) -> int:
@@ -156,7 +157,7 @@ def prediction_dataset(
         raise ValueError(f"unknown dataloader strategy {strategy!r} (one of {', '.join(PREDICT_STRATEGIES)})")
     if strategy == "window" or not tiles:
         return WindowDataset(raster_path, tiles, spec)
-    window = bounding_window(tiles)
+    window = tiles_window(tiles)
     target = torch.device(device if strategy == "batch" else "cpu")
     check_region_fits(region_nbytes(window), target)
     region = load_region(raster_path, window, spec, target)
@@ -195,3 +196,9 @@ class DummyDataset(Dataset):
             time.sleep(self.delay)
         generator = torch.Generator().manual_seed(self.seed + index)
         return torch.rand(3, self.size, self.size, generator=generator), index
+
+
+def collate_lists(batch: list[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """Detection batches are lists (torchvision detectors take lists of images)."""
+    images, extras = zip(*batch, strict=True)
+    return list(images), list(extras)

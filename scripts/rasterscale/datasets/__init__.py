@@ -1,0 +1,2 @@
+"""Datasets over tile manifests (task-neutral, torch): windowed reads, regions, and which samples a rank takes
+in which order."""

@@ -1,0 +1,85 @@
+"""Detection's spec (torch-free): boxes of objects into a vector layer per scene (GeoPackage and GeoParquet), merged
+across tiles and scored with precision, recall, F1 and mAP@0.5."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rasterscale.raster.headers import RasterInfo
+from rasterscale.tasks.detection.annotations import read_annotations
+from rasterscale.tasks.detection.evaluate import evaluate_scene
+from rasterscale.tasks.detection.merge import merge_scene
+from rasterscale.tasks.detection.modelfiles import detector_of_config
+from rasterscale.tasks.spec import TaskSpec
+
+
+def summarize(metrics: Mapping[str, Any]) -> str:
+    return (
+        f"precision={metrics['precision']:.3f} recall={metrics['recall']:.3f} f1={metrics['f1']:.3f} "
+        f"map50={metrics['map50']:.3f}"
+    )
+
+
+def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    merged = merge_scene(outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"])
+    return f"{len(merged)} detections -> {scene['gpkg']}"
+
+
+def evaluate(
+    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+) -> dict[str, Any]:
+    return evaluate_scene(
+        scene["parquet"],
+        scene["raster"],
+        scene["annotations"],
+        list(labels),
+        scene.get("label_column") or None,
+        config["evaluate"],
+        out,
+        quicklook,
+        scene.get("image_path"),
+    )
+
+
+def labels(config: Mapping[str, Any]) -> list[str]:
+    return list(detector_of_config(config)[0].labels)
+
+
+def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
+    read_annotations(path, raster, labels, label_column, image)
+
+
+DETECTION = TaskSpec(
+    name="detection",
+    rank_suffix=".parquet",
+    scene_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
+    evaluated_output="parquet",
+    model_files={
+        "model": "{name}.pt",
+        "deepforest_config": "{name}/config.json",
+        "deepforest_weights": "{name}/model.safetensors",
+        "metrics": "{name}.metrics.csv",
+        "plot": "{name}.png",
+    },
+    default_model_name="detector",
+    labels=labels,
+    check_annotations=check_annotations,
+    merge=merge,
+    evaluate=evaluate,
+    summarize=summarize,
+    implementation="rasterscale.tasks.detection.task:DetectionTask",
+    config_keys={
+        "model": (
+            "score_threshold",
+            "nms_threshold",
+            "detections_per_tile",
+            "resize",
+            "backbone_weights",
+            "fpn_channels",
+        ),
+        "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
+        "evaluate": ("iou_threshold", "score_threshold"),
+    },
+)

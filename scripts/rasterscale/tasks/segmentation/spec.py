@@ -1,0 +1,79 @@
+"""Segmentation's spec (torch-free): a class per pixel into a COG of classes per scene (with its probabilities and
+its polygons), scored with per-class IoU, mean IoU and pixel accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rasterscale.atomic import write_json
+from rasterscale.raster.headers import RasterInfo
+from rasterscale.raster.imagery import read_spec
+from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
+from rasterscale.tasks.segmentation.merge import merge_class_rasters, vectorize_classes
+from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
+from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, segmenter_of_config
+from rasterscale.tasks.spec import TaskSpec
+
+
+def summarize(metrics: Mapping[str, Any]) -> str:
+    ious = " ".join(f"iou[{name}]={value:.3f}" for name, value in metrics["iou"].items() if value is not None)
+    return f"miou={metrics['miou']:.3f} pixel_accuracy={metrics['pixel_accuracy']:.3f} {ious}"
+
+
+def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    labels = config["labels"]
+    summary = merge_class_rasters(
+        list(outputs),
+        scene["raster"],
+        read_spec(scene["manifest"]),
+        scene["classes"],
+        scene.get("probabilities"),
+        labels,
+    )
+    polygons = vectorize_classes(scene["classes"], scene["gpkg"], labels)
+    pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
+    return f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
+
+
+def evaluate(
+    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+) -> dict[str, Any]:
+    truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
+    metrics = evaluate_class_map(scene["classes"], truth)
+    metrics["scene_raster"] = str(scene["raster"])
+    write_json(metrics, out)
+    title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
+    render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
+    return metrics
+
+
+def labels(config: Mapping[str, Any]) -> list[str]:
+    return list(segmenter_of_config(config).labels)
+
+
+def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
+    check_segmentation_truth(path, raster, labels, label_column)
+
+
+SEGMENTATION = TaskSpec(
+    name="segmentation",
+    rank_suffix=".tif",
+    scene_outputs=lambda config: {
+        "classes": "classes.tif",
+        "gpkg": "classes.gpkg",
+        **({"probabilities": "probabilities.tif"} if config["predict"]["probabilities"] else {}),
+    },
+    evaluated_output="classes",
+    model_files={"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"},
+    default_model_name="segmenter",
+    labels=labels,
+    check_annotations=check_annotations,
+    merge=merge,
+    evaluate=evaluate,
+    summarize=summarize,
+    implementation="rasterscale.tasks.segmentation.task:SegmentationTask",
+    config_keys={"model": ("architecture",), "predict": ("probabilities",)},
+    schema_enums={"model.architecture": ARCHITECTURES},
+)

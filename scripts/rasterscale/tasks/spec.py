@@ -1,0 +1,76 @@
+"""A task's torch-free half (:class:`TaskSpec`): what the workflow and the schema read from a task at plan time,
+and what the merge and evaluation jobs run, without importing torch. The torch half (model, training samples,
+rank outputs) is :class:`rasterscale.tasks.api.Task`, which :meth:`TaskSpec.load` imports."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rasterscale.raster.headers import RasterInfo
+
+if TYPE_CHECKING:
+    from rasterscale.tasks.api import Task
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task is, as the workflow sees it.
+
+    - ``scene_outputs(config)``: a scene's merged outputs, ``{key: file name}`` under ``results/{scene}/``;
+      ``evaluated_output`` is the key the evaluation reads; ``rank_suffix`` the suffix of a rank's output;
+    - ``model_files``: what training writes, ``{key: file under results/models/}`` with ``{name}`` for the model's;
+    - ``default_model_name``: ``model.name`` when the config leaves it null;
+    - ``config_keys``: keys (by section) that only this task reads: set under another task, they are an error;
+    - ``schema_enums``: the allowed values of this task's keys (``"section.key"``), which the schema takes from here;
+    - ``labels(config)``: the effective class names (``model.labels`` over the model file's header, else the
+      task's default), cheap enough for a dry run;
+    - ``check_annotations(path, raster, labels, label_column, image_name)``: header checks of a scene's ground
+      truth, one-line :class:`~rasterscale.errors.InputError` naming the file;
+    - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
+    - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
+      written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
+    - ``implementation``: ``"module:Class"`` of the torch half.
+    """
+
+    name: str
+    rank_suffix: str
+    scene_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
+    evaluated_output: str
+    model_files: dict[str, str]
+    default_model_name: str
+    labels: Callable[[Mapping[str, Any]], list[str]]
+    check_annotations: Callable[[str, RasterInfo, list[str], str | None, str], None]
+    merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
+    evaluate: Callable[..., dict[str, Any]]
+    summarize: Callable[[Mapping[str, Any]], str]
+    implementation: str
+    config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def outputs_of_scene(self, config: Mapping[str, Any], scene: str) -> dict[str, str]:
+        """A scene's merged outputs, with the gathered prediction profile."""
+        files = {**self.scene_outputs(config), "profile": "predict_profile.json"}
+        return {key: f"results/{scene}/{name}" for key, name in files.items()}
+
+    def trained_model_files(self, name: str) -> dict[str, str]:
+        """What training writes for the model ``name``, by key (model, metrics, plot, and the task's others)."""
+        return {key: f"results/models/{file.format(name=name)}" for key, file in self.model_files.items()}
+
+    def load(self) -> Task:
+        """The task's torch half. The one import of a task's torch side, done here (lazily) so that the workflow,
+        merge and evaluation jobs, which read only this spec, never import torch."""
+        module, _, cls = self.implementation.partition(":")
+        return getattr(importlib.import_module(module), cls)()
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of a rank output: its file, the own tile_ids it vouches for, and what its task says of it."""
+
+    path: Path
+    tiles: list[int]
+    meta: dict[str, Any] = field(default_factory=dict)

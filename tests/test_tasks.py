@@ -1,0 +1,77 @@
+"""Tasks as plugins: a task is its folder and its line in rasterscale.tasks.registry. The schema takes the task
+values and each task's own enums from the registry, each spec loads its torch half, and nothing outside a task's
+folder (the package, the rules, the Snakefile) names a task."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from conftest import REPO
+from rasterscale.config.schema import load_schema, validate_config
+from rasterscale.errors import ConfigError
+from rasterscale.tasks.api import Task
+from rasterscale.tasks.registry import TASKS, task_spec
+from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES
+
+PACKAGE = REPO / "scripts" / "rasterscale"
+
+
+def test_the_schema_takes_the_task_values_and_the_tasks_enums_from_the_registry():
+    schema = load_schema()
+    assert schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation"]
+    assert schema["properties"]["model"]["properties"]["architecture"]["enum"] == [None, *ARCHITECTURES]
+    with pytest.raises(ConfigError, match="'task'"):
+        validate_config({"task": "instances"})
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_each_spec_loads_its_torch_half_which_points_back_to_it(name):
+    spec = task_spec(name)
+    task = spec.load()
+    assert isinstance(task, Task) and type(task).spec is spec
+    assert validate_config({"task": name})["model"]["name"] == spec.default_model_name
+
+
+@pytest.mark.parametrize(
+    ("task", "section", "key", "value", "owner"),
+    [
+        ("segmentation", "model", "score_threshold", 0.5, "detection"),
+        ("detection", "model", "architecture", "fpn", "segmentation"),
+    ],
+)
+def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key, value, owner):
+    assert key in task_spec(owner).config_keys[section]  # the key is the owner's, by its spec
+    validate_config({"task": owner, section: {key: value}})  # and valid there
+    with pytest.raises(ConfigError, match=f"'{section}.{key}' applies to task {owner} only, and task is {task}"):
+        validate_config({"task": task, section: {key: value}})
+
+
+def task_names_in_python(path) -> list[str]:
+    """String constants of a module equal to a task's name (docstrings and comments may speak of tasks)."""
+    tree = ast.parse(path.read_text())
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in TASKS
+    ]
+
+
+def test_nothing_outside_a_tasks_folder_names_a_task():
+    folders = [PACKAGE / "tasks" / name for name in TASKS]
+    named = {
+        str(path.relative_to(REPO)): found
+        for path in PACKAGE.rglob("*.py")
+        if not any(folder in path.parents for folder in folders)
+        for found in [task_names_in_python(path)]
+        if found
+    }
+    pattern = re.compile(r"[\"'](" + "|".join(TASKS) + r")[\"']")
+    for path in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")]:
+        found = pattern.findall(path.read_text())
+        if found:
+            named[str(path.relative_to(REPO))] = found
+    assert not named, f"task names outside their folders: {named}"
+    assert task_names_in_python(PACKAGE / "tasks" / "detection" / "spec.py")  # the scan sees a task's own name
