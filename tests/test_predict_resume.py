@@ -27,7 +27,7 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, fingerprint, resume_dir
+from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, prediction_fingerprint, resume_dir
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
@@ -115,10 +115,16 @@ def test_a_fingerprint_of_another_world_size_starts_over_with_one_line(tmp_path,
 
 def test_fingerprint_ignores_the_checkpoint_interval_only():
     config = {"task": "detection", "predict": {"batch_size": 2, "checkpoint_every": 60}}
-    base = fingerprint(config, "m", 2, 1, 0, [0, 1, 2])
-    assert fingerprint({**config, "predict": {"batch_size": 2, "checkpoint_every": 5}}, "m", 2, 1, 0, [0, 1, 2]) == base
-    assert fingerprint({**config, "predict": {"batch_size": 3}}, "m", 2, 1, 0, [0, 1, 2]) != base
-    assert fingerprint(config, "m", 2, 1, 0, [0, 1]) != base and fingerprint(config, "n", 2, 1, 0, [0, 1, 2]) != base
+    base = prediction_fingerprint(config, "m", 2, 1, 0, [0, 1, 2])
+    assert (
+        prediction_fingerprint({**config, "predict": {"batch_size": 2, "checkpoint_every": 5}}, "m", 2, 1, 0, [0, 1, 2])
+        == base
+    )
+    assert prediction_fingerprint({**config, "predict": {"batch_size": 3}}, "m", 2, 1, 0, [0, 1, 2]) != base
+    assert (
+        prediction_fingerprint(config, "m", 2, 1, 0, [0, 1]) != base
+        and prediction_fingerprint(config, "n", 2, 1, 0, [0, 1, 2]) != base
+    )
     assert resume_dir("results/predict/batch-0/shard-1") == "results/predict/batch-0/shard-1.resume"
 
 

@@ -29,7 +29,13 @@ from conftest import REPO, report
 from rasterscale.atomic import write_json
 from rasterscale.config.schema import validate_config
 from rasterscale.tasks.api import TrainScene
-from rasterscale.train.resume import RESUME_FILE, STOP_EXIT_CODE, find_resume_point, fingerprint, resume_folder
+from rasterscale.train.resume import (
+    RESUME_FILE,
+    STOP_EXIT_CODE,
+    find_resume_point,
+    training_fingerprint,
+    training_resume_dir,
+)
 from workflow import tiny_config, workflow_command
 
 MAX_STEPS = 7  # the last SIGTERM (at step 5 or 6) leaves the last rerun a step or two
@@ -138,7 +144,7 @@ def run_training(workdir: Path, name: str, fault=None) -> Run:
 
 
 def resume_index(workdir: Path) -> dict:
-    path = resume_folder(workdir / "results/models/tiny.pt") / RESUME_FILE
+    path = training_resume_dir(workdir / "results/models/tiny.pt") / RESUME_FILE
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -208,7 +214,7 @@ def test_the_last_rerun_reaches_max_steps_and_writes_the_model(chain):
     assert f"trained {MAX_STEPS} steps" in final.log
     model = torch.load(workdir / "results/models/tiny.pt", map_location="cpu", weights_only=False)
     assert model["meta"]["steps"] == MAX_STEPS
-    assert not resume_folder(workdir / "results/models/tiny.pt").exists()
+    assert not training_resume_dir(workdir / "results/models/tiny.pt").exists()
     # the curves of all four runs, one training row per step: none lost, none doubled
     with open(workdir / "results/models/tiny.metrics.csv") as handle:
         steps = [int(row["step"]) for row in csv.DictReader(handle) if row["train_loss"]]
@@ -235,15 +241,15 @@ def test_the_resumed_runs_train_the_model_of_the_uninterrupted_run(chain):
 def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):
     config = validate_config(tiny_config())
     scenes = [TrainScene("a", "a.tif", "a.parquet", "a.gpkg")]
-    run = fingerprint(config, scenes, 2)
-    assert fingerprint({**config, "train": {**config["train"], "log_every_n_steps": 7}}, scenes, 2) == run
-    assert fingerprint({**config, "train": {**config["train"], "lr": 0.5}}, scenes, 2) != run
-    assert fingerprint(config, scenes, 4) != run
+    run = training_fingerprint(config, scenes, 2)
+    assert training_fingerprint({**config, "train": {**config["train"], "log_every_n_steps": 7}}, scenes, 2) == run
+    assert training_fingerprint({**config, "train": {**config["train"], "lr": 0.5}}, scenes, 2) != run
+    assert training_fingerprint(config, scenes, 4) != run
     assert find_resume_point(tmp_path, run).why == f"no resume checkpoint in {tmp_path}: training from step 0"
     write_json({"fingerprint": run, "step": 4, "checkpoint": "step-0000004.ckpt"}, tmp_path / RESUME_FILE)
     assert "is missing: starting over at step 0" in find_resume_point(tmp_path, run).why
     (tmp_path / "step-0000004.ckpt").write_bytes(b"written by a run")
     point = find_resume_point(tmp_path, run)
     assert (point.checkpoint, point.step) == (tmp_path / "step-0000004.ckpt", 4)
-    other = find_resume_point(tmp_path, fingerprint(config, scenes, 4))
+    other = find_resume_point(tmp_path, training_fingerprint(config, scenes, 4))
     assert other.checkpoint is None and "written by another run" in other.why and "starting over" in other.why

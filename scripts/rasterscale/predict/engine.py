@@ -56,7 +56,7 @@ from rasterscale.predict.tile_resume import (
     CheckpointClock,
     RankCheckpoints,
     file_digest,
-    fingerprint,
+    prediction_fingerprint,
     remove_resume_dir,
 )
 from rasterscale.raster.headers import check_raster
@@ -361,7 +361,7 @@ def run_prediction(
         checkpoints = []
         for scene in loaded:
             tiles = [t.tile_id for t in scene.tiles]
-            mark = fingerprint(config, model_digest, world, shards, shard, tiles)
+            mark = prediction_fingerprint(config, model_digest, world, shards, shard, tiles)
             index = rank_file_index(shard, world, rank)
             checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.spec.rank_suffix, mark))
             checkpoints[-1].load(logger)

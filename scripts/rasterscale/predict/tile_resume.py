@@ -56,7 +56,7 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def fingerprint(
+def prediction_fingerprint(
     config: Mapping[str, Any],
     model_digest: str,
     world_size: int,

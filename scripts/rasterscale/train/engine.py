@@ -39,10 +39,10 @@ from rasterscale.train.resume import (
     StoppedBySignal,
     exit_stopped,
     find_resume_point,
-    fingerprint,
     init_training_worker,
-    remove_resume_folder,
-    resume_folder,
+    remove_training_resume_dir,
+    training_fingerprint,
+    training_resume_dir,
     write_metrics,
 )
 
@@ -220,8 +220,8 @@ def run_training(
     module = task.training_module(model_cfg, plan, train_cfg)
     loaded = task.initial_weights(module.model, model_cfg, config)
     validation = RankZeroValidation(task, datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
-    folder = resume_folder(model_path)
-    run_fingerprint = fingerprint(config, scenes, spec.world_size)
+    folder = training_resume_dir(model_path)
+    run_fingerprint = training_fingerprint(config, scenes, spec.world_size)
     resume = find_resume_point(folder, run_fingerprint)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     logged = Path(csv_logger.log_dir, "metrics.csv")
@@ -279,5 +279,5 @@ def run_training(
     logger.info(
         "trained %d steps in %.0f s; wrote %s", trainer.global_step, seconds, ", ".join(str(p) for p in written)
     )
-    remove_resume_folder(folder)
+    remove_training_resume_dir(folder)
     end_rank()

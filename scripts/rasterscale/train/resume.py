@@ -96,13 +96,13 @@ def write_metrics(rows: Sequence[Mapping[str, str]], path: str | Path) -> None:
         writer.writerows(rows)
 
 
-def resume_folder(model_path: str | Path) -> Path:
+def training_resume_dir(model_path: str | Path) -> Path:
     """The resume folder of a model file: ``results/models/.{name}.resume/`` for ``results/models/{name}.pt``."""
     model = Path(model_path)
     return model.with_name(f".{model.stem}.resume")
 
 
-def fingerprint(config: Mapping[str, Any], scenes: Sequence[Any], world_size: int) -> str:
+def training_fingerprint(config: Mapping[str, Any], scenes: Sequence[Any], world_size: int) -> str:
     """What a checkpoint must have been trained with to be resumed from: the task, model, tiling and train config
     (but the keys of :data:`UNFINGERPRINTED_TRAIN_KEYS`), the training scenes and the world size."""
     train = {key: value for key, value in config["train"].items() if key not in UNFINGERPRINTED_TRAIN_KEYS}
@@ -139,7 +139,7 @@ def find_resume_point(folder: str | Path, expected: str) -> ResumePoint:
     return ResumePoint(checkpoint, step, f"resuming from {checkpoint} at step {step}")
 
 
-def remove_resume_folder(folder: str | Path) -> None:
+def remove_training_resume_dir(folder: str | Path) -> None:
     """Drop the resume checkpoints once the model is written (rank 0)."""
     shutil.rmtree(folder, ignore_errors=True)
 
