@@ -24,7 +24,6 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
@@ -37,6 +36,7 @@ from rasterscale.tasks.detection.modelfiles import (
     resolve_detector,
     same_classes,
 )
+from rasterscale.tasks.modelfiles import save_payload
 
 __all__ = ["DetectorConfig", "build_detector", "load_checkpoint", "save_checkpoint"]
 
@@ -89,15 +89,7 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
 
 
 def save_checkpoint(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path, **meta: Any) -> None:
-
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "model": cfg.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "meta": meta,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_payload(path, CHECKPOINT_FORMAT, cfg.to_dict(), model, meta=meta)
 
 
 def load_weights(

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.tasks.modelfiles import NotATorchFile, model_file
+from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
 
 
 class DetectorDefaults(TypedDict):
@@ -215,23 +217,11 @@ def _folder_header(path: Path) -> ModelHeader:
 
 
 def torch_payload(path: Path) -> Any:
-    """A torch-saved file, memory-mapped when it can be (zip format), never unpickling anything but tensors and
-    plain containers."""
-    import pickle
-
-    import torch
-
-    for mmap in (True, False):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except RuntimeError as err:
-            if mmap and "mmap" in str(err):  # the legacy (non-zip) serialization
-                continue
-            raise _fail(path, NOT_A_MODEL) from None
-        except (pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError):
-            # what torch's unpickler raises on a file that is not (or no longer) a whole torch-saved file
-            raise _fail(path, NOT_A_MODEL) from None
-    raise AssertionError("unreachable")
+    """A torch-saved file's payload; one line naming the model formats rasterscale reads otherwise."""
+    try:
+        return payload_of_file(path)
+    except NotATorchFile:
+        raise _fail(path, NOT_A_MODEL) from None
 
 
 def _is_state_dict(value: Any) -> bool:
@@ -358,7 +348,6 @@ def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 
 def config_error(problem: str) -> Exception:
-
     return ConfigError(f"config: {problem}")
 
 
@@ -415,16 +404,6 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
         resize=None if resize == "native" else resize,
         fpn_channels=_pick(model.get("fpn_channels"), header and header.fpn_channels, DEFAULT_FPN_CHANNELS),
     )
-
-
-def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """The model file the config starts from and whether it is a starting point for training:
-    (``model.checkpoint``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
-    checkpoint = config.get("model", {}).get("checkpoint")
-    if checkpoint:
-        return checkpoint, False
-    init = config.get("train", {}).get("init")
-    return (init, True) if init else (None, False)
 
 
 def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:

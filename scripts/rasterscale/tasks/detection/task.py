@@ -193,14 +193,12 @@ class DetectionTask(Task):
         return f"RetinaNet {model_cfg.backbone}, {model_cfg.describe()}"
 
     def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, DetectorConfig]:
-
         model, cfg, _ = load_checkpoint(path, config)
         return model, cfg
 
     training_module_class = DetectionTrainingModule
 
     def build_model(self, model_cfg: DetectorConfig) -> torch.nn.Module:
-
         return build_detector(model_cfg)  # its transform resizes as the model records (model.resize)
 
     def initial_weights(self, model: torch.nn.Module, model_cfg: DetectorConfig, config: Mapping[str, Any]) -> str:

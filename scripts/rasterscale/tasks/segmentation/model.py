@@ -21,10 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.segmentation.modelfiles import (
     SEGMENTER_FORMAT,
     SegmenterConfig,
@@ -80,16 +80,7 @@ def build_segmenter(cfg: SegmenterConfig) -> Segmenter:
 def save_segmenter(model: torch.nn.Module, cfg: SegmenterConfig, path: str | Path, **meta: Any) -> None:
     """Write a segmenter file atomically (a DDP wrapper's ``.module`` is saved, not the wrapper)."""
 
-    module = getattr(model, "module", model)
-    payload = {
-        "format": SEGMENTER_FORMAT,
-        "task": "segmentation",
-        "model": cfg.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-        "meta": meta,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_payload(path, SEGMENTER_FORMAT, cfg.to_dict(), model, task="segmentation", meta=meta)
 
 
 def load_segmenter(

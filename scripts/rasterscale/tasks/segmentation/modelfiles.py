@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.errors import InputError
-from rasterscale.tasks.detection.modelfiles import model_file, read_header, torch_payload
+from rasterscale.tasks.detection.modelfiles import read_header
+from rasterscale.tasks.modelfiles import model_file, torch_payload
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
 # the segmentation-models-pytorch networks a config may name (the schema's model.architecture takes them from here)

@@ -1,0 +1,63 @@
+"""Model files of any task: which file a config starts from, reading a torch-saved payload (torch imported only
+when there is a file to read: the one lazy import of torch of the workflow's plan), and writing a payload
+atomically. Each task's ``modelfiles`` says what its payload holds."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rasterscale.atomic import atomic_path
+from rasterscale.errors import InputError
+
+
+class NotATorchFile(InputError):
+    """A file that torch cannot load as a whole torch-saved file of tensors and plain containers."""
+
+
+def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The model file the config starts from and whether it is a starting point for training:
+    (``model.checkpoint``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
+    checkpoint = config.get("model", {}).get("checkpoint")
+    if checkpoint:
+        return checkpoint, False
+    init = config.get("train", {}).get("init")
+    return (init, True) if init else (None, False)
+
+
+def torch_payload(path: Path) -> Any:
+    """A torch-saved file, memory-mapped when it can be (zip format), never unpickling anything but tensors and
+    plain containers; :class:`NotATorchFile` otherwise."""
+    import torch  # lazy: a dry run reads a model file's header with torch only when there is a file
+
+    for mmap in (True, False):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError as err:
+            if mmap and "mmap" in str(err):  # the legacy (non-zip) serialization
+                continue
+            raise NotATorchFile(f"{path}: not a torch-saved file") from None
+        except (pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError, TypeError):
+            # what torch's unpickler raises on a file that is not (or no longer) a whole torch-saved file
+            raise NotATorchFile(f"{path}: not a torch-saved file") from None
+    raise AssertionError("unreachable")
+
+
+def save_payload(path: str | Path, file_format: str, model: Mapping[str, Any], module: Any, **extra: Any) -> None:
+    """Write ``{"format", **extra, "model", "state_dict", "meta"}`` atomically: ``model`` the model's configuration,
+    the weights of ``module`` (a DDP wrapper's ``.module``) on the CPU; ``extra["meta"]`` training figures."""
+    import torch  # lazy, as above: saving a model happens in a training job, which has torch
+
+    module = getattr(module, "module", module)
+    meta = extra.pop("meta", {})
+    payload = {
+        "format": file_format,
+        **extra,
+        "model": dict(model),
+        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "meta": meta,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
