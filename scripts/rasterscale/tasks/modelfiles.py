@@ -45,6 +45,13 @@ def torch_payload(path: Path) -> Any:
     raise AssertionError("unreachable")
 
 
+def is_state_dict(value: Any) -> bool:
+    """A non-empty mapping of tensors (torch is already imported where a payload was read)."""
+    import torch
+
+    return isinstance(value, Mapping) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
 def save_payload(path: str | Path, file_format: str, model: Mapping[str, Any], module: Any, **extra: Any) -> None:
     """Write ``{"format", **extra, "model", "state_dict", "meta"}`` atomically: ``model`` the model's configuration,
     the weights of ``module`` (a DDP wrapper's ``.module``) on the CPU; ``extra["meta"]`` training figures."""

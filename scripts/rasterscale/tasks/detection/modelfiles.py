@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from rasterscale.errors import ConfigError, InputError
-from rasterscale.tasks.modelfiles import NotATorchFile, model_file
+from rasterscale.tasks.modelfiles import NotATorchFile, is_state_dict, model_file
 from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
 
 
@@ -224,12 +224,6 @@ def torch_payload(path: Path) -> Any:
         raise _fail(path, NOT_A_MODEL) from None
 
 
-def _is_state_dict(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, Mapping) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
-
-
 def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state_dict.items()}
 
@@ -268,7 +262,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             fpn_channels,
         )
         return header, state
-    if isinstance(payload, Mapping) and _is_state_dict(payload.get("state_dict")):
+    if isinstance(payload, Mapping) and is_state_dict(payload.get("state_dict")):
         # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
         state = {k.removeprefix("model."): v for k, v in payload["state_dict"].items() if k.startswith("model.")}
         backbone, classes, fpn_channels = architecture(path, _shapes(state))
@@ -288,7 +282,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             fpn_channels=fpn_channels,
         )
         return header, state
-    if _is_state_dict(payload):
+    if is_state_dict(payload):
         state = _strip_prefix(payload)
         backbone, classes, fpn_channels = architecture(path, _shapes(state))
         header = ModelHeader(
