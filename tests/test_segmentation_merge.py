@@ -21,7 +21,8 @@ from conftest import UTM17N, report, write_raster, write_rgba
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame
 from rasterscale.raster.imagery import ImageSpec, read_masked, resolve_spec
 from rasterscale.tasks.segmentation import NODATA_CLASS
-from rasterscale.tasks.segmentation.merge import merge_class_rasters, vectorize_classes
+from rasterscale.tasks.segmentation.merge import merge_class_rasters
+from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 from segmentation_tiles import class_map, predict_ranks, scene_with_hole
 
 PATCH, OVERLAP = 256, 64

@@ -11,9 +11,10 @@ from rasterscale.atomic import write_json
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
-from rasterscale.tasks.segmentation.merge import merge_class_rasters, vectorize_classes
+from rasterscale.tasks.segmentation.merge import merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
 from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, segmenter_of_config
+from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 from rasterscale.tasks.spec import TaskSpec
 
 
