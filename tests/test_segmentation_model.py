@@ -18,7 +18,7 @@ from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.detection.model import build_detector, save_checkpoint
-from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder
+from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
 from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map
@@ -93,8 +93,8 @@ def test_files_that_are_not_segmenters_fail_with_one_line(tmp_path: Path) -> Non
     state_only = tmp_path / "weights.pt"
     torch.save(build_segmenter(SegmenterConfig(LABELS)).state_dict(), state_only)
     cases = {
-        checkpoint: "a detection model (rasterscale checkpoint, resnet18), but task is segmentation",
-        folder: "a detection model (DeepForest folder, resnet18), but task is segmentation",
+        checkpoint: "a detection model (resnet18), but task is segmentation (set task: detection",
+        folder: "a DeepForest model folder, but task is segmentation",
         junk: "not a rasterscale segmenter",
         state_only: "not a rasterscale segmenter",
         tmp_path / "missing.pt": "segmentation model file not found",
@@ -105,6 +105,17 @@ def test_files_that_are_not_segmenters_fail_with_one_line(tmp_path: Path) -> Non
                 call(path)
             text = str(err.value)
             assert text.startswith(f"{path}: ") and problem in text and "\n" not in text, text
+
+
+def test_a_segmenter_given_to_detection_fails_with_one_line_naming_its_task(tmp_path: Path) -> None:
+    path = tmp_path / "segmenter.pt"
+    save_segmenter(build_segmenter(SegmenterConfig(LABELS)), SegmenterConfig(LABELS), path)
+    with pytest.raises(InputError) as err:
+        read_header(path)
+    assert str(err.value) == (
+        f"{path}: a segmentation model (unet on resnet18), but task is detection (set task: segmentation, or give a "
+        "detection model)"
+    )
 
 
 def _scene(folder: Path, seed: int) -> tuple[Path, Path]:

@@ -359,3 +359,13 @@ def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] |
     wrong = [k for k, (lo, hi) in enumerate(zip(limits["min"], limits["max"], strict=True)) if not lo < hi]
     if wrong:
         raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")
+
+
+def display_uint8(image: np.ndarray) -> np.ndarray:
+    """uint8 as it is; other types (16-bit, float) stretched per band between their 2nd and 98th percentiles,
+    for the picture only."""
+    if image.dtype == np.uint8:
+        return image
+    values = image.astype(np.float32)
+    low, high = np.nanpercentile(values, [2, 98], axis=(1, 2), keepdims=True)
+    return np.nan_to_num(np.clip((values - low) / np.maximum(high - low, 1e-6) * 255, 0, 255)).astype(np.uint8)

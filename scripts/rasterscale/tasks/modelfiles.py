@@ -45,6 +45,22 @@ def torch_payload(path: Path) -> Any:
     raise AssertionError("unreachable")
 
 
+def other_tasks_model(path: Path, payload: Any, task: str) -> str | None:
+    """How to say that ``path`` holds another task's model (a payload that records its task, from
+    :func:`save_payload`, or a DeepForest model folder), or None when it is no model of rasterscale's."""
+    if path.is_dir():
+        return f"a DeepForest model folder, but task is {task}" if (path / "config.json").exists() else None
+    if not isinstance(payload, Mapping) or not payload.get("task") or payload["task"] == task:
+        return None
+    found = payload.get("model")
+    model: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    details = " on ".join(str(model[key]) for key in ("architecture", "backbone") if model.get(key))
+    return (
+        f"a {payload['task']} model ({details or payload.get('format')}), but task is {task} "
+        f"(set task: {payload['task']}, or give a {task} model)"
+    )
+
+
 def is_state_dict(value: Any) -> bool:
     """A non-empty mapping of tensors (torch is already imported where a payload was read)."""
     import torch
@@ -54,7 +70,8 @@ def is_state_dict(value: Any) -> bool:
 
 def save_payload(path: str | Path, file_format: str, model: Mapping[str, Any], module: Any, **extra: Any) -> None:
     """Write ``{"format", **extra, "model", "state_dict", "meta"}`` atomically: ``model`` the model's configuration,
-    the weights of ``module`` (a DDP wrapper's ``.module``) on the CPU; ``extra["meta"]`` training figures."""
+    the weights of ``module`` (a DDP wrapper's ``.module``) on the CPU; ``extra``: the ``task`` that wrote it (which
+    :func:`other_tasks_model` reads back) and ``meta``, training figures."""
     import torch  # lazy, as above: saving a model happens in a training job, which has torch
 
     module = getattr(module, "module", module)

@@ -27,6 +27,7 @@ import pandas as pd
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import geometries_to_pixel_boxes
 from rasterscale.raster.headers import RasterInfo
+from rasterscale.tasks.labels import label_indexes
 
 CSV_COLUMNS = ["image_path", "xmin", "ymin", "xmax", "ymax", "label"]
 LOGGER = logging.getLogger(__name__)
@@ -77,15 +78,6 @@ def read_annotations(
     if not inside.any():
         raise InputError(f"{path}: no annotation overlaps the raster {raster.path}")
     return Annotations(boxes[inside], label_ids[inside], ignored)
-
-
-def label_indexes(path: str, names: np.ndarray, labels: list[str]) -> np.ndarray:
-    """Class names -> 0-based indexes into ``labels``; an unknown name fails with one line."""
-    unknown = sorted(set(names) - set(labels))
-    if unknown:
-        raise InputError(f"{path}: label(s) {', '.join(unknown)} are not in model.labels ({', '.join(labels)})")
-    index = {name: k for k, name in enumerate(labels)}
-    return np.array([index[name] for name in names], dtype=np.int64)
 
 
 def read_vector_boxes(

@@ -15,9 +15,10 @@ import numpy as np
 from rasterscale.atomic import write_json
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
-from rasterscale.tasks.detection.annotations import label_indexes, read_annotations
+from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.merge import BOX_COLUMNS
 from rasterscale.tasks.detection.quicklook import render_quicklook
+from rasterscale.tasks.labels import label_indexes
 
 
 def match_detections(

@@ -89,7 +89,7 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
 
 
 def save_checkpoint(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path, **meta: Any) -> None:
-    save_payload(path, CHECKPOINT_FORMAT, cfg.to_dict(), model, meta=meta)
+    save_payload(path, CHECKPOINT_FORMAT, cfg.to_dict(), model, task="detection", meta=meta)
 
 
 def load_weights(

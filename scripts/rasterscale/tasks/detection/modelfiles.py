@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from rasterscale.errors import ConfigError, InputError
-from rasterscale.tasks.modelfiles import NotATorchFile, is_state_dict, model_file
+from rasterscale.tasks.modelfiles import NotATorchFile, is_state_dict, model_file, other_tasks_model
 from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
 
 
@@ -230,13 +230,9 @@ def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
-    if isinstance(payload, Mapping) and str(payload.get("format", "")).startswith("rasterscale-segmenter"):
-        model = found if isinstance(found := payload.get("model"), Mapping) else {}
-        raise _fail(
-            path,
-            f"a segmentation model ({model.get('architecture', '?')} on {model.get('backbone', '?')}), but task is "
-            "detection (set task: segmentation, or give a detection model)",
-        )
+    other = other_tasks_model(path, payload, "detection")
+    if other:
+        raise _fail(path, other)
     if isinstance(payload, Mapping) and payload.get("format") == CHECKPOINT_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])

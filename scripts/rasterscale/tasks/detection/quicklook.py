@@ -8,17 +8,7 @@ import numpy as np
 import rasterio
 
 from rasterscale.atomic import save_figure
-from rasterscale.raster.imagery import decoding
-
-
-def display_uint8(image: np.ndarray) -> np.ndarray:
-    """uint8 as it is; other types (16-bit, float) stretched per band between their 2nd and 98th percentiles,
-    for the picture only."""
-    if image.dtype == np.uint8:
-        return image
-    values = image.astype(np.float32)
-    low, high = np.nanpercentile(values, [2, 98], axis=(1, 2), keepdims=True)
-    return np.nan_to_num(np.clip((values - low) / np.maximum(high - low, 1e-6) * 255, 0, 255)).astype(np.uint8)
+from rasterscale.raster.imagery import decoding, display_uint8
 
 
 def render_quicklook(

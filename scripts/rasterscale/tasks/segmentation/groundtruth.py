@@ -31,7 +31,7 @@ from rasterio.windows import transform as window_transform
 from rasterscale.errors import InputError
 from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
-from rasterscale.tasks.detection.annotations import label_indexes
+from rasterscale.tasks.labels import label_indexes
 from rasterscale.tasks.segmentation import NODATA_CLASS
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")

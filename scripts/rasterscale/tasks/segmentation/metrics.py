@@ -18,8 +18,7 @@ import rasterio
 from rasterio.windows import Window
 
 from rasterscale.atomic import save_figure
-from rasterscale.raster.imagery import decoding
-from rasterscale.tasks.detection.quicklook import display_uint8
+from rasterscale.raster.imagery import decoding, display_uint8
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
 

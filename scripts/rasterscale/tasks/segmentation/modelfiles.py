@@ -4,7 +4,7 @@ is a file to read; the network itself lives in :mod:`rasterscale.tasks.segmentat
 
 A segmenter file (``.pt``) is ``torch.save`` of ``{"format": SEGMENTER_FORMAT, "task": "segmentation", "model":
 config, "state_dict": weights, "meta": training figures}``. Anything else is refused with one line naming the file
-(a detector, a DeepForest folder: "a detection model, but task is segmentation").
+(another task's model, a DeepForest folder: "..., but task is segmentation").
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.errors import InputError
-from rasterscale.tasks.detection.modelfiles import read_header
-from rasterscale.tasks.modelfiles import model_file, torch_payload
+from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
 # the segmentation-models-pytorch networks a config may name (the schema's model.architecture takes them from here)
@@ -71,22 +70,13 @@ class SegmenterConfig:
         )
 
 
-def _detection_problem(path: Path) -> str | None:
-    """How to say that ``path`` is a detection model file, or None when it is none."""
-    try:
-        header = read_header(path)
-    except InputError:
-        return None
-    return f"a detection model ({header.kind}, {header.backbone}), but task is segmentation"
-
-
 def segmenter_payload(path: str | Path) -> dict[str, Any]:
     """The payload of a segmenter file (tensors memory-mapped); one-line InputError naming the file otherwise."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: segmentation model file not found")
     if path.is_dir():
-        raise InputError(f"{path}: {_detection_problem(path) or 'a folder, ' + NOT_A_SEGMENTER}")
+        raise InputError(f"{path}: {other_tasks_model(path, None, 'segmentation') or 'a folder, ' + NOT_A_SEGMENTER}")
     try:
         payload = torch_payload(path)
     except InputError:
@@ -95,7 +85,7 @@ def segmenter_payload(path: str | Path) -> dict[str, Any]:
         if not isinstance(payload.get("model"), Mapping) or not isinstance(payload.get("state_dict"), Mapping):
             raise InputError(f"{path}: a {SEGMENTER_FORMAT} file without its model or state_dict")
         return dict(payload)
-    raise InputError(f"{path}: {_detection_problem(path) or NOT_A_SEGMENTER}")
+    raise InputError(f"{path}: {other_tasks_model(path, payload, 'segmentation') or NOT_A_SEGMENTER}")
 
 
 def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> SegmenterConfig:
