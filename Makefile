@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation test docs lint format bench bench-gpu bench-scenes bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation test docs lint format bench bench-gpu bench-scenes bench-parse bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -64,6 +64,10 @@ bench-gpu: $(STAMP)
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)
 	$(BIN)/python bench/many_scenes.py
+
+# how long Snakemake parses the workflow with 1000 scenes: dry run, a job's re-parse (bench/parse_time.py; --scenes N)
+bench-parse: $(STAMP)
+	$(BIN)/python bench/parse_time.py
 
 # DeepForest 2.1.0 in an environment of its own (not a runtime dependency), for the side-by-side bench and the
 # test that a model folder rasterscale writes loads and predicts in DeepForest.
