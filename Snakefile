@@ -27,5 +27,5 @@ rule all:
 
 
 onsuccess:
-    print_evaluation_summary()
-    print_predict_profiles()
+    reports.print_evaluation_summary(PLAN)
+    reports.print_predict_profiles(PLAN)

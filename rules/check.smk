@@ -1,17 +1,17 @@
 # Environment check without any raster: `snakemake --cores N check_environment` (not part of `all`).
 rule check_environment:
     output:
-        [f"results/checks/environment/rank-{r}.json" for r in range(world_size(PREDICT))],
+        [paths.environment_rank_file(r) for r in range(PLAN.world_size("predict"))],
     log:
         "logs/check_environment.log",
     conda:
         "../envs/environment.yaml"
-    threads: rank_threads(PREDICT)
+    threads: PLAN.rank_threads("predict")
     resources:
-        **ddp_resources(PREDICT),
+        **ddp_resources("predict"),
     params:
         entry=entry_point("check_environment"),
-        launcher=launcher(PREDICT),
+        launcher=launcher("predict"),
         config=config_json("task", "model", "tiling", "predict", "dummy"),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         log_dir="logs/check_environment",

@@ -1,15 +1,15 @@
-# A striped (untiled) input raster is read from a tiled COG made once from it (common.smk: scene_raster).
+# A striped (untiled) input raster is read from a tiled COG made once from it (the plan's scene_raster).
 rule convert_to_cog:
     input:
-        lambda wildcards: scene_source(wildcards.scene),
+        scene_input("scene_source"),
     output:
-        "results/{scene}/cog.tif",
+        paths.cog_raster("{scene}"),
     log:
         "logs/convert_to_cog/{scene}.log",
     benchmark:
         "benchmarks/convert_to_cog/{scene}.tsv"
     wildcard_constraints:
-        scene="|".join(sorted(UNTILED)) or "^$",
+        scene=pattern(sorted(PLAN.untiled)),
     conda:
         "../envs/environment.yaml"
     threads: 4

@@ -1,11 +1,11 @@
 rule evaluate_scene:
     input:
-        output=lambda wildcards: scene_outputs(wildcards.scene)[TASK.evaluated_output],
-        raster=lambda wildcards: scene_raster(wildcards.scene),
-        annotations=lambda wildcards: scene_annotations(wildcards.scene),
+        output=lambda wildcards: PLAN.scene_outputs(wildcards.scene)[TASK.evaluated_output],
+        raster=scene_input("scene_raster"),
+        annotations=scene_input("scene_annotations"),
     output:
-        evaluation="results/{scene}/evaluation.json",
-        quicklook="results/{scene}/quicklook.png",
+        evaluation=paths.evaluation_file("{scene}"),
+        quicklook=paths.quicklook_file("{scene}"),
     log:
         "logs/evaluate_scene/{scene}.log",
     benchmark:
@@ -14,9 +14,7 @@ rule evaluate_scene:
         "../envs/environment.yaml"
     params:
         entry=entry_point("evaluate"),
-        scene=lambda wildcards: evaluation_scene(wildcards.scene),
-        config=config_json("task", "evaluate"),
-        labels=labels_json(),
+        job=lambda wildcards: PLAN.evaluation_job(wildcards.scene).to_json(),
     shell:
-        "{params.entry} --scene {params.scene:q} --config {params.config:q} --labels {params.labels:q}"
-        " --out {output.evaluation:q} --quicklook {output.quicklook:q} > {log:q} 2>&1"
+        "{params.entry} --job {params.job:q} --out {output.evaluation:q} --quicklook {output.quicklook:q}"
+        " > {log:q} 2>&1"

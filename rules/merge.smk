@@ -1,17 +1,17 @@
-# One merge job per batch of scenes (common.smk: BATCHES): each scene's rank files into its layers, in one process
+# One merge job per batch of scenes (the plan's batches): each scene's rank files into its layers, in one process
 # (a merge job's start-up, its imports, costs about what merging a small scene does). It checks from the rank
 # records that every tile of each scene was processed exactly once before it reads any output.
-for batch, names in enumerate(BATCHES):
+for batch, names in enumerate(PLAN.batches):
 
     rule:
         name:
             f"merge_batch_{batch}"
         input:
-            **batch_inputs(batch),
-            job=batch_file(batch),
-            shards=[shard_dir(batch, shard) for shard in range(predict_shards())],
+            **PLAN.batch_inputs(batch),
+            job=paths.batch_file(batch),
+            shards=[paths.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
-            [path for name in names for path in scene_outputs(name).values()],
+            PLAN.batch_outputs(batch),
         log:
             f"logs/merge/batch-{batch}.log",
         benchmark:
@@ -20,6 +20,6 @@ for batch, names in enumerate(BATCHES):
             "../envs/environment.yaml"
         params:
             entry=entry_point("merge"),
-            config=merge_job_config(),
+            config=PLAN.merge_config().to_json(),
         shell:
             "{params.entry} --job {input.job:q} --config {params.config:q} > {log:q} 2>&1"

@@ -1,31 +1,32 @@
-# A batch's job file: its scenes' rasters, manifests, rank files and merged outputs (common.smk: batch_job), the
-# jobs' inputs, read from a file rather than a command line that would grow with the batch.
+# A batch's job file: its scenes' rasters, manifests, rank files and merged outputs (the plan's prediction_batch,
+# rasterscale.workflow.jobfiles), the jobs' inputs, read from a file rather than a command line that would grow
+# with the batch.
 rule scene_batch:
     output:
-        batch_file("{batch}"),
+        paths.batch_file("{batch}"),
     log:
         "logs/scene_batch/batch-{batch}.log",
     localrule: True
     conda:
         "../envs/environment.yaml"
     params:
-        job=lambda wildcards: batch_job(wildcards.batch),
+        job=lambda wildcards: PLAN.prediction_batch(int(wildcards.batch)).to_json(),
     script:
         "../scripts/write_job_file.py"
 
 
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
-# {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its ranks
-# checkpoint finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when it
-# succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
+# {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its
+# ranks checkpoint finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
+# it succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
 rule predict:
     input:
-        unpack(lambda wildcards: batch_inputs(int(wildcards.batch))),
-        job=batch_file("{batch}"),
-        checkpoint=checkpoint_path(),
+        unpack(lambda wildcards: PLAN.batch_inputs(int(wildcards.batch))),
+        job=paths.batch_file("{batch}"),
+        checkpoint=PLAN.checkpoint_path(),
     output:
-        directory(shard_dir("{batch}", "{shard}")),
+        directory(paths.shard_dir("{batch}", "{shard}")),
     log:
         "logs/predict/batch-{batch}/shard-{shard}.log",
     benchmark:
@@ -35,16 +36,16 @@ rule predict:
         shard=r"\d+",
     conda:
         "../envs/environment.yaml"
-    threads: rank_threads(PREDICT)
+    threads: PLAN.rank_threads("predict")
     resources:
-        **ddp_resources(PREDICT),
+        **ddp_resources("predict"),
     params:
         entry=entry_point("predict"),
-        launcher=launcher(PREDICT),
-        config=predict_job_config(),
-        shards=predict_shards(),
+        launcher=launcher("predict"),
+        config=json.dumps(PLAN.predict_config(), separators=(",", ":")),
+        shards=PLAN.shards,
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
-        resume_dir=lambda wildcards: shard_resume_dir(wildcards.batch, wildcards.shard),
+        resume_dir=lambda wildcards: paths.shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
         "{params.launcher}{params.entry} --job {input.job:q} --checkpoint {input.checkpoint:q}"
         " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"

@@ -2,13 +2,13 @@
 # the batch); this rule makes the others' (training-only scenes).
 rule tile_manifest:
     input:
-        raster=lambda wildcards: scene_raster(wildcards.scene),
+        raster=scene_input("scene_raster"),
     output:
-        "results/{scene}/tiles.parquet",
+        paths.scene_manifest("{scene}"),
     log:
         "logs/tile_manifest/{scene}.log",
     wildcard_constraints:
-        scene=unbatched_scenes_pattern(),
+        scene=pattern(PLAN.unbatched_scenes()),
     conda:
         "../envs/environment.yaml"
     params:
@@ -16,23 +16,23 @@ rule tile_manifest:
         patch_size=CONFIG["tiling"]["patch_size"],
         overlap=CONFIG["tiling"]["overlap"],
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
-        imagery=lambda wildcards: scene_imagery(wildcards.scene),
+        imagery=lambda wildcards: json.dumps(PLAN.scene_imagery(wildcards.scene).to_dict(), separators=(",", ":")),
     shell:
         "{params.entry} --raster {input.raster:q} --out {output:q}"
         " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata}"
         " --imagery {params.imagery:q} > {log:q} 2>&1"
 
 
-for batch, names in enumerate(BATCHES):
+for batch, names in enumerate(PLAN.batches):
 
     rule:
         name:
             f"tile_manifests_batch_{batch}"
         input:
-            rasters=[scene_raster(name) for name in names],
-            job=batch_file(batch),
+            rasters=PLAN.batch_inputs(batch)["rasters"],
+            job=paths.batch_file(batch),
         output:
-            [scene_manifest(name) for name in names],
+            PLAN.batch_inputs(batch)["manifests"],
         log:
             f"logs/tile_manifest/batch-{batch}.log",
         benchmark:

@@ -1,24 +1,24 @@
 rule train_model:
     input:
-        unpack(train_start_inputs),
-        rasters=[scene_raster(name) for name in TRAIN["scenes"]],
-        annotations=[scene_annotations(name) for name in TRAIN["scenes"]],
-        manifests=[f"results/{name}/tiles.parquet" for name in TRAIN["scenes"]],
+        unpack(lambda wildcards: PLAN.train_start_inputs()),
+        rasters=[PLAN.scene_raster(name) for name in PLAN.train_scenes],
+        annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
+        manifests=[paths.scene_manifest(name) for name in PLAN.train_scenes],
     output:
-        **trained_model_outputs("{model}"),
+        **PLAN.trained_model_outputs("{model}"),
     log:
         "logs/train/{model}.log",
     benchmark:
         "benchmarks/train/{model}.tsv"
     conda:
         "../envs/environment.yaml"
-    threads: rank_threads(TRAIN)
+    threads: PLAN.rank_threads("train")
     resources:
-        **ddp_resources(TRAIN),
+        **ddp_resources("train"),
     params:
         entry=entry_point("train"),
-        launcher=launcher(TRAIN),
-        scenes=training_scenes_json(),
+        launcher=launcher("train"),
+        scenes=PLAN.training_scenes().to_json(),
         config=config_json("task", "model", "tiling", "train"),
         log_dir="logs/train/{model}",
     shell:

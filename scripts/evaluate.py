@@ -1,23 +1,24 @@
 """Entry: score a scene's merged output against its annotations; write evaluation.json and a quicklook."""
 
 import argparse
-import json
 
 from rasterscale.errors import run_entry
 from rasterscale.tasks.registry import task_spec
+from rasterscale.workflow.jobfiles import EvaluationJob
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--scene", type=json.loads, required=True, help="JSON: the scene's raster, outputs, truth")
-    parser.add_argument("--config", type=json.loads, required=True, help="JSON: task and evaluate")
-    parser.add_argument("--labels", type=json.loads, required=True, help="JSON list of the resolved class names")
+    parser.add_argument(
+        "--job", type=EvaluationJob.from_json, required=True, help="JSON: the scene, the task, evaluate, labels"
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--quicklook", required=True)
     args = parser.parse_args()
-    spec = task_spec(args.config["task"])
-    metrics = spec.evaluate(args.scene, args.config, args.labels, args.out, args.quicklook)
-    print(f"{args.scene['raster']}: {spec.summarize(metrics)}")
+    job: EvaluationJob = args.job
+    spec = task_spec(job.task)
+    metrics = spec.evaluate(job.scene.as_mapping(), job.config(), list(job.labels), args.out, args.quicklook)
+    print(f"{job.scene.raster}: {spec.summarize(metrics)}")
 
 
 if __name__ == "__main__":

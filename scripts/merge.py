@@ -3,29 +3,32 @@ from the rank records that every tile was processed exactly once, and gather the
 one file and one table."""
 
 import argparse
-import json
-from pathlib import Path
 
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.predict.profile import format_profile_table, write_scene_profile
 from rasterscale.predict.rankfiles import check_scene_records
 from rasterscale.tasks.registry import task_spec
+from rasterscale.workflow.jobfiles import MergeConfig, PredictionBatch
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with their rank files)")
-    parser.add_argument("--config", type=json.loads, required=True, help="JSON: task, labels, merge and predict")
+    parser.add_argument(
+        "--config", type=MergeConfig.from_json, required=True, help="JSON: task, labels, merge, predict"
+    )
     args = parser.parse_args()
-    spec = task_spec(args.config["task"])  # not the task itself: no torch in a merge job
-    for scene in json.loads(Path(args.job).read_text())["scenes"]:
-        stems = scene["rank_files"]
-        check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
+    config: MergeConfig = args.config
+    spec = task_spec(config.task)  # not the task itself: no torch in a merge job
+    for scene in PredictionBatch.read(args.job).scenes:
+        stems = list(scene.rank_files)
+        check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
         outputs = [stem + spec.rank_suffix for stem in stems]
-        print(f"{scene['name']}: merged {len(stems)} rank files: {spec.merge(scene, outputs, args.config)}")
-        profile = write_scene_profile(stems, scene["profile"])
-        print(format_profile_table(profile, title=f"predict profile ({scene['profile']})"))
+        merged = spec.merge(scene.as_mapping(), outputs, config.as_mapping())
+        print(f"{scene.name}: merged {len(stems)} rank files: {merged}")
+        profile = write_scene_profile(stems, scene.outputs["profile"])
+        print(format_profile_table(profile, title=f"predict profile ({scene.outputs['profile']})"))
 
 
 if __name__ == "__main__":

@@ -3,19 +3,19 @@ scene's of a batch (its job file lists their rasters, manifests and imagery keys
 
 import argparse
 import json
-from pathlib import Path
-from typing import Any
 
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.workflow.jobfiles import Imagery, PredictionBatch
 
 
-def write_scene_manifest(raster: str, out: str, imagery: dict[str, Any], args: argparse.Namespace) -> None:
+def write_scene_manifest(raster: str, out: str, imagery: Imagery | None, args: argparse.Namespace) -> None:
     info = check_raster(raster)
-    spec = resolve_spec(raster, imagery.get("bands"), imagery.get("scale"), imagery.get("key", "scene"))
+    imagery = imagery or Imagery()
+    spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key)
     print(f"{raster}: imagery {spec.describe()}")
     manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec)
     write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)
@@ -32,12 +32,15 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, required=True)
     parser.add_argument("--skip-nodata", action="store_true")
     parser.add_argument(
-        "--imagery", type=json.loads, default={}, help="JSON: the scene's bands and scale, and its config key"
+        "--imagery",
+        type=lambda text: Imagery.from_dict(json.loads(text)),
+        default=None,
+        help="JSON: the scene's bands and scale, and its config key",
     )
     args = parser.parse_args()
     if args.job:
-        for scene in json.loads(Path(args.job).read_text())["scenes"]:
-            write_scene_manifest(scene["raster"], scene["manifest"], scene["imagery"], args)
+        for scene in PredictionBatch.read(args.job).scenes:
+            write_scene_manifest(scene.raster, scene.manifest, scene.imagery, args)
     else:
         if not args.out:
             parser.error("--raster needs --out")

@@ -5,11 +5,12 @@ import argparse
 import json
 
 from rasterscale.runtime.launch import start_local_ranks
+from rasterscale.workflow.jobfiles import TrainingScenes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--scenes", type=json.loads, required=True, help="JSON list of training scenes")
+    parser.add_argument("--scenes", type=TrainingScenes.from_json, required=True, help="JSON list of training scenes")
     parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
     parser.add_argument("--model", required=True, help="the trained model file (results/models/{name}.pt)")
     parser.add_argument("--metrics", required=True)
@@ -23,7 +24,10 @@ def main() -> None:
     from rasterscale.train.engine import run_training
 
     run_training(
-        scenes=[TrainScene(**scene) for scene in args.scenes],
+        scenes=[
+            TrainScene(s.name, s.raster, s.manifest, s.annotations, s.label_column, s.image_path)
+            for s in args.scenes.scenes
+        ],
         config=args.config,
         spec=run_spec(args.config, "train"),
         model_path=args.model,

@@ -1,0 +1,90 @@
+"""Every path the workflow's rules and jobs name, relative to the working directory: the one place each is spelled.
+
+Scene files live under ``results/{scene}/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``,
+models under ``results/models/``, a batch's job file under ``results/batches/``. Pure string functions (no I/O):
+a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
+"""
+
+from __future__ import annotations
+
+from rasterscale.predict.rankfiles import rank_stem
+from rasterscale.predict.tile_resume import resume_dir
+
+RESULTS = "results"
+PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.plan)
+
+
+def scene_dir(scene: str) -> str:
+    return f"{RESULTS}/{scene}"
+
+
+def scene_manifest(scene: str) -> str:
+    """A scene's tile manifest (GeoParquet)."""
+    return f"{scene_dir(scene)}/tiles.parquet"
+
+
+def cog_raster(scene: str) -> str:
+    """The tiled COG a striped scene is read from (rule convert_to_cog)."""
+    return f"{scene_dir(scene)}/cog.tif"
+
+
+def scene_file(scene: str, name: str) -> str:
+    """A file of a scene's folder by its name (a task's merged outputs: detections.gpkg, classes.tif, ...)."""
+    return f"{scene_dir(scene)}/{name}"
+
+
+def scene_profile(scene: str) -> str:
+    """A scene's gathered prediction profile (written by its merge)."""
+    return scene_file(scene, "predict_profile.json")
+
+
+def evaluation_file(scene: str) -> str:
+    return scene_file(scene, "evaluation.json")
+
+
+def quicklook_file(scene: str) -> str:
+    return scene_file(scene, "quicklook.png")
+
+
+def batch_file(batch: int | str) -> str:
+    """A batch's job file (rule scene_batch)."""
+    return f"{RESULTS}/batches/batch-{batch}.json"
+
+
+def shard_dir(batch: int | str, shard: int | str) -> str:
+    """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
+    return f"{RESULTS}/predict/batch-{batch}/shard-{shard}"
+
+
+def shard_resume_dir(batch: int | str, shard: int | str) -> str:
+    """Where a prediction job's ranks checkpoint finished tiles: beside its output, which a failed job loses (not
+    an output: the job removes it when it succeeds)."""
+    return resume_dir(shard_dir(batch, shard))
+
+
+def rank_files(scene: str, batch: int, shards: int, world_size: int) -> list[str]:
+    """A scene's rank files (paths without suffix: rasterscale.predict.rankfiles), every shard's, in rank order:
+    rank r of shard s is rank s * world_size + r."""
+    return [rank_stem(shard_dir(batch, s), scene, s * world_size + r) for s in range(shards) for r in range(world_size)]
+
+
+def model_dir() -> str:
+    return f"{RESULTS}/models"
+
+
+def trained_model(name: str) -> str:
+    """The model file training writes for the model ``name``."""
+    return f"{model_dir()}/{name}.pt"
+
+
+def demo_raster(directory: str, name: str) -> str:
+    """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
+    return f"{directory}/{name}.tif"
+
+
+def environment_rank_file(rank: int) -> str:
+    return f"{RESULTS}/checks/environment/rank-{rank}.json"
+
+
+def stored_plan(fingerprint: str) -> str:
+    return f"{PLAN_DIR}/plan-{fingerprint}.json"
