@@ -1,0 +1,415 @@
+"""The workflow's plan without Snakemake (rasterscale.workflow: plan, paths, jobfiles, slurm, reports) on small real
+rasters: what it computes once, its one-line errors, its job files, its Slurm resources, the stored plan a job's
+re-parse loads, and that none of it imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_raster
+from rasterscale.errors import ConfigError, InputError
+from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
+from rasterscale.workflow import paths, reports
+from rasterscale.workflow import plan as plan_module
+from rasterscale.workflow.jobfiles import (
+    EvaluationJob,
+    Imagery,
+    MergeConfig,
+    PredictionBatch,
+    SceneJob,
+    TrainingScenes,
+    read_job_file,
+)
+from rasterscale.workflow.plan import Plan, build_plan, fingerprint, load_plan, store_plan, workflow_plan
+from rasterscale.workflow.slurm import SlurmSettings, ddp_resources, launcher_prefix
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_table(path: Path, rows: list[list[str]]) -> str:
+    path.write_text("".join("\t".join(row) + "\n" for row in rows))
+    return path.name
+
+
+def table_config(workdir: Path, **predict) -> dict:
+    """Three scenes from a scene table: a (tiled, annotated, trained on), b (tiled), c (striped); every one
+    predicted."""
+    write_raster(workdir / "a.tif", 600, 600)
+    write_raster(workdir / "b.tif", 300, 300)
+    write_raster(workdir / "c.tif", 300, 300, tiled=False)
+    (workdir / "a.csv").write_text("image_path,xmin,ymin,xmax,ymax,label\na.tif,10,10,50,50,tree\n")
+    table = write_table(
+        workdir / "scenes.tsv",
+        [["name", "path", "annotations"], ["a", "a.tif", "a.csv"], ["b", "b.tif", ""], ["c", "c.tif", ""]],
+    )
+    return {
+        "scenes": table,
+        "tiling": {"patch_size": 128, "overlap": 16},
+        "train": {"scenes": ["a"], "validation_fraction": 0.5},
+        "predict": {"scenes": "all", "devices": 2, "shards": 2, "scenes_per_job": 2, **predict},
+    }
+
+
+def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_striped_scenes(workdir):
+    warnings: list[str] = []
+    plan = build_plan(table_config(workdir), warn=warnings.append)
+    assert list(plan.scenes) == ["a", "b", "c"] and plan.config["predict"]["scenes"] == ["a", "b", "c"]
+    assert plan.config["model"]["name"] == "detector"  # a default filled in by validation
+    assert plan.origins == {"a": "scenes.tsv line 2", "b": "scenes.tsv line 3", "c": "scenes.tsv line 4"}
+    assert plan.batches == (("a", "b"), ("c",))
+    assert plan.geometry == {"train": Geometry("train", 1, 1), "predict": Geometry("predict", 2, 1, 2)}
+    assert plan.world_size("predict") == 2 and plan.shards == 2
+    assert plan.labels == ("tree",)
+    assert plan.untiled == {"c": ("c.tif",)}
+    assert plan.scene_raster("c") == "results/c/cog.tif" and plan.scene_raster("a") == "a.tif"
+    assert warnings == [
+        "scene a is trained on (train.scenes) and predicted and scored (predict.scenes): results/a/evaluation.json "
+        "scores the model on its own training data",
+        "c.tif is striped, not tiled: every windowed read would decode whole raster rows; scene c is read from the "
+        "tiled COG results/c/cog.tif (rule convert_to_cog)",
+    ]
+    assert plan.evaluated_scenes() == ["a"] and plan.unbatched_scenes() == []
+    assert plan.final_targets() == [
+        *(
+            f"results/models/detector{file}"
+            for file in (".pt", "/config.json", "/model.safetensors", ".metrics.csv", ".png")
+        ),
+        *(
+            f"results/{name}/{file}"
+            for name in "abc"
+            for file in ("detections.gpkg", "detections.parquet", "predict_profile.json")
+        ),
+        "results/a/evaluation.json",
+        "results/a/quicklook.png",
+    ]
+    assert set(plan.inputs) == {"a.tif", "a.csv", "b.tif", "c.tif"} and all(plan.inputs.values())
+
+
+def test_sections_are_named_by_strings(workdir):
+    plan = build_plan(table_config(workdir))
+    assert plan.section("predict") is plan.config["predict"]
+    assert plan.rank_threads("predict") == 2 * (plan.config["predict"]["workers"] + 1)
+    with pytest.raises(ValueError, match="no run section 'scenes'"):
+        plan.section("scenes")
+
+
+def test_paths_are_spelled_in_one_place():
+    assert paths.scene_manifest("a") == "results/a/tiles.parquet"
+    assert paths.cog_raster("a") == "results/a/cog.tif"
+    assert paths.batch_file(3) == "results/batches/batch-3.json"
+    assert paths.batch_file("{batch}") == "results/batches/batch-{batch}.json"
+    assert paths.shard_dir(1, 2) == "results/predict/batch-1/shard-2"
+    assert paths.shard_resume_dir(1, 2) == "results/predict/batch-1/shard-2.resume"
+    assert paths.trained_model("m") == "results/models/m.pt"
+    assert paths.stored_plan("ab12") == ".snakemake/rasterscale/plan-ab12.json"
+    # rank r of shard s is rank s * world_size + r, every shard's in rank order
+    assert paths.rank_files("a", 1, shards=2, world_size=2) == [
+        "results/predict/batch-1/shard-0/a/rank-0",
+        "results/predict/batch-1/shard-0/a/rank-1",
+        "results/predict/batch-1/shard-1/a/rank-2",
+        "results/predict/batch-1/shard-1/a/rank-3",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One-line errors, as the workflow prints them
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_missing_raster_of_a_table_names_its_line(workdir):
+    config = table_config(workdir)
+    os.remove("b.tif")
+    with pytest.raises(InputError) as err:
+        build_plan(config)
+    assert str(err.value) == "b.tif: raster not found (scenes.tsv line 3, column 'path')"
+
+
+def test_a_header_error_of_a_table_scene_ends_with_its_line(workdir):
+    config = table_config(workdir)
+    write_raster(workdir / "b.tif", 300, 300, crs=None)
+    with pytest.raises(InputError) as err:
+        build_plan(config)
+    message = str(err.value)
+    assert message.startswith("b.tif: raster has no CRS") and message.endswith(" (scenes.tsv line 3)")
+    assert "\n" not in message
+
+
+def test_config_errors_keep_their_message_and_notices_come_first(workdir):
+    warnings: list[str] = []
+    config = table_config(workdir)
+    config["tiling"]["overlapp"] = 1
+    with pytest.raises(ConfigError) as err:
+        build_plan(config, warn=warnings.append)
+    assert str(err.value).startswith("config: unknown key 'tiling.overlapp'")
+    config = table_config(workdir, nodes=1)  # renamed: predict.shards
+    del config["predict"]["shards"]
+    os.remove("a.tif")
+    with pytest.raises(InputError, match=re.escape("a.tif: raster not found")):
+        build_plan(config, warn=warnings.append)
+    assert warnings[:1] == ["config: key 'predict.nodes' is deprecated: it is now 'predict.shards' (same meaning)"]
+
+
+def test_a_demo_scene_elsewhere_than_the_demo_folder_is_refused(workdir):
+    config = {
+        "scenes": {"d": {"path": "d.tif", "annotations": "d.gpkg"}},
+        "demo": {"scenes": {"d": {"width": 300, "height": 300, "seed": 1}}},
+        "train": {"scenes": ["d"]},
+    }
+    with pytest.raises(ConfigError) as err:
+        build_plan(config)
+    assert str(err.value) == "scenes.d: a demo scene's path must be resources/demo/d.tif"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Job files: written from the plan, read back by the entry scripts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_batch_job_file_round_trips_with_every_field(workdir):
+    plan = build_plan(table_config(workdir))
+    batch = plan.prediction_batch(0)
+    assert [scene.name for scene in batch.scenes] == ["a", "b"] and batch.batch == 0
+    a = batch.scenes[0]
+    assert a == SceneJob(
+        name="a",
+        raster="a.tif",
+        manifest="results/a/tiles.parquet",
+        imagery=Imagery("scenes.a", [1, 2, 3], None),  # the default bands, filled in
+        rank_files=tuple(paths.rank_files("a", 0, 2, 2)),
+        outputs={
+            "gpkg": "results/a/detections.gpkg",
+            "parquet": "results/a/detections.parquet",
+            "profile": "results/a/predict_profile.json",
+        },
+    )
+    batch.write(paths.batch_file(0), "batch.log")
+    assert PredictionBatch.read(paths.batch_file(0)) == batch
+    assert read_job_file(paths.batch_file(0)) == list(batch.scenes)
+    assert Path("batch.log").read_text() == "results/batches/batch-0.json: 2 scene(s): a, b\n"
+    # on disk, the outputs are flat keys of the scene's entry, as a task's merge reads them
+    entry = json.loads(Path(paths.batch_file(0)).read_text())["scenes"][0]
+    assert entry["gpkg"] == "results/a/detections.gpkg" and entry["rank_files"][0].endswith("a/rank-0")
+    assert plan.prediction_batch(1).scenes[0].raster == "results/c/cog.tif"
+
+
+def test_training_merge_and_evaluation_jobs_round_trip(workdir):
+    plan = build_plan(table_config(workdir))
+    training = plan.training_scenes()
+    assert training == TrainingScenes(
+        (SceneJob("a", "a.tif", "results/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
+    )
+    assert TrainingScenes.from_json(training.to_json()) == training
+    merge = plan.merge_config()
+    assert merge.labels == ("tree",) and "scenes" not in merge.predict and merge.merge == plan.config["merge"]
+    assert MergeConfig.from_json(merge.to_json()) == merge
+    evaluation = plan.evaluation_job("a")
+    assert evaluation.scene.outputs["parquet"] == "results/a/detections.parquet"
+    assert evaluation.config() == {"task": "detection", "evaluate": plan.config["evaluate"]}
+    assert EvaluationJob.from_json(evaluation.to_json()) == evaluation
+    scene = evaluation.scene.as_mapping()
+    assert scene["annotations"] == "a.csv" and scene["parquet"] == "results/a/detections.parquet"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Slurm resources and the launcher prefix
+# ---------------------------------------------------------------------------------------------------------
+
+
+def slurm_plan(workdir: Path, **slurm) -> Plan:
+    config = table_config(workdir, accelerator="gpu", shards=1)
+    config["train"].update(devices=4, nodes=2, accelerator="gpu", workers=4)
+    config["slurm"] = {"launcher": "srun", **slurm}
+    return build_plan(config)
+
+
+def test_slurm_settings_read_numbers_given_as_strings():
+    settings = SlurmSettings.of({"launcher": "srun", "gres": "gpu", "mem_mb": "16000", "train_runtime": "60"})
+    assert settings == SlurmSettings("srun", None, "gpu", 0, 16000, 60, 0, 0)
+    assert settings.runtime("train") == 60 and settings.runtime("predict") == 0
+
+
+def test_ddp_resources_of_each_section(workdir):
+    plan = slurm_plan(workdir, mem_mb="16000", partition="gpu", predict_runtime="30")
+    assert ddp_resources(plan, "train") == {
+        "nodes": 2,
+        "cpus_per_task": 5,
+        "mpi": "srun",
+        "tasks_per_node": 4,
+        "slurm_extra": "--signal=TERM@120",
+        "gres": "gpu:4",
+        "slurm_partition": "gpu",
+        "mem_mb": 16000,
+    }
+    assert ddp_resources(plan, "predict") == {
+        "nodes": 1,
+        "cpus_per_task": plan.config["predict"]["workers"] + 1,
+        "mpi": "srun",
+        "tasks_per_node": 2,
+        "gres": "gpu:2",
+        "slurm_partition": "gpu",
+        "mem_mb": 16000,
+        "runtime": 30,
+    }
+
+
+def test_one_rank_per_node_on_several_nodes_asks_for_the_total(workdir):
+    config = table_config(workdir)
+    config["train"].update(devices=1, nodes=2, accelerator="gpu", workers=0)
+    config["slurm"] = {"launcher": "srun", "train_stop_before_s": 0}
+    resources = ddp_resources(build_plan(config), "train")
+    assert resources == {
+        "nodes": 2,
+        "cpus_per_task": 1,
+        "mpi": "srun",
+        "tasks": 2,
+        "slurm_extra": "--ntasks-per-node=1",
+        "gres": "gpu:1",
+        "tasks_per_gpu": 0,
+    }
+    assert launcher_prefix(build_plan(config), "train", resources, "slurm-jobstep") == srun_prefix(2, 1, 1)
+
+
+def test_locally_no_resources_and_no_prefix(workdir):
+    plan = build_plan(table_config(workdir))
+    assert ddp_resources(plan, "train") == {} and ddp_resources(plan, "predict") == {}
+    assert launcher_prefix(plan, "predict", {}, None) == ""
+
+
+def test_the_launcher_prefix_checks_the_final_resources(workdir):
+    plan = slurm_plan(workdir)
+    resources = ddp_resources(plan, "train")
+    assert launcher_prefix(plan, "train", resources, "slurm") == srun_prefix(2, 4, 5)
+    with pytest.raises(PreflightError, match=re.escape("--ntasks-per-node=2 but train.devices=4")):
+        launcher_prefix(plan, "train", {**resources, "tasks_per_node": 2}, "slurm")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The stored plan: built once by the main process, loaded by a job's re-parse
+# ---------------------------------------------------------------------------------------------------------
+
+
+def counting_raster_checks(monkeypatch) -> list[str]:
+    """Record every raster header the plan's checks read."""
+    from rasterscale.raster import headers
+
+    read: list[str] = []
+    original = headers.check_raster
+
+    def check_raster(path):
+        read.append(str(path))
+        return original(path)
+
+    monkeypatch.setattr(headers, "check_raster", check_raster)
+    return read
+
+
+def test_the_main_process_stores_the_plan_and_a_job_loads_it_without_reading_headers(workdir, monkeypatch):
+    config = table_config(workdir)
+    read = counting_raster_checks(monkeypatch)
+    main = workflow_plan(config, main_process=True)
+    assert set(read) == {"a.tif", "b.tif", "c.tif"}
+    headers = len(read)
+    stored = workdir / f".snakemake/rasterscale/plan-{fingerprint(config)}.json"
+    assert stored.is_file()
+    job = workflow_plan(config, main_process=False)
+    assert len(read) == headers  # no header read again
+    assert job == main
+    assert Plan.from_json(main.to_json()) == main
+
+
+def test_a_job_builds_the_plan_when_none_is_stored_or_it_is_stale(workdir, monkeypatch):
+    config = table_config(workdir)
+    read = counting_raster_checks(monkeypatch)
+    warnings: list[str] = []
+    assert workflow_plan(config, main_process=False, warn=warnings.append).untiled == {"c": ("c.tif",)}
+    headers = len(read)
+    assert set(read) == {"a.tif", "b.tif", "c.tif"} and warnings  # none stored: built, with its warnings
+    assert not (workdir / ".snakemake").exists()  # a job does not store it
+    main = workflow_plan(config, main_process=True)
+    write_raster(workdir / "b.tif", 300, 300, tiled=False)  # changed since the main process checked it
+    os.utime("b.tif", ns=(1, 1))
+    assert load_plan(fingerprint(config)) is None
+    rebuilt = workflow_plan(config, main_process=False)
+    assert len(read) == 3 * headers and rebuilt.untiled == {"b": ("b.tif",), "c": ("c.tif",)} != main.untiled
+
+
+def test_a_plan_of_another_config_or_format_or_unreadable_is_not_loaded(workdir):
+    config = table_config(workdir)
+    plan = build_plan(config)
+    key = fingerprint(config)
+    store_plan(plan, key)
+    assert load_plan(key) == plan
+    other = table_config(workdir, scenes_per_job=1)
+    assert fingerprint(other) != key and load_plan(fingerprint(other)) is None
+    path = workdir / paths.stored_plan(key)
+    path.write_text(plan.to_json().replace(f'"format":{plan_module.FORMAT}', '"format":0'))
+    assert load_plan(key) is None
+    path.write_text(plan.to_json()[:100])
+    assert load_plan(key) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# End-of-run reports
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_evaluation_summary_lists_the_evaluated_scenes(workdir):
+    plan = build_plan(table_config(workdir))
+    assert reports.evaluation_summary(plan) == []
+    Path("results/a").mkdir(parents=True)
+    Path(paths.evaluation_file("a")).write_text(
+        json.dumps({"precision": 0.5, "recall": 0.25, "f1": 1 / 3, "map50": 0.2})
+    )
+    assert reports.evaluation_summary(plan) == [
+        "rasterscale evaluation (detection):",
+        f"  {'a':<20} precision=0.500 recall=0.250 f1=0.333 map50=0.200",
+    ]
+
+
+def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
+    plan = build_plan(table_config(workdir))
+    total = {"ranks": 2, "tiles": 9, "tiles_per_s": 4.5, "wall_s": 2.0}
+    for name in "abc":
+        Path(f"results/{name}").mkdir(parents=True, exist_ok=True)
+        Path(paths.scene_profile(name)).write_text(json.dumps({"total": total}))
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(reports, "PROFILE_TABLES_UP_TO", 2)
+    try:
+        lines = reports.predict_profiles(plan)
+    finally:
+        monkeypatch.undo()
+    assert lines == [
+        "rasterscale predict profiles (3 scenes; tables in results/{scene}/predict_profile.json):",
+        *(f"  {name:<24} 2 rank(s)       9 tiles     4.50 tiles/s wall 2.0 s" for name in "abc"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Torch-free
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_workflow_package_imports_no_torch():
+    modules = "plan, paths, jobfiles, slurm, reports, checks"
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"from rasterscale.workflow import {modules}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")},
+    )
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
+    assert "rasterscale" in imported
+    assert not imported & {"torch", "lightning", "pytorch_lightning", "segmentation_models_pytorch", "torchvision"}
