@@ -28,7 +28,7 @@ from rasterscale.runtime.preflight import (
 
 TRAIN_2X4 = Geometry("train", devices=4, nodes=2)
 PREDICT_4 = Geometry("predict", devices=4, nodes=1)
-# What rules/common.smk's ddp_resources gives these geometries under the SLURM profile.
+# What rasterscale.workflow.slurm.ddp_resources gives these geometries under the SLURM profile.
 RESOURCES_2X4 = {"nodes": 2, "cpus_per_task": 5, "mpi": "srun", "tasks_per_node": 4, "gres": "gpu:4"}
 RESOURCES_SHARD_4 = {"nodes": 1, "cpus_per_task": 3, "mpi": "srun", "tasks_per_node": 4, "gres": "gpu:4"}
 
