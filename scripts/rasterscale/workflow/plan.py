@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -286,9 +286,9 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
     notices: list[str] = []
     default_bands: set[str] = set()
     config = validate_config(raw, origins=origins, notices=notices, default_bands=default_bands)
+    say = warn if warn is not None else _silent
     for notice in notices:
-        if warn is not None:
-            warn(notice)
+        say(notice)
     demo = config["demo"]
     unwritable = unwritable_folder(workdir, [demo["directory"]] if demo["scenes"] else [])
     if unwritable is not None:
@@ -304,20 +304,15 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
         striped = _check_scene(plan, name, scene, default_bands)
         if striped:
             untiled[name] = tuple(striped)
-    plan = Plan(
-        config,
-        tuple(notices),
-        origins,
-        labels,
-        untiled,
-        geometry,
-        plan.batches,
-        {path: file_stat(Path(workdir) / path) for path in checked_files(config)},
-    )
+    inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(config)}
+    plan = replace(plan, untiled=untiled, inputs=inputs)
     for line in plan.striped_warnings():
-        if warn is not None:
-            warn(line)
+        say(line)
     return plan
+
+
+def _silent(line: str) -> None:
+    pass
 
 
 def _batches(predict: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
