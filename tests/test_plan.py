@@ -413,3 +413,30 @@ def test_the_workflow_package_imports_no_torch():
     imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
     assert "rasterscale" in imported
     assert not imported & {"torch", "lightning", "pytorch_lightning", "segmentation_models_pytorch", "torchvision"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Through Snakemake: the main process stores the plan, a job's re-parse (--mode remote) loads it
+# ---------------------------------------------------------------------------------------------------------
+
+
+def imported_modules(command: list[str], cwd: Path) -> set[str]:
+    result = subprocess.run([sys.executable, "-X", "importtime", *command[1:]], capture_output=True, text=True, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+
+
+def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(workdir):
+    from workflow import workflow_command
+
+    config = table_config(workdir)
+    main = imported_modules(workflow_command(workdir, config, "-n", "--quiet"), workdir)
+    assert "rasterscale.raster.headers" in main  # the main process checked every scene
+    assert len(list((workdir / ".snakemake/rasterscale").glob("plan-*.json"))) == 1
+    job = ["--mode", "remote", "--target-jobs", "scene_batch:batch=0", "--cores", "1", "-n", "--quiet"]
+    remote = imported_modules(workflow_command(workdir, config, *job), workdir)
+    assert "rasterscale.workflow.plan" in remote and "rasterscale.raster.headers" not in remote
+    for stored in (workdir / ".snakemake/rasterscale").glob("plan-*.json"):
+        stored.unlink()
+    rebuilt = imported_modules(workflow_command(workdir, config, *job), workdir)
+    assert "rasterscale.raster.headers" in rebuilt  # none stored: the job checked every scene itself
