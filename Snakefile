@@ -28,4 +28,6 @@ rule all:
 
 onsuccess:
     reports.print_evaluation_summary(PLAN)
-    reports.print_predict_profiles(PLAN)
+    from rasterscale.predict.profile import format_profile_table
+
+    reports.print_predict_profiles(PLAN, format_profile_table)

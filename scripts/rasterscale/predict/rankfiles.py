@@ -21,17 +21,13 @@ from typing import Any
 import numpy as np
 
 from rasterscale.atomic import write_json
+from rasterscale.workflow.paths import rank_stem as rank_stem  # spelled there, with every other path
 
 RECORD_FORMAT = "rasterscale-rank-record/1"
 
 
 class TileAccountingError(ValueError):
     """Processed tiles differ from the manifest: a tile is missing, duplicated or unknown."""
-
-
-def rank_stem(shard_dir: str | Path, scene: str, index: int) -> str:
-    """The path of a scene's rank files without suffix: ``{shard_dir}/{scene}/rank-{index}``."""
-    return f"{shard_dir}/{scene}/rank-{index}"
 
 
 def record_path(stem: str | Path) -> Path:

@@ -31,15 +31,11 @@ from typing import Any
 from rasterscale.atomic import write_json
 from rasterscale.predict.rankfiles import rank_stem
 from rasterscale.tasks.spec import Part
+from rasterscale.workflow.paths import resume_dir as resume_dir  # spelled there, with every other path
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock
 IGNORED_PREDICT_KEYS = ("checkpoint_every",)  # config keys that do not change what a rank writes
-
-
-def resume_dir(shard_dir: str | Path) -> str:
-    """The folder of a prediction job's checkpoints: beside its output folder, which a failed job loses."""
-    return f"{str(shard_dir).rstrip('/')}.resume"
 
 
 def file_digest(path: str | Path) -> str:

@@ -7,8 +7,7 @@ a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 
 from __future__ import annotations
 
-from rasterscale.predict.rankfiles import rank_stem
-from rasterscale.predict.tile_resume import resume_dir
+from pathlib import Path
 
 RESULTS = "results"
 PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.plan)
@@ -54,6 +53,16 @@ def batch_file(batch: int | str) -> str:
 def shard_dir(batch: int | str, shard: int | str) -> str:
     """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
     return f"{RESULTS}/predict/batch-{batch}/shard-{shard}"
+
+
+def rank_stem(shard_dir: str | Path, scene: str, index: int) -> str:
+    """The path of a scene's rank files without suffix: ``{shard_dir}/{scene}/rank-{index}``."""
+    return f"{shard_dir}/{scene}/rank-{index}"
+
+
+def resume_dir(shard_dir: str | Path) -> str:
+    """The folder of a prediction job's checkpoints: beside its output folder, which a failed job loses."""
+    return f"{str(shard_dir).rstrip('/')}.resume"
 
 
 def shard_resume_dir(batch: int | str, shard: int | str) -> str:
