@@ -26,7 +26,8 @@ workflow has none (its ``shell:`` and ``script:`` jobs run from the main process
 re-parses the workflow.
 
 Where the parse goes: ``job_dry`` once more under cProfile (``python -m cProfile -m snakemake``): the cumulative
-seconds of ``check_scene_inputs`` (rules/common.smk: every scene's header checks) and of the checks inside it,
+seconds of ``build_plan`` (rasterscale/workflow/plan.py: every scene's header checks) and of the checks inside it,
+or of ``load_plan`` where a job loads the plan the main process stored,
 and of the config validation and model header, against the profiled run's total. The profiler slows Python calls
 more than GDAL's and the imports' C code, so its seconds are not the unprofiled ones and its shares are estimates.
 """
@@ -76,14 +77,15 @@ exec "$@"
 """
 # the functions whose cumulative time the profile reports: (label, file suffix, function name)
 PROFILED = (
-    ("check_scene_inputs", "rules/common.smk", "check_scene_inputs"),
-    ("check_raster", "rasterscale/inputs.py", "check_raster"),
-    ("check_imagery", "rasterscale/inputs.py", "check_imagery"),
-    ("striped_sources", "rasterscale/cog.py", "striped_sources"),
-    ("check_annotations", "rasterscale/tasks/__init__.py", "check_annotations"),
-    ("validate_config", "rasterscale/config.py", "validate_config"),
-    ("model_labels", "rasterscale/tasks/__init__.py", "model_labels"),
-    ("import torch", "torch/__init__.py", "<module>"),  # inside model_labels: a .pt model file's header
+    ("build_plan", "rasterscale/workflow/plan.py", "build_plan"),  # the main process's: every check
+    ("load_plan", "rasterscale/workflow/plan.py", "load_plan"),  # a job's: the stored plan
+    ("check_raster", "rasterscale/raster/headers.py", "check_raster"),
+    ("check_imagery", "rasterscale/raster/imagery.py", "check_imagery"),
+    ("striped_sources", "rasterscale/raster/cog.py", "striped_sources"),
+    ("check_annotations", "rasterscale/tasks/detection/spec.py", "check_annotations"),
+    ("validate_config", "rasterscale/config/schema.py", "validate_config"),
+    ("labels", "rasterscale/tasks/detection/spec.py", "labels"),
+    ("import torch", "torch/__init__.py", "<module>"),  # inside labels: a .pt model file's header
 )
 
 
