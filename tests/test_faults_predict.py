@@ -1,7 +1,7 @@
 """Faults of a prediction run and of snakemake itself, with real kill -9s (rasterscale.runtime.lifetime).
 
 A local 2-rank prediction of the workflow (CPU ranks over gloo, an untrained RetinaNet at score threshold 0: plenty
-of boxes) is killed mid-prediction, found by its processes (rank 1's dataloader worker has started, no rank record
+of boxes) is killed mid-prediction, found by its processes (both ranks' dataloader workers have started, no rank record
 is written yet): rank 0, then (after a plain rerun) rank 1, then snakemake itself. After each kill every process of
 the job is gone within seconds, the run ends with an error, and every file at a final path opens. The recovery the
 README gives (a plain rerun; after a killed snakemake `snakemake --unlock`, then `--rerun-incomplete`) ends with
@@ -123,12 +123,13 @@ def job_processes(root: int) -> dict[str, psutil.Process]:
 
 
 def wait_mid_prediction(proc: subprocess.Popen, workdir: Path, timeout: float = 240) -> dict[str, psutil.Process]:
-    """Wait until both ranks predict (rank 1's dataloader worker exists: its predict loop has started) and return
-    the job's processes; no rank record may exist yet (the kill then lands mid-prediction)."""
+    """Wait until both ranks predict (each rank's dataloader worker exists: its predict loop has started; the ranks
+    start together, so either may be first) and return the job's processes; no rank record may exist yet (the kill
+    then lands mid-prediction)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         roles = job_processes(proc.pid)
-        if "rank1 worker" in roles and "rank0" in roles:
+        if {"rank0", "rank1", "rank0 worker", "rank1 worker"} <= set(roles):
             records = list(workdir.glob(f"results/predict/*/*/{SCENE}/rank-*.json"))
             assert not records, f"prediction ended before the marker was seen: {records}"
             return roles
@@ -206,15 +207,22 @@ def wait_locked(proc: subprocess.Popen, workdir: Path, timeout: float = 120) -> 
 def reference(tmp_path_factory):
     """An uninterrupted run; two more runs are started in its folder while it runs (both must be refused): one as
     soon as it holds its lock, one mid-prediction with `--rerun-incomplete` (without it Snakemake refuses that one
-    for the incomplete shard folder of the running job, before it looks at the lock)."""
+    for the incomplete shard folder of the running job, before it looks at the lock), while the job's processes
+    are suspended (resumed once it is refused: the run then finishes as if uninterrupted)."""
     workdir = tmp_path_factory.mktemp("reference")
     make_inputs(workdir)
     started = time.monotonic()
     first = start_workflow(workdir, "first")
     wait_locked(first, workdir)
     refused = {"at its start": finish(start_workflow(workdir, "second"), timeout=120)}
-    wait_mid_prediction(first, workdir)
-    refused["mid-prediction"] = finish(start_workflow(workdir, "third", "--rerun-incomplete"), timeout=120)
+    job = wait_mid_prediction(first, workdir)
+    for process in job.values():  # the job holds still mid-prediction (its snakemake keeps the lock) while the
+        process.suspend()  # third run starts and is checked: however slow its start, the first cannot finish first
+    try:
+        refused["mid-prediction"] = finish(start_workflow(workdir, "third", "--rerun-incomplete"), timeout=120)
+    finally:
+        for process in job.values():
+            process.resume()
     code, _ = finish(first)
     assert code == 0, f"{output_of(workdir, 'first')[-3000:]}\n{logs_of(workdir)}"
     runs = "; ".join(f"{when}: exit {c} after {s:.1f} s" for when, (c, s) in refused.items())
