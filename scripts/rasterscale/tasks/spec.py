@@ -51,15 +51,6 @@ class TaskSpec:
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def outputs_of_scene(self, config: Mapping[str, Any], scene: str) -> dict[str, str]:
-        """A scene's merged outputs, with the gathered prediction profile."""
-        files = {**self.scene_outputs(config), "profile": "predict_profile.json"}
-        return {key: f"results/{scene}/{name}" for key, name in files.items()}
-
-    def trained_model_files(self, name: str) -> dict[str, str]:
-        """What training writes for the model ``name``, by key (model, metrics, plot, and the task's others)."""
-        return {key: f"results/models/{file.format(name=name)}" for key, file in self.model_files.items()}
-
     def load(self) -> Task:
         """The task's torch half. The one import of a task's torch side, done here (lazily) so that the workflow,
         merge and evaluation jobs, which read only this spec, never import torch."""

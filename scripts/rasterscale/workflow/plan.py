@@ -117,7 +117,8 @@ class Plan:
 
     def scene_outputs(self, name: str) -> dict[str, str]:
         """A scene's merged outputs (the task's, and the gathered profile), by the merge's keys."""
-        return self.task.outputs_of_scene(self.config, name)
+        files = {key: paths.scene_file(name, file) for key, file in self.task.scene_outputs(self.config).items()}
+        return {**files, "profile": paths.scene_profile(name)}
 
     def demo_raster(self, name: str) -> str:
         return paths.demo_raster(self.config["demo"]["directory"], name)
@@ -210,7 +211,7 @@ class Plan:
     def trained_model_outputs(self, name: str) -> dict[str, str]:
         """Everything training writes for a model: the model file (for detection, its DeepForest folder too),
         curves."""
-        return self.task.trained_model_files(name)
+        return {key: paths.model_file(file.format(name=name)) for key, file in self.task.model_files.items()}
 
     def evaluation_job(self, name: str) -> EvaluationJob:
         """What a scene's evaluation reads: its raster, its merged outputs, its ground truth; the evaluate
