@@ -26,10 +26,10 @@ from jobs import run_predict_job
 from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
-from rasterscale.predict.rankfiles import rank_stem
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+from rasterscale.workflow.paths import rank_stem
 from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 
 REPO = Path(__file__).resolve().parents[1]

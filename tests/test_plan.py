@@ -301,17 +301,17 @@ def test_the_launcher_prefix_checks_the_final_resources(workdir):
 
 
 def counting_raster_checks(monkeypatch) -> list[str]:
-    """Record every raster header the plan's checks read."""
-    from rasterscale.raster import headers
+    """Record every raster header the plan's checks read (through the plan module's check_raster)."""
+    from rasterscale.workflow import plan
 
     read: list[str] = []
-    original = headers.check_raster
+    original = plan.check_raster
 
     def check_raster(path):
         read.append(str(path))
         return original(path)
 
-    monkeypatch.setattr(headers, "check_raster", check_raster)
+    monkeypatch.setattr(plan, "check_raster", check_raster)
     return read
 
 

@@ -27,9 +27,10 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, prediction_fingerprint, resume_dir
+from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, prediction_fingerprint
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
+from rasterscale.workflow.paths import resume_dir
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 

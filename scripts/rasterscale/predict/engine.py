@@ -51,7 +51,7 @@ from rasterscale.grid.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.grid.tile import Tile
 from rasterscale.predict.measure import PredictProfiler
 from rasterscale.predict.profile import format_profile_table, summarize
-from rasterscale.predict.rankfiles import rank_stem, write_rank_record
+from rasterscale.predict.rankfiles import write_rank_record
 from rasterscale.predict.tile_resume import (
     CheckpointClock,
     RankCheckpoints,
@@ -66,6 +66,7 @@ from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gathe
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
 from rasterscale.tasks.registry import task_spec
 from rasterscale.workflow.jobfiles import SceneJob
+from rasterscale.workflow.paths import rank_stem
 
 LOGGER_NAME = "rasterscale.predict"
 

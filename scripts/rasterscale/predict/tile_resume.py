@@ -1,8 +1,9 @@
 """Tile-level resume of prediction: a rank's checkpoints of finished tiles, kept where a failed job leaves them.
 
 Snakemake deletes a failed job's declared output folder, so a prediction job (batch b, shard s) keeps its
-checkpoints beside it, in ``results/predict/batch-{b}/shard-{s}.resume/`` (:func:`resume_dir`), and removes
-that folder once every rank has written its files. Per scene, rank ``i`` keeps there:
+checkpoints beside it, in ``results/predict/batch-{b}/shard-{s}.resume/``
+(:func:`rasterscale.workflow.paths.resume_dir`), and removes that folder once every rank has written its files.
+Per scene, rank ``i`` keeps there:
 
 - parts ``{scene}/rank-{i}.part-{k}{suffix}``: what its task's output holds of finished tiles, written since the
   previous part (detection: their boxes; segmentation: finished rows of its class raster), atomically;
@@ -29,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
-from rasterscale.predict.rankfiles import rank_stem
 from rasterscale.tasks.spec import Part
-from rasterscale.workflow.paths import resume_dir as resume_dir  # spelled there, with every other path
+from rasterscale.workflow.paths import rank_stem
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock

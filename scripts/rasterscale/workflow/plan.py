@@ -27,10 +27,15 @@ from rasterscale.atomic import atomic_path
 from rasterscale.config.scenes import scene_key
 from rasterscale.config.schema import nothing_to_do, validate_config
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.grid.split import check_validation_band
+from rasterscale.raster.cog import striped_sources
+from rasterscale.raster.headers import check_raster
+from rasterscale.raster.imagery import check_imagery
 from rasterscale.runtime.preflight import Geometry, launch_geometry
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
+from rasterscale.workflow.checks import unwritable_folder
 from rasterscale.workflow.jobfiles import EvaluationJob, Imagery, MergeConfig, PredictionBatch, SceneJob, TrainingScenes
 
 SECTIONS = ("train", "predict")
@@ -177,18 +182,20 @@ class Plan:
     def predict_config(self) -> dict[str, Any]:
         """The task, model, tiling and predict sections a prediction job uses (not predict.scenes: the job file
         has them)."""
-        predict = {key: value for key, value in self.config["predict"].items() if key != "scenes"}
         return {
             "task": self.config["task"],
             "model": self.config["model"],
             "tiling": self.config["tiling"],
-            "predict": predict,
+            "predict": self._predict_section(),
         }
 
     def merge_config(self) -> MergeConfig:
         """What a merge job uses: the task, the resolved class names, the merge and predict sections."""
-        predict = {key: value for key, value in self.config["predict"].items() if key != "scenes"}
-        return MergeConfig(self.config["task"], self.labels, self.config["merge"], predict)
+        return MergeConfig(self.config["task"], self.labels, self.config["merge"], self._predict_section())
+
+    def _predict_section(self) -> dict[str, Any]:
+        """The predict section without predict.scenes (a job's file lists its scenes)."""
+        return {key: value for key, value in self.config["predict"].items() if key != "scenes"}
 
     def checkpoint_path(self) -> str:
         """The model file prediction reads: model.checkpoint, or the one training writes."""
@@ -281,8 +288,6 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
     """Validate the raw config, check every scene's existing inputs (so also on ``snakemake -n``) and return the
     plan. ``warn`` gets each notice as soon as the config is validated (so before a later error) and each striped
     scene's warning. Raises ConfigError or InputError; an error of a scene from a scene table names its line."""
-    from rasterscale.workflow.checks import unwritable_folder
-
     origins: dict[str, str] = {}
     notices: list[str] = []
     default_bands: set[str] = set()
@@ -323,11 +328,6 @@ def _batches(predict: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
 
 def _check_scene(plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str]) -> list[str]:
     """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent)."""
-    from rasterscale.grid.split import check_validation_band
-    from rasterscale.raster.cog import striped_sources
-    from rasterscale.raster.headers import check_raster
-    from rasterscale.raster.imagery import check_imagery
-
     config = plan.config
     path = scene["path"]
     demo = name in config["demo"]["scenes"]
