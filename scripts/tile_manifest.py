@@ -9,7 +9,8 @@ from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
-from rasterscale.workflow.jobfiles import Imagery, PredictionBatch
+from rasterscale.scene import Imagery
+from rasterscale.workflow.jobfiles import PredictionBatch
 
 
 def write_scene_manifest(raster: str, out: str, imagery: Imagery | None, args: argparse.Namespace) -> None:

@@ -20,14 +20,10 @@ def main() -> None:
     ranks = start_local_ranks(args.config, "train")
     # imported once the other ranks are started, so that every rank imports torch at the same time
     from rasterscale.runtime.ranks import run_spec
-    from rasterscale.tasks.api import TrainScene
     from rasterscale.train.engine import run_training
 
     run_training(
-        scenes=[
-            TrainScene(s.name, s.raster, s.manifest, s.annotations, s.label_column, s.image_path)
-            for s in args.scenes.scenes
-        ],
+        scenes=list(args.scenes.scenes),
         config=args.config,
         spec=run_spec(args.config, "train"),
         model_path=args.model,

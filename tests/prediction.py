@@ -15,8 +15,8 @@ from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision
+from rasterscale.scene import Scene
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
-from rasterscale.workflow.jobfiles import SceneJob
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def predict_rank_file(
     )["predict"]
     resolution = resolve_precision("predict", precision, "cpu")
     run_prediction(
-        [SceneJob("scene", str(scene.raster), str(scene.manifest))],
+        [Scene("scene", str(scene.raster), str(scene.manifest))],
         scene.checkpoint,
         config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
         spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),

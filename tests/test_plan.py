@@ -17,17 +17,10 @@ from conftest import REPO, write_raster
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.predict.profile import format_profile_table
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
+from rasterscale.scene import Imagery, Scene
 from rasterscale.workflow import paths, reports
 from rasterscale.workflow import plan as plan_module
-from rasterscale.workflow.jobfiles import (
-    EvaluationJob,
-    Imagery,
-    MergeConfig,
-    PredictionBatch,
-    SceneJob,
-    TrainingScenes,
-    read_job_file,
-)
+from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
 from rasterscale.workflow.plan import Plan, build_plan, fingerprint, load_plan, store_plan, workflow_plan
 from rasterscale.workflow.slurm import SlurmSettings, ddp_resources, launcher_prefix
 
@@ -182,7 +175,7 @@ def test_a_batch_job_file_round_trips_with_every_field(workdir):
     batch = plan.prediction_batch(0)
     assert [scene.name for scene in batch.scenes] == ["a", "b"] and batch.batch == 0
     a = batch.scenes[0]
-    assert a == SceneJob(
+    assert a == Scene(
         name="a",
         raster="a.tif",
         manifest="results/a/tiles.parquet",
@@ -208,7 +201,7 @@ def test_training_merge_and_evaluation_jobs_round_trip(workdir):
     plan = build_plan(table_config(workdir))
     training = plan.training_scenes()
     assert training == TrainingScenes(
-        (SceneJob("a", "a.tif", "results/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
+        (Scene("a", "a.tif", "results/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
     )
     assert TrainingScenes.from_json(training.to_json()) == training
     merge = plan.merge_config()

@@ -316,15 +316,15 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
     from rasterscale.config.schema import validate_config as validated
     from rasterscale.predict.engine import run_prediction
     from rasterscale.runtime.ranks import RunSpec
-    from rasterscale.workflow.jobfiles import SceneJob
+    from rasterscale.scene import Scene
 
     first = PredictScene.make(tmp_path / "first", 300, 200)
     second = PredictScene.make(tmp_path / "second", 250, 260)
     predict_cfg = validated({"predict": {"strategy": strategy, "workers": 0, "batch_size": 4}})["predict"]
     spec = RunSpec("cpu", 1, 1, "32-true")
 
-    def job(scene: PredictScene) -> SceneJob:
-        return SceneJob(scene.raster.parent.name, str(scene.raster), str(scene.manifest))
+    def job(scene: PredictScene) -> Scene:
+        return Scene(scene.raster.parent.name, str(scene.raster), str(scene.manifest))
 
     config = {"task": "detection", "model": {"score_threshold": 0.0}, "predict": predict_cfg}
     run_prediction([job(first), job(second)], first.checkpoint, config, spec, tmp_path / "both", tmp_path / "logs")

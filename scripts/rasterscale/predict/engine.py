@@ -63,15 +63,15 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, read_spec
 from rasterscale.runtime.lifetime import bind_worker
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
+from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow.jobfiles import SceneJob
 from rasterscale.workflow.paths import rank_stem
 
 LOGGER_NAME = "rasterscale.predict"
 
 
-def load_scene(job: SceneJob) -> PredictScene:
+def load_scene(job: Scene) -> PredictScene:
     """A scene with what prediction needs of it: its tiles and imagery spec (from the manifest), its raster's
     size and georeference."""
     raster = check_raster(job.raster)
@@ -327,7 +327,7 @@ class ScenesDataset(Dataset):
 
 
 def run_prediction(
-    scenes: Sequence[SceneJob],
+    scenes: Sequence[Scene],
     checkpoint_path: str | Path,
     config: Mapping[str, Any],
     spec: RunSpec,

@@ -25,6 +25,7 @@ from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.batching import BatchPlan
+from rasterscale.scene import Scene
 from rasterscale.tasks.spec import Part, TaskSpec
 
 
@@ -35,18 +36,6 @@ class SizedDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
-
-
-@dataclass(frozen=True)
-class TrainScene:
-    """A training scene, as the workflow lists it: raster, tile manifest and ground truth."""
-
-    name: str
-    raster: str
-    manifest: str
-    annotations: str
-    label_column: str | None = None
-    image_path: str | None = None  # the scene's image name in CSV/VOC annotations (detection)
 
 
 @dataclass(frozen=True)
@@ -162,7 +151,7 @@ class Task(ABC):
     @abstractmethod
     def training_datasets(
         self,
-        scene: TrainScene,
+        scene: Scene,
         model_cfg: Any,
         train: Sequence[Tile],
         validation: Sequence[Tile],

@@ -32,7 +32,8 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
 from rasterscale.runtime.batching import BatchPlan, plan_batches
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
-from rasterscale.tasks.api import SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.scene import Scene
+from rasterscale.tasks.api import SizedDataset, Task, TrainingModule
 from rasterscale.tasks.registry import task_spec
 from rasterscale.train.resume import (
     ResumeCheckpoints,
@@ -55,7 +56,7 @@ class TrainingDataModule(L.LightningDataModule):
     run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
 
     def __init__(
-        self, task: Task, scenes: list[TrainScene], model_cfg: Any, plan: BatchPlan, cfg: Mapping[str, Any]
+        self, task: Task, scenes: list[Scene], model_cfg: Any, plan: BatchPlan, cfg: Mapping[str, Any]
     ) -> None:
         super().__init__()
         self.task, self.scenes, self.model_cfg, self.plan, self.cfg = task, scenes, model_cfg, plan, cfg
@@ -193,7 +194,7 @@ def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
 
 
 def run_training(
-    scenes: list[TrainScene],
+    scenes: list[Scene],
     config: Mapping[str, Any],
     spec: RunSpec,
     model_path: str | Path,

@@ -32,11 +32,12 @@ from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
 from rasterscale.runtime.preflight import Geometry, launch_geometry
+from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
 from rasterscale.workflow.checks import unwritable_folder
-from rasterscale.workflow.jobfiles import EvaluationJob, Imagery, MergeConfig, PredictionBatch, SceneJob, TrainingScenes
+from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes
 
 SECTIONS = ("train", "predict")
 FORMAT = 1  # of a stored plan: a plan stored in another format is rebuilt
@@ -159,7 +160,7 @@ class Plan:
     def prediction_batch(self, batch: int) -> PredictionBatch:
         """A batch's job file: each scene's raster, manifest, imagery keys, rank files and outputs."""
         scenes = tuple(
-            SceneJob(
+            Scene(
                 name=name,
                 raster=self.scene_raster(name),
                 manifest=paths.scene_manifest(name),
@@ -226,8 +227,8 @@ class Plan:
         scene = self._truth_scene(name, outputs=self.scene_outputs(name))
         return EvaluationJob(scene, self.config["task"], self.config["evaluate"], self.labels)
 
-    def _truth_scene(self, name: str, outputs: dict[str, str] | None = None) -> SceneJob:
-        return SceneJob(
+    def _truth_scene(self, name: str, outputs: dict[str, str] | None = None) -> Scene:
+        return Scene(
             name=name,
             raster=self.scene_raster(name),
             manifest=paths.scene_manifest(name),

@@ -25,7 +25,8 @@ from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.scene import Scene
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.dataset import TrainTileDataset
 from rasterscale.tasks.detection.evaluate import evaluate_detections
@@ -217,7 +218,7 @@ class DetectionTask(Task):
 
     def training_datasets(
         self,
-        scene: TrainScene,
+        scene: Scene,
         model_cfg: DetectorConfig,
         train: Sequence[Tile],
         validation: Sequence[Tile],

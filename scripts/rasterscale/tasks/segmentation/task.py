@@ -20,7 +20,8 @@ from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule, TrainScene
+from rasterscale.scene import Scene
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
@@ -139,7 +140,7 @@ class SegmentationTask(Task):
 
     def training_datasets(
         self,
-        scene: TrainScene,
+        scene: Scene,
         model_cfg: SegmenterConfig,
         train: Sequence[Tile],
         validation: Sequence[Tile],
