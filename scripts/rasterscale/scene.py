@@ -1,0 +1,106 @@
+"""A scene as the workflow hands it to its jobs: the raster it is read from, its tile manifest, its imagery keys,
+its ground truth, its rank files and merged outputs (:class:`Scene`). One shape for every job: the plan writes it
+into the job files (:mod:`rasterscale.workflow.jobfiles`), training, prediction, merge and evaluation read it. No
+torch and no rasterscale import: every layer may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Imagery:
+    """A scene's imagery keys for its manifest's imagery spec: its config key, bands and scale (None: defaults)."""
+
+    key: str = "scene"
+    bands: list[int] | None = None
+    scale: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "bands": self.bands, "scale": self.scale}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Imagery:
+        return cls(data.get("key", "scene"), data.get("bands"), data.get("scale"))
+
+
+# Scene's fields other than its outputs (the outputs are the other keys of its JSON entry)
+_SCENE_FIELDS = (
+    "name",
+    "raster",
+    "manifest",
+    "imagery",
+    "annotations",
+    "label_column",
+    "image_path",
+    "rank_files",
+    "mosaic",
+    "core",
+)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A scene as a job sees it: the raster it is read from, its tile manifest, and what the job at hand needs
+    of the rest: its imagery keys (tile manifest), ground truth (training, evaluation), rank files (merge),
+    merged outputs by key (merge, evaluation). A seam between two scenes (:mod:`rasterscale.grid.project`) is a
+    scene whose raster is a mosaic of theirs (``mosaic``, written by its tile manifest job), whose tiles are those
+    near its ``core`` (WKT in the raster's CRS), where the project keeps its objects."""
+
+    name: str
+    raster: str
+    manifest: str
+    imagery: Imagery | None = None
+    annotations: str = ""
+    label_column: str | None = None
+    image_path: str | None = None  # the scene's image name in CSV/VOC annotations (detection)
+    rank_files: tuple[str, ...] = ()
+    outputs: dict[str, str] = field(default_factory=dict)
+    mosaic: tuple[str, ...] = ()  # a seam's: the rasters its raster (a VRT) mosaics
+    core: str = ""  # a seam's: where the project keeps its objects
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON entry: name, raster, manifest, the other fields that are set, and the outputs as flat keys."""
+        data: dict[str, Any] = {"name": self.name, "raster": self.raster, "manifest": self.manifest}
+        if self.imagery is not None:
+            data["imagery"] = self.imagery.to_dict()
+        if self.annotations:
+            data.update(annotations=self.annotations, label_column=self.label_column, image_path=self.image_path)
+        if self.rank_files:
+            data["rank_files"] = list(self.rank_files)
+        if self.mosaic:
+            data.update(mosaic=list(self.mosaic), core=self.core)
+        return {**data, **self.outputs}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Scene:
+        imagery = data.get("imagery")
+        return cls(
+            name=data["name"],
+            raster=data["raster"],
+            manifest=data["manifest"],
+            imagery=Imagery.from_dict(imagery) if imagery is not None else None,
+            annotations=data.get("annotations") or "",
+            label_column=data.get("label_column"),
+            image_path=data.get("image_path"),
+            rank_files=tuple(data.get("rank_files", ())),
+            outputs={key: value for key, value in data.items() if key not in _SCENE_FIELDS},
+            mosaic=tuple(data.get("mosaic", ())),
+            core=data.get("core", ""),
+        )
+
+    def as_mapping(self) -> dict[str, Any]:
+        """Every field by name, the outputs as flat keys: the ``scene`` a task's merge and evaluation read."""
+        return {
+            "name": self.name,
+            "raster": self.raster,
+            "manifest": self.manifest,
+            "annotations": self.annotations,
+            "label_column": self.label_column,
+            "image_path": self.image_path,
+            "rank_files": list(self.rank_files),
+            **self.outputs,
+        }
