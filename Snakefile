@@ -16,6 +16,7 @@ include: "rules/tiles.smk"
 include: "rules/train.smk"
 include: "rules/predict.smk"
 include: "rules/merge.smk"
+include: "rules/project.smk"
 include: "rules/evaluate.smk"
 include: "rules/check.smk"
 

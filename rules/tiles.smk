@@ -23,7 +23,8 @@ rule tile_manifest:
         " --imagery {params.imagery:q} > {log:q} 2>&1"
 
 
-for batch, names in enumerate(PLAN.batches):
+# A seam's manifest comes with the mosaic of its scenes' rasters it is cut from.
+for batch in PLAN.batch_numbers:
 
     rule:
         name:
@@ -33,6 +34,7 @@ for batch, names in enumerate(PLAN.batches):
             job=paths.batch_file(batch),
         output:
             PLAN.batch_inputs(batch)["manifests"],
+            PLAN.batch_inputs(batch)["mosaics"],
         log:
             f"logs/tile_manifest/batch-{batch}.log",
         benchmark:

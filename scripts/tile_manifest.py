@@ -1,5 +1,6 @@
 """Entry: write a scene's tile manifest (GeoParquet) and its imagery spec (bands, mask, scale to uint8), or each
-scene's of a batch (its job file lists their rasters, manifests and imagery keys): one process for many scenes."""
+scene's of a batch (its job file lists their rasters, manifests and imagery keys): one process for many scenes. A
+seam's mosaic of its scenes' rasters is written first, and its manifest holds the tiles near its core."""
 
 import argparse
 import json
@@ -9,16 +10,19 @@ from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.scene import Imagery
 from rasterscale.workflow.jobfiles import PredictionBatch
 
 
-def write_scene_manifest(raster: str, out: str, imagery: Imagery | None, args: argparse.Namespace) -> None:
+def write_scene_manifest(
+    raster: str, out: str, imagery: Imagery | None, args: argparse.Namespace, core: str = ""
+) -> None:
     info = check_raster(raster)
     imagery = imagery or Imagery()
     spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key)
     print(f"{raster}: imagery {spec.describe()}")
-    manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec)
+    manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec, core)
     write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)
     print(f"{raster}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
 
@@ -41,7 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.job:
         for scene in PredictionBatch.read(args.job).scenes:
-            write_scene_manifest(scene.raster, scene.manifest, scene.imagery, args)
+            if scene.mosaic:  # a seam: its scenes' rasters as one
+                write_mosaic(scene.raster, scene.mosaic)
+            write_scene_manifest(scene.raster, scene.manifest, scene.imagery, args, scene.core)
     else:
         if not args.out:
             parser.error("--raster needs --out")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from affine import Affine
 
 from conftest import REPO, write_raster
 from rasterscale.errors import ConfigError, InputError
@@ -37,11 +38,11 @@ def write_table(path: Path, rows: list[list[str]]) -> str:
 
 
 def table_config(workdir: Path, **predict) -> dict:
-    """Three scenes from a scene table: a (tiled, annotated, trained on), b (tiled), c (striped); every one
-    predicted."""
+    """Three scenes from a scene table, 1 km apart (no seams between them): a (tiled, annotated, trained on), b
+    (tiled), c (striped); every one predicted."""
     write_raster(workdir / "a.tif", 600, 600)
-    write_raster(workdir / "b.tif", 300, 300)
-    write_raster(workdir / "c.tif", 300, 300, tiled=False)
+    write_raster(workdir / "b.tif", 300, 300, transform=Affine(0.1, 0, 405000.0, 0, -0.1, 3285000.0))
+    write_raster(workdir / "c.tif", 300, 300, tiled=False, transform=Affine(0.1, 0, 406000.0, 0, -0.1, 3285000.0))
     (workdir / "a.csv").write_text("image_path,xmin,ymin,xmax,ymax,label\na.tif,10,10,50,50,tree\n")
     table = write_table(
         workdir / "scenes.tsv",
@@ -61,7 +62,8 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
     assert list(plan.scenes) == ["a", "b", "c"] and plan.config["predict"]["scenes"] == ["a", "b", "c"]
     assert plan.config["model"]["name"] == "detector"  # a default filled in by validation
     assert plan.origins == {"a": "scenes.tsv line 2", "b": "scenes.tsv line 3", "c": "scenes.tsv line 4"}
-    assert plan.batches == (("a", "b"), ("c",))
+    assert [[scene.name for scene in batch.scenes] for batch in plan.batches] == [["a", "b"], ["c"]]
+    assert plan.seams == () and plan.has_project()
     assert plan.geometry == {"train": Geometry("train", 1, 1), "predict": Geometry("predict", 2, 1, 2)}
     assert plan.world_size("predict") == 2 and plan.shards == 2
     assert plan.labels == ("tree",)
@@ -84,6 +86,8 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
             for name in "abc"
             for file in ("detections.gpkg", "detections.parquet", "predict_profile.json")
         ),
+        "results/project/detections.gpkg",
+        "results/project/detections.parquet",
         "results/a/evaluation.json",
         "results/a/quicklook.png",
     ]

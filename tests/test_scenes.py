@@ -120,8 +120,8 @@ def test_train_and_predict_scenes_are_a_list_or_all():
 # ---------------------------------------------------------------------------------------------------------
 
 
-def mosaic_tiles(directory: Path, tiled: bool = True) -> list[Path]:
-    """2 x 2 GeoTIFF tiles of 170 x 140 px on one grid (the mosaic: 340 x 280 px)."""
+def mosaic_tiles(directory: Path, tiled: bool = True, left: float = 404000.0) -> list[Path]:
+    """2 x 2 GeoTIFF tiles of 170 x 140 px on one grid (the mosaic: 340 x 280 px), from x = ``left``."""
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
     return [
@@ -129,7 +129,7 @@ def mosaic_tiles(directory: Path, tiled: bool = True) -> list[Path]:
             directory / f"tile_{row}{col}.tif",
             170,
             140,
-            transform=Affine(0.1, 0, 404000.0 + 17.0 * col, 0, -0.1, 3285000.0 - 14.0 * row),
+            transform=Affine(0.1, 0, left + 17.0 * col, 0, -0.1, 3285000.0 - 14.0 * row),
             data=rng.integers(0, 255, size=(3, 140, 170), dtype=np.uint8),
             tiled=tiled,
         )
@@ -156,16 +156,15 @@ def test_a_vrt_reads_its_tiles_and_is_converted_only_when_a_source_is_striped(tm
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """A scene table of three real scenes (two GeoTIFFs and a VRT mosaic of 4 tiles) and an untrained
-    checkpoint at score threshold 0 (plenty of boxes)."""
+    """A scene table of three real scenes 1 km apart (two GeoTIFFs and a VRT mosaic of 4 tiles: no seams) and an
+    untrained checkpoint at score threshold 0 (plenty of boxes)."""
     root = tmp_path_factory.mktemp("scenes")
     model = PredictScene.make(root / "model")
     (root / "rasters").mkdir()
     write_raster(root / "rasters/a.tif", 300, 250)
-    write_raster(
-        root / "rasters/b.tif", 260, 300, data=np.random.default_rng(3).integers(0, 255, (3, 300, 260), dtype=np.uint8)
-    )
-    write_vrt(root / "rasters/mosaic.vrt", mosaic_tiles(root / "rasters/mosaic"))
+    data = np.random.default_rng(3).integers(0, 255, (3, 300, 260), dtype=np.uint8)
+    write_raster(root / "rasters/b.tif", 260, 300, data=data, transform=Affine(0.1, 0, 405000.0, 0, -0.1, 3285000.0))
+    write_vrt(root / "rasters/mosaic.vrt", mosaic_tiles(root / "rasters/mosaic", left=406000.0))
     rows = [["name", "path"], ["a", "rasters/a.tif"], ["b", "rasters/b.tif"], ["mosaic", "rasters/mosaic.vrt"]]
     write_table(root / "config/scenes.tsv", rows)
     return root, model

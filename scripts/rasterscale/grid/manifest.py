@@ -19,11 +19,13 @@ import geopandas as gpd
 import numpy as np
 import pyarrow.parquet as pq
 import rasterio
+import shapely
 from affine import Affine
 from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.crs import CRS
 
 from rasterscale.atomic import atomic_path
+from rasterscale.grid.project import tile_region
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import DEFAULT_BANDS, raster_info
@@ -96,18 +98,30 @@ def valid_tile_mask(
     return keep
 
 
+def tiles_meeting(grid: np.ndarray, transform: Affine, region: shapely.Geometry) -> np.ndarray:
+    """True for the tiles of ``grid`` whose footprint meets ``region`` (in the raster's CRS)."""
+    col_off, row_off, width, height = (grid[:, k] for k in range(4))
+    boxes = np.stack([col_off, row_off, col_off + width, row_off + height], axis=1)
+    return np.asarray(shapely.intersects(pixel_boxes_to_polygons(boxes, transform), region), dtype=bool)
+
+
 def build_manifest(
     raster_path: str | Path,
     patch_size: int,
     overlap: int,
     skip_nodata: bool = True,
     spec: ImageSpec | None = None,
+    core: str = "",
 ) -> gpd.GeoDataFrame:
     """The tile manifest of a raster; tiles that are certainly all masked (by ``spec``'s mask; default: the
-    raster's own, bands 1-3) are left out when asked. Rasters without a mask are not read."""
+    raster's own, bands 1-3) are left out when asked. Rasters without a mask are not read. A seam's ``core``
+    (WKT): only the tiles near it (:func:`rasterscale.grid.project.tile_region`, ``overlap`` px around it)."""
     with rasterio.open(raster_path) as src:
         spec = spec or ImageSpec(DEFAULT_BANDS, *mask_of(raster_info(src)))
         grid = tile_grid(src.width, src.height, patch_size, overlap)
+        if core:
+            pixel = max(abs(src.transform.a), abs(src.transform.e))
+            grid = grid[tiles_meeting(grid, src.transform, tile_region(core, overlap * pixel))]
         if skip_nodata and spec.mask != "none":
             grid = grid[valid_tile_mask(src, grid, spec)]
         return manifest_frame(grid, src.transform, src.crs)

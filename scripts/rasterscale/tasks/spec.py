@@ -33,6 +33,9 @@ class TaskSpec:
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
+    - ``project_inputs``: the keys of a scene's outputs the project's merge reads; ``project_outputs(config)``
+      the project's layers, ``{key: file name}`` under ``results/project/``; ``merge_project(job)`` merges them
+      (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping), a line for the log;
     - ``implementation``: ``"module:Class"`` of the torch half.
     """
 
@@ -47,6 +50,9 @@ class TaskSpec:
     merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]
+    project_inputs: tuple[str, ...]
+    project_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
+    merge_project: Callable[[Mapping[str, Any]], str]
     implementation: str
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -109,6 +109,45 @@ class EvaluationJob:
         return cls(Scene.from_dict(data["scene"]), data["task"], data["evaluate"], tuple(data["labels"]))
 
 
+@dataclass(frozen=True)
+class ProjectJob:
+    """What the project's merge reads (``results/project/job.json``): the task, the project's CRS, the class
+    names, the merge and project sections, each source (scene or seam) with its merged outputs by key, its CRS, and its
+    footprint (a scene's ``bounds``) or core (a seam's, WKT); and the project's outputs by key."""
+
+    task: str
+    crs: str
+    labels: tuple[str, ...]
+    merge: dict[str, Any]
+    project: dict[str, Any]
+    sources: tuple[dict[str, Any], ...]
+    outputs: dict[str, str]
+
+    def as_mapping(self) -> dict[str, Any]:
+        """The job as the task's project merge reads it."""
+        data = {"task": self.task, "crs": self.crs, "labels": list(self.labels), "merge": self.merge}
+        data["project"] = self.project
+        return {**data, "sources": list(self.sources), "outputs": self.outputs}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_mapping(), separators=COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProjectJob:
+        data = json.loads(text)
+        sources = tuple(data["sources"])
+        labels = tuple(data["labels"])
+        return cls(data["task"], data["crs"], labels, data["merge"], data["project"], sources, data["outputs"])
+
+    @classmethod
+    def read(cls, path: str | Path) -> ProjectJob:
+        return cls.from_json(Path(path).read_text())
+
+    def write(self, path: str | Path) -> None:
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(self.to_json() + "\n")
+
+
 def read_job_file(path: str | Path) -> list[Scene]:
     """The scenes of a batch's job file, in order."""
     return list(PredictionBatch.read(path).scenes)

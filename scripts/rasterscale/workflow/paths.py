@@ -1,7 +1,8 @@
 """Every path the workflow's rules and jobs name, relative to the working directory: the one place each is spelled.
 
-Scene files live under ``results/{scene}/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``,
-models under ``results/models/``, a batch's job file under ``results/batches/``. Pure string functions (no I/O):
+Scene files live under ``results/{scene}/`` (a seam's, ``{a}+{b}``, under ``results/seams/``), the project's
+layers under ``results/project/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``, models under
+``results/models/``, a batch's job file under ``results/batches/``. Pure string functions (no I/O):
 a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 """
 
@@ -9,12 +10,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rasterscale.grid.project import is_seam
+
 RESULTS = "results"
 PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.plan)
 
 
 def scene_dir(scene: str) -> str:
-    return f"{RESULTS}/{scene}"
+    return f"{RESULTS}/seams/{scene}" if is_seam(scene) else f"{RESULTS}/{scene}"
+
+
+def seam_mosaic(seam: str) -> str:
+    """The VRT mosaic a seam is read from (written by its tile manifest job)."""
+    return f"{scene_dir(seam)}/mosaic.vrt"
+
+
+def project_dir() -> str:
+    return f"{RESULTS}/project"
+
+
+def project_file(name: str) -> str:
+    """A file of the project's folder by its name (a task's project layers, the project job)."""
+    return f"{project_dir()}/{name}"
+
+
+def batches_dir() -> str:
+    return f"{RESULTS}/batches"
 
 
 def scene_manifest(scene: str) -> str:
@@ -47,7 +68,7 @@ def quicklook_file(scene: str) -> str:
 
 def batch_file(batch: int | str) -> str:
     """A batch's job file (rule scene_batch)."""
-    return f"{RESULTS}/batches/batch-{batch}.json"
+    return f"{batches_dir()}/batch-{batch}.json"
 
 
 def shard_dir(batch: int | str, shard: int | str) -> str:

@@ -2,8 +2,10 @@
 
 :func:`build_plan` validates the config, checks every scene's inputs (raster, imagery keys, annotations, the
 validation band of a training scene) and the model file's labels, and returns a frozen :class:`Plan`: the
-validated config, its notices, where each scene came from, the effective labels, the striped scenes, the batches
-of scenes and the launch geometry of each section ("train", "predict"). Its methods give the rules' inputs,
+validated config, its notices, where each scene came from, the effective labels, the striped scenes, the predicted
+scenes' footprints and the seams between them (:mod:`rasterscale.grid.project`), the batches of scenes and seams
+(:mod:`rasterscale.workflow.batches`: recorded batches are kept) and the launch geometry of each section ("train",
+"predict"). Its methods give the rules' inputs,
 outputs and job inputs (``rasterscale.workflow.jobfiles``), with paths from ``rasterscale.workflow.paths``.
 
 A plan is stored as JSON under ``.snakemake/rasterscale/plan-{fingerprint}.json`` (:func:`store_plan`), the
@@ -15,6 +17,7 @@ config or an input changed since. Problems raise :class:`ConfigError` or :class:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,24 +26,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rasterio.crs import CRS
+from rasterio.errors import CRSError
+
 from rasterscale.atomic import atomic_path
 from rasterscale.config.scenes import scene_key
 from rasterscale.config.schema import nothing_to_do, validate_config
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.grid.project import Footprint, Seam, find_seams, is_seam
 from rasterscale.grid.split import check_validation_band
 from rasterscale.raster.cog import striped_sources
-from rasterscale.raster.headers import check_raster
+from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import check_imagery
 from rasterscale.runtime.preflight import Geometry, launch_geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
+from rasterscale.workflow.batches import form_batches, read_recorded
 from rasterscale.workflow.checks import unwritable_folder
-from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes
+from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
 
 SECTIONS = ("train", "predict")
-FORMAT = 1  # of a stored plan: a plan stored in another format is rebuilt
+FORMAT = 2  # of a stored plan: a plan stored in another format is rebuilt
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,10 @@ class Plan:
     labels: tuple[str, ...] = ()  # the effective class names (config keys over the model file's)
     untiled: dict[str, tuple[str, ...]] = field(default_factory=dict)  # scene -> its striped rasters
     geometry: dict[str, Geometry] = field(default_factory=dict)  # section -> launch geometry
-    batches: tuple[tuple[str, ...], ...] = ()  # predict.scenes, predict.scenes_per_job at a time
+    batches: tuple[PredictionBatch, ...] = ()  # the prediction jobs' scenes and seams
     inputs: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # file -> (size, mtime_ns) checked
+    footprints: dict[str, Footprint] = field(default_factory=dict)  # predicted scene -> its header's footprint
+    seams: tuple[Seam, ...] = ()  # between the predicted scenes
 
     # -- the config -------------------------------------------------------------------------------------------
 
@@ -106,7 +116,10 @@ class Plan:
         return str(self.scenes[name]["path"])
 
     def scene_raster(self, name: str) -> str:
-        """The raster a scene is read from: its own, or the tiled COG made from it when its own is striped."""
+        """The raster a scene is read from: its own, or the tiled COG made from it when its own is striped; a
+        seam's mosaic of its scenes' rasters."""
+        if is_seam(name):
+            return paths.seam_mosaic(name)
         return paths.cog_raster(name) if name in self.untiled else self.scene_source(name)
 
     def scene_annotations(self, name: str) -> str:
@@ -117,7 +130,9 @@ class Plan:
         return str(self.scenes[name].get("image_path") or Path(self.scene_source(name)).name)
 
     def scene_imagery(self, name: str) -> Imagery:
-        """The scene's imagery keys (bands, scale) for its manifest's imagery spec."""
+        """The scene's imagery keys (bands, scale) for its manifest's imagery spec (a seam's: its first scene's)."""
+        if is_seam(name):
+            name = self.seam(name).a
         scene = self.scenes[name]
         return Imagery(f"scenes.{name}", scene.get("bands"), scene.get("scale"))
 
@@ -157,28 +172,98 @@ class Plan:
         """A scene's rank files (paths without suffix), every shard's, in rank order."""
         return paths.rank_files(name, batch, self.shards, self.world_size("predict"))
 
+    @functools.cached_property
+    def _seams_by_name(self) -> dict[str, Seam]:
+        return {seam.name: seam for seam in self.seams}
+
+    @functools.cached_property
+    def _batches_by_number(self) -> dict[int, PredictionBatch]:
+        return {batch.batch: batch for batch in self.batches}
+
+    def seam(self, name: str) -> Seam:
+        return self._seams_by_name[name]
+
+    def batch_entry(self, name: str, batch: int) -> Scene:
+        """A scene's (or seam's) entry in a batch's job file: raster, manifest, imagery keys, rank files, outputs;
+        a seam's mosaicked rasters and core."""
+        seam = self.seam(name) if is_seam(name) else None
+        return Scene(
+            name=name,
+            raster=self.scene_raster(name),
+            manifest=paths.scene_manifest(name),
+            imagery=self.scene_imagery(name),
+            rank_files=tuple(self.rank_files(name, batch)),
+            outputs=self.scene_outputs(name),
+            mosaic=(self.scene_raster(seam.a), self.scene_raster(seam.b)) if seam else (),
+            core=seam.core if seam else "",
+        )
+
+    @property
+    def batch_numbers(self) -> list[int]:
+        return [batch.batch for batch in self.batches]
+
     def prediction_batch(self, batch: int) -> PredictionBatch:
         """A batch's job file: each scene's raster, manifest, imagery keys, rank files and outputs."""
-        scenes = tuple(
-            Scene(
-                name=name,
-                raster=self.scene_raster(name),
-                manifest=paths.scene_manifest(name),
-                imagery=self.scene_imagery(name),
-                rank_files=tuple(self.rank_files(name, batch)),
-                outputs=self.scene_outputs(name),
-            )
-            for name in self.batches[batch]
-        )
-        return PredictionBatch(batch, scenes)
+        return self._batches_by_number[batch]
 
     def batch_inputs(self, batch: int) -> dict[str, list[str]]:
-        """The rasters and manifests of a batch's scenes."""
-        names = self.batches[batch]
-        return {"rasters": [self.scene_raster(n) for n in names], "manifests": [paths.scene_manifest(n) for n in names]}
+        """The rasters a batch's scenes and seams read, their manifests, and the seams' mosaics."""
+        scenes = self.prediction_batch(batch).scenes
+        rasters = [raster for scene in scenes for raster in (scene.mosaic or (scene.raster,))]
+        return {
+            "rasters": list(dict.fromkeys(rasters)),
+            "manifests": [scene.manifest for scene in scenes],
+            "mosaics": [scene.raster for scene in scenes if scene.mosaic],
+        }
 
     def batch_outputs(self, batch: int) -> list[str]:
-        return [path for name in self.batches[batch] for path in self.scene_outputs(name).values()]
+        return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
+
+    # -- the project ------------------------------------------------------------------------------------------
+
+    def has_project(self) -> bool:
+        """Whether the run writes the project's layers: it predicts several scenes."""
+        return len(self.predict_scenes) > 1
+
+    def project_outputs(self) -> dict[str, str]:
+        return {key: paths.project_file(file) for key, file in self.task.project_outputs(self.config).items()}
+
+    def project_inputs(self) -> list[str]:
+        """The merged layers the project's merge reads: each source's (the task's project_inputs keys)."""
+        keys = self.task.project_inputs
+        return [self.scene_outputs(name)[key] for name in self.project_sources() for key in keys]
+
+    def project_sources(self) -> list[str]:
+        """The scenes and seams whose layers make the project's."""
+        return [*self.predict_scenes, *(seam.name for seam in self.seams)]
+
+    def project_job(self) -> ProjectJob:
+        """What the project's merge reads: each source's layers, footprint and CRS, the seams' cores."""
+        sources: list[dict[str, Any]] = []
+        for name in self.project_sources():
+            outputs = self.scene_outputs(name)
+            if is_seam(name):
+                seam = self.seam(name)
+                entry = {"name": name, "crs": self.footprints[seam.a].crs, "core": seam.core, **outputs}
+            else:
+                footprint = self.footprints.get(name)
+                area = {"crs": footprint.crs, "bounds": list(footprint.bounds)} if footprint else {}
+                entry = {"name": name, **area, **outputs}  # type: ignore[dict-item]
+            sources.append(entry)
+        return ProjectJob(
+            task=self.config["task"],
+            crs=self.project_crs(),
+            labels=self.labels,
+            merge=self.config["merge"],
+            project=self.config["project"],
+            sources=tuple(sources),
+            outputs=self.project_outputs(),
+        )
+
+    def project_crs(self) -> str:
+        """project.crs, else the predicted scenes' one CRS (checked when the plan is built)."""
+        crs = {footprint.crs for footprint in self.footprints.values()}
+        return str(self.config["project"]["crs"] or (crs.pop() if len(crs) == 1 else ""))
 
     def predict_config(self) -> dict[str, Any]:
         """The task, model, tiling and predict sections a prediction job uses (not predict.scenes: the job file
@@ -245,6 +330,8 @@ class Plan:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
         for name in self.predict_scenes:
             targets += list(self.scene_outputs(name).values())
+        if self.has_project():
+            targets += list(self.project_outputs().values())
         for name in self.evaluated_scenes():
             targets += [paths.evaluation_file(name), paths.quicklook_file(name)]
         return targets
@@ -260,8 +347,10 @@ class Plan:
             "labels": list(self.labels),
             "untiled": {name: list(files) for name, files in self.untiled.items()},
             "geometry": {s: [g.section, g.devices, g.nodes, g.shards] for s, g in self.geometry.items()},
-            "batches": [list(batch) for batch in self.batches],
+            "batches": [[b.batch, [scene.to_dict() for scene in b.scenes]] for b in self.batches],
             "inputs": {path: list(stat) if stat else None for path, stat in self.inputs.items()},
+            "footprints": {name: footprint.to_list() for name, footprint in self.footprints.items()},
+            "seams": [[seam.a, seam.b, seam.core] for seam in self.seams],
         }
         return json.dumps(data, separators=(",", ":"))
 
@@ -277,8 +366,13 @@ class Plan:
             labels=tuple(data["labels"]),
             untiled={name: tuple(files) for name, files in data["untiled"].items()},
             geometry={s: Geometry(g[0], int(g[1]), int(g[2]), int(g[3])) for s, g in data["geometry"].items()},
-            batches=tuple(tuple(batch) for batch in data["batches"]),
+            batches=tuple(
+                PredictionBatch(int(number), tuple(Scene.from_dict(s) for s in scenes))
+                for number, scenes in data["batches"]
+            ),
             inputs={path: (int(s[0]), int(s[1])) if s else None for path, s in data["inputs"].items()},
+            footprints={name: Footprint.from_list(f) for name, f in data["footprints"].items()},
+            seams=tuple(Seam(*seam) for seam in data["seams"]),
         )
 
 
@@ -305,14 +399,22 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
         )
     geometry = {section: launch_geometry(config, section) for section in SECTIONS}
     labels = tuple(task_spec(config["task"]).labels(config))  # use these, never model.labels
-    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, batches=_batches(config["predict"]))
+    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry)
     untiled = {}
+    footprints = {}
+    predicted = set(plan.predict_scenes)
     for name, scene in config["scenes"].items():
-        striped = _check_scene(plan, name, scene, default_bands)
+        striped, raster = _check_scene(plan, name, scene, default_bands)
         if striped:
             untiled[name] = tuple(striped)
+        if raster is not None and name in predicted:
+            footprints[name] = footprint_of(raster)
     inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(config)}
-    plan = replace(plan, untiled=untiled, inputs=inputs)
+    plan = replace(plan, untiled=untiled, inputs=inputs, footprints=footprints)
+    if plan.has_project():
+        check_project_crs(plan)
+        plan = replace(plan, seams=tuple(find_seams(footprints, int(config["tiling"]["overlap"]))))
+    plan = replace(plan, batches=_batches(plan, workdir))
     for line in plan.striped_warnings():
         say(line)
     return plan
@@ -322,13 +424,52 @@ def _silent(line: str) -> None:
     pass
 
 
-def _batches(predict: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
-    scenes, size = list(predict["scenes"]), int(predict["scenes_per_job"])
-    return tuple(tuple(scenes[start : start + size]) for start in range(0, len(scenes), size))
+def footprint_of(raster: RasterInfo) -> Footprint:
+    """A scene's footprint from its header: CRS (its EPSG code where it has one), bounds, pixel size."""
+    t = raster.transform
+    xs, ys = (t.c, t.c + t.a * raster.width), (t.f, t.f + t.e * raster.height)
+    crs = raster.crs.to_string() if raster.crs is not None else ""
+    dtype = raster.dtypes[0] if raster.dtypes else ""
+    return Footprint(crs, (min(xs), min(ys), max(xs), max(ys)), (abs(t.a), abs(t.e)), raster.count, dtype)
 
 
-def _check_scene(plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str]) -> list[str]:
-    """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent)."""
+def check_project_crs(plan: Plan) -> None:
+    """The project's layers need one CRS: the scenes' own, or project.crs (one line naming both otherwise)."""
+    by_crs: dict[str, list[str]] = {}
+    for name, footprint in plan.footprints.items():
+        by_crs.setdefault(footprint.crs, []).append(name)
+    listed = "; ".join(f"{crs}: {_some(names)}" for crs, names in by_crs.items())
+    crs = plan.config["project"]["crs"]
+    if crs:
+        try:
+            CRS.from_user_input(crs)
+        except CRSError as err:
+            raise ConfigError(f"project.crs: {crs!r} is not a CRS ({err})") from err
+    if len(by_crs) > 1 and not crs:
+        raise ConfigError(
+            f"predict.scenes: the scenes are in {len(by_crs)} CRSs ({listed}); set project.crs to the CRS of the "
+            "project's layers (e.g. project: {crs: EPSG:32618})"
+        )
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
+    """The prediction batches: the recorded ones that still hold, then the new scenes and seams."""
+    members = plan.project_sources() if plan.has_project() else plan.predict_scenes
+    size = int(plan.config["predict"]["scenes_per_job"])
+    base = Path(workdir)
+    batches = form_batches(members, plan.batch_entry, size, read_recorded(workdir), lambda r: (base / r).exists())
+    return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
+
+
+def _check_scene(
+    plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str]
+) -> tuple[list[str], RasterInfo | None]:
+    """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent) and its
+    header (none when absent)."""
     config = plan.config
     path = scene["path"]
     demo = name in config["demo"]["scenes"]
@@ -336,7 +477,7 @@ def _check_scene(plan: Plan, name: str, scene: Mapping[str, Any], default_bands:
         raise ConfigError(f"scenes.{name}: a demo scene's path must be {plan.demo_raster(name)}")
     if not Path(path).exists():
         if demo:
-            return []
+            return [], None
         raise InputError(f"{path}: raster not found ({scene_key(name, 'path', plan.origins)})")
     try:
         raster = check_raster(path)
@@ -354,7 +495,7 @@ def _check_scene(plan: Plan, name: str, scene: Mapping[str, Any], default_bands:
         if name in plan.origins:
             raise InputError(f"{err} ({plan.origins[name]})") from err
         raise
-    return striped
+    return striped, raster
 
 
 # -- storing and loading ----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.evaluate import evaluate_scene
 from rasterscale.tasks.detection.merge import merge_scene
 from rasterscale.tasks.detection.modelfiles import detector_of_config
+from rasterscale.tasks.detection.project import merge_project
 from rasterscale.tasks.spec import TaskSpec
 
 
@@ -69,6 +70,9 @@ DETECTION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
+    project_inputs=("parquet",),
+    project_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
+    merge_project=merge_project,
     implementation="rasterscale.tasks.detection.task:DetectionTask",
     config_keys={
         "model": (
@@ -80,6 +84,7 @@ DETECTION = TaskSpec(
             "fpn_channels",
         ),
         "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
+        "project": ("iou_threshold",),
         "evaluate": ("iou_threshold", "score_threshold"),
     },
 )

@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
+from rasterscale.errors import InputError
+from rasterscale.grid.project import is_seam
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
+from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
@@ -50,6 +53,19 @@ def evaluate(
     return metrics
 
 
+def merge_project(job: Mapping[str, Any]) -> str:
+    """The project's classes: a VRT over the scenes' class COGs, then the seams' (drawn over the scenes' where they
+    predicted, their nodata left out), and its polygons."""
+    crs = {source["crs"] for source in job["sources"] if "crs" in source}
+    if len(crs) > 1:
+        raise InputError(f"project: the scenes are in {len(crs)} CRSs; a segmentation project's VRT needs one")
+    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
+    outputs = job["outputs"]
+    write_mosaic(outputs["classes"], [source["classes"] for source in ordered])
+    polygons = vectorize_classes(outputs["classes"], outputs["gpkg"], job["labels"])
+    return f"{outputs['classes']} over {len(ordered)} class rasters, {polygons} polygons -> {outputs['gpkg']}"
+
+
 def labels(config: Mapping[str, Any]) -> list[str]:
     return list(segmenter_of_config(config).labels)
 
@@ -74,6 +90,9 @@ SEGMENTATION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
+    project_inputs=("classes",),
+    project_outputs=lambda config: {"classes": "classes.vrt", "gpkg": "classes.gpkg"},
+    merge_project=merge_project,
     implementation="rasterscale.tasks.segmentation.task:SegmentationTask",
     config_keys={"model": ("architecture",), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},

@@ -1,0 +1,21 @@
+"""Entry: the project's layers from every predicted scene's and seam's merged layers (its job file lists them),
+each object kept once across scene borders (rasterscale/grid/project.py)."""
+
+import argparse
+
+from rasterscale.errors import run_entry
+from rasterscale.tasks.registry import task_spec
+from rasterscale.workflow.jobfiles import ProjectJob
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", required=True, help="the project's job file (JSON: sources with their layers)")
+    args = parser.parse_args()
+    job = ProjectJob.read(args.job)
+    spec = task_spec(job.task)  # not the task itself: no torch here
+    print(spec.merge_project(job.as_mapping()))
+
+
+if __name__ == "__main__":
+    run_entry(main)

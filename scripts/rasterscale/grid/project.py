@@ -1,0 +1,170 @@
+"""A project: scenes that lie side by side (a survey cut into abutting tiles, or flights that overlap), the seams
+between them, and which source owns each place of the project's layer.
+
+A scene is predicted alone: near its edge the model sees only half of an object that goes on in the neighbouring
+scene. So every pair of scenes that touch or overlap (same CRS and pixel size) gets a **seam**, predicted like a
+scene from a mosaic of the two rasters (:mod:`rasterscale.raster.mosaic`): its tiles read across the border.
+
+- A seam's *line* is where one scene's edge runs inside the other (for abutting scenes, their shared edge); its
+  *core* is that line widened by ``margin`` (the tiles' overlap, the largest object's size) on both sides, within
+  the two scenes; its tiles are those that meet the core widened once more by ``margin``
+  (:func:`tile_region`), so that every object centred in the core lies whole in a tile of the seam.
+- Ownership (:class:`Ownership`) keeps each object once: a seam keeps what is centred in its core (and in no core
+  of a seam of a smaller name); a scene keeps what is centred outside every core and outside every scene of a
+  smaller name (two flights over one stand: the first by name keeps their overlap). A scene's object centred
+  outside the cores lies at least ``margin`` from its edge, so the scene saw it whole.
+
+Seams are named ``{a}+{b}`` (``a < b``; ``+`` is not allowed in a scene name). Where three or more scenes meet
+at a point, a seam's mosaic holds only its two: an object on that point may be cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import shapely
+from shapely import STRtree
+from shapely.geometry import Polygon, box
+
+SEAM_JOIN = "+"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a project needs of a scene's header: its CRS (as text), bounds, pixel size, bands and data type."""
+
+    crs: str
+    bounds: tuple[float, float, float, float]
+    pixel: tuple[float, float]  # (width, height) of a pixel in CRS units, both positive
+    count: int
+    dtype: str
+
+    @property
+    def polygon(self) -> Polygon:
+        return box(*self.bounds)
+
+    def to_list(self) -> list[Any]:
+        return [self.crs, list(self.bounds), list(self.pixel), self.count, self.dtype]
+
+    @classmethod
+    def from_list(cls, data: Sequence[Any]) -> Footprint:
+        crs, bounds, pixel, count, dtype = data
+        xmin, ymin, xmax, ymax = map(float, bounds)
+        width, height = map(float, pixel)
+        return cls(str(crs), (xmin, ymin, xmax, ymax), (width, height), int(count), str(dtype))
+
+
+@dataclass(frozen=True)
+class Seam:
+    """The seam of scenes ``a < b``: its core (where its objects win), as WKT in the scenes' CRS."""
+
+    a: str
+    b: str
+    core: str
+
+    @property
+    def name(self) -> str:
+        return seam_name(self.a, self.b)
+
+
+def seam_name(a: str, b: str) -> str:
+    first, second = sorted((a, b))
+    return f"{first}{SEAM_JOIN}{second}"
+
+
+def is_seam(name: str) -> bool:
+    return SEAM_JOIN in name
+
+
+def seam_scenes(name: str) -> tuple[str, str]:
+    a, b = name.split(SEAM_JOIN)
+    return a, b
+
+
+def mosaicable(first: Footprint, second: Footprint) -> bool:
+    """Whether two scenes can be read as one mosaic: same CRS, pixel size, bands and data type."""
+    same_pixel = all(abs(p - q) <= 1e-9 * max(p, q) for p, q in zip(first.pixel, second.pixel, strict=True))
+    return first.crs == second.crs and same_pixel and (first.count, first.dtype) == (second.count, second.dtype)
+
+
+def seam_line(a: Polygon, b: Polygon, tolerance: float) -> shapely.Geometry:
+    """Where one footprint's edge runs inside (or along) the other's."""
+    return shapely.union(a.boundary.intersection(b.buffer(tolerance)), b.boundary.intersection(a.buffer(tolerance)))
+
+
+def find_seams(footprints: Mapping[str, Footprint], margin_px: int) -> list[Seam]:
+    """The seams of every pair of scenes that touch or overlap along a line (not at a point only) and can be read
+    as one mosaic, sorted by name. ``margin_px``: the core's half-width, in pixels."""
+    names = sorted(footprints)
+    if len(names) < 2:
+        return []
+    polygons = [footprints[n].polygon for n in names]
+    tree = STRtree(polygons)
+    seams = []
+    for i, j in zip(*tree.query(polygons, predicate="dwithin", distance=_tolerance(footprints, names)), strict=True):
+        if i >= j:
+            continue
+        first, second = footprints[names[i]], footprints[names[j]]
+        if not mosaicable(first, second):
+            continue
+        pixel = max(*first.pixel, *second.pixel)
+        line = seam_line(polygons[i], polygons[j], pixel / 100)
+        if line.length < 2 * pixel:
+            continue  # corners that touch: no border to see across
+        both = shapely.union(polygons[i], polygons[j]).buffer(pixel / 2, join_style="mitre")
+        core = line.buffer(margin_px * pixel, cap_style="flat", join_style="mitre").intersection(both)
+        seams.append(Seam(names[i], names[j], core.wkt))
+    return sorted(seams, key=lambda s: s.name)
+
+
+def tile_region(core: str, margin: float) -> shapely.Geometry:
+    """Where a seam's tiles go: its core (WKT) widened by ``margin`` (CRS units)."""
+    return shapely.from_wkt(core).buffer(margin, join_style="mitre")
+
+
+def _tolerance(footprints: Mapping[str, Footprint], names: Sequence[str]) -> float:
+    """A hundredth of the largest pixel: abutting scenes whose bounds differ by rounding still touch."""
+    return max((max(footprints[n].pixel) for n in names), default=0.0) / 100
+
+
+class Ownership:
+    """Which source (a scene or a seam) keeps an object centred at a point (see the module docstring).
+    ``footprints`` and ``cores`` are polygons in one CRS (the project's)."""
+
+    def __init__(self, footprints: Mapping[str, shapely.Geometry], cores: Mapping[str, shapely.Geometry]) -> None:
+        self.footprints = dict(footprints)
+        self.cores = dict(cores)
+        self._scene_names = sorted(self.footprints)
+        self._scene_tree = STRtree([self.footprints[n] for n in self._scene_names])
+        self._seam_names = sorted(self.cores)
+        self._seam_tree = STRtree([self.cores[n] for n in self._seam_names])
+
+    def keeps(self, source: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """True where ``source`` owns the point (x, y): the objects it keeps."""
+        if is_seam(source):
+            keep = shapely.contains_xy(self.cores[source], x, y)
+            area = self.cores[source]
+        else:
+            keep = np.ones(len(x), dtype=bool)
+            area = self.footprints[source]
+            for index in self._scene_tree.query(area, predicate="intersects"):
+                other = self._scene_names[int(index)]
+                if other < source:
+                    keep &= ~shapely.contains_xy(self.footprints[other], x, y)
+        for index in self._seam_tree.query(area, predicate="intersects"):
+            seam = self._seam_names[int(index)]
+            if seam != source and (not is_seam(source) or seam < source):
+                keep &= ~shapely.contains_xy(self.cores[seam], x, y)
+        return keep
+
+    def scene_of(self, source: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The scene each point of a source lies in: a scene's own name; for a seam, the first of its two scenes
+        that holds the point."""
+        if not is_seam(source):
+            return np.full(len(x), source, dtype=object)
+        a, b = seam_scenes(source)
+        inside = shapely.contains_xy(self.footprints[a], x, y) if a in self.footprints else np.ones(len(x), bool)
+        return np.where(inside, a, b).astype(object)

@@ -1,0 +1,99 @@
+"""Batches of scenes that stay put: which prediction job predicts which scenes (and seams).
+
+A batch's job file (``results/batches/batch-{b}.json``) records its members. When the workflow plans again, every
+recorded batch whose members the plan would still write as recorded is kept as it is, under its number: its jobs'
+inputs do not change, so Snakemake redoes none of them. Only members in no kept batch (new scenes and seams, or
+those whose entry changed: another raster, imagery keys, shards) form new batches, ``size`` at a time, numbered
+with the smallest free numbers. So adding scenes predicts only them, and removing or reordering scenes redoes
+nothing that stays: a kept batch goes on listing a scene the config no longer names (its outputs are simply not
+asked for), as long as that scene's rasters still exist.
+
+When two recorded files claim a member (a batch that was formed again), the newer file wins.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rasterscale.scene import Scene
+from rasterscale.workflow import paths
+
+BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A batch's job file as found on disk: its number, its time of writing and its scenes' entries."""
+
+    batch: int
+    mtime_ns: int
+    scenes: tuple[dict[str, Any], ...]
+
+
+def read_recorded(workdir: str | Path = ".") -> list[Recorded]:
+    """The batch job files under ``results/batches/`` (unreadable ones are left out: formed again)."""
+    folder = Path(workdir) / paths.batches_dir()
+    recorded = []
+    for path in folder.glob("batch-*.json") if folder.is_dir() else ():
+        match = BATCH_FILE.match(path.name)
+        if not match:
+            continue
+        try:
+            data = json.loads(path.read_text())
+            scenes = tuple(dict(entry) for entry in data["scenes"])
+            recorded.append(Recorded(int(match.group(1)), path.stat().st_mtime_ns, scenes))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return recorded
+
+
+def rasters_of(entry: Mapping[str, Any]) -> list[str]:
+    """The rasters a recorded entry reads: a seam's mosaicked rasters, else its own."""
+    return list(entry.get("mosaic") or [entry["raster"]])
+
+
+def form_batches(
+    members: Sequence[str],
+    entry: Callable[[str, int], Scene],
+    size: int,
+    recorded: Sequence[Recorded],
+    exists: Callable[[str], bool],
+) -> dict[int, tuple[Scene, ...]]:
+    """The batches, by number: the recorded ones kept (see the module docstring), then the other ``members`` in
+    their order, ``size`` at a time. ``entry(member, batch)``: the entry the plan writes for a member in a batch;
+    ``exists(raster)``: whether a raster a kept batch reads is still there."""
+    wanted = set(members)
+    kept: dict[int, tuple[Scene, ...]] = {}
+    claimed: set[str] = set()
+    for record in sorted(recorded, key=lambda r: (-r.mtime_ns, r.batch)):
+        names = [scene["name"] for scene in record.scenes]
+        if record.batch in kept or claimed.intersection(names) or not _still_valid(record, wanted, entry, exists):
+            continue
+        kept[record.batch] = tuple(Scene.from_dict(scene) for scene in record.scenes)
+        claimed.update(names)
+    batches = {number: kept[number] for number in sorted(kept) if wanted.intersection(s.name for s in kept[number])}
+    rest = [name for name in members if name not in claimed]
+    free = (number for number in range(len(kept) + len(rest) + 1) if number not in batches)
+    for start in range(0, len(rest), size):
+        number = next(free)
+        batches[number] = tuple(entry(name, number) for name in rest[start : start + size])
+    return dict(sorted(batches.items()))
+
+
+def _still_valid(
+    record: Recorded, wanted: set[str], entry: Callable[[str, int], Scene], exists: Callable[[str], bool]
+) -> bool:
+    """A recorded batch holds: every member still wanted is recorded as the plan would write it, and every member
+    no longer wanted still has its rasters."""
+    for scene in record.scenes:
+        if scene["name"] in wanted:
+            if entry(scene["name"], record.batch).to_dict() != scene:
+                return False
+        elif not all(exists(raster) for raster in rasters_of(scene)):
+            return False
+    return True
