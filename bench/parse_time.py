@@ -1,11 +1,12 @@
 """make bench-parse: how long Snakemake takes to parse the workflow (Snakefile + rules/common.smk, which validates
 the config and checks every scene's raster, annotation and model headers at every parse) with many scenes.
 
-``--scenes`` small tiled GeoTIFFs (256 x 256, 3-band uint8, one 256 px block, EPSG:32617) in a scene table,
+``--scenes`` small tiled GeoTIFFs (256 x 256, 3-band uint8, one 256 px block, EPSG:32617) side by side on a
+square grid (a survey cut into tiles: every inner border is a seam of the project) in a scene table,
 every other one with a DeepForest CSV of four boxes, an untrained resnet18 checkpoint as ``model.checkpoint``,
 ``predict.scenes: all`` on CPU, ``predict.scenes_per_job`` scenes a batch. Each run is a fresh process, timed from
 its start to its exit (the fastest of ``--repeats``), with the CPU seconds of it and its children (less sensitive
-than wall time to other work on the machine):
+than wall time to other work on the machine) and its peak RSS:
 
 - ``dry_run``: the user's plan, ``snakemake -n --cores 2`` (the main process: parse, then the DAG of every job);
 - ``job_dry``: a job's re-parse alone: the command a Slurm job runs for one job of the workflow (below), with
@@ -38,6 +39,7 @@ import argparse
 import contextlib
 import csv
 import json
+import math
 import os
 import pstats
 import re
@@ -52,13 +54,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import rasterio
 import yaml
+from affine import Affine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from synthetic import write_checkpoint, write_raster  # noqa: E402
+from synthetic import TRANSFORM, write_checkpoint, write_raster  # noqa: E402
 
 SIDE = 256
 JOB = "tile_manifests_batch_0"  # the timed job: one short process writing the first batch's tile manifests
@@ -97,9 +101,18 @@ def config(checkpoint: Path, scenes_per_job: int) -> dict[str, Any]:
     }
 
 
+def place(path: Path, index: int, count: int) -> None:
+    """Move a raster to its place in a survey: scenes abut on a square grid of ``ceil(sqrt(count))`` columns, as
+    a survey cut into tiles does (every inner border a seam of the project)."""
+    columns = math.ceil(math.sqrt(count))
+    row, column = divmod(index, columns)
+    with rasterio.open(path, "r+") as dst:
+        dst.transform = Affine.translation(column * SIDE * TRANSFORM.a, row * SIDE * TRANSFORM.e) * TRANSFORM
+
+
 def write_scenes(workdir: Path, count: int) -> int:
-    """``count`` rasters (one written, the rest copies), a DeepForest CSV for every other one, the scene table;
-    returns the number of scenes with annotations."""
+    """``count`` rasters (one written, the rest copies) side by side on a grid, a DeepForest CSV for every other
+    one, the scene table; returns the number of scenes with annotations."""
     rasters, boxes = workdir / "rasters", workdir / "annotations"
     rasters.mkdir(parents=True)
     boxes.mkdir()
@@ -110,6 +123,7 @@ def write_scenes(workdir: Path, count: int) -> int:
         raster = rasters / f"{name}.tif"
         if index:
             shutil.copyfile(first, raster)
+            place(raster, index, count)
         annotations = ""
         if index % 2 == 0:
             annotations = f"annotations/{name}.csv"
@@ -147,15 +161,28 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(command: list[str], workdir: Path, env: dict[str, str] | None = None) -> tuple[float, float, str]:
+PEAK_RSS: dict[str, list[float]] = {}  # mode -> the peak RSS (MiB) of each run's own process
+
+
+def run(
+    command: list[str], workdir: Path, env: dict[str, str] | None = None, mode: str = ""
+) -> tuple[float, float, str]:
     """Wall seconds of one process from start to exit, the CPU seconds of it and its children, and its output;
-    a failure stops the bench."""
+    a failure stops the bench. The process's own peak RSS (os.wait4's rusage of it) goes to PEAK_RSS[mode]."""
     cpu, started = cpu_seconds(), time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=workdir, env=env)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, text=True, cwd=workdir, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed in {workdir}:\n{result.stderr[-4000:]}")
-    return wall, cpu, result.stdout + result.stderr
+    if process.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed in {workdir}:\n{stderr[-4000:]}")
+    if mode:
+        PEAK_RSS.setdefault(mode, []).append(usage.ru_maxrss / 1024)
+    return wall, cpu, stdout + stderr
 
 
 def job_own_seconds(workdir: Path) -> float:
@@ -200,7 +227,7 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
     jobs = 0
     for _ in range(repeats):
         for mode, command in commands.items():
-            wall, cpu, output = run(command, workdir, slurm_env if mode == "slurm_job" else None)
+            wall, cpu, output = run(command, workdir, slurm_env if mode == "slurm_job" else None, mode)
             walls[mode].append(wall)
             cpus[mode].append(cpu)
             if mode == "dry_run":
@@ -217,6 +244,7 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
         "all_wall_s": {mode: [round(v, 2) for v in values] for mode, values in walls.items()},
         "cpu_s": {mode: round(min(values), 2) for mode, values in cpus.items()},
         "job_own_s": round(own[walls["job"].index(best["job"])], 2),
+        "peak_rss_mib": {mode: round(max(values)) for mode, values in PEAK_RSS.items()},
         "dry_run_jobs": jobs,
         "profile": profile(workdir),
         "commands": shown,
@@ -230,13 +258,14 @@ def format_table(results: dict[str, Any]) -> str:
         f"workflow parse time: {scenes} scenes of {SIDE}x{SIDE} px ({sizes['annotated']} with a CSV of boxes), "
         f"scenes_per_job {sizes['scenes_per_job']}, Snakemake {results['snakemake']}, fastest of {sizes['repeats']} "
         f"(load average {results['load_average']['before']:.1f} before, {results['load_average']['after']:.1f} after)",
-        f"{'run':<10} {'wall s':>7} {'ms/scene':>8} {'CPU s':>6}  what",
+        f"{'run':<10} {'wall s':>7} {'ms/scene':>8} {'CPU s':>6} {'RSS MiB':>7}  what",
     ]
     own = results["job_own_s"]
     fill = {"jobs": results["dry_run_jobs"], "job": JOB, "own": own, "rest": wall["job"] - own}
     for mode in MODES:
         lines.append(
-            f"{mode:<10} {wall[mode]:>7.2f} {1000 * wall[mode] / scenes:>8.1f} {results['cpu_s'][mode]:>6.2f}  "
+            f"{mode:<10} {wall[mode]:>7.2f} {1000 * wall[mode] / scenes:>8.1f} {results['cpu_s'][mode]:>6.2f} "
+            f"{results['peak_rss_mib'][mode]:>7}  "
             f"{WHAT[mode].format(**fill)}"
         )
     prof = results["profile"]

@@ -234,8 +234,8 @@ class Plan:
         return [self.scene_outputs(name)[key] for name in self.project_sources() for key in keys]
 
     def project_sources(self) -> list[str]:
-        """The scenes and seams whose layers make the project's."""
-        return [*self.predict_scenes, *(seam.name for seam in self.seams)]
+        """The scenes and seams whose layers make the project's, by name (the config's order changes nothing)."""
+        return [*sorted(self.predict_scenes), *(seam.name for seam in self.seams)]
 
     def project_job(self) -> ProjectJob:
         """What the project's merge reads: each source's layers, footprint and CRS, the seams' cores."""

@@ -1,0 +1,108 @@
+"""Projects through real `snakemake` runs: a survey of abutting scenes grows, shrinks and is reordered, and only
+what changed is predicted again (batches stay put: rasterscale/workflow/batches.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pytest
+from affine import Affine
+
+from conftest import report, write_raster
+from prediction import PredictScene
+from workflow import run_workflow, workflow_command
+
+SIDE = 96  # px a scene: one tile each (the model's patch is 128 px)
+COLUMNS = 20
+
+
+def survey_scene(root: Path, index: int) -> list[str]:
+    """Scene ``index`` of the survey: 96 px tiles at 0.1 m, 20 a row, abutting; its scene table row."""
+    row, column = divmod(index, COLUMNS)
+    name = f"s{index:03d}"
+    transform = Affine(0.1, 0, 404000.0 + column * SIDE * 0.1, 0, -0.1, 3285000.0 - row * SIDE * 0.1)
+    data = np.random.default_rng(index).integers(0, 255, (3, SIDE, SIDE), dtype=np.uint8)
+    write_raster(root / f"rasters/{name}.tif", SIDE, SIDE, transform=transform, data=data)
+    return [name, f"rasters/{name}.tif"]
+
+
+def write_table(path: Path, rows: list[list[str]]) -> None:
+    path.write_text("".join("\t".join(row) + "\n" for row in [["name", "path"], *rows]))
+
+
+def project_config(model: PredictScene) -> dict:
+    return {
+        "scenes": "scenes.tsv",
+        "model": {"backbone": "resnet18", "checkpoint": str(model.checkpoint), "score_threshold": 0.0},
+        "tiling": {"patch_size": model.patch_size, "overlap": model.overlap},
+        "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 8, "scenes_per_job": 1000},
+    }
+
+
+def planned_jobs(workdir: Path, config: dict) -> dict[str, int]:
+    result = subprocess.run(workflow_command(workdir, config, "-n"), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "Nothing to be done" in result.stdout + result.stderr:
+        return {}
+    table = result.stdout.split("Job stats:")[1].split("total")[0]
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+
+
+def output_times(workdir: Path) -> dict[str, int]:
+    """Modification times of every scene's and seam's outputs, the batches' job files and prediction folders."""
+    found = [*workdir.glob("results/s*/*"), *workdir.glob("results/seams/*/*"), *workdir.glob("results/batches/*")]
+    found += workdir.glob("results/predict/batch-*/shard-*")
+    return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in found}
+
+
+@pytest.fixture(scope="module")
+def survey(tmp_path_factory):
+    root = tmp_path_factory.mktemp("survey")
+    (root / "rasters").mkdir()
+    model = PredictScene.make(root / "model")
+    rows = [survey_scene(root, index) for index in range(210)]
+    return root, model, rows
+
+
+def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reordering_redoes_nothing(survey):
+    root, model, rows = survey
+    config = project_config(model)
+    write_table(root / "scenes.tsv", rows[:200])
+    run_workflow(root, config)
+    before = output_times(root)
+    assert sum(path.endswith("/detections.parquet") for path in before) == 200 + 370  # 370 seams on a 20 x 10 grid
+
+    write_table(root / "scenes.tsv", rows)  # a row of 10 more below the survey: 10 scenes, 19 seams
+    jobs = planned_jobs(root, config)
+    assert jobs == {
+        "scene_batch": 1,
+        "tile_manifests_batch_1": 1,
+        "predict": 1,
+        "merge_batch_1": 1,
+        "project_job": 1,
+        "project_layers": 1,
+        "all": 1,
+    }, jobs
+    run_workflow(root, config)
+    after = output_times(root)
+    changed = sorted(path for path, mtime in before.items() if after[path] != mtime)
+    assert changed == [], changed
+    added = sorted(set(after) - set(before))
+    new_seams = {path.split("/")[2] for path in added if path.startswith("results/seams/")}
+    assert {path.split("/")[1] for path in added if re.match(r"results/s\d+/", path)} == {
+        f"s{index:03d}" for index in range(200, 210)
+    }
+    assert len(new_seams) == 19 and all(any(f"s{i:03d}" in seam for i in range(200, 210)) for seam in new_seams)
+    project = gpd.read_parquet(root / "results/project/detections.parquet")
+    assert set(project["scene"]) == {f"s{index:03d}" for index in range(210)}
+    report(f"project: 200 scenes + 10 added: {len(added)} new outputs, {len(before)} kept with their mtimes")
+
+    reordered = rows[::-1]
+    write_table(root / "scenes.tsv", reordered)
+    assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
+    write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s105"])
+    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1, "all": 1}
