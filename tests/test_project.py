@@ -235,13 +235,16 @@ def cut(folder: Path, data: np.ndarray, col: int = 120, row: int = 70, **kwargs)
 def test_a_mosaic_of_four_abutting_tiles_reads_back_the_raster_they_were_cut_from_its_alpha_as_alpha(tmp_path):
     data = np.random.default_rng(1).integers(1, 255, size=(4, 160, 200), dtype=np.uint8)
     data[3] = 255
-    data[3, 100:, :50] = 0  # no data there
+    data[3, 100:, :50] = 0  # no data there, across two tiles
     vrt = write_mosaic(tmp_path / "results/seams/a+b/mosaic.vrt", [str(p) for p in cut(tmp_path / "in", data)])
     with rasterio.open(vrt) as src:
         assert (src.width, src.height, src.count) == (200, 160, 4)
         assert src.transform.almost_equals(TRANSFORM) and src.crs.to_string() == UTM17N
         assert src.colorinterp == (ColorInterp.red, ColorInterp.green, ColorInterp.blue, ColorInterp.alpha)
-        np.testing.assert_array_equal(src.read(), data)
+        mosaic = src.read()
+    valid = data[3] > 0
+    np.testing.assert_array_equal(mosaic[:, valid], data[:, valid])
+    assert not mosaic[:, ~valid].any()  # where alpha is 0 no tile is drawn: 0 in every band, as gdalbuildvrt's
 
 
 def test_a_mosaic_carries_nodata_and_reads_from_its_folder_moved_elsewhere(tmp_path):
@@ -257,13 +260,30 @@ def test_a_mosaic_carries_nodata_and_reads_from_its_folder_moved_elsewhere(tmp_p
         assert not src.read(1, masked=True).mask[:20].any() and src.read(1, masked=True).mask[20:90, 100:150].all()
 
 
-def test_where_a_later_raster_of_a_mosaic_has_no_data_the_earlier_one_shows(tmp_path):
-    data = np.random.default_rng(3).integers(1, 255, size=(3, 50, 200), dtype=np.uint8)
-    first = write_raster(tmp_path / "first.tif", 120, 50, data=data[:, :, :120].copy(), transform=TRANSFORM, nodata=0)
+@pytest.mark.parametrize(
+    ("first_nodata", "later_marks"),
+    [(0, "nodata"), (None, "nodata"), (None, "alpha"), (None, "mask")],
+    ids=["nodata", "nodata-of-the-later-only", "alpha", "internal-mask"],
+)
+def test_where_a_later_raster_of_a_mosaic_has_no_data_the_earlier_one_shows(tmp_path, first_nodata, later_marks):
+    """Two overlapping flights: the later one's no-data margin (its nodata value, alpha 0 as OpenDroneMap writes
+    it, or its internal mask) over the first one's pixels leaves them showing, as gdalbuildvrt's mosaic does."""
+    alpha = later_marks == "alpha"
+    count = 4 if alpha else 3
+    data = np.random.default_rng(3).integers(1, 255, size=(count, 50, 200), dtype=np.uint8)
+    if alpha:
+        data[3] = 255
     later = data[:, :, 100:].copy()
-    later[:, :, :20] = 0  # over first's last 20 columns: no data
-    second = TRANSFORM @ Affine.translation(100, 0)
-    second = write_raster(tmp_path / "second.tif", 100, 50, data=later, transform=second, nodata=0)
+    later[:, :, :20] = 0  # over first's last 20 columns: no data (alpha 0 too)
+    options = {"count": count, "alpha": alpha}
+    first = data[:, :, :120].copy()
+    first = write_raster(tmp_path / "1.tif", 120, 50, data=first, transform=TRANSFORM, nodata=first_nodata, **options)
+    shifted = TRANSFORM @ Affine.translation(100, 0)
+    nodata = 0 if later_marks == "nodata" else None
+    second = write_raster(tmp_path / "2.tif", 100, 50, data=later, transform=shifted, nodata=nodata, **options)
+    if later_marks == "mask":
+        with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True), rasterio.open(second, "r+") as dst:
+            dst.write_mask(later[0] > 0)
     with rasterio.open(write_mosaic(tmp_path / "mosaic.vrt", [str(first), str(second)])) as src:
         np.testing.assert_array_equal(src.read(), data)
 
