@@ -1,6 +1,8 @@
 """A GDAL VRT mosaic of rasters on one CRS and pixel size (what ``gdalbuildvrt`` writes, without GDAL's command
 line tools): one source per raster and band, placed by its geotransform; later sources are drawn over earlier
-ones. A seam between two scenes is read from such a mosaic, so that its tiles see across the scenes' border.
+ones, except where they have no data (their nodata value, or their mask: alpha 0, an internal mask), where the
+earlier ones show. A seam between two scenes is read from such a mosaic, so that its tiles see across the scenes'
+border (two flights that overlap: the later one's no-data margin leaves the first one's pixels showing).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from xml.sax.saxutils import escape
 
 import rasterio
 from affine import Affine
-from rasterio.enums import ColorInterp
+from rasterio.enums import ColorInterp, MaskFlags
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
@@ -43,6 +45,7 @@ class Source:
     dtype: str
     nodata: float | None
     colorinterp: tuple[str, ...]
+    masked: bool = False  # its valid pixels are given by a mask band (alpha, internal mask), not a nodata value
 
 
 def read_source(path: str) -> Source:
@@ -57,6 +60,7 @@ def read_source(path: str) -> Source:
             src.dtypes[0],
             src.nodata,
             tuple(ColorInterp(c).name for c in src.colorinterp),
+            MaskFlags.per_dataset in src.mask_flag_enums[0],
         )
 
 
@@ -91,15 +95,14 @@ def mosaic_xml(sources: Sequence[Source], vrt: Path) -> str:
     for band in range(1, first.count + 1):
         nodata = f"<NoDataValue>{first.nodata!r}</NoDataValue>" if first.nodata is not None else ""
         interp = first.colorinterp[band - 1] if band <= len(first.colorinterp) else "undefined"
-        kind = "ComplexSource" if first.nodata is not None else "SimpleSource"
         parts = []
         for s in sources:
             x, y = round((s.transform.c - left) / px), round((s.transform.f - top) / py)
-            source_nodata = f"<NODATA>{s.nodata!r}</NODATA>" if kind == "ComplexSource" and s.nodata is not None else ""
+            kind, transparent = _transparency(s)
             parts.append(
                 f"<{kind}>{_filename(s.path, vrt)}<SourceBand>{band}</SourceBand>"
                 f'<SrcRect xOff="0" yOff="0" xSize="{s.width}" ySize="{s.height}"/>'
-                f'<DstRect xOff="{x}" yOff="{y}" xSize="{s.width}" ySize="{s.height}"/>{source_nodata}</{kind}>'
+                f'<DstRect xOff="{x}" yOff="{y}" xSize="{s.width}" ySize="{s.height}"/>{transparent}</{kind}>'
             )
         bands.append(
             f'<VRTRasterBand dataType="{gdal_type}" band="{band}">{nodata}'
@@ -109,6 +112,16 @@ def mosaic_xml(sources: Sequence[Source], vrt: Path) -> str:
         f'<VRTDataset rasterXSize="{width}" rasterYSize="{height}"><SRS>{escape(first.crs_wkt)}</SRS>'
         f"<GeoTransform>{left!r}, {px!r}, 0, {top!r}, 0, {py!r}</GeoTransform>{''.join(bands)}</VRTDataset>\n"
     )
+
+
+def _transparency(source: Source) -> tuple[str, str]:
+    """A source's element and what leaves its no-data pixels out (as gdalbuildvrt writes them): its nodata value,
+    else its mask band (GDAL >= 3.3); a source without either is drawn whole."""
+    if source.nodata is not None:
+        return "ComplexSource", f"<NODATA>{source.nodata!r}</NODATA>"
+    if source.masked:
+        return "ComplexSource", "<UseMaskBand>true</UseMaskBand>"
+    return "SimpleSource", ""
 
 
 def write_mosaic(path: str | Path, rasters: Sequence[str]) -> Path:
