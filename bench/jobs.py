@@ -87,7 +87,7 @@ def run_predict_job(
     command = [
         sys.executable,
         str(ENTRY),
-        *("--job", str(job), "--checkpoint", str(checkpoint)),
+        *("--job", str(job), "--model", str(checkpoint)),
         *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
     ]
     wall = run_job("predict", command, cores, timeout)

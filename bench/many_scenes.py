@@ -41,7 +41,7 @@ KINDS = ("tile_manifest", "predict", "merge")
 def config(checkpoint: Path, scenes: Any, scenes_per_job: int, devices: int) -> dict[str, Any]:
     return {
         "scenes": scenes,
-        "model": {"backbone": "resnet18", "checkpoint": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(checkpoint)},
         "predict": {
             "scenes": "all",
             "accelerator": "cpu",

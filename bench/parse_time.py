@@ -2,7 +2,7 @@
 the config and checks every scene's raster, annotation and model headers at every parse) with many scenes.
 
 ``--scenes`` small tiled GeoTIFFs (256 x 256, 3-band uint8, one 256 px block, EPSG:32617) in a scene table,
-every other one with a DeepForest CSV of four boxes, an untrained resnet18 checkpoint as ``model.checkpoint``,
+every other one with a DeepForest CSV of four boxes, an untrained resnet18 model file as ``model.file``,
 ``predict.scenes: all`` on CPU, ``predict.scenes_per_job`` scenes a batch. Each run is a fresh process, timed from
 its start to its exit (the fastest of ``--repeats``), with the CPU seconds of it and its children (less sensitive
 than wall time to other work on the machine):
@@ -92,7 +92,7 @@ PROFILED = (
 def config(checkpoint: Path, scenes_per_job: int) -> dict[str, Any]:
     return {
         "scenes": "scenes.tsv",
-        "model": {"backbone": "resnet18", "checkpoint": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(checkpoint)},
         "predict": {"scenes": "all", "accelerator": "cpu", "scenes_per_job": scenes_per_job},
     }
 

@@ -24,7 +24,7 @@ rule predict:
     input:
         unpack(lambda wildcards: PLAN.batch_inputs(int(wildcards.batch))),
         job=paths.batch_file("{batch}"),
-        checkpoint=PLAN.checkpoint_path(),
+        model=PLAN.prediction_model(),
     output:
         directory(paths.shard_dir("{batch}", "{shard}")),
     log:
@@ -47,6 +47,6 @@ rule predict:
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
         resume_dir=lambda wildcards: paths.shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
-        "{params.launcher}{params.entry} --job {input.job:q} --checkpoint {input.checkpoint:q}"
+        "{params.launcher}{params.entry} --job {input.job:q} --model {input.model:q}"
         " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"
         " --shards {params.shards} --shard {wildcards.shard} --resume-dir {params.resume_dir:q} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
 """A small real scene for in-process prediction tests: a rasterio raster, its manifest and an untrained
-RetinaNet checkpoint at a low score threshold (plenty of boxes to compare)."""
+RetinaNet model file at a low score threshold (plenty of boxes to compare)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rasterscale.tasks.detection.model import DetectorConfig, build_detector, sa
 class PredictScene:
     raster: Path
     manifest: Path
-    checkpoint: Path
+    model_file: Path
     tiles: int
     patch_size: int = 128
     overlap: int = 32
@@ -69,7 +69,7 @@ def predict_rank_file(
     resolution = resolve_precision("predict", precision, "cpu")
     run_prediction(
         [Scene("scene", str(scene.raster), str(scene.manifest))],
-        scene.checkpoint,
+        scene.model_file,
         config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
         spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,

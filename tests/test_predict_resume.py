@@ -227,9 +227,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         job = {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
         for shard in (0, 1):
             scenes = read_job_file("results/batches/batch-0.json")
-            run_prediction(
-                scenes, valid["model"]["checkpoint"], job, run_spec(job, "predict"), out, out / "logs", 2, shard
-            )
+            run_prediction(scenes, valid["model"]["file"], job, run_spec(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(valid["task"])
         (scene,) = json.loads(Path("results/batches/batch-0.json").read_text())["scenes"]
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
@@ -289,7 +287,7 @@ def scene_config(tmp_path: Path, task: str, width: int, height: int) -> dict:
     write_raster(tmp_path / "resumed/scene.tif", width, height)
     config = tiny_config(predict={**PREDICT, "scenes": ["scene"]}, train={"scenes": []})
     config.update(task=task, scenes={"scene": {"path": "scene.tif"}}, demo={"scenes": {}})
-    config["model"] = {"checkpoint": untrained_model(tmp_path / "model.pt", task)}
+    config["model"] = {"file": untrained_model(tmp_path / "model.pt", task)}
     if task == "detection":
         config["model"]["score_threshold"] = 0.0
     return config

@@ -328,7 +328,7 @@ class ScenesDataset(Dataset):
 
 def run_prediction(
     scenes: Sequence[Scene],
-    checkpoint_path: str | Path,
+    model_file: str | Path,
     config: Mapping[str, Any],
     spec: RunSpec,
     out_dir: str | Path,
@@ -345,13 +345,13 @@ def run_prediction(
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     limit_read_cache(predict_cfg["read_cache_mb"])
     task = task_spec(config["task"]).load()
-    model, model_cfg = task.load_model(checkpoint_path, config)
+    model, model_cfg = task.load_model(model_file, config)
     model = task.prepare_for_inference(model, predict_cfg)
     loaded = [load_scene(job) for job in scenes]
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
 
-    model_digest = file_digest(checkpoint_path) if resume_dir is not None else ""
+    model_digest = file_digest(model_file) if resume_dir is not None else ""
 
     @functools.cache
     def plan_of_rank(world: int, rank: int) -> RankPlan:
@@ -398,7 +398,7 @@ def run_prediction(
         benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
-        logger.info("model %s: %s", checkpoint_path, task.describe(model_cfg))
+        logger.info("model %s: %s", model_file, task.describe(model_cfg))
         logger.info(
             "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
             "%d worker(s) per rank",

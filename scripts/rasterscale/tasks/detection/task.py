@@ -248,14 +248,14 @@ class DetectionTask(Task):
     def save_model(
         self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: str | Path, **meta: Any
     ) -> list[Path]:
-        """The rasterscale checkpoint and, beside it, the same model as a DeepForest model folder."""
+        """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
 
         save_checkpoint(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_folder(model.state_dict(), model_cfg, folder)
         if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
             LOGGER.warning(
-                "%s: written for rasterscale (model.checkpoint reads it); DeepForest itself builds resnet50 models "
+                "%s: written for rasterscale (model.file reads it); DeepForest itself builds resnet50 models "
                 "with a %d-channel feature pyramid only and cannot load this %s with %d",
                 folder,
                 DEFAULT_FPN_CHANNELS,
