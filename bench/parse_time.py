@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from synthetic import write_checkpoint, write_raster  # noqa: E402
+from synthetic import write_detector, write_raster  # noqa: E402
 
 SIDE = 256
 JOB = "tile_manifests_batch_0"  # the timed job: one short process writing the first batch's tile manifests
@@ -89,10 +89,10 @@ PROFILED = (
 )
 
 
-def config(checkpoint: Path, scenes_per_job: int) -> dict[str, Any]:
+def config(model_file: Path, scenes_per_job: int) -> dict[str, Any]:
     return {
         "scenes": "scenes.tsv",
-        "model": {"backbone": "resnet18", "file": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(model_file)},
         "predict": {"scenes": "all", "accelerator": "cpu", "scenes_per_job": scenes_per_job},
     }
 
@@ -264,9 +264,9 @@ def main() -> None:
             workdir.mkdir(parents=True, exist_ok=True)
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rasterscale-parse-")))
-        checkpoint = write_checkpoint(workdir / "model.pt", backbone="resnet18", patch_size=SIDE)
+        model_file = write_detector(workdir / "model.pt", backbone="resnet18", patch_size=SIDE)
         annotated = write_scenes(workdir, args.scenes)
-        (workdir / "config.yaml").write_text(yaml.safe_dump(config(checkpoint, args.scenes_per_job)))
+        (workdir / "config.yaml").write_text(yaml.safe_dump(config(model_file, args.scenes_per_job)))
         results: dict[str, Any] = {
             "sizes": {
                 "scenes": args.scenes,

@@ -16,7 +16,7 @@ from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision
 from rasterscale.scene import Scene
-from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PredictScene:
         )
         torch.manual_seed(0)
         detector = DetectorConfig(backbone="resnet18", patch_size=cls.patch_size, score_threshold=0.0)
-        save_checkpoint(build_detector(detector), detector, directory / "model.pt")
+        save_detector(build_detector(detector), detector, directory / "model.pt")
         return cls(raster, directory / "tiles.parquet", directory / "model.pt", len(manifest))
 
 

@@ -57,13 +57,13 @@ def scene_config() -> dict:
 
 def make_inputs(workdir: Path) -> None:
     """A random RGB raster and an untrained detector (the machinery is under test, not the model)."""
-    from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+    from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
     workdir.mkdir(parents=True, exist_ok=True)
     write_raster(workdir / "scene.tif", WIDTH, HEIGHT)
     torch.manual_seed(0)
     detector = DetectorConfig(backbone="resnet18", patch_size=128, score_threshold=0.0)
-    save_checkpoint(build_detector(detector), detector, workdir / "model.pt")
+    save_detector(build_detector(detector), detector, workdir / "model.pt")
 
 
 def start_workflow(workdir: Path, name: str, *args: str) -> subprocess.Popen:

@@ -123,7 +123,7 @@ CASES = {
     ),
     "a text file as model.file (was a traceback)": (
         lambda d: config_of(d, model={"file": str(d / "text.pt")}, train={"scenes": []}),
-        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt checkpoint, .*\\)",
+        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt file, .*\\)",
     ),
     "nothing to train or predict": (
         lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),
@@ -185,10 +185,10 @@ def test_config_and_ground_truth_checks_of_the_dry_run(data):
 
 @pytest.fixture(scope="module")
 def detector_file(data) -> Path:
-    """A real (untrained) rasterscale detector checkpoint, in a folder with a space in its name."""
+    """A real (untrained) rasterscale detector model file, in a folder with a space in its name."""
     import torch
 
-    from rasterscale.tasks.detection.model import build_detector, save_checkpoint
+    from rasterscale.tasks.detection.model import build_detector, save_detector
     from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder
 
     folder = data / "my models"
@@ -196,7 +196,7 @@ def detector_file(data) -> Path:
     cfg = DetectorConfig(backbone="resnet18", labels=("tree", "shrub"), patch_size=PATCH)
     torch.manual_seed(0)
     model = build_detector(cfg)
-    save_checkpoint(model, cfg, folder / "my model.pt")
+    save_detector(model, cfg, folder / "my model.pt")
     write_deepforest_folder(model.state_dict(), cfg, folder / "deepforest")
     return folder / "my model.pt"
 

@@ -264,10 +264,10 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
 def untrained_model(path: Path, task: str) -> str:
     torch.manual_seed(0)
     if task == "detection":
-        from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+        from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
         detector = DetectorConfig(backbone="resnet18", patch_size=256, score_threshold=0.0)
-        save_checkpoint(build_detector(detector), detector, path)
+        save_detector(build_detector(detector), detector, path)
     else:
         from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
         from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig

@@ -36,8 +36,8 @@ from rasterscale.tasks.detection.model import (
     freeze_pretrained_backbone,
     init_from_model_file,
     load_backbone_weights,
-    load_checkpoint,
-    save_checkpoint,
+    load_detector,
+    save_detector,
 )
 from rasterscale.tasks.detection.modelfiles import (
     DEFAULT_FPN_CHANNELS,
@@ -194,7 +194,7 @@ class DetectionTask(Task):
         return f"RetinaNet {model_cfg.backbone}, {model_cfg.describe()}"
 
     def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, DetectorConfig]:
-        model, cfg, _ = load_checkpoint(path, config)
+        model, cfg, _ = load_detector(path, config)
         return model, cfg
 
     training_module_class = DetectionTrainingModule
@@ -250,7 +250,7 @@ class DetectionTask(Task):
     ) -> list[Path]:
         """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
 
-        save_checkpoint(model, model_cfg, model_path, **meta)
+        save_detector(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_folder(model.state_dict(), model_cfg, folder)
         if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
