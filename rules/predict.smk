@@ -18,7 +18,7 @@ rule scene_batch:
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
 # {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its
-# ranks checkpoint finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
+# ranks save finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
 # it succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
 rule predict:
     input:

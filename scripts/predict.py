@@ -16,7 +16,7 @@ def main() -> None:
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--shard", type=int, default=0)
-    parser.add_argument("--resume-dir", help="where ranks checkpoint finished tiles, and a rerun resumes from")
+    parser.add_argument("--resume-dir", help="where ranks save finished tiles, and a rerun resumes from")
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time

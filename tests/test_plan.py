@@ -155,7 +155,10 @@ def test_config_errors_keep_their_message_and_notices_come_first(workdir):
     assert warnings[:1] == ["config: key 'predict.nodes' is deprecated: it is now 'predict.shards' (same meaning)"]
 
 
-@pytest.mark.parametrize(("section", "old", "new", "value"), [("model", "checkpoint", "file", "m.pt")])
+@pytest.mark.parametrize(
+    ("section", "old", "new", "value"),
+    [("model", "checkpoint", "file", "m.pt"), ("predict", "checkpoint_every", "save_every", 5)],
+)
 def test_a_renamed_key_is_read_under_its_new_name_with_a_notice_and_both_names_are_an_error(section, old, new, value):
     notices: list[str] = []
     config = validate_config({section: {old: value}}, notices=notices)

@@ -79,6 +79,7 @@ def describe_error(error: jsonschema.ValidationError) -> str:
 RENAMED = {  # old key -> new key (read, with a notice)
     ("predict", "nodes"): ("predict", "shards"),
     ("model", "checkpoint"): ("model", "file"),
+    ("predict", "checkpoint_every"): ("predict", "save_every"),
 }
 
 

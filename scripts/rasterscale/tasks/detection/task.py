@@ -112,7 +112,7 @@ class DetectionRankOutput(RankOutput):
     def frame(self) -> gpd.GeoDataFrame:
         return detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
 
-    def checkpoint(self, path: Path) -> Part | None:
+    def save_part(self, path: Path) -> Part | None:
         if not self.results:
             return None
         write_detections_file(self.frame(), path)
