@@ -50,7 +50,7 @@ from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin
 from rasterscale.tools.synth import synthesize_scene
-from synthetic import write_checkpoint
+from synthetic import write_detector
 
 PRECISIONS = (precisions.AUTO, precisions.FP32)  # auto first: its trained model is the one predicted
 SCORE_THRESHOLD = 0.3  # the prediction jobs' and the pure forward's (the model's default)
@@ -236,10 +236,10 @@ class Bench:
     def untrained(self) -> Path:
         """A seeded untrained model of the same architecture and scale, for when training failed."""
         s = self.sizes
-        return write_checkpoint(self.workdir / "untrained.pt", s.backbone, s.patch, resize=s.resize)
+        return write_detector(self.workdir / "untrained.pt", s.backbone, s.patch, resize=s.resize)
 
     @property
-    def checkpoint(self) -> Path:
+    def model_file(self) -> Path:
         return self.trained if self.trained is not None else self.untrained
 
     @property
@@ -380,7 +380,7 @@ def predict_once(bench: Bench, precision: str) -> dict[str, Any]:
     }
     config = predict_config(predict, SCORE_THRESHOLD)
     workdir = bench.workdir / f"predict-{precision}"
-    job = run_predict_job(workdir, raster, manifest, bench.checkpoint, predict, timeout=s.job_timeout_s, config=config)
+    job = run_predict_job(workdir, raster, manifest, bench.model_file, predict, timeout=s.job_timeout_s, config=config)
     summary = job_summary(job)
     used = ", ".join(sorted({str(rank["precision"]) for rank in summary["ranks"]}))  # one value: the ranks agree
     return {"requested": precision, "precision": used, **summary}
@@ -408,9 +408,9 @@ def device_tiles(raster: Path, manifest: Path, count: int, device: torch.device)
     return [dataset[k][0].to(device) for k in range(len(dataset))]
 
 
-def detector(checkpoint: Path, device: torch.device, score_threshold: float) -> torch.nn.Module:
+def detector(model_file: Path, device: torch.device, score_threshold: float) -> torch.nn.Module:
     """The model on the prediction job's fast path (:func:`rasterscale.tasks.detection.task.prepare_for_inference`)."""
-    return fast_model(checkpoint, score_threshold).to(device)
+    return fast_model(model_file, score_threshold).to(device)
 
 
 def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[Sequence[torch.Tensor]]:
@@ -471,7 +471,7 @@ def measure_forward(bench: Bench) -> dict[str, Any]:
     torch.backends.cudnn.benchmark = True  # as the prediction job runs (all tiles have one size)
     raster, manifest = bench.predict_scene
     images = device_tiles(raster, manifest, s.forward_tiles, device)
-    model = detector(bench.checkpoint, device, SCORE_THRESHOLD)
+    model = detector(bench.model_file, device, SCORE_THRESHOLD)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sampler = utilization_sampler(device)
@@ -572,7 +572,7 @@ def compared_boxes(
 
 
 def compile_comparison(
-    checkpoint: Path, raster: Path, manifest: Path, sizes: Sizes, device_name: str, precision: str, threads: int
+    model_file: Path, raster: Path, manifest: Path, sizes: Sizes, device_name: str, precision: str, threads: int
 ) -> dict[str, Any]:
     """Eager fast path against the compiled one on the same tiles: rates (alternating rounds), boxes, verdict."""
     device = torch.device(device_name)
@@ -580,8 +580,8 @@ def compile_comparison(
     torch.backends.cudnn.benchmark = True
     images = device_tiles(raster, manifest, sizes.compile_tiles, device)
     batches = full_batches(images, sizes.predict_batch)
-    eager = detector(checkpoint, device, COMPILE_SCORE_THRESHOLDS[0])
-    compiled = compile_detector(detector(checkpoint, device, COMPILE_SCORE_THRESHOLDS[0]), sizes.compile_backend)
+    eager = detector(model_file, device, COMPILE_SCORE_THRESHOLDS[0])
+    compiled = compile_detector(detector(model_file, device, COMPILE_SCORE_THRESHOLDS[0]), sizes.compile_backend)
     with predicting(precision, device):
         started = time.perf_counter()
         run_batch(compiled, batches[0])
@@ -644,7 +644,7 @@ def isolated(function: Callable[..., dict[str, Any]], args: tuple, timeout: floa
 def measure_compile(bench: Bench) -> dict[str, Any]:
     raster, manifest = bench.predict_scene
     s = bench.sizes
-    args = (bench.checkpoint, raster, manifest, s, str(bench.device), bench.auto, bench.threads)
+    args = (bench.model_file, raster, manifest, s, str(bench.device), bench.auto, bench.threads)
     result = isolated(compile_comparison, args, s.compile_timeout_s)
     result["model"] = f"{describe_model(s)}, {bench.model_kind}"
     return result

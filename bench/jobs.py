@@ -70,7 +70,7 @@ def run_predict_job(
     workdir: Path,
     raster: Path,
     manifest: Path,
-    checkpoint: Path,
+    model_file: Path,
     predict: dict[str, Any],
     cores: Iterable[int] | None = None,
     timeout: float = 900,
@@ -87,7 +87,7 @@ def run_predict_job(
     command = [
         sys.executable,
         str(ENTRY),
-        *("--job", str(job), "--checkpoint", str(checkpoint)),
+        *("--job", str(job), "--model", str(model_file)),
         *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
     ]
     wall = run_job("predict", command, cores, timeout)

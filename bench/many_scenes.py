@@ -1,5 +1,5 @@
 """make bench-scenes: the whole workflow (tile manifests, prediction, merge: `snakemake --cores 2`) over many small
-scenes against one scene of the same total pixels, from one checkpoint, every figure measured in this one run.
+scenes against one scene of the same total pixels, from one model file, every figure measured in this one run.
 
 Runs, each a fresh working directory and a real `snakemake` call, timed from start to exit:
 
@@ -8,7 +8,7 @@ Runs, each a fresh working directory and a real `snakemake` call, timed from sta
 - ``per_scene``: the same scenes (or the first ``--per-scene`` of them), ``scenes_per_job: 1``: one prediction
   and one merge job per scene, as before batching.
 
-The checkpoint is an untrained, seeded resnet18 RetinaNet (bench/synthetic.py: timings do not depend on the
+The model file is an untrained, seeded resnet18 RetinaNet (bench/synthetic.py: timings do not depend on the
 weights), at native scale; rasters are synthetic tiled GeoTIFFs. The time of each kind of job comes from
 Snakemake's benchmark files (process wall time, summed over the jobs of that kind).
 """
@@ -33,15 +33,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from synthetic import write_checkpoint, write_raster  # noqa: E402
+from synthetic import write_detector, write_raster  # noqa: E402
 
 KINDS = ("tile_manifest", "predict", "merge")
 
 
-def config(checkpoint: Path, scenes: Any, scenes_per_job: int, devices: int) -> dict[str, Any]:
+def config(model_file: Path, scenes: Any, scenes_per_job: int, devices: int) -> dict[str, Any]:
     return {
         "scenes": scenes,
-        "model": {"backbone": "resnet18", "checkpoint": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(model_file)},
         "predict": {
             "scenes": "all",
             "accelerator": "cpu",
@@ -116,7 +116,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="rasterscale-scenes-", dir=args.workdir) as tmp:
         root = Path(tmp)
-        checkpoint = write_checkpoint(root / "model.pt", backbone="resnet18", patch_size=400)
+        model_file = write_detector(root / "model.pt", backbone="resnet18", patch_size=400)
         single = root / "single"
         (single / "rasters").mkdir(parents=True)
         write_raster(single / "rasters/mosaic.tif", big)
@@ -132,7 +132,7 @@ def main() -> None:
                 (old / "rasters" / path.name).symlink_to(path)
             runs["per_scene"] = (old, "rasters/*.tif", 1)
         for name, (workdir, scenes, per_job) in runs.items():
-            results[name] = run(workdir, config(checkpoint, scenes, per_job, args.devices), args.cores)
+            results[name] = run(workdir, config(model_file, scenes, per_job, args.devices), args.cores)
             print(f"{name}: {results[name]}", flush=True)
     base = results["single"]
     lines = [

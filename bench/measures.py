@@ -39,7 +39,7 @@ from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.precision import BF16, FP16, FP32
 from rasterscale.tasks.detection.merge import merge_detections
-from rasterscale.tasks.detection.model import load_checkpoint
+from rasterscale.tasks.detection.model import load_detector
 from rasterscale.tasks.detection.task import prepare_for_inference
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
@@ -97,22 +97,22 @@ def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch_si
         return time.perf_counter() - started
 
 
-def baseline_model(checkpoint: Path, score_threshold: float | None = None) -> torch.nn.Module:
-    model = load_checkpoint(checkpoint)[0].eval()
+def baseline_model(model_file: Path, score_threshold: float | None = None) -> torch.nn.Module:
+    model = load_detector(model_file)[0].eval()
     if score_threshold is not None:
         model.score_thresh = score_threshold
     return model
 
 
-def fast_model(checkpoint: Path, score_threshold: float | None = None) -> torch.nn.Module:
-    return prepare_for_inference(baseline_model(checkpoint, score_threshold), channels_last=True)
+def fast_model(model_file: Path, score_threshold: float | None = None) -> torch.nn.Module:
+    return prepare_for_inference(baseline_model(model_file, score_threshold), channels_last=True)
 
 
 def measure_fastpath(
-    checkpoint: Path, images: list[torch.Tensor], batch_size: int, precision: str, rounds: int = 3
+    model_file: Path, images: list[torch.Tensor], batch_size: int, precision: str, rounds: int = 3
 ) -> dict:
     """The plain path (fp32, batch 1) against the fast path at ``precision`` (what ``auto`` resolves to)."""
-    baseline, fast = baseline_model(checkpoint), fast_model(checkpoint)
+    baseline, fast = baseline_model(model_file), fast_model(model_file)
     per_tile: dict[str, list[float]] = {"baseline": [], "fast": []}
     for _ in range(rounds):
         per_tile["baseline"].append(forward_seconds(baseline, images, 1, FP32) / len(images))
@@ -140,12 +140,12 @@ def gflop_per_tile(model: torch.nn.Module, image: torch.Tensor) -> float:
 
 
 def measure_precision(
-    checkpoint: Path, images: list[torch.Tensor], batch_size: int, auto: str, batches: int = 1, rounds: int = 3
+    model_file: Path, images: list[torch.Tensor], batch_size: int, auto: str, batches: int = 1, rounds: int = 3
 ) -> dict:
     """The fast path's seconds per tile in fp32 and in bf16 autocast on the same ``batches`` batches of ``images``
     (each after one untimed warm-up batch), and ``auto``, what this CPU resolves ``auto`` to. fp32 is the median of
     ``rounds``; bf16 runs once (emulated, it costs about 70x fp32's time)."""
-    fast, tiles = fast_model(checkpoint), images[: batches * batch_size]
+    fast, tiles = fast_model(model_file), images[: batches * batch_size]
     fp32 = [forward_seconds(fast, tiles, batch_size, FP32) / len(tiles) for _ in range(rounds)]
     bf16 = forward_seconds(fast, tiles, batch_size, BF16) / len(tiles)
     median = statistics.median(fp32)
@@ -190,12 +190,12 @@ def best_matches(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, 
 
 
 def measure_agreement(
-    checkpoint: Path, images: list[torch.Tensor], batch_size: int, precision: str, min_iou: float = 0.9
+    model_file: Path, images: list[torch.Tensor], batch_size: int, precision: str, min_iou: float = 0.9
 ) -> dict:
     """fp32 (plain path) vs fast path (at ``precision``, what ``auto`` resolves to) detections on the same tiles:
     boxes matched at IoU >= min_iou (each way) and score differences of the matched boxes. Unmatched boxes near the
     score threshold are counted apart: a score moving by 0.01 across the threshold adds or drops a box."""
-    plain, quick = baseline_model(checkpoint), fast_model(checkpoint)
+    plain, quick = baseline_model(model_file), fast_model(model_file)
     reference = detections(plain, images, 1, FP32)
     fast = detections(quick, images, batch_size, precision)
     score_threshold = plain.score_thresh
@@ -215,12 +215,12 @@ def measure_agreement(
                 ious += iou[good].tolist()
     if not counts["fp32"] or not counts["fast"]:
         raise RuntimeError(
-            f"fp32 agreement: {checkpoint} found {counts['fp32']} boxes in fp32 and {counts['fast']} on the fast path "
+            f"fp32 agreement: {model_file} found {counts['fp32']} boxes in fp32 and {counts['fast']} on the fast path "
             f"over {len(images)} tiles: a figure over no boxes is no figure (is the model trained for this scene?)"
         )
     return {
         "model": "trained",
-        "checkpoint": str(checkpoint),
+        "model_file": str(model_file),
         "tiles": len(images),
         "precision": precision,
         "score_threshold": score_threshold,
@@ -247,7 +247,7 @@ def job_summary(job: JobResult) -> dict:
 
 
 def measure_efficiency(
-    workdir: Path, raster: Path, manifest: Path, checkpoint: Path, tiles: list[Tile], precision: str
+    workdir: Path, raster: Path, manifest: Path, model_file: Path, tiles: list[Tile], precision: str
 ) -> dict:
     """Pure forward time over the job's tiles against the job's wall, and where the in-loop rest goes: the rank's
     batches (``compute_s``: the forward plus the first batch's warm-up and any slowdown), its outputs taking the
@@ -255,12 +255,12 @@ def measure_efficiency(
     nothing else runs on the cores). The job runs at ``predict.precision: auto``, the forward at ``precision``, what
     ``auto`` resolves to here (each rank's profile records the value it ran at)."""
     predict = {"devices": 1, "workers": 1, "batch_size": 4}
-    job = run_predict_job(workdir / "efficiency", raster, manifest, checkpoint, predict)
-    alone = run_predict_job(workdir / "efficiency-workers0", raster, manifest, checkpoint, {**predict, "workers": 0})
+    job = run_predict_job(workdir / "efficiency", raster, manifest, model_file, predict)
+    alone = run_predict_job(workdir / "efficiency-workers0", raster, manifest, model_file, {**predict, "workers": 0})
     threads = job.profiles[0]["threads"]
     torch.set_num_threads(threads)
     images = read_tiles(raster, tiles)
-    forward = forward_seconds(fast_model(checkpoint), images, predict["batch_size"], precision)
+    forward = forward_seconds(fast_model(model_file), images, predict["batch_size"], precision)
     del images
     profile, profile_alone = job.profiles[0], alone.profiles[0]
     return {
@@ -283,9 +283,9 @@ def measure_efficiency(
     }
 
 
-def measure_scaling(workdir: Path, raster: Path, manifest: Path, checkpoint: Path) -> dict:
-    one = run_predict_job(workdir / "one", raster, manifest, checkpoint, {"devices": 1, "workers": 1}, cores={0})
-    two = run_predict_job(workdir / "two", raster, manifest, checkpoint, {"devices": 2, "workers": 1})
+def measure_scaling(workdir: Path, raster: Path, manifest: Path, model_file: Path) -> dict:
+    one = run_predict_job(workdir / "one", raster, manifest, model_file, {"devices": 1, "workers": 1}, cores={0})
+    two = run_predict_job(workdir / "two", raster, manifest, model_file, {"devices": 2, "workers": 1})
     threads = [p["threads"] for p in one.profiles + two.profiles]
     throughput_one = sum(p["tiles_per_s"] for p in one.profiles)
     throughput_two = sum(p["tiles_per_s"] for p in two.profiles)
@@ -304,7 +304,7 @@ def spread(items: Sequence[Any], count: int) -> list[Any]:
     return [items[k] for k in picks]
 
 
-def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: int) -> dict:
+def measure_rss(workdir: Path, model_file: Path, sides: Sequence[int], count: int) -> dict:
     """Peak RSS of a window-strategy rank on rasters of each side, the same tiles count spread over each."""
     result: dict[str, Any] = {}
     for side in sides:
@@ -314,7 +314,7 @@ def measure_rss(workdir: Path, checkpoint: Path, sides: Sequence[int], count: in
         chosen = manifest.iloc[spread(range(len(manifest)), count)]
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
         write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
-        job = run_predict_job(directory, raster, directory / "tiles.parquet", checkpoint, {"devices": 1, "workers": 0})
+        job = run_predict_job(directory, raster, directory / "tiles.parquet", model_file, {"devices": 1, "workers": 0})
         raster.unlink()
         profile = job.profiles[0]
         result[str(side)] = {

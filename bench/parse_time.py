@@ -3,7 +3,7 @@ the config and checks every scene's raster, annotation and model headers at ever
 
 ``--scenes`` small tiled GeoTIFFs (256 x 256, 3-band uint8, one 256 px block, EPSG:32617) side by side on a
 square grid (a survey cut into tiles: every inner border is a seam of the project) in a scene table,
-every other one with a DeepForest CSV of four boxes, an untrained resnet18 checkpoint as ``model.checkpoint``,
+every other one with a DeepForest CSV of four boxes, an untrained resnet18 model file as ``model.file``,
 ``predict.scenes: all`` on CPU, ``predict.scenes_per_job`` scenes a batch. Each run is a fresh process, timed from
 its start to its exit (the fastest of ``--repeats``), with the CPU seconds of it and its children (less sensitive
 than wall time to other work on the machine) and its peak RSS:
@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from synthetic import TRANSFORM, write_checkpoint, write_raster  # noqa: E402
+from synthetic import TRANSFORM, write_detector, write_raster  # noqa: E402
 
 SIDE = 256
 JOB = "tile_manifests_batch_0"  # the timed job: one short process writing the first batch's tile manifests
@@ -93,10 +93,10 @@ PROFILED = (
 )
 
 
-def config(checkpoint: Path, scenes_per_job: int) -> dict[str, Any]:
+def config(model_file: Path, scenes_per_job: int) -> dict[str, Any]:
     return {
         "scenes": "scenes.tsv",
-        "model": {"backbone": "resnet18", "checkpoint": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(model_file)},
         "predict": {"scenes": "all", "accelerator": "cpu", "scenes_per_job": scenes_per_job},
     }
 
@@ -293,9 +293,9 @@ def main() -> None:
             workdir.mkdir(parents=True, exist_ok=True)
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rasterscale-parse-")))
-        checkpoint = write_checkpoint(workdir / "model.pt", backbone="resnet18", patch_size=SIDE)
+        model_file = write_detector(workdir / "model.pt", backbone="resnet18", patch_size=SIDE)
         annotated = write_scenes(workdir, args.scenes)
-        (workdir / "config.yaml").write_text(yaml.safe_dump(config(checkpoint, args.scenes_per_job)))
+        (workdir / "config.yaml").write_text(yaml.safe_dump(config(model_file, args.scenes_per_job)))
         results: dict[str, Any] = {
             "sizes": {
                 "scenes": args.scenes,

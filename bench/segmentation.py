@@ -99,7 +99,7 @@ def merge_peak_rss_mb(directory: Path, raster: Path, manifest: Path, stem: str) 
 
 
 def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
-    checkpoint = write_segmenter(workdir / "segmenter.pt")
+    model_file = write_segmenter(workdir / "segmenter.pt")
     config = segmentation_config()
     result: dict[str, Any] = {}
     for side in sides:
@@ -110,7 +110,7 @@ def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int =
         manifest = directory / "tiles.parquet"
         write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
         jobs = [
-            run_predict_job(directory / f"run-{k}", raster, manifest, checkpoint, config["predict"], config=config)
+            run_predict_job(directory / f"run-{k}", raster, manifest, model_file, config["predict"], config=config)
             for k in range(RUNS)
         ]
         stem = rank_stem(directory / f"run-{RUNS - 1}" / "predict", "scene", 0)

@@ -27,7 +27,7 @@ from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_ma
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
 from segmentation import measure_segmentation_rss
-from synthetic import write_checkpoint, write_raster
+from synthetic import write_detector, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
 # Trained models and a scene they were not trained on, for the fp32 agreement, in order of preference: the
@@ -107,7 +107,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     started = time.perf_counter()
     hardware = machine()
     auto = hardware["auto"]  # what predict.precision auto resolves to on this CPU: the fast path's precision
-    checkpoint = write_checkpoint(workdir / "resnet50.pt")
+    model_file = write_detector(workdir / "resnet50.pt")
     raster = write_raster(workdir / "scene.tif", sizes.job_side)
     manifest = build_manifest(raster, PATCH, 80)
     write_manifest(manifest, resolve_spec(raster), TileGrid(PATCH, 80), workdir / "tiles.parquet")
@@ -115,9 +115,9 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details: dict[str, Any] = {}
 
     fastpath_images = read_tiles(raster, spread(tiles, sizes.fastpath_tiles))
-    details["fastpath"] = timed(partial(measure_fastpath, checkpoint, fastpath_images, sizes.batch_size, auto))
+    details["fastpath"] = timed(partial(measure_fastpath, model_file, fastpath_images, sizes.batch_size, auto))
     details["precision"] = timed(
-        partial(measure_precision, checkpoint, fastpath_images, sizes.batch_size, auto, sizes.precision_batches)
+        partial(measure_precision, model_file, fastpath_images, sizes.batch_size, auto, sizes.precision_batches)
     )
     agreement_model, agreement_raster = trained
     agreement_tiles = spread(tiles_from_frame(build_manifest(agreement_raster, PATCH, 80)), sizes.agreement_tiles)
@@ -125,9 +125,9 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details["agreement"] = timed(partial(measure_agreement, agreement_model, agreement_images, sizes.batch_size, auto))
     del fastpath_images, agreement_images
     job_manifest = workdir / "tiles.parquet"
-    details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, checkpoint, tiles, auto))
-    details["scaling"] = timed(partial(measure_scaling, workdir, raster, job_manifest, checkpoint))
-    details["rss"] = timed(partial(measure_rss, workdir, checkpoint, sizes.rss_sides, sizes.rss_tiles))
+    details["efficiency"] = timed(partial(measure_efficiency, workdir, raster, job_manifest, model_file, tiles, auto))
+    details["scaling"] = timed(partial(measure_scaling, workdir, raster, job_manifest, model_file))
+    details["rss"] = timed(partial(measure_rss, workdir, model_file, sizes.rss_sides, sizes.rss_tiles))
     details["merge"] = timed(partial(measure_merge, sizes.merge_objects))
     details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
     details["segmentation"] = timed(partial(measure_segmentation_rss, workdir, sizes.seg_rss_sides))
@@ -250,7 +250,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         *header(result["machine"], result["bench_wall_s"]),
         *("  ".join(cell.ljust(widths[k]) if k < 4 else cell for k, cell in enumerate(row)) for row in table),
-        f"fp32 agreement ({agree['checkpoint']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
+        f"fp32 agreement ({agree['model_file']}, {agree['tiles']} tiles, score >= {agree['score_threshold']}):"
         f" {agree['fp32_matched_fraction']:.1%} of {agree['fp32']} fp32 boxes and {agree['fast_matched_fraction']:.1%}"
         f" of {agree['fast']} auto ({agree['precision']}) fast-path boxes matched at IoU >= {agree['min_iou']};"
         f" |score diff| mean {agree['score_abs_diff_mean']} max {agree['score_abs_diff_max']};"

@@ -1,4 +1,4 @@
-"""Synthetic inputs of the benchmark: tiled GeoTIFFs of any size, a RetinaNet checkpoint, a million detections.
+"""Synthetic inputs of the benchmark: tiled GeoTIFFs of any size, a RetinaNet model file, a million detections.
 
 Rasters are written block by block (deflate, 512 px blocks) from a textured block, so that a 16k or 32k raster
 costs seconds; with ``only`` given, just the blocks under those windows are written and the rest of the file
@@ -21,7 +21,7 @@ from rasterio.windows import Window
 
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import box_areas, pixel_boxes_to_polygons
-from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
 CRS = "EPSG:32617"
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
@@ -80,18 +80,18 @@ def tile_windows(tiles: Sequence[Tile]) -> list[Window]:
     return [Window(t.col_off, t.row_off, t.width, t.height) for t in tiles]
 
 
-def write_checkpoint(
+def write_detector(
     path: Path,
     backbone: str = "resnet50",
     patch_size: int = 400,
     seed: int = 0,
     resize: tuple[int, int] | None = None,
 ) -> Path:
-    """An untrained (seeded) detector checkpoint: timings do not depend on the weights' values. ``resize``: the
+    """An untrained (seeded) detector model file: timings do not depend on the weights' values. ``resize``: the
     model's input scale (``DetectorConfig.resize``; None: native)."""
     torch.manual_seed(seed)
     detector = DetectorConfig(backbone=backbone, patch_size=patch_size, resize=resize)
-    save_checkpoint(build_detector(detector), detector, path)
+    save_detector(build_detector(detector), detector, path)
     return path
 
 

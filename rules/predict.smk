@@ -18,13 +18,13 @@ rule scene_batch:
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
 # {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its
-# ranks checkpoint finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
+# ranks save finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
 # it succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
 rule predict:
     input:
         unpack(lambda wildcards: PLAN.batch_inputs(int(wildcards.batch))),
         job=paths.batch_file("{batch}"),
-        checkpoint=PLAN.checkpoint_path(),
+        model=PLAN.prediction_model(),
     output:
         directory(paths.shard_dir("{batch}", "{shard}")),
     log:
@@ -47,6 +47,6 @@ rule predict:
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
         resume_dir=lambda wildcards: paths.shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
-        "{params.launcher}{params.entry} --job {input.job:q} --checkpoint {input.checkpoint:q}"
+        "{params.launcher}{params.entry} --job {input.job:q} --model {input.model:q}"
         " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"
         " --shards {params.shards} --shard {wildcards.shard} --resume-dir {params.resume_dir:q} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
 """A small real scene for in-process prediction tests: a rasterio raster, its manifest and an untrained
-RetinaNet checkpoint at a low score threshold (plenty of boxes to compare)."""
+RetinaNet model file at a low score threshold (plenty of boxes to compare)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision
 from rasterscale.scene import Scene
-from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
 
 @dataclass(frozen=True)
 class PredictScene:
     raster: Path
     manifest: Path
-    checkpoint: Path
+    model_file: Path
     tiles: int
     patch_size: int = 128
     overlap: int = 32
@@ -38,7 +38,7 @@ class PredictScene:
         )
         torch.manual_seed(0)
         detector = DetectorConfig(backbone="resnet18", patch_size=cls.patch_size, score_threshold=0.0)
-        save_checkpoint(build_detector(detector), detector, directory / "model.pt")
+        save_detector(build_detector(detector), detector, directory / "model.pt")
         return cls(raster, directory / "tiles.parquet", directory / "model.pt", len(manifest))
 
 
@@ -69,7 +69,7 @@ def predict_rank_file(
     resolution = resolve_precision("predict", precision, "cpu")
     run_prediction(
         [Scene("scene", str(scene.raster), str(scene.manifest))],
-        scene.checkpoint,
+        scene.model_file,
         config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
         spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,

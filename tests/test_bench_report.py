@@ -137,7 +137,7 @@ def bench_result(machine: dict) -> dict:
         "seg_merge_rss_growth": 0.955,
     }
     agreement = {
-        "checkpoint": "crowns.pt",
+        "model_file": "crowns.pt",
         "tiles": 64,
         "score_threshold": 0.3,
         "min_iou": 0.9,

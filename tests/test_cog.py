@@ -22,10 +22,10 @@ def striped(tmp_path):
     return path
 
 
-def striped_config(raster, checkpoint):
+def striped_config(raster, model):
     return {
         "scenes": {"striped": {"path": str(raster)}},
-        "model": {"backbone": "resnet18", "checkpoint": str(checkpoint)},
+        "model": {"backbone": "resnet18", "file": str(model)},
         "tiling": {"patch_size": PredictScene.patch_size, "overlap": PredictScene.overlap},
         "predict": {"scenes": ["striped"], "devices": 1, "workers": 0, "batch_size": 4},
     }
@@ -45,7 +45,7 @@ def test_conversion_keeps_pixels_and_georeferencing_in_a_tiled_cog(tmp_path):
 
 def test_dry_run_warns_and_plans_the_conversion(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
-    result = run_workflow(tmp_path / "run", striped_config(striped, scene.checkpoint), "-n")
+    result = run_workflow(tmp_path / "run", striped_config(striped, scene.model_file), "-n")
     assert "convert_to_cog" in result.stdout
     assert f"warning: {striped} is striped, not tiled" in result.stderr
     assert "results/striped/cog.tif (rule convert_to_cog)" in result.stderr
@@ -53,7 +53,7 @@ def test_dry_run_warns_and_plans_the_conversion(striped, tmp_path):
 
 def test_tiled_input_is_read_as_it_is(tmp_path):
     scene = PredictScene.make(tmp_path / "model")
-    result = run_workflow(tmp_path / "run", striped_config(scene.raster, scene.checkpoint), "-n")
+    result = run_workflow(tmp_path / "run", striped_config(scene.raster, scene.model_file), "-n")
     assert "convert_to_cog" not in result.stdout and "striped" not in result.stderr
 
 
@@ -61,7 +61,7 @@ def test_tiled_input_is_read_as_it_is(tmp_path):
 def test_striped_scene_is_predicted_from_its_cog(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     workdir = tmp_path / "run"
-    run_workflow(workdir, striped_config(striped, scene.checkpoint))
+    run_workflow(workdir, striped_config(striped, scene.model_file))
     cog = workdir / "results/striped/cog.tif"
     assert check_raster(cog).is_tiled
     manifest = gpd.read_parquet(workdir / "results/striped/tiles.parquet")

@@ -44,7 +44,7 @@ def _node(schema: Mapping[str, Any], path: str) -> Mapping[str, Any]:
 def test_defaults_and_descriptions_render():
     text = REFERENCE.read_text()
     assert "| `tiling.patch_size` | integer, ≥ 32 | `400` | Tile side in pixels (the model's input size). |" in text
-    assert '| `model.checkpoint` | string | `""` |' in text
+    assert '| `model.file` | string | `""` |' in text
     assert "| `scenes.{name}.path` | string | required |" in text
     assert "| `model.resize.min_size` | integer, ≥ 16 | required |" in text
 

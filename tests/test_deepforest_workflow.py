@@ -1,4 +1,4 @@
-"""DeepForest models through the real workflow: predict with a DeepForest model folder (model.checkpoint), and
+"""DeepForest models through the real workflow: predict with a DeepForest model folder (model.file), and
 fine-tune one (train.init, new labels) into a model that is written again as a DeepForest folder."""
 
 import json
@@ -31,7 +31,7 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     config = tiny_config(train={"scenes": []}, predict={"devices": 1, "workers": 0})
     # 4 tiles: DeepForest's models resize each 256 px tile to 800 px (about 4 s a tile on 2 CPU cores)
     config["demo"]["scenes"]["tiny_test"] = {"width": 448, "height": 448, "seed": 12}
-    config["model"] = model_section(checkpoint=str(deepforest_folder), score_threshold=0.005)
+    config["model"] = model_section(file=str(deepforest_folder), score_threshold=0.005)
     run_workflow(tmp_path, config)
     detections = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
     assert len(detections) > 0 and set(detections["label"]) == {"Tree"}
@@ -71,8 +71,8 @@ def test_a_bad_model_file_or_contradicting_labels_stop_the_dry_run_in_one_line(t
             f"rasterscale: config: key 'model.labels' names 2 classes but {deepforest_folder} has 1: Tree",
         ),
     }
-    for checkpoint, (keys, message) in cases.items():
-        config["model"] = model_section(checkpoint=checkpoint, **keys)
+    for model, (keys, message) in cases.items():
+        config["model"] = model_section(file=model, **keys)
         result = subprocess.run(workflow_command(tmp_path / "run", config, "-n"), capture_output=True, text=True)
         assert result.returncode != 0
         assert message in result.stderr and "Traceback" not in result.stderr

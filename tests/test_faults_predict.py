@@ -49,7 +49,7 @@ def scene_config() -> dict:
     return {
         "scenes": {SCENE: {"path": "scene.tif"}},
         "tiling": {"patch_size": 128, "overlap": 32},
-        "model": {"checkpoint": "model.pt", "backbone": "resnet18", "score_threshold": 0.0},
+        "model": {"file": "model.pt", "backbone": "resnet18", "score_threshold": 0.0},
         "train": {"scenes": []},
         "predict": {"scenes": [SCENE], "devices": 2, "batch_size": 2, "workers": 1, "accelerator": "cpu"},
     }
@@ -57,13 +57,13 @@ def scene_config() -> dict:
 
 def make_inputs(workdir: Path) -> None:
     """A random RGB raster and an untrained detector (the machinery is under test, not the model)."""
-    from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+    from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
     workdir.mkdir(parents=True, exist_ok=True)
     write_raster(workdir / "scene.tif", WIDTH, HEIGHT)
     torch.manual_seed(0)
     detector = DetectorConfig(backbone="resnet18", patch_size=128, score_threshold=0.0)
-    save_checkpoint(build_detector(detector), detector, workdir / "model.pt")
+    save_detector(build_detector(detector), detector, workdir / "model.pt")
 
 
 def start_workflow(workdir: Path, name: str, *args: str) -> subprocess.Popen:
@@ -358,7 +358,7 @@ def predict_command(config: dict) -> str:
     }
     return (
         f"{srun_prefix(1, 2, valid['predict']['workers'] + 1)}{sys.executable} {REPO / 'scripts/predict.py'}"
-        f" --job results/batches/batch-0.json --checkpoint model.pt --config {shlex.quote(json.dumps(job_config))}"
+        f" --job results/batches/batch-0.json --model model.pt --config {shlex.quote(json.dumps(job_config))}"
         " --out-dir results/predict/batch-0/shard-0 --log-dir logs/predict/batch-0/shard-0 --shards 1 --shard 0"
     )
 

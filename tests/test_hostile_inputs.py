@@ -121,9 +121,9 @@ CASES = {
         "\\(train.validation_fraction 0.3, the bottom 90 px\\) holds no whole 128 px tile, so validation would never "
         "run; set train.validation_fraction to at least 0.43, or 0 to train without validation",
     ),
-    "a text file as model.checkpoint (was a traceback)": (
-        lambda d: config_of(d, model={"checkpoint": str(d / "text.pt")}, train={"scenes": []}),
-        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt checkpoint, .*\\)",
+    "a text file as model.file (was a traceback)": (
+        lambda d: config_of(d, model={"file": str(d / "text.pt")}, train={"scenes": []}),
+        "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt file, .*\\)",
     ),
     "nothing to train or predict": (
         lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),
@@ -168,7 +168,7 @@ def test_config_and_ground_truth_checks_of_the_dry_run(data):
         ({"train": {"scenes": ["train", "train"]}}, "key 'train.scenes' names scene 'train' twice"),
         ({"model": {"labels": ["tree", "Tree"]}}, "key 'model.labels' names class 'Tree' twice \\(tree, Tree\\)"),
         ({"train": {"max_steps": 0}}, "key 'train.max_steps' is 0: -1 \\(no limit, train.epochs decide\\) or at"),
-        ({"model": {"checkpoint": "m.pt"}}, "model.checkpoint and train.scenes are both set, and a checkpoint is"),
+        ({"model": {"file": "m.pt"}}, "model.file and train.scenes are both set, and model.file is predicted"),
     ]:
         with pytest.raises(ConfigError, match=f"^config: {message}"):
             validate_config({**base, **{k: {**base[k], **v} for k, v in sections.items()}})
@@ -185,10 +185,10 @@ def test_config_and_ground_truth_checks_of_the_dry_run(data):
 
 @pytest.fixture(scope="module")
 def detector_file(data) -> Path:
-    """A real (untrained) rasterscale detector checkpoint, in a folder with a space in its name."""
+    """A real (untrained) rasterscale detector model file, in a folder with a space in its name."""
     import torch
 
-    from rasterscale.tasks.detection.model import build_detector, save_checkpoint
+    from rasterscale.tasks.detection.model import build_detector, save_detector
     from rasterscale.tasks.detection.modelfiles import DetectorConfig, write_deepforest_folder
 
     folder = data / "my models"
@@ -196,7 +196,7 @@ def detector_file(data) -> Path:
     cfg = DetectorConfig(backbone="resnet18", labels=("tree", "shrub"), patch_size=PATCH)
     torch.manual_seed(0)
     model = build_detector(cfg)
-    save_checkpoint(model, cfg, folder / "my model.pt")
+    save_detector(model, cfg, folder / "my model.pt")
     write_deepforest_folder(model.state_dict(), cfg, folder / "deepforest")
     return folder / "my model.pt"
 
@@ -218,12 +218,12 @@ def test_rasters_and_model_files_that_fail_from_their_headers(data, detector_fil
     (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     with pytest.raises(InputError, match=r"model.safetensors: unreadable weights \(.*\); copy or download them again"):
         read_header(cut)
-    other = validate_config({"model": {"checkpoint": str(detector_file), "labels": ["shrub", "tree"]}})
+    other = validate_config({"model": {"file": str(detector_file), "labels": ["shrub", "tree"]}})
     with pytest.raises(
         ConfigError, match=r"'model.labels' is \[shrub, tree\] but .*my model.pt predicts \[tree, shrub\]"
     ):
         detector_of_config(other)
-    same = validate_config({"model": {"checkpoint": str(detector_file), "labels": ["Tree", "Shrub"]}})
+    same = validate_config({"model": {"file": str(detector_file), "labels": ["Tree", "Shrub"]}})
     assert detector_of_config(same)[0].labels == ("Tree", "Shrub")  # the file's classes, named as the user does
 
 
@@ -248,7 +248,7 @@ def test_every_path_in_every_shell_command_is_quoted():
 
 
 def test_a_block_that_will_not_decode_fails_the_rank_in_one_line_naming_the_tile(data, detector_file, tmp_path):
-    """A real run, with spaces in the working directory, the raster's and the checkpoint's paths: the damaged
+    """A real run, with spaces in the working directory, the raster's and the model file's paths: the damaged
     block fails prediction with one line naming the raster and the tile; the rank's log has the traceback."""
     folder = tmp_path / "my data"
     folder.mkdir()
@@ -258,7 +258,7 @@ def test_a_block_that_will_not_decode_fails_the_rank_in_one_line_naming_the_tile
     config = config_of(
         data,
         scenes={"damaged": {"path": str(raster)}},
-        model={"checkpoint": str(detector_file), "backbone": None},
+        model={"file": str(detector_file), "backbone": None},
         train={"scenes": []},
         predict={"scenes": ["damaged"], "workers": 1, "batch_size": 2},
     )
@@ -291,7 +291,7 @@ def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(d
     config = config_of(
         data,
         scenes={"odm": {"path": str(raster)}},
-        model={"checkpoint": str(detector_file), "backbone": None},
+        model={"file": str(detector_file), "backbone": None},
         train={"scenes": []},
         predict={"scenes": ["odm"]},
     )

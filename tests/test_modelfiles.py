@@ -25,8 +25,8 @@ from rasterscale.tasks.detection.model import (
     build_detector,
     init_from_model_file,
     load_backbone_weights,
-    load_checkpoint,
-    save_checkpoint,
+    load_detector,
+    save_detector,
 )
 from rasterscale.tasks.detection.modelfiles import (
     DEEPFOREST_RESIZE,
@@ -73,7 +73,7 @@ def test_deepforest_folder_with_or_without_the_model_prefix(tmp_path, reference,
         ("Tree",),
     )
     assert (header.score_threshold, header.nms_threshold, header.resize) == (0.5, 0.05, DEEPFOREST_RESIZE)
-    model, cfg, _ = load_checkpoint(folder)
+    model, cfg, _ = load_detector(folder)
     assert same_weights(model, reference)
     assert (cfg.labels, cfg.score_threshold, cfg.nms_threshold, cfg.resize) == (("Tree",), 0.5, 0.05, (800, 1333))
 
@@ -87,7 +87,7 @@ def test_deepforest_lightning_checkpoint(tmp_path, reference):
         0.1,
         DEEPFOREST_RESIZE,
     )
-    assert same_weights(load_checkpoint(path)[0], reference)
+    assert same_weights(load_detector(path)[0], reference)
 
 
 @pytest.mark.parametrize("zipfile", [True, False])
@@ -101,21 +101,21 @@ def test_legacy_deepforest_state_dict(tmp_path, reference, zipfile):
         1,
         DEEPFOREST_RESIZE,
     )
-    model, cfg, _ = load_checkpoint(path)
+    model, cfg, _ = load_detector(path)
     assert cfg.labels == ("tree",) and same_weights(model, reference)
 
 
-def test_rasterscale_checkpoint_keeps_native_scale(tmp_path):
+def test_rasterscale_model_file_keeps_native_scale(tmp_path):
     cfg = DetectorConfig(backbone="resnet18", labels=("tree", "snag"), patch_size=256, nms_threshold=0.3)
-    save_checkpoint(build_detector(cfg), cfg, tmp_path / "model.pt", steps=3)
+    save_detector(build_detector(cfg), cfg, tmp_path / "model.pt", steps=3)
     header = read_header(tmp_path / "model.pt")
     assert (header.kind, header.labels, header.resize, header.meta) == (
-        "rasterscale checkpoint",
+        "rasterscale model file",
         ("tree", "snag"),
         None,
         {"steps": 3},
     )
-    assert load_checkpoint(tmp_path / "model.pt")[1] == cfg
+    assert load_detector(tmp_path / "model.pt")[1] == cfg
 
 
 def test_a_lighter_feature_pyramid_is_read_from_the_weights_and_round_trips(tmp_path, reference):
@@ -130,10 +130,10 @@ def test_a_lighter_feature_pyramid_is_read_from_the_weights_and_round_trips(tmp_
 
     full = build_detector(DetectorConfig(backbone="resnet18"))
     assert pyramid_and_head(model) < 0.3 * pyramid_and_head(full)
-    save_checkpoint(model, cfg, tmp_path / "light.pt")
+    save_detector(model, cfg, tmp_path / "light.pt")
     header = read_header(tmp_path / "light.pt")
     assert header.fpn_channels == 128
-    loaded, loaded_cfg, _ = load_checkpoint(tmp_path / "light.pt")
+    loaded, loaded_cfg, _ = load_detector(tmp_path / "light.pt")
     assert loaded_cfg == cfg and same_weights(loaded, model)
     deepforest = read_header(write_folder(tmp_path / "tree", reference))
     assert deepforest.fpn_channels == 256 and resolve_detector(validate_config({}), deepforest).fpn_channels == 256
@@ -215,7 +215,7 @@ def test_changed_nms_and_detections_per_tile_change_prediction(tmp_path):
 
 def test_deepforest_model_predicts_as_torchvision_retinanet_with_its_default_resize(tmp_path, reference, tile):
     folder = write_folder(tmp_path / "tree", reference, score_thresh=0.0, nms_thresh=0.5)
-    model, cfg, _ = load_checkpoint(folder, {"model": {"detections_per_tile": 100}})
+    model, cfg, _ = load_detector(folder, {"model": {"detections_per_tile": 100}})
     assert cfg.resize == (800, 1333)
     ours, theirs = predict(model, tile), predict(reference, tile)
     assert len(theirs["boxes"]) == 100
@@ -223,7 +223,7 @@ def test_deepforest_model_predicts_as_torchvision_retinanet_with_its_default_res
     np.testing.assert_allclose(ours["scores"], theirs["scores"], atol=1e-5)
     assert ours["boxes"].max() <= 256  # in tile pixels, not the resized image's
     # at native scale the same weights see the tile at its own size: other boxes
-    native = predict(load_checkpoint(folder, {"model": {"resize": "native", "detections_per_tile": 100}})[0], tile)
+    native = predict(load_detector(folder, {"model": {"resize": "native", "detections_per_tile": 100}})[0], tile)
     assert not np.allclose(native["boxes"], theirs["boxes"], atol=1)
 
 
@@ -289,12 +289,12 @@ def test_written_folder_reads_back_and_predicts_the_same(tmp_path, tile, resize)
     assert (config["min_size"], config["max_size"]) == (resize or (256, 256))  # DeepForest runs it at this scale
     with safe_open(str(folder / "model.safetensors"), "pt") as handle:
         assert not [k for k in handle.keys() if "num_batches_tracked" in k or k.startswith("model.")]  # noqa: SIM118
-    again, cfg_again, _ = load_checkpoint(folder)
+    again, cfg_again, _ = load_detector(folder)
     assert cfg_again == cfg
     ours, theirs = predict(again, tile), predict(model, tile)
     np.testing.assert_allclose(ours["boxes"], theirs["boxes"], atol=1e-4)
     write_deepforest_folder(model.state_dict(), cfg, folder)  # rewriting replaces it whole
-    assert load_checkpoint(folder)[1] == cfg
+    assert load_detector(folder)[1] == cfg
 
 
 def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path, tile):

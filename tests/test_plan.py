@@ -15,6 +15,7 @@ import pytest
 from affine import Affine
 
 from conftest import REPO, write_raster
+from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.predict.profile import format_profile_table
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
@@ -156,6 +157,21 @@ def test_config_errors_keep_their_message_and_notices_come_first(workdir):
     with pytest.raises(InputError, match=re.escape("a.tif: raster not found")):
         build_plan(config, warn=warnings.append)
     assert warnings[:1] == ["config: key 'predict.nodes' is deprecated: it is now 'predict.shards' (same meaning)"]
+
+
+@pytest.mark.parametrize(
+    ("section", "old", "new", "value"),
+    [("model", "checkpoint", "file", "m.pt"), ("predict", "checkpoint_every", "save_every", 5)],
+)
+def test_a_renamed_key_is_read_under_its_new_name_with_a_notice_and_both_names_are_an_error(section, old, new, value):
+    notices: list[str] = []
+    config = validate_config({section: {old: value}}, notices=notices)
+    assert config[section][new] == value and old not in config[section]
+    assert notices == [f"config: key '{section}.{old}' is deprecated: it is now '{section}.{new}' (same meaning)"]
+    with pytest.raises(
+        ConfigError, match=re.escape(f"config: key '{section}.{old}' is the old name of '{section}.{new}'")
+    ):
+        validate_config({section: {old: value, new: value}})
 
 
 def test_a_demo_scene_elsewhere_than_the_demo_folder_is_refused(workdir):

@@ -1,9 +1,9 @@
-"""Tile-level resume of prediction: a rank checkpoints its finished tiles in the job's resume folder, and a rerun of
+"""Tile-level resume of prediction: a rank saves its finished tiles in the job's resume folder, and a rerun of
 a killed job predicts only the rest and gives the same layer as an uninterrupted run.
 
 Library level (no snakemake): the segmentation blender resumed from its parts at several points, detection's rank
 output assembled from parts, a fingerprint mismatch. Workflow level, per task: a real 2-rank prediction job
-SIGKILLed once its checkpoints hold some tiles, rerun, and compared with an uninterrupted run.
+SIGKILLed once its saved parts hold some tiles, rerun, and compared with an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import RankCheckpoints, file_digest, prediction_fingerprint
+from rasterscale.predict.tile_resume import RankSaves, file_digest, prediction_fingerprint
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
 from rasterscale.workflow.paths import resume_dir
@@ -42,26 +42,26 @@ LOGGER = logging.getLogger("rasterscale.predict")
 # --- library level --------------------------------------------------------------------------------------------
 
 
-def blend(tiles, own, cores, truth, path, parts=(), stop=None, checkpoints=None, block_rows=16):
-    """Blend a rank's tiles (checkpointing after every tile when ``checkpoints``); stop after ``stop`` tiles as a
+def blend(tiles, own, cores, truth, path, parts=(), stop=None, saves=None, block_rows=16):
+    """Blend a rank's tiles (saving a part after every tile when ``saves``); stop after ``stop`` tiles as a
     killed rank would (its raster never written). The tiles it predicted."""
     height, width = truth.shape
     done = {tile for part in parts for tile in part.tiles}
     todo = halo_tiles(tiles, [i for i in own if i not in done], cores)
     blender = TileBlender(
         todo, own, cores, width, height, NUM_CLASSES, 32, path, TRANSFORM, UTM17N, True, block_rows,
-        parts=[p.path for p in parts], keep_unsaved=checkpoints is not None,
+        parts=[p.path for p in parts], keep_unsaved=saves is not None,
     )  # fmt: skip
     for count, tile in enumerate(todo):
         if count == stop:
             blender.__exit__(KeyboardInterrupt)  # what a kill leaves: no rank raster
             return todo
         blender.add(tile.tile_id, tile_probabilities(tile, truth))
-        if checkpoints is not None:
-            path = checkpoints.next_part_path()
-            written = blender.checkpoint(path)
+        if saves is not None:
+            path = saves.next_part_path()
+            written = blender.save_part(path)
             if written is not None:
-                checkpoints.commit(Part(path, written[0], {"blocks": written[1]}))
+                saves.commit(Part(path, written[0], {"blocks": written[1]}))
     assert blender.close() == sorted(own)
     return todo
 
@@ -77,14 +77,14 @@ def test_blender_resumed_from_its_parts_writes_the_same_raster_predicting_only_w
     own = {t.tile_id for t in tiles[2:-3]}
     reference = blend(tiles, own, cores, truth, tmp_path / "reference.tif")
     stop = int(fraction * len(reference))
-    ranked = RankCheckpoints(tmp_path / "resume", "scene", 0, ".tif", PRINT)
-    blend(tiles, own, cores, truth, tmp_path / "rank.tif", stop=stop, checkpoints=ranked)
+    ranked = RankSaves(tmp_path / "resume", "scene", 0, ".tif", PRINT)
+    blend(tiles, own, cores, truth, tmp_path / "rank.tif", stop=stop, saves=ranked)
     assert not (tmp_path / "rank.tif").exists()
-    again = RankCheckpoints(tmp_path / "resume", "scene", 0, ".tif", PRINT)
+    again = RankSaves(tmp_path / "resume", "scene", 0, ".tif", PRINT)
     parts = again.load(LOGGER)
     done = len(again.done)
     assert again.done == ranked.done and len(parts) == len(ranked.parts)
-    rest = blend(tiles, own, cores, truth, tmp_path / "rank.tif", parts=parts, checkpoints=again)
+    rest = blend(tiles, own, cores, truth, tmp_path / "rank.tif", parts=parts, saves=again)
     with rasterio.open(tmp_path / "reference.tif") as a, rasterio.open(tmp_path / "rank.tif") as b:
         assert np.array_equal(a.read(), b.read()) and a.profile == b.profile
     assert stop + len(rest) >= len(reference)  # what the parts did not hold is predicted again
@@ -98,27 +98,27 @@ def test_blender_resumed_from_its_parts_writes_the_same_raster_predicting_only_w
 
 
 def test_a_fingerprint_of_another_world_size_starts_over_with_one_line(tmp_path, caplog):
-    first = RankCheckpoints(tmp_path, "scene", 1, ".parquet", PRINT)
+    first = RankSaves(tmp_path, "scene", 1, ".parquet", PRINT)
     part = first.next_part_path()
     part.parent.mkdir(parents=True)
     part.write_bytes(b"boxes")
     first.commit(Part(part, [4, 5]))
-    other = RankCheckpoints(tmp_path, "scene", 1, ".parquet", {**PRINT, "world size": 3})
+    other = RankSaves(tmp_path, "scene", 1, ".parquet", {**PRINT, "world size": 3})
     with caplog.at_level(logging.WARNING, logger=LOGGER.name):
         assert other.load(LOGGER) == [] and other.done == set()
     assert [r.getMessage() for r in caplog.records] == [
         f"resume: {first.index_path} made with another world size; starting over"
     ]
     assert not part.exists() and not first.index_path.exists()
-    same = RankCheckpoints(tmp_path, "scene", 1, ".parquet", PRINT)
+    same = RankSaves(tmp_path, "scene", 1, ".parquet", PRINT)
     assert same.load(LOGGER) == []  # nothing left to resume
 
 
-def test_fingerprint_ignores_the_checkpoint_interval_only():
-    config = {"task": "detection", "predict": {"batch_size": 2, "checkpoint_every": 60}}
+def test_fingerprint_ignores_the_save_interval_only():
+    config = {"task": "detection", "predict": {"batch_size": 2, "save_every": 60}}
     base = prediction_fingerprint(config, "m", 2, 1, 0, [0, 1, 2])
     assert (
-        prediction_fingerprint({**config, "predict": {"batch_size": 2, "checkpoint_every": 5}}, "m", 2, 1, 0, [0, 1, 2])
+        prediction_fingerprint({**config, "predict": {"batch_size": 2, "save_every": 5}}, "m", 2, 1, 0, [0, 1, 2])
         == base
     )
     assert prediction_fingerprint({**config, "predict": {"batch_size": 3}}, "m", 2, 1, 0, [0, 1, 2]) != base
@@ -148,14 +148,14 @@ def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
     for tile, r in results:
         whole.add(tile, r)
     whole.write()
-    checkpoints = RankCheckpoints(tmp_path / "resume", "scene", 0, ".parquet", PRINT)
+    saves = RankSaves(tmp_path / "resume", "scene", 0, ".parquet", PRINT)
     first = DetectionRankOutput(scene, ["tree", "shrub"], tmp_path / "never.parquet", [])
-    for tile, r in results[:4]:  # tiles 0..3 checkpointed in two parts, then the rank dies
+    for tile, r in results[:4]:  # tiles 0..3 saved in two parts, then the rank dies
         first.add(tile, r)
         if tile.tile_id % 2:
-            checkpoints.commit(first.checkpoint(checkpoints.next_part_path()))
-    assert first.checkpoint(checkpoints.next_part_path()) is None  # nothing new
-    parts = RankCheckpoints(tmp_path / "resume", "scene", 0, ".parquet", PRINT).load(LOGGER)
+            saves.commit(first.save_part(saves.next_part_path()))
+    assert first.save_part(saves.next_part_path()) is None  # nothing new
+    parts = RankSaves(tmp_path / "resume", "scene", 0, ".parquet", PRINT).load(LOGGER)
     assert [p.tiles for p in parts] == [[0, 1], [2, 3]]
     resumed = DetectionRankOutput(scene, ["tree", "shrub"], tmp_path / "resumed.parquet", parts)
     for tile, r in results[4:]:
@@ -169,23 +169,23 @@ def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
 
 
 def done_tiles(folder: Path) -> int:
-    """Own tiles the ranks' checkpoint indexes vouch for (an index is rewritten atomically)."""
+    """Own tiles the ranks' resume indexes vouch for (an index is rewritten atomically)."""
     total = 0
     for index in folder.glob("*/rank-*.index.json"):
         total += sum(len(p["tiles"]) for p in json.loads(index.read_text())["parts"])
     return total
 
 
-def kill_job_once_checkpointed(workdir: Path, config: dict, min_done: int) -> tuple[int, float]:
-    """Start the workflow, SIGKILL its prediction ranks once their checkpoints hold ``min_done`` tiles (polling
-    the resume folder), and wait for snakemake to fail; the tiles checkpointed and the seconds it took to end."""
+def kill_job_once_saved(workdir: Path, config: dict, min_done: int) -> tuple[int, float]:
+    """Start the workflow, SIGKILL its prediction ranks once their saved parts hold ``min_done`` tiles (polling
+    the resume folder), and wait for snakemake to fail; the tiles saved and the seconds it took to end."""
     folder = workdir / resume_dir("results/predict/batch-0/shard-0")
     process = subprocess.Popen(
         workflow_command(workdir, config, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     deadline = time.monotonic() + 240
     while done_tiles(folder) < min_done:
-        assert process.poll() is None, "the workflow ended before its checkpoints held enough tiles"
+        assert process.poll() is None, "the workflow ended before its saved parts held enough tiles"
         assert time.monotonic() < deadline
         time.sleep(0.02)
     done = done_tiles(folder)
@@ -201,7 +201,7 @@ def kill_job_once_checkpointed(workdir: Path, config: dict, min_done: int) -> tu
 
 
 def predicted_tiles(workdir: Path, scene: str, suffix: str) -> tuple[int, int]:
-    """(tiles predicted, tiles taken from checkpoints) by the last run, from the rank records."""
+    """(tiles predicted, tiles taken from saved parts) by the last run, from the rank records."""
     records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(workdir, scene, suffix)]
     return sum(r["profile"]["tiles"] for r in records), sum(r["resumed"] for r in records)
 
@@ -227,9 +227,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         job = {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
         for shard in (0, 1):
             scenes = read_job_file("results/batches/batch-0.json")
-            run_prediction(
-                scenes, valid["model"]["checkpoint"], job, run_spec(job, "predict"), out, out / "logs", 2, shard
-            )
+            run_prediction(scenes, valid["model"]["file"], job, run_spec(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(valid["task"])
         (scene,) = json.loads(Path("results/batches/batch-0.json").read_text())["scenes"]
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
@@ -247,17 +245,17 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
     """A killed run then its rerun, and the uninterrupted reference (:func:`uninterrupted`); what was measured."""
     resumed = tmp_path / "resumed"
     t0 = time.monotonic()
-    done, seconds = kill_job_once_checkpointed(resumed, config, min_done)
+    done, seconds = kill_job_once_saved(resumed, config, min_done)
     t1 = time.monotonic()
     run_workflow(resumed, config)
     t2 = time.monotonic()
     log = (resumed / "logs/predict/batch-0/shard-0.log").read_text()
     assert "resuming: " in log and "tiles already done in results/predict/batch-0/shard-0.resume" in log
     assert not (resumed / resume_dir("results/predict/batch-0/shard-0")).exists()  # removed on success
-    rerun, from_checkpoints = predicted_tiles(resumed, scene, suffix)
+    rerun, from_saved = predicted_tiles(resumed, scene, suffix)
     reference = uninterrupted(resumed, config, tmp_path / "plain")
     full = sum(json.loads(p.read_text())["profile"]["tiles"] for p in (tmp_path / "plain" / scene).glob("*.json"))
-    assert from_checkpoints >= done and rerun < full
+    assert from_saved >= done and rerun < full
     timing = f"killed run {t1 - t0:.0f} s, rerun {t2 - t1:.0f} s"
     return {"done": done, "kill_s": seconds, "rerun": rerun, "full": full, "resumed": resumed, "plain": reference,
             "timing": timing}  # fmt: skip
@@ -266,10 +264,10 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
 def untrained_model(path: Path, task: str) -> str:
     torch.manual_seed(0)
     if task == "detection":
-        from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_checkpoint
+        from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
         detector = DetectorConfig(backbone="resnet18", patch_size=256, score_threshold=0.0)
-        save_checkpoint(build_detector(detector), detector, path)
+        save_detector(build_detector(detector), detector, path)
     else:
         from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
         from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
@@ -279,17 +277,17 @@ def untrained_model(path: Path, task: str) -> str:
     return str(path)
 
 
-PREDICT = {"devices": 2, "batch_size": 1, "workers": 0, "checkpoint_every": 0}
+PREDICT = {"devices": 2, "batch_size": 1, "workers": 0, "save_every": 0}
 
 
 def scene_config(tmp_path: Path, task: str, width: int, height: int) -> dict:
-    """A 2-rank prediction of one scene (a random RGB raster) with an untrained model, checkpointing after
+    """A 2-rank prediction of one scene (a random RGB raster) with an untrained model, saving a part after
     every batch of one tile."""
     (tmp_path / "resumed").mkdir()
     write_raster(tmp_path / "resumed/scene.tif", width, height)
     config = tiny_config(predict={**PREDICT, "scenes": ["scene"]}, train={"scenes": []})
     config.update(task=task, scenes={"scene": {"path": "scene.tif"}}, demo={"scenes": {}})
-    config["model"] = {"checkpoint": untrained_model(tmp_path / "model.pt", task)}
+    config["model"] = {"file": untrained_model(tmp_path / "model.pt", task)}
     if task == "detection":
         config["model"]["score_threshold"] = 0.0
     return config
@@ -302,7 +300,7 @@ def test_detection_job_killed_after_some_tiles_resumes_and_merges_identical_boxe
     b = gpd.read_parquet(case["plain"]["parquet"])
     assert len(a) > 100 and a.equals(b)
     report(
-        f"resume (detection workflow): killed with {case['done']} tiles checkpointed, job ended "
+        f"resume (detection workflow): killed with {case['done']} tiles saved, job ended "
         f"{case['kill_s']:.1f} s after the kill; rerun predicted {case['rerun']} of {case['full']} tiles; "
         f"{len(a)} merged boxes identical to an uninterrupted run's ({case['timing']})"
     )
@@ -319,7 +317,7 @@ def test_segmentation_job_killed_after_some_rows_resumes_and_merges_identical_cl
         assert np.array_equal(classes, b.read(1))
     assert len(np.unique(classes)) == 2  # both classes: a real comparison
     report(
-        f"resume (segmentation workflow): killed with {case['done']} own tiles checkpointed, job ended "
+        f"resume (segmentation workflow): killed with {case['done']} own tiles saved, job ended "
         f"{case['kill_s']:.1f} s after the kill; rerun predicted {case['rerun']} of {case['full']} tiles; "
         f"classes.tif identical to an uninterrupted run's ({case['timing']})"
     )

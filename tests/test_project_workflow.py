@@ -37,7 +37,7 @@ def write_table(path: Path, rows: list[list[str]]) -> None:
 def project_config(model: PredictScene) -> dict:
     return {
         "scenes": "scenes.tsv",
-        "model": {"backbone": "resnet18", "checkpoint": str(model.checkpoint), "score_threshold": 0.0},
+        "model": {"backbone": "resnet18", "file": str(model.model_file), "score_threshold": 0.0},
         "tiling": {"patch_size": model.patch_size, "overlap": model.overlap},
         "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 8, "scenes_per_job": 1000},
     }

@@ -45,9 +45,7 @@ def test_a_scene_table_is_the_mapping_form(workdir):
             ["b", "rasters/b.tif", "", "", ""],
         ],
     )
-    config = validate_config(
-        {"scenes": "config/scenes.tsv", "predict": {"scenes": "all"}, "model": {"checkpoint": "m"}}
-    )
+    config = validate_config({"scenes": "config/scenes.tsv", "predict": {"scenes": "all"}, "model": {"file": "m"}})
     assert config["scenes"] == {
         "a": {"path": "rasters/a.tif", "annotations": "boxes/a.gpkg", "label_column": "species", "bands": [3, 2, 1]},
         "b": {"path": "rasters/b.tif", "bands": [1, 2, 3]},  # cells of other types than strings are YAML
@@ -157,7 +155,7 @@ def test_a_vrt_reads_its_tiles_and_is_converted_only_when_a_source_is_striped(tm
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A scene table of three real scenes 1 km apart (two GeoTIFFs and a VRT mosaic of 4 tiles: no seams) and an
-    untrained checkpoint at score threshold 0 (plenty of boxes)."""
+    untrained model file at score threshold 0 (plenty of boxes)."""
     root = tmp_path_factory.mktemp("scenes")
     model = PredictScene.make(root / "model")
     (root / "rasters").mkdir()
@@ -173,7 +171,7 @@ def project(tmp_path_factory):
 def table_config(model: PredictScene, **predict) -> dict:
     return {
         "scenes": "config/scenes.tsv",
-        "model": {"backbone": "resnet18", "checkpoint": str(model.checkpoint), "score_threshold": 0.0},
+        "model": {"backbone": "resnet18", "file": str(model.model_file), "score_threshold": 0.0},
         "tiling": {"patch_size": model.patch_size, "overlap": model.overlap},
         "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 3, **predict},
     }
@@ -326,10 +324,10 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
         return Scene(scene.raster.parent.name, str(scene.raster), str(scene.manifest))
 
     config = {"task": "detection", "model": {"score_threshold": 0.0}, "predict": predict_cfg}
-    run_prediction([job(first), job(second)], first.checkpoint, config, spec, tmp_path / "both", tmp_path / "logs")
+    run_prediction([job(first), job(second)], first.model_file, config, spec, tmp_path / "both", tmp_path / "logs")
     for scene in (first, second):
         name = scene.raster.parent.name
-        run_prediction([job(scene)], first.checkpoint, config, spec, tmp_path / "alone", tmp_path / "logs")
+        run_prediction([job(scene)], first.model_file, config, spec, tmp_path / "alone", tmp_path / "logs")
         together = gpd.read_parquet(tmp_path / f"both/{name}/rank-0.parquet")
         alone = gpd.read_parquet(tmp_path / f"alone/{name}/rank-0.parquet")
         assert len(together) == len(alone) > 20

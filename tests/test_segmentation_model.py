@@ -17,7 +17,7 @@ from rasterscale.datasets.sampling import EpochSampler, KeyedSamples
 from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import resolve_spec
-from rasterscale.tasks.detection.model import build_detector, save_checkpoint
+from rasterscale.tasks.detection.model import build_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
 from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
@@ -85,15 +85,15 @@ def test_save_and_load_give_the_same_predictions(tmp_path: Path) -> None:
 def test_files_that_are_not_segmenters_fail_with_one_line(tmp_path: Path) -> None:
     detector_cfg = DetectorConfig(backbone="resnet18")
     detector = build_detector(detector_cfg)
-    checkpoint = tmp_path / "detector.pt"
-    save_checkpoint(detector, detector_cfg, checkpoint)
+    detector_file = tmp_path / "detector.pt"
+    save_detector(detector, detector_cfg, detector_file)
     folder = write_deepforest_folder(detector.state_dict(), detector_cfg, tmp_path / "deepforest")
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a torch file")
     state_only = tmp_path / "weights.pt"
     torch.save(build_segmenter(SegmenterConfig(LABELS)).state_dict(), state_only)
     cases = {
-        checkpoint: "a detection model (resnet18), but task is segmentation (set task: detection",
+        detector_file: "a detection model (resnet18), but task is segmentation (set task: detection",
         folder: "a DeepForest model folder, but task is segmentation",
         junk: "not a rasterscale segmenter",
         state_only: "not a rasterscale segmenter",

@@ -115,11 +115,11 @@ def test_no_seams_at_inner_tile_edges(seg_run):
 def test_one_two_three_ranks_and_two_shards_give_the_same_class_map(seg_run, tmp_path):
     workdir, _ = seg_run
     two = classes_of(workdir)
-    checkpoint = workdir / "results/models/tiny_seg.pt"
+    model = workdir / "results/models/tiny_seg.pt"
     for name, predict in [("one", {"devices": 1}), ("three", {"devices": 3}), ("shards", {"devices": 2, "shards": 2})]:
         run = tmp_path / name
         shutil.copytree(workdir / "resources", run / "resources")
-        config = seg_config(model={"checkpoint": str(checkpoint)}, train={"scenes": []}, predict=predict)
+        config = seg_config(model={"file": str(model)}, train={"scenes": []}, predict=predict)
         run_workflow(run, config, "results/tiny_test/classes.tif")  # the class map alone: no evaluation
         other = classes_of(run)
         equal = float((other == two).mean())

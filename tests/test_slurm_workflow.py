@@ -3,7 +3,7 @@
 On the tiny config (CPU ranks; its demo scenes made locally first): training as multi-node DDP on 2 nodes x 1
 rank, prediction split into 2 shard jobs of 2 ranks each (one per node), merge and evaluation as ordinary one-task
 jobs; at the same time a segmentation config in 2 shard jobs. The merged layer must equal a local
-(`--cores 2`) run's with the same checkpoint. Also on the cluster: a failing rank takes its job down at
+(`--cores 2`) run's with the same model file. Also on the cluster: a failing rank takes its job down at
 once, and the in-process pre-flight checks turn bad launches into one-line errors.
 
 Needs root and Debian's slurm packages (installed on demand by tests/slurm_cluster.py); skips with the reason
@@ -165,7 +165,7 @@ def segmentation_inputs(run: Path) -> dict:
     config = yaml.safe_load((REPO / "tests/configs/tiny_segmentation.yaml").read_text())
     config["scenes"]["tiny_test"].pop("annotations")
     config.update(
-        model={"checkpoint": "segmenter.pt"},
+        model={"file": "segmenter.pt"},
         train={"scenes": []},
         predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
     )
@@ -266,12 +266,12 @@ def test_every_tile_predicted_exactly_once_across_shards_and_ranks(slurm_run):
 
 def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
     workdir, _ = slurm_run
-    # Same raster, manifest and checkpoint; locally one job, two ranks started by Lightning.
+    # Same raster, manifest and model file; locally one job, two ranks started by Lightning.
     for name in ("resources/demo/tiny_test.tif", "resources/demo/tiny_test.gpkg", "results/tiny_test/tiles.parquet"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(workdir / name, tmp_path / name)
     config = tiny_config(
-        model={"checkpoint": str(workdir / "results/models/tiny.pt")},
+        model={"file": str(workdir / "results/models/tiny.pt")},
         train={"scenes": []},
         predict={"accelerator": "cpu", "devices": 2},
     )

@@ -134,8 +134,8 @@ def test_prediction_profile_of_both_ranks_is_gathered_and_printed(tiny_run):
 
 def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     workdir, _ = tiny_run
-    checkpoint = workdir / "results/models/tiny.pt"
-    config = tiny_config(model={"checkpoint": str(checkpoint)}, train={"scenes": []}, predict={"devices": 1})
+    model = workdir / "results/models/tiny.pt"
+    config = tiny_config(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 1})
     run_workflow(tmp_path, config)
     two = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
     one = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
@@ -153,7 +153,7 @@ def test_more_ranks_than_tiles_still_accounts_for_every_tile(tiny_run, tmp_path)
         "scenes": {"small": {"path": "resources/demo/small.tif", "annotations": "resources/demo/small.gpkg"}},
         "demo": {"scenes": {"small": {"width": 200, "height": 150, "seed": 5}}},
         "tiling": {"patch_size": 256, "overlap": 64},
-        "model": {"checkpoint": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
+        "model": {"file": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
         "predict": {"scenes": ["small"], "devices": 2, "workers": 0},
     }
     run_workflow(tmp_path, config)

@@ -25,7 +25,7 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from rasterscale.tasks.detection.model import build_detector, load_checkpoint
+from rasterscale.tasks.detection.model import build_detector, load_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 
 deepforest = pytest.importorskip("deepforest", reason="runs in DeepForest's environment")
@@ -84,7 +84,7 @@ def test_deepforest_folder_predicts_in_rasterscale_as_in_deepforest(tmp_path: Pa
         ("Tree",),
         (800, 1333),
     )
-    model, cfg, _ = load_checkpoint(tmp_path / "tree")  # strict, with the file's thresholds
+    model, cfg, _ = load_detector(tmp_path / "tree")  # strict, with the file's thresholds
     assert (cfg.score_threshold, cfg.nms_threshold) == (SCORE, NMS)
     assert_same_boxes(predict(model, tile), predict(theirs, tile))
 
@@ -101,7 +101,7 @@ def test_deepforest_lightning_checkpoint_and_state_dict_load_in_rasterscale(tmp_
     module.trainer.save_checkpoint(tmp_path / "tree.ckpt")
     overrides = {"model": {"score_threshold": SCORE, "nms_threshold": NMS}}
     for path in (tmp_path / "tree.ckpt", tmp_path / "NEON.pt"):
-        model, cfg, _ = load_checkpoint(path, overrides)
+        model, cfg, _ = load_detector(path, overrides)
         assert cfg.resize == (800, 1333)
         assert_same_boxes(predict(model, tile), predict(theirs, tile))
     assert read_header(tmp_path / "tree.ckpt").labels == ("Tree",)

@@ -76,7 +76,11 @@ def describe_error(error: jsonschema.ValidationError) -> str:
     return f"key '{where}': {error.message}"
 
 
-RENAMED = {("predict", "nodes"): ("predict", "shards")}  # old key -> new key (read, with a warning)
+RENAMED = {  # old key -> new key (read, with a notice)
+    ("predict", "nodes"): ("predict", "shards"),
+    ("model", "checkpoint"): ("model", "file"),
+    ("predict", "checkpoint_every"): ("predict", "save_every"),
+}
 
 
 def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
@@ -173,14 +177,14 @@ def check_consistency(config: Mapping[str, Any]) -> None:
     for name in config["train"]["scenes"]:
         if not scenes[name].get("annotations"):
             raise ConfigError(f"config: training scene '{name}' has no 'annotations' (scenes.{name}.annotations)")
-    if config["train"]["scenes"] and config["model"]["checkpoint"]:
+    if config["train"]["scenes"] and config["model"]["file"]:
         raise ConfigError(
-            "config: model.checkpoint and train.scenes are both set, and a checkpoint is predicted with, not trained: "
+            "config: model.file and train.scenes are both set, and model.file is predicted with, not trained: "
             "leave train.scenes empty to predict with it, or give it as train.init to fine-tune it"
         )
-    if config["predict"]["scenes"] and not config["train"]["scenes"] and not config["model"]["checkpoint"]:
+    if config["predict"]["scenes"] and not config["train"]["scenes"] and not config["model"]["file"]:
         raise ConfigError(
-            "config: predict.scenes is set but there is nothing to predict with: set train.scenes or model.checkpoint"
+            "config: predict.scenes is set but there is nothing to predict with: set train.scenes or model.file"
         )
 
 
@@ -197,7 +201,7 @@ def nothing_to_do(config: Mapping[str, Any]) -> str | None:
 
 def scored_on_training_data(config: Mapping[str, Any]) -> list[str]:
     """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data)."""
-    trained = set(config["train"]["scenes"]) if not config["model"]["checkpoint"] else set()
+    trained = set(config["train"]["scenes"]) if not config["model"]["file"] else set()
     return [
         f"scene {name} is trained on (train.scenes) and predicted and scored (predict.scenes): "
         f"results/{name}/evaluation.json scores the model on its own training data"

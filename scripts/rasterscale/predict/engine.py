@@ -10,8 +10,8 @@ rank ``r`` of shard ``s`` writes into ``{out_dir}/{scene}/`` its task's output `
 then its record ``rank-{i}.json``: the tiles it processed and its profile (:mod:`rasterscale.predict.rankfiles`). No
 prediction crosses ranks; only the small profiles are gathered, for the table rank 0 prints at the end.
 
-With a resume folder (the rule's: :func:`rasterscale.predict.tile_resume.resume_dir`), each rank also checkpoints its
-finished tiles there every ``predict.checkpoint_every`` seconds, and a rerun of the job skips the tiles its checkpoints
+With a resume folder (the rule's: :func:`rasterscale.predict.tile_resume.resume_dir`), each rank also saves its
+finished tiles there every ``predict.save_every`` seconds, and a rerun of the job skips the tiles its saved parts
 hold (:mod:`rasterscale.predict.tile_resume`); the job removes the folder once every rank has written its files.
 
 Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
@@ -53,8 +53,8 @@ from rasterscale.predict.measure import PredictProfiler
 from rasterscale.predict.profile import format_profile_table, summarize
 from rasterscale.predict.rankfiles import write_rank_record
 from rasterscale.predict.tile_resume import (
-    CheckpointClock,
-    RankCheckpoints,
+    RankSaves,
+    SaveClock,
     file_digest,
     prediction_fingerprint,
     remove_resume_dir,
@@ -85,11 +85,11 @@ def load_scene(job: Scene) -> PredictScene:
 @dataclass(frozen=True)
 class RankPlan:
     """One rank's tiles of each scene of the job: its own (it accounts for them) and those it predicts, and its
-    checkpoints of each scene (None without a resume folder)."""
+    saved parts of each scene (None without a resume folder)."""
 
     own: list[list[Tile]]
     predicted: list[list[Tile]]
-    checkpoints: list[RankCheckpoints] | None = None
+    saves: list[RankSaves] | None = None
 
 
 class PredictionModule(L.LightningModule):
@@ -131,7 +131,7 @@ class RankOutputs:
         plan: RankPlan = self.plan_of_rank(world, rank)
         path = self.stem(world, rank, scene) + self.task.spec.rank_suffix
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        parts = plan.checkpoints[scene].parts if plan.checkpoints is not None else None
+        parts = plan.saves[scene].parts if plan.saves is not None else None
         return self.task.rank_output(
             self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.config, parts
         )
@@ -148,10 +148,10 @@ class RankWriter(L.Callback):
         outputs: RankOutputs,
         profiler: PredictProfiler,
         resume_dir: str | Path | None = None,
-        checkpoint_every: float = 60.0,
+        save_every: float = 60.0,
     ) -> None:
         self.scenes, self.outputs, self.profiler = list(scenes), outputs, profiler
-        self.resume_dir, self.clock = resume_dir, CheckpointClock(checkpoint_every)
+        self.resume_dir, self.clock = resume_dir, SaveClock(save_every)
         self.open: dict[int, RankOutput] = {}
         self.seen: list[np.ndarray] | None = None
         self.started = time.perf_counter()
@@ -180,22 +180,22 @@ class RankWriter(L.Callback):
         for scene, position, result in outputs:
             self.seen[scene][position] += 1
             self.output(trainer, scene).add(plan.predicted[scene][position], result)
-        if plan.checkpoints is not None:
-            self.checkpoint(plan, plan.checkpoints)
+        if plan.saves is not None:
+            self.save_parts(plan, plan.saves)
         self.profiler.end_batch(batch[1], time.perf_counter() - started)
 
-    def checkpoint(self, plan: RankPlan, checkpoints: Sequence[RankCheckpoints]) -> None:
+    def save_parts(self, plan: RankPlan, saves: Sequence[RankSaves]) -> None:
         """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's
         output holds much of them), and a line of progress."""
         due = self.clock.due()
         for scene, output in self.open.items():
             if due or self.clock.due(output.unsaved_bytes()):
-                ranked = checkpoints[scene]
-                part = output.checkpoint(ranked.next_part_path())
+                ranked = saves[scene]
+                part = output.save_part(ranked.next_part_path())
                 if part is not None:
                     ranked.commit(part)
                     logging.getLogger(LOGGER_NAME).info(
-                        "checkpoint %s: %d of %d own tiles of %s done",
+                        "saved %s: %d of %d own tiles of %s done",
                         part.path.name,
                         len(ranked.done),
                         len(plan.own[scene]),
@@ -221,10 +221,10 @@ class RankWriter(L.Callback):
             profile = self.profiler.finish(trainer, index)
             stem = self.outputs.stem(world, rank, index)
             own = [t.tile_id for t in plan.own[index]]
-            resumed = len(plan.checkpoints[index].resumed) if plan.checkpoints is not None else 0
+            resumed = len(plan.saves[index].resumed) if plan.saves is not None else 0
             write_rank_record(stem, own, asdict(profile), resumed=resumed)
             logger.info(
-                "rank %d wrote %s: %d tiles (%d predicted, %d from checkpoints), %s, %.1f s",
+                "rank %d wrote %s: %d tiles (%d predicted, %d from saved parts), %s, %.1f s",
                 rank,
                 stem,
                 len(own),
@@ -328,7 +328,7 @@ class ScenesDataset(Dataset):
 
 def run_prediction(
     scenes: Sequence[Scene],
-    checkpoint_path: str | Path,
+    model_file: str | Path,
     config: Mapping[str, Any],
     spec: RunSpec,
     out_dir: str | Path,
@@ -339,19 +339,19 @@ def run_prediction(
 ) -> None:
     """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank.
     ``config``: the validated config's ``task``, ``predict`` and ``model`` sections (every ``model.*`` key set
-    overrides the model file's). ``resume_dir``: where the ranks checkpoint finished tiles and a rerun resumes
-    from (none: no checkpoints)."""
+    overrides the model file's). ``resume_dir``: where the ranks save finished tiles and a rerun resumes
+    from (none: nothing saved)."""
     predict_cfg = config["predict"]
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     limit_read_cache(predict_cfg["read_cache_mb"])
     task = task_spec(config["task"]).load()
-    model, model_cfg = task.load_model(checkpoint_path, config)
+    model, model_cfg = task.load_model(model_file, config)
     model = task.prepare_for_inference(model, predict_cfg)
     loaded = [load_scene(job) for job in scenes]
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
 
-    model_digest = file_digest(checkpoint_path) if resume_dir is not None else ""
+    model_digest = file_digest(model_file) if resume_dir is not None else ""
 
     @functools.cache
     def plan_of_rank(world: int, rank: int) -> RankPlan:
@@ -359,16 +359,16 @@ def run_prediction(
         if resume_dir is None:
             predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, own, strict=True)]
             return RankPlan(own, predicted)
-        checkpoints = []
+        saves = []
         for scene in loaded:
             tiles = [t.tile_id for t in scene.tiles]
             mark = prediction_fingerprint(config, model_digest, world, shards, shard, tiles)
             index = rank_file_index(shard, world, rank)
-            checkpoints.append(RankCheckpoints(resume_dir, scene.name, index, task.spec.rank_suffix, mark))
-            checkpoints[-1].load(logger)
-        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, checkpoints, strict=True)]
+            saves.append(RankSaves(resume_dir, scene.name, index, task.spec.rank_suffix, mark))
+            saves[-1].load(logger)
+        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, saves, strict=True)]
         predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, remaining, strict=True)]
-        done = sum(len(ranked.resumed) for ranked in checkpoints)
+        done = sum(len(ranked.resumed) for ranked in saves)
         if done:
             logger.info(
                 "resuming: %d of %d tiles already done in %s; predicting %d tiles",
@@ -377,7 +377,7 @@ def run_prediction(
                 resume_dir,
                 sum(len(tiles) for tiles in predicted),
             )
-        return RankPlan(own, predicted, checkpoints)
+        return RankPlan(own, predicted, saves)
 
     def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
         predicted = plan_of_rank(world, rank).predicted
@@ -389,7 +389,7 @@ def run_prediction(
 
     profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
     outputs = RankOutputs(task, loaded, plan_of_rank, out_dir, shard, model_cfg, config)
-    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["checkpoint_every"])
+    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["save_every"])
     trainer = make_trainer(
         spec,
         logger=False,
@@ -398,7 +398,7 @@ def run_prediction(
         benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
-        logger.info("model %s: %s", checkpoint_path, task.describe(model_cfg))
+        logger.info("model %s: %s", model_file, task.describe(model_cfg))
         logger.info(
             "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
             "%d worker(s) per rank",

@@ -5,7 +5,7 @@ Like the seeds' mgpr summary, but every figure is measured over the whole run ra
 - **time**: ``wall_s`` runs from the rank's setup (before its data are set up) to the end of its last batch and
   splits exactly into ``compute_s`` (inside ``predict_step``: the forward pass and the results back on the
   host, which waits for the device), ``output_s`` (the rank's outputs taking each batch's results: boxes
-  gathered, class scores blended and blocks written, resume checkpoints) and ``wait_s`` (everything else:
+  gathered, class scores blended and blocks written, saved parts) and ``wait_s`` (everything else:
   reading tiles or a region, copies to the device, the loop itself), the time the device waited for data.
 - **device memory**: on a GPU, the peak that torch allocated during each batch (the peak is reset at every
   batch start); on a CPU, where the device's memory is the host's, the rank's resident set after each batch.
@@ -59,7 +59,7 @@ class RankProfile:
     batches: int
     wall_s: float
     compute_s: float
-    output_s: float  # the rank's outputs taking the batches' results (blend, write, checkpoints)
+    output_s: float  # the rank's outputs taking the batches' results (blend, write, saved parts)
     wait_s: float  # waiting for data: wall_s - compute_s - output_s
     output_fraction: float
     wait_fraction: float

@@ -3,7 +3,7 @@
 Each prediction rank writes, per scene, its task's output (``rank-{i}.parquet`` of detections, ``rank-{i}.tif`` of
 classes, ...) and then, as the last step, its record ``rank-{i}.json``: the tile_ids it processed (also those that
 gave nothing), its profile (:mod:`rasterscale.predict.profile`) and how many of them an earlier run of the rank had
-checkpointed (:mod:`rasterscale.predict.tile_resume`). The record is written after the output, atomically,
+saved (:mod:`rasterscale.predict.tile_resume`). The record is written after the output, atomically,
 so a record on disk means a complete output beside it. The merge checks from the records that the processed
 tile_ids are the manifest's, each exactly once, before it reads any output.
 
@@ -37,7 +37,7 @@ def write_rank_record(
     stem: str | Path, tile_ids: Sequence[int], profile: Mapping[str, Any] | None = None, resumed: int = 0
 ) -> Path:
     """Write the record of a rank's output ``{stem}.*`` (atomically): its processed tile_ids, its profile (of
-    this run's prediction) and how many of the tiles came from an earlier run's checkpoints
+    this run's prediction) and how many of the tiles came from an earlier run's saved parts
     (:mod:`rasterscale.predict.tile_resume`)."""
 
     path = record_path(stem)

@@ -1,7 +1,7 @@
-"""Tile-level resume of prediction: a rank's checkpoints of finished tiles, kept where a failed job leaves them.
+"""Tile-level resume of prediction: a rank's saved parts of finished tiles, kept where a failed job leaves them.
 
 Snakemake deletes a failed job's declared output folder, so a prediction job (batch b, shard s) keeps its
-checkpoints beside it, in ``results/predict/batch-{b}/shard-{s}.resume/``
+saved parts beside it, in ``results/predict/batch-{b}/shard-{s}.resume/``
 (:func:`rasterscale.workflow.paths.resume_dir`), and removes that folder once every rank has written its files.
 Per scene, rank ``i`` keeps there:
 
@@ -13,8 +13,8 @@ Per scene, rank ``i`` keeps there:
 A rerun with the same fingerprint skips the own tiles the index vouches for (and a task predicts only what the
 others need: :meth:`rasterscale.tasks.api.Task.tiles_to_predict`), and its task assembles the rank output from the
 parts and the new tiles; with another fingerprint the rank logs one line and starts over. When to write a part:
-every ``predict.checkpoint_every`` seconds, or sooner when a rank output holds :data:`MAX_UNSAVED_BYTES` of
-finished data not in a part yet (:class:`CheckpointClock`).
+every ``predict.save_every`` seconds, or sooner when a rank output holds :data:`MAX_UNSAVED_BYTES` of
+finished data not in a part yet (:class:`SaveClock`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rasterscale.workflow.paths import rank_stem
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock
-IGNORED_PREDICT_KEYS = ("checkpoint_every",)  # config keys that do not change what a rank writes
+IGNORED_PREDICT_KEYS = ("save_every",)  # config keys that do not change what a rank writes
 
 
 def file_digest(path: str | Path) -> str:
@@ -60,7 +60,7 @@ def prediction_fingerprint(
     shard: int,
     scene_tiles: Sequence[int],
 ) -> dict[str, Any]:
-    """What a rank's checkpoints are only valid for: the job's config (but its checkpoint interval), the model
+    """What a rank's saved parts are only valid for: the job's config (but its save interval), the model
     file's content, the launch geometry and the scene's tile_ids (hashed)."""
     predict = {k: v for k, v in config.get("predict", {}).items() if k not in IGNORED_PREDICT_KEYS}
     config_text = json.dumps({**config, "predict": predict}, sort_keys=True, default=str)
@@ -73,8 +73,8 @@ def prediction_fingerprint(
     }
 
 
-class RankCheckpoints:
-    """One rank's checkpoints of one scene (see the module docstring): read once at start, then grown part by
+class RankSaves:
+    """One rank's saved parts of one scene (see the module docstring): read once at start, then grown part by
     part."""
 
     def __init__(self, folder: str | Path, scene: str, index: int, suffix: str, print_: Mapping[str, Any]) -> None:
@@ -139,7 +139,7 @@ class RankCheckpoints:
         write_json({"format": RESUME_FORMAT, "fingerprint": self.fingerprint, "parts": parts}, self.index_path)
 
 
-class CheckpointClock:
+class SaveClock:
     """When a rank writes parts: ``every`` seconds after its previous ones (0: after every batch)."""
 
     def __init__(self, every: float) -> None:
@@ -153,5 +153,5 @@ class CheckpointClock:
 
 
 def remove_resume_dir(folder: str | Path) -> None:
-    """A job's checkpoints, once every rank has written its files."""
+    """Remove a job's saved parts, once every rank has written its files."""
     shutil.rmtree(folder, ignore_errors=True)

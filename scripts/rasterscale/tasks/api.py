@@ -101,7 +101,7 @@ class RankOutput(ABC):
         """One predicted tile's result (what :meth:`Task.predict_batch` returned for it)."""
 
     @abstractmethod
-    def checkpoint(self, path: Path) -> Part | None:
+    def save_part(self, path: Path) -> Part | None:
         """Write, atomically at ``path``, what the output holds of finished own tiles and no part holds yet;
         the part (with the own tile_ids it vouches for), or None when there is nothing new."""
 
@@ -199,5 +199,5 @@ class Task(ABC):
     ) -> RankOutput:
         """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``). ``own``: all the rank's tiles
         of the scene; ``parts``: what a previous run of the rank wrote of them (their tiles are not predicted
-        again), None when the rank does not checkpoint (then :meth:`RankOutput.checkpoint` is never called);
+        again), None when the rank saves no parts (then :meth:`RankOutput.save_part` is never called);
         ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part)."""

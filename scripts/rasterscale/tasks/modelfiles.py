@@ -19,10 +19,10 @@ class NotATorchFile(InputError):
 
 def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
     """The model file the config starts from and whether it is a starting point for training:
-    (``model.checkpoint``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
-    checkpoint = config.get("model", {}).get("checkpoint")
-    if checkpoint:
-        return checkpoint, False
+    (``model.file``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
+    predicted_with = config.get("model", {}).get("file")
+    if predicted_with:
+        return predicted_with, False
     init = config.get("train", {}).get("init")
     return (init, True) if init else (None, False)
 

@@ -3,7 +3,7 @@
 Batch semantics are explicit: ``train.batch_size`` is the effective global batch, each rank loads
 ``ceil(batch_size / world_size)`` tiles, and the learning rate follows the effective batch when
 ``lr_scaling: linear``. The plan is logged once, by rank 0, before the first step. Only rank 0 logs progress,
-validates (on tiles of a held-out band of each training scene) and writes the checkpoint, the training curves
+validates (on tiles of a held-out band of each training scene) and writes the model file, the training curves
 (CSV) and their plot. Resume checkpoints, and the stop on SIGTERM: :mod:`rasterscale.train.resume`.
 """
 

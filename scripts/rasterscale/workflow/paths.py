@@ -82,12 +82,12 @@ def rank_stem(shard_dir: str | Path, scene: str, index: int) -> str:
 
 
 def resume_dir(shard_dir: str | Path) -> str:
-    """The folder of a prediction job's checkpoints: beside its output folder, which a failed job loses."""
+    """The folder of a prediction job's saved parts: beside its output folder, which a failed job loses."""
     return f"{str(shard_dir).rstrip('/')}.resume"
 
 
 def shard_resume_dir(batch: int | str, shard: int | str) -> str:
-    """Where a prediction job's ranks checkpoint finished tiles: beside its output, which a failed job loses (not
+    """Where a prediction job's ranks save finished tiles: beside its output, which a failed job loses (not
     an output: the job removes it when it succeeds)."""
     return resume_dir(shard_dir(batch, shard))
 

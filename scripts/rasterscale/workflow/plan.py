@@ -48,7 +48,7 @@ from rasterscale.workflow.checks import unwritable_folder
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
 
 SECTIONS = ("train", "predict")
-FORMAT = 2  # of a stored plan: a plan stored in another format is rebuilt
+FORMAT = 3  # of a stored plan: a plan stored in another format is rebuilt
 
 
 @dataclass(frozen=True)
@@ -283,10 +283,10 @@ class Plan:
         """The predict section without predict.scenes (a job's file lists its scenes)."""
         return {key: value for key, value in self.config["predict"].items() if key != "scenes"}
 
-    def checkpoint_path(self) -> str:
-        """The model file prediction reads: model.checkpoint, or the one training writes."""
+    def prediction_model(self) -> str:
+        """The model file prediction reads: model.file, or the one training writes."""
         model = self.config["model"]
-        return str(model["checkpoint"] or paths.trained_model(model["name"]))
+        return str(model["file"] or paths.trained_model(model["name"]))
 
     # -- training and evaluation ------------------------------------------------------------------------------
 
@@ -326,7 +326,7 @@ class Plan:
     def final_targets(self) -> list[str]:
         """Everything the config asks for: the trained model, each predicted scene's outputs, evaluations."""
         targets: list[str] = []
-        if self.train_scenes and not self.config["model"]["checkpoint"]:
+        if self.train_scenes and not self.config["model"]["file"]:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
         for name in self.predict_scenes:
             targets += list(self.scene_outputs(name).values())
@@ -483,7 +483,7 @@ def _check_scene(
         raster = check_raster(path)
         bands = None if name in default_bands else scene.get("bands")
         check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}")
-        if name in config["train"]["scenes"] and not config["model"]["checkpoint"]:
+        if name in config["train"]["scenes"] and not config["model"]["file"]:
             tiling, train = config["tiling"], config["train"]
             check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], train["validation_fraction"])
         striped = striped_sources(path)
@@ -513,7 +513,7 @@ def checked_files(config: Mapping[str, Any]) -> Iterator[str]:
         yield str(scene["path"])
         if scene.get("annotations"):
             yield str(scene["annotations"])
-    for path in (config["model"]["checkpoint"], config["train"]["init"], config["model"]["backbone_weights"]):
+    for path in (config["model"]["file"], config["train"]["init"], config["model"]["backbone_weights"]):
         if path:
             yield str(path)
 

@@ -28,8 +28,8 @@ from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.detection.modelfiles import (
-    CHECKPOINT_FORMAT,
     CLASS_LOGITS,
+    DETECTOR_FORMAT,
     DetectorConfig,
     ModelHeader,
     read_model_file,
@@ -38,7 +38,7 @@ from rasterscale.tasks.detection.modelfiles import (
 )
 from rasterscale.tasks.modelfiles import save_payload
 
-__all__ = ["DetectorConfig", "build_detector", "load_checkpoint", "save_checkpoint"]
+__all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
 
 
 class PatchTransform(GeneralizedRCNNTransform):
@@ -88,8 +88,8 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
     return model
 
 
-def save_checkpoint(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path, **meta: Any) -> None:
-    save_payload(path, CHECKPOINT_FORMAT, cfg.to_dict(), model, task="detection", meta=meta)
+def save_detector(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path, **meta: Any) -> None:
+    save_payload(path, DETECTOR_FORMAT, cfg.to_dict(), model, task="detection", meta=meta)
 
 
 def load_weights(
@@ -116,7 +116,7 @@ def load_weights(
         raise InputError(f"{path}: weights do not fit {what}: {problem} {', '.join(keys)}")
 
 
-def load_checkpoint(
+def load_detector(
     path: str | Path, config: Mapping[str, Any] | None = None
 ) -> tuple[RetinaNet, DetectorConfig, dict[str, Any]]:
     """The detector of any model file rasterscale reads (:mod:`rasterscale.tasks.detection.modelfiles`), built with the

@@ -2,7 +2,7 @@
 
 rasterscale reads four formats, all holding torchvision RetinaNet weights on a ResNet-FPN backbone:
 
-- a rasterscale checkpoint (``.pt``, written by :func:`rasterscale.tasks.detection.model.save_checkpoint`);
+- a rasterscale model file (``.pt``, written by :func:`rasterscale.tasks.detection.model.save_detector`);
 - a DeepForest model folder as ``RetinaNetHub.save_pretrained`` writes it (``config.json`` with ``label_dict``,
   ``num_classes``, ``score_thresh``, ``nms_thresh``; ``model.safetensors``, keys with or without the ``model.``
   prefix of older releases);
@@ -43,7 +43,7 @@ class DetectorDefaults(TypedDict):
     detections_per_tile: int
 
 
-CHECKPOINT_FORMAT = "rasterscale-detector/1"
+DETECTOR_FORMAT = "rasterscale-detector/1"
 DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
 DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
@@ -104,7 +104,7 @@ class ModelHeader:
     """What a model file says about itself (``None``: the file does not say)."""
 
     path: str
-    kind: str  # rasterscale checkpoint | DeepForest folder | DeepForest Lightning checkpoint | DeepForest state dict
+    kind: str  # rasterscale model file | DeepForest folder | DeepForest Lightning checkpoint | DeepForest state dict
     backbone: str
     num_classes: int
     labels: tuple[str, ...] | None = None
@@ -129,7 +129,7 @@ def _fail(path: str | Path, problem: str) -> InputError:
 
 
 NOT_A_MODEL = (
-    "not a model file rasterscale reads (a rasterscale .pt checkpoint, a DeepForest model folder with config.json "
+    "not a model file rasterscale reads (a rasterscale .pt file, a DeepForest model folder with config.json "
     "and model.safetensors, a DeepForest Lightning .ckpt or a DeepForest .pt state dict)"
 )
 
@@ -233,7 +233,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     other = other_tasks_model(path, payload, "detection")
     if other:
         raise _fail(path, other)
-    if isinstance(payload, Mapping) and payload.get("format") == CHECKPOINT_FORMAT:
+    if isinstance(payload, Mapping) and payload.get("format") == DETECTOR_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
         backbone, classes, fpn_channels = architecture(path, _shapes(state))
@@ -245,7 +245,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             )
         header = ModelHeader(
             str(path),
-            "rasterscale checkpoint",
+            "rasterscale model file",
             backbone,
             classes,
             cfg.labels,

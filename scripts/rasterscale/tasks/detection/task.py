@@ -36,8 +36,8 @@ from rasterscale.tasks.detection.model import (
     freeze_pretrained_backbone,
     init_from_model_file,
     load_backbone_weights,
-    load_checkpoint,
-    save_checkpoint,
+    load_detector,
+    save_detector,
 )
 from rasterscale.tasks.detection.modelfiles import (
     DEFAULT_FPN_CHANNELS,
@@ -112,7 +112,7 @@ class DetectionRankOutput(RankOutput):
     def frame(self) -> gpd.GeoDataFrame:
         return detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
 
-    def checkpoint(self, path: Path) -> Part | None:
+    def save_part(self, path: Path) -> Part | None:
         if not self.results:
             return None
         write_detections_file(self.frame(), path)
@@ -194,7 +194,7 @@ class DetectionTask(Task):
         return f"RetinaNet {model_cfg.backbone}, {model_cfg.describe()}"
 
     def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, DetectorConfig]:
-        model, cfg, _ = load_checkpoint(path, config)
+        model, cfg, _ = load_detector(path, config)
         return model, cfg
 
     training_module_class = DetectionTrainingModule
@@ -248,14 +248,14 @@ class DetectionTask(Task):
     def save_model(
         self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: str | Path, **meta: Any
     ) -> list[Path]:
-        """The rasterscale checkpoint and, beside it, the same model as a DeepForest model folder."""
+        """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
 
-        save_checkpoint(model, model_cfg, model_path, **meta)
+        save_detector(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_folder(model.state_dict(), model_cfg, folder)
         if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
             LOGGER.warning(
-                "%s: written for rasterscale (model.checkpoint reads it); DeepForest itself builds resnet50 models "
+                "%s: written for rasterscale (model.file reads it); DeepForest itself builds resnet50 models "
                 "with a %d-channel feature pyramid only and cannot load this %s with %d",
                 folder,
                 DEFAULT_FPN_CHANNELS,

@@ -18,7 +18,7 @@ straight into the rank raster (:class:`~rasterscale.tasks.segmentation.rankraste
 of it once every piece covering the block is in: no row of the raster is ever held whole. Sums run over the
 contributors in manifest order, so a pixel's class is the same whichever rank owns it.
 
-Written blocks are final data, so they are also what a rank checkpoints (:meth:`TileBlender.checkpoint`: a part
+Written blocks are final data, so they are also what a rank saves (:meth:`TileBlender.save_part`: a part
 of the blocks written since the previous one, and the own tiles whose cores the parts now hold entirely). A
 blender resumed from such parts copies their blocks into its raster first and blends only the cores they do not
 hold entirely (never writing a block of the parts again).
@@ -200,9 +200,9 @@ class TileBlender:
     block cache bound is the caller's (:func:`rasterscale.datasets.tiles.limit_read_cache`). A rank without own tiles
     writes one pixel of no data.
 
-    ``parts``: parts an earlier run of the rank wrote (:meth:`checkpoint`), copied first; the own cores they hold
+    ``parts``: parts an earlier run of the rank wrote (:meth:`save_part`), copied first; the own cores they hold
     entirely are not blended again. ``keep_unsaved``: keep the blocks written since the last part, for
-    :meth:`checkpoint`. ``spill_ahead``: a piece whose next contributor is more tiles ahead waits on disk
+    :meth:`save_part`. ``spill_ahead``: a piece whose next contributor is more tiles ahead waits on disk
     (:class:`SpilledPieces`).
     """
 
@@ -244,8 +244,8 @@ class TileBlender:
         self.closed = False
         try:
             # own cores that the parts hold entirely: not blended again
-            self.checkpointed = {i for i in self.own_ids if self.raster.holds(self._local(cores[i]))}
-            own_ids = self.own_ids - self.checkpointed
+            self.saved = {i for i in self.own_ids if self.raster.holds(self._local(cores[i]))}
+            own_ids = self.own_ids - self.saved
             known = {t.tile_id for t in self.tiles}
             if own_ids - known:
                 raise ValueError(f"own tiles not among the tiles to predict: {sorted(own_ids - known)[:10]}")
@@ -379,15 +379,15 @@ class TileBlender:
     def unsaved_bytes(self) -> int:
         return self.raster.unsaved_bytes()
 
-    def checkpoint(self, path: str | Path) -> tuple[list[int], int] | None:
+    def save_part(self, path: str | Path) -> tuple[list[int], int] | None:
         """Write the blocks of the rank raster written since the previous part as a part, atomically at
         ``path``; the own tile ids whose cores are now all in parts, and the part's number of blocks. None when
         no block was written since."""
-        blocks = self.raster.checkpoint(path)
+        blocks = self.raster.save_part(path)
         if not blocks:
             return None
-        done = sorted(i for i in self.own_ids - self.checkpointed if self.raster.holds(self._local(self.cores[i])))
-        self.checkpointed.update(done)
+        done = sorted(i for i in self.own_ids - self.saved if self.raster.holds(self._local(self.cores[i])))
+        self.saved.update(done)
         return done, blocks
 
     def close(self) -> list[int]:

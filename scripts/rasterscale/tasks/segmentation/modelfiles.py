@@ -105,7 +105,7 @@ DEFAULT_LABELS = ("background", "tree")
 
 def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
     """The effective segmenter of a validated config: each ``model.*`` key set, else what the model file
-    (``model.checkpoint``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
+    (``model.file``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
     ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes the config's
     labels contradict, raises a one-line InputError naming it (at dry run)."""
     model = config.get("model", {})

@@ -8,7 +8,7 @@ straddle the edges of unfinished pieces, not rows of the raster: its memory does
 by more than one row of blocks. Blocks no piece covers hold no data (class :data:`NODATA_CLASS`).
 
 For tile-level resume, the blocks written since the previous part are kept and written as a *part*
-(:meth:`RankRaster.checkpoint`): a small GeoTIFF of the blocks stacked one above the other, their places in its
+(:meth:`RankRaster.save_part`): a small GeoTIFF of the blocks stacked one above the other, their places in its
 ``rasterscale_blocks`` tag. A raster resumed from parts copies their blocks first (:meth:`RankRaster.holds` tells
 which windows they cover), and never writes those blocks again.
 """
@@ -180,7 +180,7 @@ class RankRaster:
     def unsaved_bytes(self) -> int:
         return sum(block.nbytes for _, _, block in self.unsaved)
 
-    def checkpoint(self, path: str | Path) -> int:
+    def save_part(self, path: str | Path) -> int:
         """Write the blocks written since the previous part as a part, atomically at ``path``; how many (0: none,
         and no file)."""
         if not self.unsaved:

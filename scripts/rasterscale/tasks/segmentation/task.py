@@ -86,8 +86,8 @@ class SegmentationRankOutput(RankOutput):
     def add(self, tile: Tile, result: np.ndarray) -> None:
         self.blender.add(tile.tile_id, result)
 
-    def checkpoint(self, path: Path) -> Part | None:
-        written = self.blender.checkpoint(path)
+    def save_part(self, path: Path) -> Part | None:
+        written = self.blender.save_part(path)
         if written is None:
             return None
         tiles, blocks = written
