@@ -33,6 +33,10 @@ class TaskSpec:
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
+    - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a
+      scene without annotations (no ground truth drawn);
+    - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
+      tables and project map);
     - ``implementation``: ``"module:Class"`` of the torch half.
     """
 
@@ -47,6 +51,9 @@ class TaskSpec:
     merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]
+    quicklook: Callable[[Mapping[str, Any], Mapping[str, Any], str | Path, str], None]
+    counts: Callable[[Mapping[str, Any], Sequence[str]], dict[str, int]]
+    count_unit: str
     implementation: str
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
