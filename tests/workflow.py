@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+import zipfile
+from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import geopandas as gpd
@@ -75,3 +80,66 @@ def rank_tile_ids(workdir: Path, scene: str) -> list[list[int]]:
     from rasterscale.predict.rankfiles import read_tile_ids
 
     return [read_tile_ids(stem).tolist() for stem in rank_stems(workdir, scene)]
+
+
+@dataclass
+class Report:
+    """A Snakemake report (the zip), unpacked: its categories (category -> subcategory -> result paths), its results
+    (path -> name, labels, caption, data_uri, ...) and the folder its report.html and data lie in."""
+
+    categories: dict[str, dict[str, list[str]]]
+    results: dict[str, dict]
+    folder: Path
+
+    def items(self, category: str, subcategory: str) -> dict[str, dict]:
+        """A subcategory's results by their label ``item``."""
+        return {self.results[p]["labels"]["item"]: self.results[p] for p in self.categories[category][subcategory]}
+
+    def file(self, result: dict) -> Path:
+        return self.folder / result["data_uri"]
+
+
+def build_report(workdir: Path, config: dict, out: Path, *args: str) -> Report:
+    """Run the workflow with ``--report-after-run --report out/report.zip`` (a finished run: only the report is
+    built), unzip it into ``out`` and parse what its report.html embeds."""
+    run_workflow(workdir, config, "--report-after-run", "--report", str(out / "report.zip"), *args)
+    with zipfile.ZipFile(out / "report.zip") as archive:
+        archive.extractall(out)
+    folder = out / "report"
+    page = (folder / "report.html").read_text()
+
+    def embedded(name: str) -> dict:
+        found = re.search(rf'<script id="{name}">\s*var {name} = (.*?);\s*</script>', page, flags=re.S)
+        assert found, f"report.html embeds no {name}"
+        return json.loads(found.group(1))
+
+    return Report(embedded("categories"), embedded("results"), folder)
+
+
+def table_rows(page: str) -> list[list[str]]:
+    """Every row of every table of an HTML page, as its cells' texts (header rows too)."""
+
+    class Rows(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append("".join(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data: str) -> None:
+            if self.cell is not None:
+                self.cell.append(data)
+
+    parser = Rows()
+    parser.feed(page)
+    return parser.rows

@@ -1,7 +1,8 @@
 """Every path the workflow's rules and jobs name, relative to the working directory: the one place each is spelled.
 
 Scene files live under ``results/{scene}/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``,
-models under ``results/models/``, a batch's job file under ``results/batches/``. Pure string functions (no I/O):
+models under ``results/models/``, a batch's job file under ``results/batches/``, the Snakemake report's renderings
+under ``results/report/``. Pure string functions (no I/O):
 a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 """
 
@@ -94,6 +95,16 @@ def trained_model(name: str) -> str:
 def demo_raster(directory: str, name: str) -> str:
     """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
     return f"{directory}/{name}.tif"
+
+
+def report_file(name: str) -> str:
+    """A file of the Snakemake report's renderings by its name (run.html, project_map.png)."""
+    return f"{RESULTS}/report/{name}"
+
+
+def report_scene_file(scene: str, name: str) -> str:
+    """A scene's rendering for the Snakemake report (scores.html, profile.html, profile.png, counts.json)."""
+    return f"{RESULTS}/report/{scene}/{name}"
 
 
 def environment_rank_file(rank: int) -> str:
