@@ -2,6 +2,7 @@
 (CPU ranks over gloo), merge and evaluation."""
 
 import json
+import re
 from pathlib import Path
 
 import geopandas as gpd
@@ -17,7 +18,17 @@ from rasterio.windows import Window
 from conftest import damage_block
 from rasterscale.runtime.precision import choose, probe
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
-from workflow import build_report, matched_fraction, rank_stems, rank_tile_ids, run_workflow, table_rows, tiny_config
+from workflow import (
+    browser,
+    build_report,
+    matched_fraction,
+    rank_stems,
+    rank_tile_ids,
+    rendered_dom,
+    run_workflow,
+    table_rows,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.slow
 TRANSFORM = rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
@@ -185,11 +196,18 @@ def decoded(path: Path) -> tuple[int, int]:
         return image.size
 
 
-def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map(tiny_run, tmp_path):
-    """`snakemake --report-after-run --report report.zip` after the finished tiny run: the four categories, and
-    each item with its content: pictures that decode at a legible size, tables with the run's own numbers."""
+@pytest.fixture(scope="module")
+def tiny_report(tiny_run, tmp_path_factory):
+    """`snakemake --report-after-run --report report.zip` after the finished tiny run, unzipped."""
     workdir, _ = tiny_run
-    report = build_report(workdir, tiny_config(), tmp_path)
+    return build_report(workdir, tiny_config(), tmp_path_factory.mktemp("report"))
+
+
+def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map(tiny_run, tiny_report):
+    """The report of the tiny run: the four categories, and each item with its content: pictures that decode at a
+    legible size, tables with the run's own numbers."""
+    workdir, _ = tiny_run
+    report = tiny_report
     assert sorted(report.categories) == ["1. Run", "2. Scenes", "3. Training", "4. Project"]
     assert {name: list(subcategories) for name, subcategories in report.categories.items()} == {
         "1. Run": ["run"],
@@ -239,6 +257,19 @@ def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map
     assert decoded(report.file(report.items("4. Project", "map")["scene footprints and counts"])) == (1000, 800)
     counts = json.loads((workdir / "results/report/tiny_test/counts.json").read_text())
     assert counts == {"unit": "detections", "counts": {"tree": detections}, "total": detections}
+
+
+@pytest.mark.skipif(browser() is None, reason="no Chromium on the PATH (Debian: apt-get install chromium)")
+def test_report_renders_in_a_headless_browser_with_its_categories_and_a_scenes_items(tiny_report):
+    """report.html opened in a headless Chromium: the report's app draws its menu of the four categories and the
+    workflow's description (linking each category); shown the category of scenes, it lists the scene's four items."""
+    home = rendered_dom(tiny_report.folder / "report.html")
+    categories = ["1. Run", "2. Scenes", "3. Training", "4. Project"]
+    assert re.findall(r">(\d\. \w+)<", home) == categories * 2  # the menu, then the description's links
+    assert ">rasterscale</h1>" in home
+    scenes = rendered_dom(tiny_report.folder / "report.html", "app.showCategory('2. Scenes')")
+    listed = re.findall(r">(quicklook|scores|prediction profile(?: \(plot\))?)<", scenes)
+    assert listed == ["prediction profile", "prediction profile (plot)", "quicklook", "scores"]
 
 
 def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_annotations(tiny_run, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -143,3 +144,26 @@ def table_rows(page: str) -> list[list[str]]:
     parser = Rows()
     parser.feed(page)
     return parser.rows
+
+
+def browser() -> str | None:
+    """A Chromium on the PATH (Debian's chromium, or Chrome), or None."""
+    return next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+    )
+
+
+def rendered_dom(page: Path, script: str = "") -> str:
+    """What a Snakemake report's app drew (its element ``#app`` in the DOM) once a headless Chromium has run the
+    page's scripts and then ``script`` (JavaScript run after the page loaded, from a copy of the page beside it)."""
+    if script:
+        text = page.read_text()
+        end = text.rfind("</body>")
+        inject = f"<script>window.addEventListener('load', () => setTimeout(() => {{ {script} }}, 200));</script>"
+        page = page.with_name(f"{page.stem}.scripted.html")
+        page.write_text(text[:end] + inject + text[end:])
+    command = [str(browser()), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    result = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    app = result.stdout[result.stdout.index('id="app"') :]  # what the page's app drew, not its scripts' data
+    return app[: app.find("<script")] if "<script" in app else app
