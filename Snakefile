@@ -9,6 +9,9 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/demo.smk"
 include: "rules/cog.smk"
@@ -19,12 +22,13 @@ include: "rules/merge.smk"
 include: "rules/project.smk"
 include: "rules/evaluate.smk"
 include: "rules/check.smk"
+include: "rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
-        lambda wildcards: default_targets(),
+        lambda wildcards: default_targets() + reportfiles.report_targets(PLAN),
 
 
 onsuccess:

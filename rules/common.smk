@@ -13,8 +13,8 @@ sys.path.insert(0, str(SCRIPTS))
 from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
-from rasterscale.workflow import paths, reports, slurm  # noqa: E402
-from rasterscale.workflow.plan import workflow_plan  # noqa: E402
+from rasterscale.workflow import paths, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow.plan import fingerprint, workflow_plan  # noqa: E402
 
 
 def fail(message):
@@ -36,6 +36,7 @@ except (ConfigError, InputError) as err:
 # killed snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
 os.environ[JOB_PARENT] = str(this_process())
 
+PLAN_KEY = fingerprint(config)  # the stored plan's key: a job that loads the plan finds it by its config
 CONFIG = PLAN.config
 TASK = PLAN.task
 DEMO = CONFIG["demo"]
@@ -89,3 +90,25 @@ def default_targets():
     if PLAN.nothing_to_do():
         fail(PLAN.nothing_to_do())
     return PLAN.final_targets()
+
+
+def report_flag(path, caption, category, item, subcategory):
+    """An output shown in the report: its caption (report/{caption}.rst), category, subcategory and the label the
+    report lists it by (every item of a subcategory has one)."""
+    return report(
+        path,
+        caption=f"../report/{caption}.rst",
+        category=category,
+        subcategory=subcategory,
+        labels={"item": item},
+    )
+
+
+def training_outputs(model):
+    """Rule train_model's outputs: the task's model files, its training curves (plot and CSV) in the report."""
+    outputs = PLAN.trained_model_outputs(model)
+    outputs["plot"] = report_flag(outputs["plot"], "training", reportfiles.TRAINING, "training curves", model)
+    outputs["metrics"] = report_flag(
+        outputs["metrics"], "training_metrics", reportfiles.TRAINING, "training curves (CSV)", model
+    )
+    return outputs

@@ -5,11 +5,13 @@ rule evaluate_scene:
         annotations=scene_input("scene_annotations"),
     output:
         evaluation=paths.evaluation_file("{scene}"),
-        quicklook=paths.quicklook_file("{scene}"),
+        quicklook=report_flag(paths.quicklook_file("{scene}"), "quicklook", reportfiles.SCENES, "quicklook", "{scene}"),
     log:
         "logs/evaluate_scene/{scene}.log",
     benchmark:
         "benchmarks/evaluate_scene/{scene}.tsv"
+    wildcard_constraints:
+        scene=pattern(PLAN.evaluated_scenes()),
     conda:
         "../envs/environment.yaml"
     params:

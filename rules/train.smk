@@ -5,7 +5,7 @@ rule train_model:
         annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
         manifests=[paths.scene_manifest(name) for name in PLAN.train_scenes],
     output:
-        **PLAN.trained_model_outputs("{model}"),
+        **training_outputs("{model}"),
     log:
         "logs/train/{model}.log",
     benchmark:

@@ -17,7 +17,7 @@ from rasterio.features import rasterize
 
 from conftest import REPO
 from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
-from workflow import rank_stems, run_workflow
+from workflow import build_report, rank_stems, run_workflow, table_rows
 
 TINY = REPO / "tests/configs/tiny_segmentation.yaml"
 SEAM_BAND = 16  # px either side of an inner tile edge
@@ -146,3 +146,28 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     )
     assert result.returncode != 0
     assert f"duplicated tile_id(s) {doubled} " in result.stderr and "rank-0.json" in result.stderr
+
+
+def test_report_shows_the_class_scores_and_the_pixels_of_each_class(seg_run, tmp_path):
+    """The report of the segmentation run: the scene's IoU per class, mIoU and confusion matrix from its evaluation,
+    the tree pixels of its class map (background left out, as its polygons leave it out), and the project map."""
+    workdir, _ = seg_run
+    report = build_report(workdir, yaml.safe_load((workdir / "config.yaml").read_text()), tmp_path)
+    assert sorted(report.categories) == ["1. Run", "2. Scenes", "3. Training", "4. Project"]
+    scene = report.items("2. Scenes", "tiny_test")
+    assert set(scene) == {"quicklook", "scores", "prediction profile", "prediction profile (plot)"}
+    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    rows = table_rows(report.file(scene["scores"]).read_text())
+    assert ["miou", f"{metrics['miou']:.3f}"] in rows and ["pixel_accuracy", f"{metrics['pixel_accuracy']:.3f}"] in rows
+    assert ["tree", f"{metrics['iou']['tree']:.3f}"] in rows and [
+        "background",
+        f"{metrics['iou']['background']:.3f}",
+    ] in rows
+    (tn, fp), (fn, tp) = metrics["confusion"]
+    assert ["true background", f"{tn:,}", f"{fp:,}"] in rows and ["true tree", f"{fn:,}", f"{tp:,}"] in rows
+    trees = int((classes_of(workdir) == 1).sum())
+    assert ["class", "pixels"] in rows and ["tree", f"{trees:,}"] in rows and ["all", f"{trees:,}"] in rows
+    run = table_rows(
+        report.file(report.items("1. Run", "run")["config, model, precision, launch geometry"]).read_text()
+    )
+    assert ["task", "segmentation"] in run and ["classes", "background, tree"] in run

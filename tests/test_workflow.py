@@ -2,20 +2,33 @@
 (CPU ranks over gloo), merge and evaluation."""
 
 import json
+import re
 from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
+import pandas as pd
 import pytest
 import rasterio
 import shapely
 import torch
+from PIL import Image
 from rasterio.windows import Window
 
 from conftest import damage_block
 from rasterscale.runtime.precision import choose, probe
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
-from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config
+from workflow import (
+    browser,
+    build_report,
+    matched_fraction,
+    rank_stems,
+    rank_tile_ids,
+    rendered_dom,
+    run_workflow,
+    table_rows,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.slow
 TRANSFORM = rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
@@ -174,3 +187,113 @@ def test_environment_check_runs_ranks_on_random_tiles_without_any_raster(tmp_pat
     assert all(r["world_size"] == 2 for r in reports)
     assert sum(r["tiles"] for r in reports) == 6
     assert all(r["tiles_per_s"] > 0 for r in reports)
+
+
+def decoded(path: Path) -> tuple[int, int]:
+    """A picture's size, once every pixel decoded."""
+    with Image.open(path) as image:
+        image.load()
+        return image.size
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_run, tmp_path_factory):
+    """`snakemake --report-after-run --report report.zip` after the finished tiny run, unzipped."""
+    workdir, _ = tiny_run
+    return build_report(workdir, tiny_config(), tmp_path_factory.mktemp("report"))
+
+
+def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map(tiny_run, tiny_report):
+    """The report of the tiny run: the four categories, and each item with its content: pictures that decode at a
+    legible size, tables with the run's own numbers."""
+    workdir, _ = tiny_run
+    report = tiny_report
+    assert sorted(report.categories) == ["1. Run", "2. Scenes", "3. Training", "4. Project"]
+    assert {name: list(subcategories) for name, subcategories in report.categories.items()} == {
+        "1. Run": ["run"],
+        "2. Scenes": ["tiny_test"],
+        "3. Training": ["tiny"],
+        "4. Project": ["map"],
+    }
+    assert all(result["caption"].strip() for result in report.results.values())
+
+    run = table_rows(
+        report.file(report.items("1. Run", "run")["config, model, precision, launch geometry"]).read_text()
+    )
+    ran_at = choose(probe("cpu"))
+    meta = torch.load(workdir / "results/models/tiny.pt", weights_only=True)["meta"]
+    assert ["task", "detection"] in run and ["model", "tiny"] in run
+    assert ["model file", "results/models/tiny.pt (trained by this run)"] in run
+    assert ["training: steps", str(meta["steps"])] in run and ["backbone", "resnet18"] in run
+    assert ["train", "auto", ran_at] in run and ["predict", "auto", ran_at] in run
+    assert ["train", "auto", "2", "1", "2", "1", "4 global", "0", "2"] in run  # devices, nodes, ranks, jobs, ...
+    assert ["predict", "auto", "2", "1", "2", "1", "2 per rank", "1", "4"] in run
+
+    scene = report.items("2. Scenes", "tiny_test")
+    assert set(scene) == {"quicklook", "scores", "prediction profile", "prediction profile (plot)"}
+    assert "tiny_test" in scene["quicklook"]["caption"]
+    assert decoded(report.file(scene["quicklook"])) == (900, 700)  # the scene at full size: 900 x 700 px
+    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    detections = len(pd.read_parquet(workdir / "results/tiny_test/detections.parquet", columns=["label"]))
+    scores = table_rows(report.file(scene["scores"]).read_text())
+    for key in ("f1", "precision", "recall", "map50"):
+        assert [key, f"{metrics[key]:.3f}"] in scores
+    assert ["ground_truth", f"{metrics['ground_truth']:,}"] in scores
+    assert ["tree", f"{detections:,}"] in scores and ["all", f"{detections:,}"] in scores
+    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    rows = table_rows(report.file(scene["prediction profile"]).read_text())
+    for rank in profile["ranks"]:
+        row = rows[1 + rank["rank"]]
+        assert row[:4] == [str(rank["rank"]), "cpu", "window", str(rank["tiles"])]
+        assert f"{rank['tiles_per_s']:.2f}" in row and f"{rank['memory_peak_mb']:.0f}" in row
+    assert rows[3][0] == "all" and rows[3][3] == str(profile["total"]["tiles"])
+    assert decoded(report.file(scene["prediction profile (plot)"]))[0] >= 1200
+
+    training = report.items("3. Training", "tiny")
+    curves = report.file(training["training curves"])
+    assert curves.read_bytes() == (workdir / "results/models/tiny.png").read_bytes() and decoded(curves) == (1000, 400)
+    assert report.file(training["training curves (CSV)"]).read_text().startswith("epoch,step,")
+
+    assert decoded(report.file(report.items("4. Project", "map")["scene footprints and counts"])) == (1000, 800)
+    counts = json.loads((workdir / "results/report/tiny_test/counts.json").read_text())
+    assert counts == {"unit": "detections", "counts": {"tree": detections}, "total": detections}
+
+
+@pytest.mark.skipif(browser() is None, reason="no Chromium on the PATH (Debian: apt-get install chromium)")
+def test_report_renders_in_a_headless_browser_with_its_categories_and_a_scenes_items(tiny_report):
+    """report.html opened in a headless Chromium: the report's app draws its menu of the four categories and the
+    workflow's description (linking each category); shown the category of scenes, it lists the scene's four items."""
+    home = rendered_dom(tiny_report.folder / "report.html")
+    categories = ["1. Run", "2. Scenes", "3. Training", "4. Project"]
+    assert re.findall(r">(\d\. \w+)<", home) == categories * 2  # the menu, then the description's links
+    assert ">rasterscale</h1>" in home
+    scenes = rendered_dom(tiny_report.folder / "report.html", "app.showCategory('2. Scenes')")
+    listed = re.findall(r">(quicklook|scores|prediction profile(?: \(plot\))?)<", scenes)
+    assert listed == ["prediction profile", "prediction profile (plot)", "quicklook", "scores"]
+
+
+def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_annotations(tiny_run, tmp_path):
+    """A run that predicts with the tiny model an unannotated scene: rule quicklook_scene draws its quicklook, its
+    scores page says it is not scored, the run page names model.checkpoint, and there is no training category."""
+    workdir, _ = tiny_run
+    config = {
+        "scenes": {"bare": {"path": "resources/demo/bare.tif"}},
+        "demo": {"scenes": {"bare": {"width": 300, "height": 240, "seed": 7}}},
+        "tiling": {"patch_size": 256, "overlap": 64},
+        "model": {"file": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
+        "predict": {"scenes": ["bare"], "devices": 1, "workers": 0},
+    }
+    run = tmp_path / "run"
+    report = build_report(run, config, tmp_path)
+    assert sorted(report.categories) == ["1. Run", "2. Scenes", "4. Project"]
+    scene = report.items("2. Scenes", "bare")
+    assert scene["quicklook"]["job_properties"]["rule"] == "quicklook_scene"
+    assert decoded(report.file(scene["quicklook"])) == (800, 640)  # a small scene enlarged to a legible size
+    assert "Not scored: the scene has no annotations" in report.file(scene["scores"]).read_text()
+    detections = len(pd.read_parquet(run / "results/bare/detections.parquet", columns=["label"]))
+    assert ["all", f"{detections:,}"] in table_rows(report.file(scene["scores"]).read_text())
+    page = table_rows(
+        report.file(report.items("1. Run", "run")["config, model, precision, launch geometry"]).read_text()
+    )
+    assert [f"{workdir}/results/models/tiny.pt (model.checkpoint)"] == [r[1] for r in page if r[0] == "model file"]
+    assert [row[0] for row in page if row[1:2] == ["auto"]] == ["predict", "predict"]  # precision, geometry

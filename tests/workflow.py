@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
+import zipfile
+from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import geopandas as gpd
@@ -75,3 +81,89 @@ def rank_tile_ids(workdir: Path, scene: str) -> list[list[int]]:
     from rasterscale.predict.rankfiles import read_tile_ids
 
     return [read_tile_ids(stem).tolist() for stem in rank_stems(workdir, scene)]
+
+
+@dataclass
+class Report:
+    """A Snakemake report (the zip), unpacked: its categories (category -> subcategory -> result paths), its results
+    (path -> name, labels, caption, data_uri, ...) and the folder its report.html and data lie in."""
+
+    categories: dict[str, dict[str, list[str]]]
+    results: dict[str, dict]
+    folder: Path
+
+    def items(self, category: str, subcategory: str) -> dict[str, dict]:
+        """A subcategory's results by their label ``item``."""
+        return {self.results[p]["labels"]["item"]: self.results[p] for p in self.categories[category][subcategory]}
+
+    def file(self, result: dict) -> Path:
+        return self.folder / result["data_uri"]
+
+
+def build_report(workdir: Path, config: dict, out: Path, *args: str) -> Report:
+    """Run the workflow with ``--report-after-run --report out/report.zip`` (a finished run: only the report is
+    built), unzip it into ``out`` and parse what its report.html embeds."""
+    run_workflow(workdir, config, "--report-after-run", "--report", str(out / "report.zip"), *args)
+    with zipfile.ZipFile(out / "report.zip") as archive:
+        archive.extractall(out)
+    folder = out / "report"
+    page = (folder / "report.html").read_text()
+
+    def embedded(name: str) -> dict:
+        found = re.search(rf'<script id="{name}">\s*var {name} = (.*?);\s*</script>', page, flags=re.S)
+        assert found, f"report.html embeds no {name}"
+        return json.loads(found.group(1))
+
+    return Report(embedded("categories"), embedded("results"), folder)
+
+
+def table_rows(page: str) -> list[list[str]]:
+    """Every row of every table of an HTML page, as its cells' texts (header rows too)."""
+
+    class Rows(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append("".join(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data: str) -> None:
+            if self.cell is not None:
+                self.cell.append(data)
+
+    parser = Rows()
+    parser.feed(page)
+    return parser.rows
+
+
+def browser() -> str | None:
+    """A Chromium on the PATH (Debian's chromium, or Chrome), or None."""
+    return next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+    )
+
+
+def rendered_dom(page: Path, script: str = "") -> str:
+    """What a Snakemake report's app drew (its element ``#app`` in the DOM) once a headless Chromium has run the
+    page's scripts and then ``script`` (JavaScript run after the page loaded, from a copy of the page beside it)."""
+    if script:
+        text = page.read_text()
+        end = text.rfind("</body>")
+        inject = f"<script>window.addEventListener('load', () => setTimeout(() => {{ {script} }}, 200));</script>"
+        page = page.with_name(f"{page.stem}.scripted.html")
+        page.write_text(text[:end] + inject + text[end:])
+    command = [str(browser()), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    result = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    app = result.stdout[result.stdout.index('id="app"') :]  # what the page's app drew, not its scripts' data
+    return app[: app.find("<script")] if "<script" in app else app

@@ -361,6 +361,14 @@ def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] |
         raise InputError(f"{path}: {key}.scale.min must be below {key}.scale.max (band {bands[wrong[0]]})")
 
 
+def picture_inches(height: int, width: int, min_side: int = 800, dpi: int = 100) -> tuple[float, float]:
+    """A picture's figure size (width, height in inches at ``dpi``) for an image of ``height`` x ``width`` pixels:
+    its own size, enlarged to ``min_side`` pixels on its long side (a small scene's title and outlines would not
+    fit or show otherwise)."""
+    grow = max(1.0, min_side / max(height, width, 1))
+    return width * grow / dpi, height * grow / dpi
+
+
 def display_uint8(image: np.ndarray) -> np.ndarray:
     """uint8 as it is; other types (16-bit, float) stretched per band between their 2nd and 98th percentiles,
     for the picture only."""

@@ -45,6 +45,21 @@ def torch_payload(path: Path) -> Any:
     raise AssertionError("unreachable")
 
 
+def training_meta(path: str | Path) -> dict[str, Any] | None:
+    """What a rasterscale model file records of its training (``meta``: steps, epochs, seconds, the precision it
+    ran at, the batch plan, the last validation), or None for a file or folder that records none (a DeepForest
+    model, a bare state dict)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch_payload(path)
+    except NotATorchFile:
+        return None
+    meta = payload.get("meta") if isinstance(payload, Mapping) else None
+    return dict(meta) if isinstance(meta, Mapping) else None
+
+
 def other_tasks_model(path: Path, payload: Any, task: str) -> str | None:
     """How to say that ``path`` holds another task's model (a payload that records its task, from
     :func:`save_payload`, or a DeepForest model folder), or None when it is no model of rasterscale's."""

@@ -36,6 +36,10 @@ class TaskSpec:
     - ``project_inputs``: the keys of a scene's outputs the project's merge reads; ``project_outputs(config)``
       the project's layers, ``{key: file name}`` under ``results/project/``; ``merge_project(job)`` merges them
       (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping), a line for the log;
+    - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a
+      scene without annotations (no ground truth drawn);
+    - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
+      tables and project map);
     - ``implementation``: ``"module:Class"`` of the torch half.
     """
 
@@ -53,6 +57,9 @@ class TaskSpec:
     project_inputs: tuple[str, ...]
     project_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
     merge_project: Callable[[Mapping[str, Any]], str]
+    quicklook: Callable[[Mapping[str, Any], Mapping[str, Any], str | Path, str], None]
+    counts: Callable[[Mapping[str, Any], Sequence[str]], dict[str, int]]
+    count_unit: str
     implementation: str
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

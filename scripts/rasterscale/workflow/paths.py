@@ -2,7 +2,8 @@
 
 Scene files live under ``results/{scene}/`` (a seam's, ``{a}+{b}``, under ``results/seams/``), the project's
 layers under ``results/project/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``, models under
-``results/models/``, a batch's job file under ``results/batches/``. Pure string functions (no I/O):
+``results/models/``, a batch's job file under ``results/batches/``, the Snakemake report's renderings under
+``results/report/``. Pure string functions (no I/O):
 a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 """
 
@@ -115,6 +116,16 @@ def trained_model(name: str) -> str:
 def demo_raster(directory: str, name: str) -> str:
     """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
     return f"{directory}/{name}.tif"
+
+
+def report_file(name: str) -> str:
+    """A file of the Snakemake report's renderings by its name (run.html, project_map.png)."""
+    return f"{RESULTS}/report/{name}"
+
+
+def report_scene_file(scene: str, name: str) -> str:
+    """A scene's rendering for the Snakemake report (scores.html, profile.html, profile.png, counts.json)."""
+    return f"{RESULTS}/report/{scene}/{name}"
 
 
 def environment_rank_file(rank: int) -> str:

@@ -197,3 +197,22 @@ def drop_masked(detections: pd.DataFrame, path: str | Path, spec: ImageSpec) -> 
     if spec.mask == "none" or not len(detections):
         return detections
     return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]
+
+
+# -- reading a merged layer back (the report) ------------------------------------------------------------------
+
+
+def count_detections(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
+    """A merged layer's detections per label: each of ``labels`` (0 when it has none), then any other label the
+    layer holds. Only its label column is read."""
+    import pyarrow.compute as pc
+
+    column = pq.read_table(path, columns=["label"]).column("label")
+    found = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
+    return {**{label: found.pop(label, 0) for label in labels}, **found}
+
+
+def scored_boxes(path: str | Path, min_score: float) -> np.ndarray:
+    """A merged layer's boxes in raster pixels, (N, 4), of the detections scoring at least ``min_score``."""
+    frame = pd.read_parquet(path, columns=[*BOX_COLUMNS, "score"])
+    return frame.loc[frame["score"] >= min_score, BOX_COLUMNS].to_numpy(dtype=np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import rasterio
 
 from rasterscale.atomic import save_figure
-from rasterscale.raster.imagery import decoding, display_uint8
+from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
 
 
 def render_quicklook(
@@ -32,7 +32,7 @@ def render_quicklook(
         with decoding(str(raster_path)):
             image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
         width, height = src.width, src.height
-    fig, ax = plt.subplots(figsize=(shape[2] / 100, shape[1] / 100), dpi=100)
+    fig, ax = plt.subplots(figsize=picture_inches(shape[1], shape[2], min(800, max_side)), dpi=100)
     ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))
 
     def outlines(boxes: np.ndarray) -> list[np.ndarray]:
@@ -43,5 +43,6 @@ def render_quicklook(
     if len(pred_boxes):
         ax.add_collection(PolyCollection(outlines(pred_boxes), facecolors="none", edgecolors="red", linewidths=0.6))
     ax.set_axis_off()
-    ax.set_title(title + "  (red: predicted, cyan: true)", fontsize=9)
+    legend = "red: predicted, cyan: true" if true_boxes is not None else "red: predicted"
+    ax.set_title(f"{title}  ({legend})", fontsize=9)
     save_figure(fig, png_path)

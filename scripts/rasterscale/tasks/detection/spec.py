@@ -10,9 +10,10 @@ from typing import Any
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.evaluate import evaluate_scene
-from rasterscale.tasks.detection.merge import merge_scene
+from rasterscale.tasks.detection.merge import count_detections, merge_scene, scored_boxes
 from rasterscale.tasks.detection.modelfiles import detector_of_config
 from rasterscale.tasks.detection.project import merge_project
+from rasterscale.tasks.detection.quicklook import render_quicklook
 from rasterscale.tasks.spec import TaskSpec
 
 
@@ -44,6 +45,17 @@ def evaluate(
     )
 
 
+def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+    """The evaluation's picture without ground truth: the boxes scoring at least evaluate.score_threshold."""
+    threshold = config["evaluate"]["score_threshold"]
+    boxes = scored_boxes(scene["parquet"], threshold)
+    render_quicklook(scene["raster"], boxes, None, png, title=f"{title}: {len(boxes)} boxes of score >= {threshold}")
+
+
+def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
+    return count_detections(scene["parquet"], labels)
+
+
 def labels(config: Mapping[str, Any]) -> list[str]:
     return list(detector_of_config(config)[0].labels)
 
@@ -73,6 +85,9 @@ DETECTION = TaskSpec(
     project_inputs=("parquet",),
     project_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
     merge_project=merge_project,
+    quicklook=quicklook,
+    counts=counts,
+    count_unit="detections",
     implementation="rasterscale.tasks.detection.task:DetectionTask",
     config_keys={
         "model": (

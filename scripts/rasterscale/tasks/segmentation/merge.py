@@ -206,3 +206,16 @@ def class_summary(counts: np.ndarray, labels: Sequence[str]) -> dict:
         if len(labels) <= class_id < NODATA_CLASS:
             pixels[f"class {class_id}"] = int(counts[class_id])
     return {"pixels": pixels, "nodata_pixels": int(counts[NODATA_CLASS])}
+
+
+def count_classes(classes_path: str | Path, labels: Sequence[str], block: int = MERGE_BLOCK) -> dict[str, int]:
+    """A class map's pixels per class label (as :func:`class_summary` names them), read block by block; class 0
+    is left out when it is ``background``, as the class polygons leave it out."""
+    counts = np.zeros(256, dtype=np.int64)
+    with rasterio.Env(GDAL_CACHEMAX=CACHE_MB * 2**20), rasterio.open(classes_path) as src:
+        for window in block_windows(src.width, src.height, block):
+            counts += np.bincount(src.read(1, window=window).ravel(), minlength=256)
+    pixels = class_summary(counts, labels)["pixels"]
+    if labels and labels[0] == "background":
+        del pixels[labels[0]]
+    return pixels

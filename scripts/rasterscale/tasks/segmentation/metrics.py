@@ -18,7 +18,7 @@ import rasterio
 from rasterio.windows import Window
 
 from rasterscale.atomic import save_figure
-from rasterscale.raster.imagery import decoding, display_uint8
+from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
 
@@ -111,7 +111,7 @@ def render_segmentation_quicklook(
     colours[0, 3] = 0.0  # class 0 (background) left clear
     overlay = np.ma.masked_where((predicted == NODATA_CLASS) | (predicted == 0), predicted)
 
-    fig, ax = plt.subplots(figsize=(shape[1] / 100, shape[0] / 100), dpi=100)
+    fig, ax = plt.subplots(figsize=picture_inches(*shape, min(800, max_side)), dpi=100)
     ax.imshow(np.moveaxis(image, 0, -1), interpolation="nearest")
     ax.imshow(overlay, cmap=ListedColormap(colours), vmin=0, vmax=len(colours) - 1, interpolation="nearest")
     if truth is not None:
@@ -120,5 +120,6 @@ def render_segmentation_quicklook(
         levels = np.arange(num_classes) + 0.5
         ax.contour(true_classes, levels=levels, colors="cyan", linewidths=0.6)
     ax.set_axis_off()
-    ax.set_title(title + "  (filled: predicted, cyan: true outlines)", fontsize=9)
+    legend = "filled: predicted, cyan: true outlines" if truth is not None else "filled: predicted"
+    ax.set_title(f"{title}  ({legend})", fontsize=9)
     save_figure(fig, png)

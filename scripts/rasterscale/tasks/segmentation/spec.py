@@ -14,7 +14,7 @@ from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
-from rasterscale.tasks.segmentation.merge import merge_class_rasters
+from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
 from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, segmenter_of_config
 from rasterscale.tasks.segmentation.vectorize import vectorize_classes
@@ -66,6 +66,14 @@ def merge_project(job: Mapping[str, Any]) -> str:
     return f"{outputs['classes']} over {len(ordered)} class rasters, {polygons} polygons -> {outputs['gpkg']}"
 
 
+def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+    render_segmentation_quicklook(scene["raster"], scene["classes"], None, png, title=title)
+
+
+def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
+    return count_classes(scene["classes"], list(labels))
+
+
 def labels(config: Mapping[str, Any]) -> list[str]:
     return list(segmenter_of_config(config).labels)
 
@@ -93,6 +101,9 @@ SEGMENTATION = TaskSpec(
     project_inputs=("classes",),
     project_outputs=lambda config: {"classes": "classes.vrt", "gpkg": "classes.gpkg"},
     merge_project=merge_project,
+    quicklook=quicklook,
+    counts=counts,
+    count_unit="pixels",
     implementation="rasterscale.tasks.segmentation.task:SegmentationTask",
     config_keys={"model": ("architecture",), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},

@@ -1,0 +1,162 @@
+"""The Snakemake report (``snakemake --report report.zip``): its categories, the files the workflow renders for it
+under ``results/report/`` (paths in :mod:`rasterscale.workflow.paths`), and what the plan hands the jobs that render
+them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
+:class:`ProjectScenes` (the project map). The rules flag these files, the quicklooks and the training curves with
+Snakemake's ``report()`` (``rules/report.smk``); the renderings are :mod:`rasterscale.tools.report`'s. The jobs
+(Snakemake ``script:`` entries) load the stored plan (:func:`rasterscale.workflow.plan.workflow_plan`) and take what
+they need from it here: neither a command line nor the report's listing of a job's params grows with the number of
+scenes. No torch, no matplotlib here: the workflow reads this module when it loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rasterscale.scene import Scene
+from rasterscale.workflow import paths
+from rasterscale.workflow.plan import SECTIONS, Plan
+
+# The report's categories, numbered: Snakemake's report lists categories in the order of their names.
+RUN = "1. Run"
+SCENES = "2. Scenes"
+TRAINING = "3. Training"
+PROJECT = "4. Project"
+
+RUN_PAGE = "run.html"
+PROJECT_MAP = "project_map.png"
+SCENE_FILES = {"scores": "scores.html", "profile": "profile.html", "plot": "profile.png", "counts": "counts.json"}
+
+
+def scene_files(name: str) -> dict[str, str]:
+    """A predicted scene's renderings by key: scores and prediction profile (HTML), the profile's plot (PNG), and
+    its counts (JSON: what the project map reads)."""
+    return {key: paths.report_scene_file(name, file) for key, file in SCENE_FILES.items()}
+
+
+def unevaluated_scenes(plan: Plan) -> list[str]:
+    """The predicted scenes without annotations: no evaluation draws their quicklook, rule quicklook_scene does."""
+    evaluated = set(plan.evaluated_scenes())
+    return [name for name in plan.predict_scenes if name not in evaluated]
+
+
+def mapped_scenes(plan: Plan) -> list[str]:
+    """The scenes the run reads (trained on or predicted), in the config's order: the project map's."""
+    used = {*plan.train_scenes, *plan.predict_scenes}
+    return [name for name in plan.scenes if name in used]
+
+
+def report_targets(plan: Plan) -> list[str]:
+    """Everything the report shows that the rest of the run does not write: the run's page, each predicted scene's
+    renderings and, for a scene without annotations, its quicklook; the project map."""
+    targets = [paths.report_file(RUN_PAGE)]
+    for name in plan.predict_scenes:
+        targets += list(scene_files(name).values())
+    targets += [paths.quicklook_file(name) for name in unevaluated_scenes(plan)]
+    if mapped_scenes(plan):
+        targets.append(paths.report_file(PROJECT_MAP))
+    return targets
+
+
+def model_file(plan: Plan) -> str:
+    """The model file the run predicts with (trained by it, or model.file); "" when it trains none and
+    predicts nothing."""
+    if plan.predict_scenes or (plan.train_scenes and not plan.config["model"]["file"]):
+        return plan.prediction_model()
+    return ""
+
+
+# -- the run's page ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the run's page shows from the plan: the validated config, the task and its class names, each section's
+    launch geometry (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains
+    it, and each predicted scene's gathered profile (the precision its ranks ran at)."""
+
+    task: str
+    labels: tuple[str, ...]
+    config: dict[str, Any]
+    geometry: dict[str, dict[str, int]]
+    model_file: str
+    trained: bool
+    profiles: dict[str, str]
+
+
+def run_facts(plan: Plan) -> RunFacts:
+    geometry = {
+        section: {
+            "devices": plan.geometry[section].devices,
+            "nodes": plan.geometry[section].nodes,
+            "world_size": plan.world_size(section),
+            "shards": plan.geometry[section].shards,
+            "threads": plan.rank_threads(section),
+        }
+        for section in SECTIONS
+    }
+    trained = bool(plan.train_scenes) and not plan.config["model"]["file"]
+    profiles = {name: paths.scene_profile(name) for name in plan.predict_scenes}
+    return RunFacts(plan.task.name, plan.labels, plan.config, geometry, model_file(plan), trained, profiles)
+
+
+def run_inputs(plan: Plan) -> dict[str, Any]:
+    """Rule report_run's input: the model file (when there is one), every predicted scene's profile."""
+    model = model_file(plan)
+    return {**({"model": model} if model else {}), "profiles": list(run_facts(plan).profiles.values())}
+
+
+# -- a scene's renderings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SceneReport:
+    """A predicted scene's renderings' job: the scene (raster, merged outputs and gathered profile by key), the
+    task, its class names, and the scene's evaluation file ("" when it has no annotations)."""
+
+    scene: Scene
+    task: str
+    labels: tuple[str, ...]
+    evaluation: str = ""
+
+
+def scene_report(plan: Plan, name: str) -> SceneReport:
+    evaluated = name in plan.evaluated_scenes()
+    scene = Scene(name, plan.scene_raster(name), paths.scene_manifest(name), outputs=plan.scene_outputs(name))
+    evaluation = paths.evaluation_file(name) if evaluated else ""
+    return SceneReport(scene, plan.task.name, plan.labels, evaluation)
+
+
+def scene_inputs(plan: Plan, name: str) -> dict[str, str]:
+    """Rule report_scene's input: the scene's merged outputs and profile, and its evaluation when it has one."""
+    job = scene_report(plan, name)
+    return {**job.scene.outputs, **({"evaluation": job.evaluation} if job.evaluation else {})}
+
+
+# -- the project map --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProjectScenes:
+    """The project map's job: each scene the run reads, with its raster (its header gives the footprint), its
+    roles (``train``, ``predict``) and, for a predicted scene, the counts file its renderings' job wrote; the
+    task."""
+
+    task: str
+    scenes: tuple[dict[str, Any], ...]
+
+
+def project_scenes(plan: Plan) -> ProjectScenes:
+    train, predict = set(plan.train_scenes), set(plan.predict_scenes)
+    scenes = []
+    for name in mapped_scenes(plan):
+        roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
+        counts = scene_files(name)["counts"] if name in predict else ""
+        scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
+    return ProjectScenes(plan.task.name, tuple(scenes))
+
+
+def project_inputs(plan: Plan) -> dict[str, list[str]]:
+    """Rule report_project_map's input: the scenes' rasters and the predicted scenes' counts."""
+    scenes = project_scenes(plan).scenes
+    return {"rasters": [s["raster"] for s in scenes], "counts": [s["counts"] for s in scenes if s["counts"]]}

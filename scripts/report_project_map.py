@@ -1,0 +1,21 @@
+"""Entry (rule report_project_map, a Snakemake ``script:``): the project map of the report: every scene's footprint
+from its raster's header, a predicted one filled by its merged output's count."""
+
+from pathlib import Path
+
+from rasterscale.errors import run_entry
+from rasterscale.tasks.registry import task_spec
+from rasterscale.tools.report import render_project_map
+from rasterscale.workflow.plan import workflow_plan
+from rasterscale.workflow.reportfiles import project_scenes
+
+snakemake = globals()["snakemake"]  # set by Snakemake's script preamble
+
+
+def main() -> None:
+    job = project_scenes(workflow_plan(snakemake.config, main_process=False))
+    render_project_map(job, task_spec(job.task).count_unit, snakemake.output[0])
+    Path(snakemake.log[0]).write_text(f"{snakemake.output[0]}: {len(job.scenes)} scene(s)\n")
+
+
+run_entry(main)
