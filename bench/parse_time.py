@@ -161,28 +161,27 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-PEAK_RSS: dict[str, list[float]] = {}  # mode -> the peak RSS (MiB) of each run's own process
+PEAK_RSS: dict[str, list[float]] = {}  # mode -> the peak RSS (MiB) of each run's process
+TIME = shutil.which("time") or "/usr/bin/time"  # GNU time: the peak RSS of the process it runs (%M, KiB)
 
 
 def run(
     command: list[str], workdir: Path, env: dict[str, str] | None = None, mode: str = ""
 ) -> tuple[float, float, str]:
     """Wall seconds of one process from start to exit, the CPU seconds of it and its children, and its output;
-    a failure stops the bench. The process's own peak RSS (os.wait4's rusage of it) goes to PEAK_RSS[mode]."""
+    a failure stops the bench. With ``mode``, the process runs under GNU time, whose peak RSS of it (a process
+    forked from this one would inherit this one's peak) goes to PEAK_RSS[mode]."""
+    measured = mode and Path(TIME).exists()
+    full = [TIME, "-f", "rasterscale-bench-rss %M", *command] if measured else command
     cpu, started = cpu_seconds(), time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, text=True, cwd=workdir, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+    result = subprocess.run(full, capture_output=True, text=True, check=False, cwd=workdir, env=env)
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
-    if process.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed in {workdir}:\n{stderr[-4000:]}")
-    if mode:
-        PEAK_RSS.setdefault(mode, []).append(usage.ru_maxrss / 1024)
-    return wall, cpu, stdout + stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed in {workdir}:\n{result.stderr[-4000:]}")
+    found = re.search(r"^rasterscale-bench-rss (\d+)$", result.stderr, re.MULTILINE)
+    if found:
+        PEAK_RSS.setdefault(mode, []).append(int(found.group(1)) / 1024)
+    return wall, cpu, result.stdout + result.stderr
 
 
 def job_own_seconds(workdir: Path) -> float:
@@ -244,7 +243,7 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
         "all_wall_s": {mode: [round(v, 2) for v in values] for mode, values in walls.items()},
         "cpu_s": {mode: round(min(values), 2) for mode, values in cpus.items()},
         "job_own_s": round(own[walls["job"].index(best["job"])], 2),
-        "peak_rss_mib": {mode: round(max(values)) for mode, values in PEAK_RSS.items()},
+        "peak_rss_mib": {mode: round(max(PEAK_RSS[mode])) if mode in PEAK_RSS else None for mode in MODES},
         "dry_run_jobs": jobs,
         "profile": profile(workdir),
         "commands": shown,

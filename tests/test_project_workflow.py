@@ -87,6 +87,9 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
         "merge_batch_1": 1,
         "project_job": 1,
         "project_layers": 1,
+        "report_scene": 10,  # the report's pages of the new scenes
+        "quicklook_scene": 10,
+        "report_project_map": 1,
         "all": 1,
     }, jobs
     run_workflow(root, config)
@@ -107,4 +110,4 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", reordered)
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s105"])
-    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1, "all": 1}
+    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1, "report_project_map": 1, "all": 1}

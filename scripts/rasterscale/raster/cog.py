@@ -57,6 +57,8 @@ def striped_sources(path: str | Path) -> list[str]:
 
     if not check_raster(path).is_tiled:
         return [str(path)]
+    if Path(path).suffix.lower() != ".vrt":
+        return []
     with rasterio.open(path) as src:
         sources = [name for name in src.files if Path(name).resolve() != Path(path).resolve()]
     return [name for name in sources if not check_raster(name).is_tiled]

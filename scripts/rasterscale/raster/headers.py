@@ -76,28 +76,39 @@ def truncated_end(path: str | Path) -> tuple[int, int] | None:
     header (GDAL's ``BLOCK_OFFSET_x_y``/``BLOCK_SIZE_x_y``, microseconds a block); None when every block lies in
     the file, or the raster is no GeoTIFF (a VRT's sources are GeoTIFFs checked on their own). Writers put blocks
     in row order, so a band of more than :data:`ALL_BLOCKS_UP_TO` blocks is judged on its last two block rows."""
-    path = Path(path)
-    stat = path.stat()
-    return _truncated_end(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return _checked_header(str(path))[1]
 
 
-@functools.lru_cache(maxsize=4096)  # once per raster and version in a process (the dry run checks a scene twice)
-def _truncated_end(path: str, size: int, mtime_ns: int) -> tuple[int, int] | None:
-    with rasterio.open(path) as src:
-        if src.driver != "GTiff":
-            return None
-        rows, cols = src.block_shapes[0]
-        block_rows, block_cols = -(-src.height // rows), -(-src.width // cols)
-        first_row = 0 if block_rows * block_cols <= ALL_BLOCKS_UP_TO else max(0, block_rows - 2)
-        bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "band" else [1]
-        end = 0
-        for band in bands:
-            for y in range(first_row, block_rows):
-                for x in range(block_cols):
-                    offset = src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=band)
-                    nbytes = src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=band)
-                    if offset and nbytes:
-                        end = max(end, int(offset) + int(nbytes))
+def _checked_header(path: str) -> tuple[RasterInfo, tuple[int, int] | None]:
+    """A raster's header and :func:`truncated_end`, from one open of it (cached per file version)."""
+    stat = Path(path).stat()
+    return _read_checked_header(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)  # once per raster and version in a process (the plan checks a scene twice)
+def _read_checked_header(path: str, size: int, mtime_ns: int) -> tuple[RasterInfo, tuple[int, int] | None]:
+    try:
+        with rasterio.open(path) as src:
+            return raster_info(src), _blocks_end(src, size)
+    except RasterioIOError as err:
+        raise InputError(f"{path}: not a readable raster ({err})") from err
+
+
+def _blocks_end(src: rasterio.io.DatasetReader, size: int) -> tuple[int, int] | None:
+    if src.driver != "GTiff":
+        return None
+    rows, cols = src.block_shapes[0]
+    block_rows, block_cols = -(-src.height // rows), -(-src.width // cols)
+    first_row = 0 if block_rows * block_cols <= ALL_BLOCKS_UP_TO else max(0, block_rows - 2)
+    bands = range(1, src.count + 1) if src.interleaving and src.interleaving.name == "band" else [1]
+    end = 0
+    for band in bands:
+        for y in range(first_row, block_rows):
+            for x in range(block_cols):
+                offset = src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=band)
+                nbytes = src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=band)
+                if offset and nbytes:
+                    end = max(end, int(offset) + int(nbytes))
     return (size, end) if end > size else None
 
 
@@ -107,8 +118,7 @@ def check_raster(path: str | Path) -> RasterInfo:
     path = str(path)
     if not Path(path).exists():
         raise InputError(f"{path}: raster not found")
-    info = read_raster_header(path)
-    cut = truncated_end(path)
+    info, cut = _checked_header(path)
     if cut is not None:
         raise InputError(
             f"{path}: GeoTIFF is truncated: the file has {cut[0]} bytes but its blocks reach byte {cut[1]} "

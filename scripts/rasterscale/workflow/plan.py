@@ -145,7 +145,19 @@ class Plan:
         return paths.demo_raster(self.config["demo"]["directory"], name)
 
     def evaluated_scenes(self) -> list[str]:
-        return [name for name in self.predict_scenes if self.scene_annotations(name)]
+        return list(self._evaluated)
+
+    @functools.cached_property
+    def _evaluated(self) -> tuple[str, ...]:
+        """The predicted scenes with annotations (once: the rules ask for them per scene)."""
+        return tuple(name for name in self.predict_scenes if self.scene_annotations(name))
+
+    def is_evaluated(self, name: str) -> bool:
+        return name in self._evaluated_set
+
+    @functools.cached_property
+    def _evaluated_set(self) -> frozenset[str]:
+        return frozenset(self._evaluated)
 
     def unbatched_scenes(self) -> list[str]:
         """The scenes no batch makes the manifest of (training-only scenes: rule tile_manifest)."""

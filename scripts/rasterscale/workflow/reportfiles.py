@@ -121,7 +121,7 @@ class SceneReport:
 
 
 def scene_report(plan: Plan, name: str) -> SceneReport:
-    evaluated = name in plan.evaluated_scenes()
+    evaluated = plan.is_evaluated(name)
     scene = Scene(name, plan.scene_raster(name), paths.scene_manifest(name), outputs=plan.scene_outputs(name))
     evaluation = paths.evaluation_file(name) if evaluated else ""
     return SceneReport(scene, plan.task.name, plan.labels, evaluation)
