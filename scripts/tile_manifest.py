@@ -9,6 +9,7 @@ from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.raster.remote import shown
 from rasterscale.scene import Imagery
 from rasterscale.workflow.jobfiles import PredictionBatch
 
@@ -17,10 +18,10 @@ def write_scene_manifest(raster: str, out: str, imagery: Imagery | None, args: a
     info = check_raster(raster)
     imagery = imagery or Imagery()
     spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key)
-    print(f"{raster}: imagery {spec.describe()}")
+    print(f"{shown(raster)}: imagery {spec.describe()}")
     manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec)
     write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)
-    print(f"{raster}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
+    print(f"{shown(raster)}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
 
 
 def main() -> None:

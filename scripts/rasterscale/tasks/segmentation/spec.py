@@ -10,6 +10,7 @@ from typing import Any
 from rasterscale.atomic import write_json
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
+from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
@@ -43,9 +44,9 @@ def evaluate(
 ) -> dict[str, Any]:
     truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
     metrics = evaluate_class_map(scene["classes"], truth)
-    metrics["scene_raster"] = str(scene["raster"])
+    metrics["scene_raster"] = shown(scene["raster"])
     write_json(metrics, out)
-    title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
+    title = f"{file_name(scene['raster'])}: mIoU={metrics['miou']:.3f}"
     render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
     return metrics
 
