@@ -1,7 +1,7 @@
 rule evaluate_scene:
     input:
         output=lambda wildcards: PLAN.scene_outputs(wildcards.scene)[TASK.evaluated_output],
-        raster=scene_input("scene_raster"),
+        rasters=scene_input("raster_inputs"),
         annotations=scene_input("scene_annotations"),
     output:
         evaluation=paths.evaluation_file("{scene}"),

@@ -1,8 +1,9 @@
 # A scene's tile manifest. The scenes of predict.scenes get theirs from their batch's job (below, one process for
-# the batch); this rule makes the others' (training-only scenes).
+# the batch); this rule makes the others' (training-only scenes). A remote raster (a URL) is no input file: the
+# job reads it by its URL (params.raster).
 rule tile_manifest:
     input:
-        raster=scene_input("scene_raster"),
+        scene_input("raster_inputs"),
     output:
         paths.scene_manifest("{scene}"),
     log:
@@ -13,12 +14,13 @@ rule tile_manifest:
         "../envs/environment.yaml"
     params:
         entry=entry_point("tile_manifest"),
+        raster=scene_input("scene_raster"),
         patch_size=CONFIG["tiling"]["patch_size"],
         overlap=CONFIG["tiling"]["overlap"],
         skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
         imagery=lambda wildcards: json.dumps(PLAN.scene_imagery(wildcards.scene).to_dict(), separators=(",", ":")),
     shell:
-        "{params.entry} --raster {input.raster:q} --out {output:q}"
+        "{params.entry} --raster {params.raster:q} --out {output:q}"
         " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata}"
         " --imagery {params.imagery:q} > {log:q} 2>&1"
 

@@ -1,7 +1,7 @@
 rule train_model:
     input:
         unpack(lambda wildcards: PLAN.train_start_inputs()),
-        rasters=[PLAN.scene_raster(name) for name in PLAN.train_scenes],
+        rasters=PLAN.raster_inputs(*PLAN.train_scenes),
         annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
         manifests=[paths.scene_manifest(name) for name in PLAN.train_scenes],
     output:

@@ -3,6 +3,7 @@
 import argparse
 
 from rasterscale.errors import run_entry
+from rasterscale.raster.remote import shown
 from rasterscale.tasks.registry import task_spec
 from rasterscale.workflow.jobfiles import EvaluationJob
 
@@ -18,7 +19,7 @@ def main() -> None:
     job: EvaluationJob = args.job
     spec = task_spec(job.task)
     metrics = spec.evaluate(job.scene.as_mapping(), job.config(), list(job.labels), args.out, args.quicklook)
-    print(f"{job.scene.raster}: {spec.summarize(metrics)}")
+    print(f"{shown(job.scene.raster)}: {spec.summarize(metrics)}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.raster.mosaic import write_mosaic
+from rasterscale.raster.remote import shown
 from rasterscale.scene import Imagery
 from rasterscale.workflow.jobfiles import PredictionBatch
 
@@ -21,10 +22,10 @@ def write_scene_manifest(
     info = check_raster(raster)
     imagery = imagery or Imagery()
     spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key)
-    print(f"{raster}: imagery {spec.describe()}")
+    print(f"{shown(raster)}: imagery {spec.describe()}")
     manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec, core)
     write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)
-    print(f"{raster}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
+    print(f"{shown(raster)}: {info.width}x{info.height} px -> {len(manifest)} tiles -> {out}")
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """The ``scenes`` key in its three forms: a mapping, a glob of rasters, a scene table (CSV); names made from file
-stems, and where each scene came from, for errors that name the table's line."""
+stems, and where each scene came from, for errors that name the table's line (or the STAC item:
+:mod:`rasterscale.config.stac`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ SCENE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".jp2", ".img")  # a scenes string naming one raster is a glob of it
+STAC_ORIGIN = "STAC item"  # how the origin of a scene whose path a STAC item gave begins
 
 
 def scene_properties(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,9 +78,13 @@ def scenes_from_table(path: str, properties: Mapping[str, Any]) -> tuple[dict[st
     unknown = [column for column in header if column not in allowed]
     if unknown:
         raise ConfigError(f"{path} line {header_line}: unknown column '{unknown[0]}' (allowed: {', '.join(allowed)})")
-    for column in ("name", "path"):
-        if column not in header:
-            raise ConfigError(f"{path} line {header_line}: missing column '{column}' (columns: {', '.join(header)})")
+    if "name" not in header:
+        raise ConfigError(f"{path} line {header_line}: missing column 'name' (columns: {', '.join(header)})")
+    if "path" not in header and "stac" not in header:
+        raise ConfigError(
+            f"{path} line {header_line}: missing column 'path' (or 'stac', a STAC item per scene; columns: "
+            f"{', '.join(header)})"
+        )
     if len(set(header)) != len(header):
         raise ConfigError(f"{path} line {header_line}: a column is named twice ({', '.join(header)})")
     scenes: dict[str, Any] = {}
@@ -120,5 +126,8 @@ def expand_all(config: dict[str, Any]) -> None:
 
 
 def scene_key(name: str, key: str, origins: Mapping[str, str]) -> str:
-    """Where a scene's key is set: ``scenes.a.path``, or the table's file, line and column."""
-    return f"{origins[name]}, column '{key}'" if name in origins else f"scenes.{name}.{key}"
+    """Where a scene's key is set: ``scenes.a.path``, or the table's file, line and column; a path from a STAC item
+    names the item."""
+    if name not in origins:
+        return f"scenes.{name}.{key}"
+    return origins[name] if origins[name].startswith(STAC_ORIGIN) else f"{origins[name]}, column '{key}'"

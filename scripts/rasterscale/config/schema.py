@@ -7,7 +7,9 @@ so that a typo fails ``snakemake -n`` instead of a GPU job an hour later.
 and any other per-scene key of the schema: the snakemake-workflows sample-sheet convention) or a glob of rasters
 (scene names from the file stems). Tables and globs are expanded into the mapping form before validation, so
 that their scenes are checked like any other, with errors naming the table's file and line. ``train.scenes`` and
-``predict.scenes`` may be ``all``: every scene (for training: every scene with annotations).
+``predict.scenes`` may be ``all``: every scene (for training: every scene with annotations). A scene's raster
+may be a STAC item's asset (``scenes.X.stac``), and the ``stac`` section adds a scene per item of its Items and
+ItemCollections (:mod:`rasterscale.config.stac`): they are read with the tables and globs, before validation.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jsonschema
 import yaml
 
 from rasterscale.config.scenes import expand_all, expand_scenes
+from rasterscale.config.stac import add_section_scenes, resolve_scene_items
 from rasterscale.errors import ConfigError
 from rasterscale.tasks.registry import TASKS
 
@@ -107,6 +110,31 @@ def check_task_keys(raw: Mapping[str, Any], default_task: str) -> None:
                     raise ConfigError(f"config: key '{section}.{key}' applies to task {other} only, and task is {task}")
 
 
+def validate_part(value: Any, schema: dict[str, Any], key: str) -> None:
+    """Validate one section before the whole config is (its defaults filled in): the first problem as one line
+    naming its key."""
+    errors = sorted(_DefaultingValidator(schema).iter_errors(value), key=lambda e: (len(e.path), str(e.path)))
+    if errors:
+        errors[0].path.appendleft(key)
+        raise ConfigError(f"config: {describe_error(errors[0])}")
+
+
+def expand_stac(
+    instance: dict[str, Any], schema: dict[str, Any], origins: dict[str, str]
+) -> tuple[Any, dict[str, str]]:
+    """The scenes with the STAC items' read: each scene's ``stac`` item gives its ``path``, and the ``stac``
+    section's items add a scene each; where each scene came from."""
+    scenes = instance["scenes"]
+    if not isinstance(scenes, dict):
+        return scenes, origins  # the schema says what is wrong
+    origins = dict(origins)
+    resolve_scene_items(scenes, origins)
+    if "stac" not in instance:
+        return scenes, origins
+    validate_part(instance["stac"], schema["properties"]["stac"], "stac")
+    return add_section_scenes(scenes, origins, instance["stac"])
+
+
 def validate_config(
     config: Mapping[str, Any],
     schema: dict[str, Any] | None = None,
@@ -123,6 +151,7 @@ def validate_config(
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
+    instance["scenes"], found = expand_stac(instance, schema, found)
     if origins is not None:
         origins.update(found)
     if default_bands is not None and isinstance(instance["scenes"], dict):  # which scenes' bands the user left out

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rasterio
 import torch
 from rasterio.env import set_gdal_config
 from rasterio.windows import Window
@@ -35,6 +34,7 @@ from torch.utils.data import Dataset
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import RGB_BANDS
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
+from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import bounding_window, tile_window
 
 PREDICT_STRATEGIES = ("window", "single", "batch")
@@ -121,7 +121,7 @@ def load_region(
     """
     height, width = int(window.height), int(window.width)
     region = torch.empty((RGB_BANDS, height, width), dtype=torch.uint8, device=device)
-    with rasterio.open(raster_path) as src:
+    with open_raster(raster_path) as src:
         for row in range(0, height, chunk_rows):
             rows = min(chunk_rows, height - row)
             chunk = read_tile(src, spec, Window(window.col_off, window.row_off + row, width, rows))

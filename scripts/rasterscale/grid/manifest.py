@@ -30,6 +30,7 @@ from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import DEFAULT_BANDS, raster_info
 from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, manifest_entry, mask_of, valid_mask
+from rasterscale.raster.remote import open_raster
 
 MANIFEST_COLUMNS = ["tile_id", "col_off", "row_off", "width", "height", "geometry"]
 GRID_KEY = b"rasterscale:grid"
@@ -116,7 +117,7 @@ def build_manifest(
     """The tile manifest of a raster; tiles that are certainly all masked (by ``spec``'s mask; default: the
     raster's own, bands 1-3) are left out when asked. Rasters without a mask are not read. A seam's ``core``
     (WKT): only the tiles near it (:func:`rasterscale.grid.project.tile_region`, ``overlap`` px around it)."""
-    with rasterio.open(raster_path) as src:
+    with open_raster(raster_path) as src:
         spec = spec or ImageSpec(DEFAULT_BANDS, *mask_of(raster_info(src)))
         grid = tile_grid(src.width, src.height, patch_size, overlap)
         if core:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from rasterscale.atomic import atomic_path
 from rasterscale.raster.headers import check_raster
+from rasterscale.raster.remote import gdal_path, is_remote, open_raster
 
 if TYPE_CHECKING:
     from rio_cogeo.cogeo import RIOResampling
@@ -53,12 +54,17 @@ def convert_to_cog(
 def striped_sources(path: str | Path) -> list[str]:
     """The striped rasters a read of ``path`` decodes: ``path`` itself when striped, or, for a mosaic (a GDAL
     VRT, whose own 128 px blocks say nothing of its sources' layout), its striped source files."""
-    import rasterio
-
     if not check_raster(path).is_tiled:
         return [str(path)]
-    if Path(path).suffix.lower() != ".vrt":
+    if not is_remote(path) and Path(path).suffix.lower() != ".vrt":
         return []
-    with rasterio.open(path) as src:
-        sources = [name for name in src.files if Path(name).resolve() != Path(path).resolve()]
+    with open_raster(path) as src:
+        sources = [name for name in src.files if not _same_file(name, path)]
     return [name for name in sources if not check_raster(name).is_tiled]
+
+
+def _same_file(name: str, path: str | Path) -> bool:
+    """Whether GDAL's name of a file (a remote one's is its /vsi... path) is ``path``."""
+    if is_remote(path) or is_remote(name):
+        return name == gdal_path(path)
+    return Path(name).resolve() == Path(path).resolve()

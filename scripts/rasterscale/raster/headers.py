@@ -1,10 +1,11 @@
 """Raster headers: what a raster is (size, bands, data type, georeference, masks) and the checks that it can be
-read, from its metadata only (never its pixels), each failing with one line that names the file."""
+read, from its metadata only (never its pixels), each failing with one line that names the file. A remote raster
+(a URL: :mod:`rasterscale.raster.remote`) is checked the same way from its header's bytes."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import rasterio
@@ -14,6 +15,7 @@ from rasterio.enums import ColorInterp, MaskFlags
 from rasterio.errors import RasterioIOError
 
 from rasterscale.errors import InputError
+from rasterscale.raster.remote import is_remote, open_raster, remote_open_error, shown
 
 RGB_BANDS = 3
 
@@ -60,11 +62,13 @@ def raster_info(src: rasterio.io.DatasetReader) -> RasterInfo:
 
 
 def read_raster_header(path: str | Path) -> RasterInfo:
-    """A raster's header; one line naming the file when it cannot be read."""
+    """A raster's header; one line naming the file (or URL) when it cannot be read."""
     try:
-        with rasterio.open(path) as src:
-            return raster_info(src)
+        with open_raster(path) as src:
+            return replace(raster_info(src), path=str(path))  # as given (GDAL's name of a URL is /vsi...)
     except RasterioIOError as err:
+        if is_remote(path):
+            raise remote_open_error(path, err) from err
         raise InputError(f"{path}: not a readable raster ({err})") from err
 
 
@@ -113,12 +117,13 @@ def _blocks_end(src: rasterio.io.DatasetReader, size: int) -> tuple[int, int] | 
 
 
 def check_raster(path: str | Path) -> RasterInfo:
-    """Open a raster's header and check it can feed an RGB model in a georeferenced way, and that a GeoTIFF
-    holds all of its blocks."""
+    """Open a raster's header and check it can feed an RGB model in a georeferenced way, and that a local GeoTIFF
+    holds all of its blocks (a remote one's size is the server's to know: it is not fetched for this)."""
     path = str(path)
-    if not Path(path).exists():
+    remote = is_remote(path)
+    if not remote and not Path(path).exists():
         raise InputError(f"{path}: raster not found")
-    info, cut = _checked_header(path)
+    info, cut = _checked_header(path) if not remote else (read_raster_header(path), None)
     if cut is not None:
         raise InputError(
             f"{path}: GeoTIFF is truncated: the file has {cut[0]} bytes but its blocks reach byte {cut[1]} "
@@ -126,8 +131,9 @@ def check_raster(path: str | Path) -> RasterInfo:
         )
     if info.crs is None:
         raise InputError(
-            f"{path}: raster has no CRS; outputs could not be placed on the map (set one with gdal_edit.py -a_srs)"
+            f"{shown(path)}: raster has no CRS; outputs could not be placed on the map (set one with gdal_edit.py "
+            "-a_srs)"
         )
     if info.transform == Affine.identity():
-        raise InputError(f"{path}: raster has no geotransform (pixel coordinates only)")
+        raise InputError(f"{shown(path)}: raster has no geotransform (pixel coordinates only)")
     return info

@@ -32,6 +32,7 @@ from rasterio.windows import Window
 
 from rasterscale.errors import InputError, RasterReadError, innermost_cause
 from rasterscale.raster.headers import DEFAULT_BANDS, RGB_BANDS, RasterInfo, check_raster
+from rasterscale.raster.remote import is_remote, open_raster, shown
 
 SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
@@ -135,7 +136,7 @@ def percentile_range(
 ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
     """Per-band percentiles of the valid pixels, from a read decimated to at most ``max_side`` pixels a side
     (overviews where the raster has them): the whole raster is never held in memory."""
-    with rasterio.open(path) as src:
+    with open_raster(path) as src:
         factor = max(1, math.ceil(max(src.width, src.height) / max_side))
         shape = (max(1, math.ceil(src.height / factor)), max(1, math.ceil(src.width / factor)))
         pixels, valid = read_masked(src, spec, out_shape=shape)
@@ -159,8 +160,15 @@ def describe_window(window: Window | None) -> str:
 
 
 def unreadable(path: str, window: Window | None, err: BaseException, tile_id: int | None = None) -> RasterReadError:
-    """The one line of pixels that will not decode: the raster, the tile or window, GDAL's reason."""
+    """The one line of pixels that will not decode: the raster, the tile or window, GDAL's reason. Of a remote
+    raster (named by its URL, redacted) the likelier cause is the network: the line says so."""
     where = describe_window(window) if tile_id is None else f"tile {tile_id} ({describe_window(window)})"
+    if is_remote(path):
+        return RasterReadError(
+            f"{shown(path)}: {where} could not be read ({innermost_cause(err)}): the server stopped answering or "
+            "refused the request (or the file is damaged); check the URL, the network and credentials, then run "
+            "the same command again (finished tiles are kept)"
+        )
     return RasterReadError(
         f"{path}: {where} will not decode ({innermost_cause(err)}); the file is damaged: copy or export it again"
     )
@@ -220,7 +228,7 @@ def valid_at(path: str | Path, spec: ImageSpec, cols: np.ndarray, rows: np.ndarr
     """Whether the pixels at (``cols``, ``rows``) are valid under the spec's mask (pixels outside the raster
     are not). Exact: the mask is read in ``chunk``-pixel squares, only where there are points."""
     cols, rows = np.floor(cols).astype(np.int64), np.floor(rows).astype(np.int64)
-    with rasterio.open(path) as src:
+    with open_raster(path) as src:
         inside = (cols >= 0) & (rows >= 0) & (cols < src.width) & (rows < src.height)
         if spec.mask == "none":
             return inside
@@ -299,7 +307,7 @@ class ProcessRaster:
     @property
     def src(self) -> rasterio.io.DatasetReader:
         if self._src is None or self._pid != os.getpid():
-            self._src = rasterio.open(self.path)
+            self._src = open_raster(self.path)
             self._pid = os.getpid()
         return self._src
 

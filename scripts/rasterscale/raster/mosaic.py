@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-import rasterio
 from affine import Affine
 from rasterio.enums import ColorInterp, MaskFlags
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
+from rasterscale.raster.remote import gdal_path, is_remote, open_raster
 
 GDAL_TYPES = {
     "uint8": "Byte",
@@ -49,7 +49,7 @@ class Source:
 
 
 def read_source(path: str) -> Source:
-    with rasterio.open(path) as src:
+    with open_raster(path) as src:
         return Source(
             path,
             src.transform,
@@ -67,8 +67,8 @@ def read_source(path: str) -> Source:
 def _filename(source: str, vrt: Path) -> str:
     """A source's <SourceFilename>: relative to the VRT for a local file (the folder can move), as given for a
     GDAL virtual path or URL."""
-    if source.startswith("/vsi") or "://" in source:
-        return f'<SourceFilename relativeToVRT="0">{escape(source)}</SourceFilename>'
+    if is_remote(source):
+        return f'<SourceFilename relativeToVRT="0">{escape(gdal_path(source))}</SourceFilename>'
     relative = os.path.relpath(Path(source).resolve(), vrt.resolve().parent)
     return f'<SourceFilename relativeToVRT="1">{escape(relative)}</SourceFilename>'
 

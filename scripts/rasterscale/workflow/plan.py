@@ -38,6 +38,7 @@ from rasterscale.grid.split import check_validation_band
 from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import check_imagery
+from rasterscale.raster.remote import check_tiled, file_name, is_remote, local_files
 from rasterscale.runtime.preflight import Geometry, launch_geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
@@ -122,12 +123,17 @@ class Plan:
             return paths.seam_mosaic(name)
         return paths.cog_raster(name) if name in self.untiled else self.scene_source(name)
 
+    def raster_inputs(self, *names: str) -> list[str]:
+        """The rasters of these scenes as a rule's inputs: the local ones (a remote raster is no file Snakemake
+        could wait for; the job reads it by its URL from its job file or params)."""
+        return local_files(self.scene_raster(name) for name in names)
+
     def scene_annotations(self, name: str) -> str:
         return str(self.scenes[name].get("annotations") or "")
 
     def scene_image_name(self, name: str) -> str:
         """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
-        return str(self.scenes[name].get("image_path") or Path(self.scene_source(name)).name)
+        return str(self.scenes[name].get("image_path") or file_name(self.scene_source(name)))
 
     def scene_imagery(self, name: str) -> Imagery:
         """The scene's imagery keys (bands, scale) for its manifest's imagery spec (a seam's: its first scene's)."""
@@ -221,7 +227,7 @@ class Plan:
     def batch_inputs(self, batch: int) -> dict[str, list[str]]:
         """The rasters a batch's scenes and seams read, their manifests, and the seams' mosaics."""
         scenes = self.prediction_batch(batch).scenes
-        rasters = [raster for scene in scenes for raster in (scene.mosaic or (scene.raster,))]
+        rasters = local_files(raster for scene in scenes for raster in (scene.mosaic or (scene.raster,)))
         return {
             "rasters": list(dict.fromkeys(rasters)),
             "manifests": [scene.manifest for scene in scenes],
@@ -487,7 +493,7 @@ def _check_scene(
     demo = name in config["demo"]["scenes"]
     if demo and path != plan.demo_raster(name):
         raise ConfigError(f"scenes.{name}: a demo scene's path must be {plan.demo_raster(name)}")
-    if not Path(path).exists():
+    if not is_remote(path) and not Path(path).exists():
         if demo:
             return [], None
         raise InputError(f"{path}: raster not found ({scene_key(name, 'path', plan.origins)})")
@@ -499,6 +505,7 @@ def _check_scene(
             tiling, train = config["tiling"], config["train"]
             check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], train["validation_fraction"])
         striped = striped_sources(path)
+        check_tiled(path, striped)
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
             image_name = plan.scene_image_name(name)
@@ -520,11 +527,18 @@ def fingerprint(raw: Mapping[str, Any]) -> str:
 
 
 def checked_files(config: Mapping[str, Any]) -> Iterator[str]:
-    """The files a plan's checks read: every scene's raster and annotations, the model files."""
+    """The local files a plan's checks read: every scene's raster and annotations, the model files, the STAC items
+    scenes came from (a remote one's changes are not watched)."""
+    return iter(local_files(_read_files(config)))
+
+
+def _read_files(config: Mapping[str, Any]) -> Iterator[str]:
     for scene in config["scenes"].values():
         yield str(scene["path"])
-        if scene.get("annotations"):
-            yield str(scene["annotations"])
+        for key in ("annotations", "stac"):
+            if scene.get(key):
+                yield str(scene[key])
+    yield from config["stac"]["items"]
     for path in (config["model"]["file"], config["train"]["init"], config["model"]["backbone_weights"]):
         if path:
             yield str(path)

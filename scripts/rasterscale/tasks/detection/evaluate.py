@@ -15,6 +15,7 @@ import numpy as np
 from rasterscale.atomic import write_json
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
+from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.merge import BOX_COLUMNS
 from rasterscale.tasks.detection.quicklook import render_quicklook
@@ -137,9 +138,9 @@ def evaluate_scene(
         iou_threshold=evaluate_cfg["iou_threshold"],
         score_threshold=evaluate_cfg["score_threshold"],
     )
-    metrics["scene_raster"] = str(raster_path)
+    metrics["scene_raster"] = shown(raster_path)
     write_json(metrics, json_path)
     kept = detections["score"].to_numpy() >= evaluate_cfg["score_threshold"]
-    title = f"{Path(raster_path).name}: P={metrics['precision']:.2f} R={metrics['recall']:.2f} F1={metrics['f1']:.2f}"
+    title = f"{file_name(raster_path)}: P={metrics['precision']:.2f} R={metrics['recall']:.2f} F1={metrics['f1']:.2f}"
     render_quicklook(raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title)
     return metrics

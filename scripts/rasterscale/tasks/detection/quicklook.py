@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import rasterio
 
 from rasterscale.atomic import save_figure
 from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
+from rasterscale.raster.remote import open_raster
 
 
 def render_quicklook(
@@ -26,7 +26,7 @@ def render_quicklook(
     import matplotlib.pyplot as plt
     from matplotlib.collections import PolyCollection
 
-    with rasterio.open(raster_path) as src:
+    with open_raster(raster_path) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)
         shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
         with decoding(str(raster_path)):

@@ -21,6 +21,7 @@ from rasterio.windows import Window
 
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec, decoding, read_masked
+from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import intersection
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.rankraster import PROBABILITY_SCALE
@@ -121,7 +122,7 @@ def merge_class_rasters(
     classes_path = Path(classes_path)
     with contextlib.ExitStack() as stack:
         stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
-        scene = stack.enter_context(rasterio.open(raster_path))
+        scene = stack.enter_context(open_raster(raster_path))
         ranks = []
         for path in rank_rasters:
             src = stack.enter_context(rasterio.open(path))

@@ -19,6 +19,7 @@ from rasterio.windows import Window
 
 from rasterscale.atomic import save_figure
 from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
+from rasterscale.raster.remote import open_raster
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
 
@@ -96,7 +97,7 @@ def render_segmentation_quicklook(
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    with rasterio.open(raster) as src:
+    with open_raster(raster) as src:
         scale = max(1.0, max(src.width, src.height) / max_side)
         shape = (max(1, int(src.height / scale)), max(1, int(src.width / scale)))
         with decoding(str(raster)):

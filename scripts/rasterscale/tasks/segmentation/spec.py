@@ -13,6 +13,7 @@ from rasterscale.grid.project import is_seam
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
+from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
@@ -46,9 +47,9 @@ def evaluate(
 ) -> dict[str, Any]:
     truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
     metrics = evaluate_class_map(scene["classes"], truth)
-    metrics["scene_raster"] = str(scene["raster"])
+    metrics["scene_raster"] = shown(scene["raster"])
     write_json(metrics, out)
-    title = f"{Path(scene['raster']).name}: mIoU={metrics['miou']:.3f}"
+    title = f"{file_name(scene['raster'])}: mIoU={metrics['miou']:.3f}"
     render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
     return metrics
 
