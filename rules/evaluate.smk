@@ -1,22 +1,24 @@
-rule evaluate_scene:
-    input:
-        output=lambda wildcards: PLAN.scene_outputs(wildcards.scene)[TASK.evaluated_output],
-        rasters=scene_input("raster_inputs"),
-        annotations=scene_input("scene_annotations"),
-    output:
-        evaluation=paths.evaluation_file("{scene}"),
-        quicklook=report_flag(paths.quicklook_file("{scene}"), "quicklook", reportfiles.SCENES, "quicklook", "{scene}"),
-    log:
-        "logs/evaluate_scene/{scene}.log",
-    benchmark:
-        "benchmarks/evaluate_scene/{scene}.tsv"
-    wildcard_constraints:
-        scene=pattern(PLAN.evaluated_scenes()),
-    conda:
-        "../envs/environment.yaml"
-    params:
-        entry=entry_point("evaluate"),
-        job=lambda wildcards: PLAN.evaluation_job(wildcards.scene).to_json(),
-    shell:
-        "{params.entry} --job {params.job:q} --out {output.evaluation:q} --quicklook {output.quicklook:q}"
-        " > {log:q} 2>&1"
+# Per batch of scenes (the plan's batches), in one process: each predicted scene scored against its annotations
+# (evaluation.json) with its quicklook (without annotations: the quicklook alone), and its pages for the report
+# (results/report/{scene}/). One job a scene would cost a DAG node and a Python start each: 30,000 of them for
+# 10,000 scenes.
+for batch in PLAN.batch_numbers:
+
+    rule:
+        name:
+            f"score_batch_{batch}"
+        input:
+            reportfiles.score_inputs(PLAN, batch),
+        output:
+            scored_outputs(batch),
+        log:
+            f"logs/score/batch-{batch}.log",
+        benchmark:
+            f"benchmarks/score/batch-{batch}.tsv"
+        conda:
+            "../envs/environment.yaml"
+        params:
+            batch=batch,
+            config=config_json("task", "evaluate"),
+        script:
+            "../scripts/score_batch.py"

@@ -25,59 +25,6 @@ rule report_run:
         "../scripts/report_run.py"
 
 
-rule report_scene:
-    input:
-        unpack(lambda wildcards: reportfiles.scene_inputs(PLAN, wildcards.scene)),
-    output:
-        scores=report_flag(
-            reportfiles.scene_files("{scene}")["scores"], "scores", reportfiles.SCENES, "scores", "{scene}"
-        ),
-        profile=report_flag(
-            reportfiles.scene_files("{scene}")["profile"],
-            "profile",
-            reportfiles.SCENES,
-            "prediction profile",
-            "{scene}",
-        ),
-        plot=report_flag(
-            reportfiles.scene_files("{scene}")["plot"],
-            "profile_plot",
-            reportfiles.SCENES,
-            "prediction profile (plot)",
-            "{scene}",
-        ),
-        counts=reportfiles.scene_files("{scene}")["counts"],
-    log:
-        "logs/report/{scene}.log",
-    wildcard_constraints:
-        scene=pattern(PLAN.predict_scenes),
-    localrule: True
-    conda:
-        "../envs/environment.yaml"
-    script:
-        "../scripts/report_scene.py"
-
-
-# The quicklook of a predicted scene without annotations (an evaluated scene's is drawn by its evaluation).
-rule quicklook_scene:
-    input:
-        output=lambda wildcards: PLAN.scene_outputs(wildcards.scene)[TASK.evaluated_output],
-        raster=scene_input("scene_raster"),
-    output:
-        report_flag(paths.quicklook_file("{scene}"), "quicklook_unscored", reportfiles.SCENES, "quicklook", "{scene}"),
-    log:
-        "logs/quicklook_scene/{scene}.log",
-    wildcard_constraints:
-        scene=pattern(reportfiles.unevaluated_scenes(PLAN)),
-    conda:
-        "../envs/environment.yaml"
-    params:
-        entry=entry_point("quicklook"),
-        job=lambda wildcards: PLAN.evaluation_job(wildcards.scene).to_json(),
-    shell:
-        "{params.entry} --job {params.job:q} --out {output:q} > {log:q} 2>&1"
-
-
 rule report_project_map:
     input:
         **reportfiles.project_inputs(PLAN),

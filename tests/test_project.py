@@ -682,3 +682,42 @@ def test_a_plan_keeps_its_recorded_batches_and_puts_a_new_scene_and_seam_in_a_ne
     assert again.prediction_batch(0) == plan.prediction_batch(0) and again.prediction_batch(1) == plan.prediction_batch(
         1
     )
+
+
+def class_raster(path: Path, data: np.ndarray, left: float) -> Path:
+    """A class-id COG-like GeoTIFF (uint8, nodata 255) of ``data`` at x = ``left`` (0.1 m pixels)."""
+    transform = Affine(0.1, 0, left, 0, -0.1, 3285000.0)
+    with rasterio.open(
+        path, "w", driver="GTiff", width=data.shape[1], height=data.shape[0], count=1, dtype="uint8",
+        crs=UTM17N, transform=transform, nodata=255, tiled=True, blockxsize=16, blockysize=16,
+    ) as dst:  # fmt: skip
+        dst.write(data, 1)
+    return path
+
+
+def test_segmentation_project_draws_a_seams_classes_over_its_scenes_where_it_predicted_and_polygonizes_them(tmp_path):
+    from rasterscale.tasks.segmentation.spec import merge_project as merge_classes
+
+    a = class_raster(tmp_path / "a.tif", np.zeros((32, 32), np.uint8), 404000.0)  # background, left
+    b = class_raster(tmp_path / "b.tif", np.zeros((32, 32), np.uint8), 404003.2)  # background, right
+    seam = np.full((32, 64), 255, np.uint8)
+    seam[8:24, 24:40] = 1  # a crown across the border, only the seam saw whole
+    seam_path = class_raster(tmp_path / "seam.tif", seam, 404000.0)
+    job = {
+        "crs": "EPSG:32617",
+        "labels": ["background", "tree"],
+        "sources": [
+            {"name": "a", "crs": "EPSG:32617", "classes": str(a)},
+            {"name": "a+b", "crs": "EPSG:32617", "classes": str(seam_path)},
+            {"name": "b", "crs": "EPSG:32617", "classes": str(b)},
+        ],
+        "outputs": {"classes": str(tmp_path / "project/classes.vrt"), "gpkg": str(tmp_path / "project/classes.gpkg")},
+    }
+    merge_classes(job)
+    with rasterio.open(tmp_path / "project/classes.vrt") as src:
+        classes = src.read(1)
+    expected = np.zeros((32, 64), np.uint8)
+    expected[8:24, 24:40] = 1
+    assert np.array_equal(classes, expected)  # the seam's nodata leaves the scenes' classes showing
+    polygons = gpd.read_file(tmp_path / "project/classes.gpkg")
+    assert list(polygons["label"]) == ["tree"] and polygons.area.iloc[0] == pytest.approx(16 * 16 * 0.01)

@@ -87,8 +87,7 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
         "merge_batch_1": 1,
         "project_job": 1,
         "project_layers": 1,
-        "report_scene": 10,  # the report's pages of the new scenes
-        "quicklook_scene": 10,
+        "score_batch_1": 1,  # the new scenes' quicklooks and report pages
         "report_project_map": 1,
         "all": 1,
     }, jobs

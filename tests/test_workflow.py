@@ -273,8 +273,8 @@ def test_report_renders_in_a_headless_browser_with_its_categories_and_a_scenes_i
 
 
 def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_annotations(tiny_run, tmp_path):
-    """A run that predicts with the tiny model an unannotated scene: rule quicklook_scene draws its quicklook, its
-    scores page says it is not scored, the run page names model.checkpoint, and there is no training category."""
+    """A run that predicts with the tiny model an unannotated scene: its batch's scoring job draws its quicklook, its
+    scores page says it is not scored, the run page names model.file, and there is no training category."""
     workdir, _ = tiny_run
     config = {
         "scenes": {"bare": {"path": "resources/demo/bare.tif"}},
@@ -287,7 +287,7 @@ def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_
     report = build_report(run, config, tmp_path)
     assert sorted(report.categories) == ["1. Run", "2. Scenes", "4. Project"]
     scene = report.items("2. Scenes", "bare")
-    assert scene["quicklook"]["job_properties"]["rule"] == "quicklook_scene"
+    assert scene["quicklook"]["job_properties"]["rule"] == "score_batch_0"
     assert decoded(report.file(scene["quicklook"])) == (800, 640)  # a small scene enlarged to a legible size
     assert "Not scored: the scene has no annotations" in report.file(scene["scores"]).read_text()
     detections = len(pd.read_parquet(run / "results/bare/detections.parquet", columns=["label"]))
@@ -295,5 +295,5 @@ def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_
     page = table_rows(
         report.file(report.items("1. Run", "run")["config, model, precision, launch geometry"]).read_text()
     )
-    assert [f"{workdir}/results/models/tiny.pt (model.checkpoint)"] == [r[1] for r in page if r[0] == "model file"]
+    assert [f"{workdir}/results/models/tiny.pt (model.file)"] == [r[1] for r in page if r[0] == "model file"]
     assert [row[0] for row in page if row[1:2] == ["auto"]] == ["predict", "predict"]  # precision, geometry

@@ -27,7 +27,12 @@ from rasterscale.atomic import atomic_path, save_figure, write_json
 from rasterscale.predict.profile import TABLE_COLUMNS
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow.reportfiles import SCENE_FILES, ProjectScenes, RunFacts, SceneReport
+from rasterscale.workflow.reportfiles import (
+    SCENE_FILES,
+    ProjectScenes,
+    RunFacts,
+    SceneReport,
+)
 
 LISTED_SCENES = 200  # scenes the run's page lists by name; more are counted
 LABELLED_FOOTPRINTS = 30  # footprints the project map names; more get their colour only

@@ -35,7 +35,7 @@ def scene_files(name: str) -> dict[str, str]:
 
 
 def unevaluated_scenes(plan: Plan) -> list[str]:
-    """The predicted scenes without annotations: no evaluation draws their quicklook, rule quicklook_scene does."""
+    """The predicted scenes without annotations: their quicklook is drawn without ground truth."""
     evaluated = set(plan.evaluated_scenes())
     return [name for name in plan.predict_scenes if name not in evaluated]
 
@@ -127,10 +127,19 @@ def scene_report(plan: Plan, name: str) -> SceneReport:
     return SceneReport(scene, plan.task.name, plan.labels, evaluation)
 
 
-def scene_inputs(plan: Plan, name: str) -> dict[str, str]:
-    """Rule report_scene's input: the scene's merged outputs and profile, and its evaluation when it has one."""
-    job = scene_report(plan, name)
-    return {**job.scene.outputs, **({"evaluation": job.evaluation} if job.evaluation else {})}
+def scored_scenes(plan: Plan, batch: int) -> list[str]:
+    """The scenes of a batch that its scoring job scores and renders: the predicted ones (not its seams, nor a
+    scene the config no longer names)."""
+    predicted = set(plan.predict_scenes)
+    return [scene.name for scene in plan.prediction_batch(batch).scenes if scene.name in predicted]
+
+
+def score_inputs(plan: Plan, batch: int) -> list[str]:
+    """A batch's scoring job's inputs: its scenes' merged outputs, rasters and annotations."""
+    names = scored_scenes(plan, batch)
+    files = [path for name in names for path in plan.scene_outputs(name).values()]
+    files += [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
+    return files + plan.raster_inputs(*names)
 
 
 # -- the project map --------------------------------------------------------------------------------------------
