@@ -452,3 +452,19 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
         stored.unlink()
     built = subprocess.run(workflow_command(workdir, config, *job), capture_output=True, text=True)
     assert built.returncode == 1 and "rasterscale: b.tif: " in built.stderr  # none stored: the job read it
+
+
+def test_storing_a_plan_keeps_the_newest_stored_plans_only(workdir):
+    from rasterscale.workflow.plan import KEPT_PLANS
+
+    plan = build_plan(table_config(workdir))
+    folder = workdir / ".snakemake/rasterscale"
+    folder.mkdir(parents=True)
+    older = [folder / f"plan-old{k:02d}.json" for k in range(KEPT_PLANS + 3)]  # old00 the oldest
+    for k, path in enumerate(older):
+        path.write_text(plan.to_json())
+        os.utime(path, (1e9 + 10 * k, 1e9 + 10 * k))
+    newest = store_plan(plan, "latest")
+    left = sorted(p.name for p in folder.glob("plan-*.json"))
+    assert left == sorted(["plan-latest.json", *(p.name for p in older[-(KEPT_PLANS - 1) :])])
+    assert load_plan("latest") is not None and newest.name == "plan-latest.json"

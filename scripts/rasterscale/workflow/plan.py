@@ -553,12 +553,27 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
     return (stat.st_size, stat.st_mtime_ns)
 
 
+KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folder ran with lately
+
+
 def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
-    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``; its path."""
+    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
+    :data:`KEPT_PLANS` stored plans (a job that finds its plan gone builds it again); its path."""
     path = Path(workdir) / paths.stored_plan(key)
     with atomic_path(path) as tmp:
         tmp.write_text(plan.to_json())
+    stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
+    for old in stored[KEPT_PLANS:]:
+        if old != path:
+            old.unlink(missing_ok=True)
     return path
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
