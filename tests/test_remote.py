@@ -142,14 +142,16 @@ def site(tmp_path_factory):
 
 def predict_config(site: Site, scenes: dict, **extra) -> dict:
     """One CPU rank reading its tiles itself (no dataloader worker: one header fetch less a scene), a tile a batch
-    (scenes predict alike whatever the batch's other scenes), a checkpoint after each."""
+    (scenes predict alike whatever the batch's other scenes), saved after each. The scenes are one raster served
+    several ways, all in one place: no seams between them (their mosaics would read each raster again)."""
     predict = {"scenes": "all", "accelerator": "cpu", "devices": 1, "workers": 0, "batch_size": 1,
-               "checkpoint_every": 0}  # fmt: skip
+               "save_every": 0}  # fmt: skip
     return {
         "scenes": scenes,
-        "model": {"backbone": "resnet18", "checkpoint": str(site.model.checkpoint), "score_threshold": 0.0},
+        "model": {"backbone": "resnet18", "file": str(site.model.model_file), "score_threshold": 0.0},
         "tiling": {"patch_size": site.model.patch_size, "overlap": site.model.overlap},
         "predict": predict,
+        "project": {"seams": False},
         **extra,
     }
 
@@ -280,9 +282,9 @@ def test_the_plan_skips_remote_rasters_in_inputs_and_staleness(site, tmp_path, m
     assert plan.scenes["c_1"]["path"] == site.http.url("stac/c1.tif")
     assert plan.batch_inputs(0)["rasters"] == [str(site.cog)]  # the one local raster: Snakemake waits for no URL
     assert plan.raster_inputs("web", "bucket") == []
-    assert set(plan.inputs) == {str(site.cog), str(site.root / "collection.json"), str(site.model.checkpoint)}
-    job = plan.prediction_batch(0).scenes
-    assert [scene.raster for scene in job][1:3] == [site.web_url(), "s3://scenes/ortho/a.tif"]  # the jobs' URLs
+    assert set(plan.inputs) == {str(site.cog), str(site.root / "collection.json"), str(site.model.model_file)}
+    rasters = {scene.name: scene.raster for scene in plan.prediction_batch(0).scenes}
+    assert (rasters["web"], rasters["bucket"]) == (site.web_url(), "s3://scenes/ortho/a.tif")  # the jobs' URLs
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
     site.reset()
     command = workflow_command(tmp_path, predict_config(site, scenes, stac=stac), "-n")
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
     assert {k: jobs.get(k) for k in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == dict.fromkeys(
         ("tile_manifests_batch_0", "predict", "merge_batch_0"), "1"
@@ -375,13 +377,15 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
 @pytest.mark.slow
 def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(site, tmp_path):
     """One prediction job over the same COG as a local file, over HTTP (a signed URL), on S3 and as a STAC item's
-    asset: every scene's detections are the local scene's, and each remote scene fetched its full-resolution
+    asset (the scenes' layers asked for, not the report's quicklooks, which read a raster without overviews
+    whole): every scene's detections are the local scene's, and each remote scene fetched its full-resolution
     blocks about once and its header once per process that opened it, never its overviews: less than the file.
     No log or output shows the URL's signature or the profile's secret key."""
     scenes = all_scenes(site)[0]
     site.reset()
     started = time.monotonic()
-    result = run_workflow(tmp_path, predict_config(site, scenes))
+    layers = [f"results/{name}/detections.parquet" for name in ("local", "web", "bucket", "item")]
+    result = run_workflow(tmp_path, predict_config(site, scenes), *layers)  # not the report's quicklooks
     seconds = time.monotonic() - started
     local = gpd.read_parquet(tmp_path / "results/local/detections.parquet")
     assert len(local) > 100
@@ -438,7 +442,7 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     assert len(errors) == 1, log[-3000:]
     assert errors[0].startswith(f"rasterscale: rank 0: {server.url('scene.tif')}?sig=***: tile ")
     assert "could not be read" in errors[0] and "run the same command again" in errors[0]
-    checkpointed = sum(
+    saved_tiles = sum(
         len(part["tiles"])
         for index in (run / resume_dir("results/predict/batch-0/shard-0")).glob("*/rank-*.index.json")
         for part in json.loads(index.read_text())["parts"]
@@ -450,11 +454,11 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
         server.stop()
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
     total = len(gpd.read_parquet(run / "results/web/tiles.parquet"))
-    assert f"resuming: {checkpointed} of {total} tiles already done" in log
+    assert f"resuming: {saved_tiles} of {total} tiles already done" in log
     records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run, "web")]
     redone = sum(r["profile"]["tiles"] for r in records)
-    assert 0 < checkpointed < total and sum(r["resumed"] for r in records) == checkpointed
-    assert redone == total - checkpointed
+    assert 0 < saved_tiles < total and sum(r["resumed"] for r in records) == saved_tiles
+    assert redone == total - saved_tiles
     reference = tmp_path / "reference"
     run_workflow(
         reference,
@@ -466,6 +470,6 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     assert SECRET not in text
     report(
         f"remote server stopped mid-prediction (after serving {served} of the raster's {site.size} bytes): "
-        f"{checkpointed} of {total} tiles checkpointed; the job failed with: {errors[0][:150]}...; the rerun "
+        f"{saved_tiles} of {total} tiles saved; the job failed with: {errors[0][:150]}...; the rerun "
         f"predicted {redone} of {total} tiles, detections identical to a local run's"
     )

@@ -27,11 +27,16 @@ from rasterscale.atomic import atomic_path, save_figure, write_json
 from rasterscale.predict.profile import TABLE_COLUMNS
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
+from rasterscale.workflow import paths
+from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.reportfiles import (
     SCENE_FILES,
     ProjectScenes,
     RunFacts,
     SceneReport,
+    scene_files,
+    scene_report,
+    scored_scenes,
 )
 
 LISTED_SCENES = 200  # scenes the run's page lists by name; more are counted
@@ -379,6 +384,27 @@ def render_scene(job: SceneReport, spec: TaskSpec, outputs: Mapping[str, str]) -
     write_text(profile_page(scene.name, profile), outputs["profile"])
     plot_profile(scene.name, profile, outputs["plot"])
     return counts
+
+
+def score_batch(plan: Plan, batch: int) -> list[str]:
+    """Score and render each predicted scene of a batch (:func:`rasterscale.workflow.reportfiles.scored_scenes`):
+    with annotations its evaluation and quicklook, without them its quicklook; then its report pages. A line each
+    for the log."""
+    spec = plan.task
+    lines = []
+    for name in scored_scenes(plan, batch):
+        job = plan.evaluation_job(name)
+        scene = job.scene.as_mapping()
+        if plan.is_evaluated(name):
+            out, look = paths.evaluation_file(name), paths.quicklook_file(name)
+            metrics = spec.evaluate(scene, job.config(), list(job.labels), out, look)
+            lines.append(f"{name}: {spec.summarize(metrics)}")
+        else:
+            spec.quicklook(scene, job.config(), paths.quicklook_file(name), name)
+            lines.append(f"{name}: {paths.quicklook_file(name)} (no annotations)")
+        counts = render_scene(scene_report(plan, name), spec, scene_files(name))
+        lines.append(f"{name}: {counts}")
+    return lines
 
 
 # -- the project map --------------------------------------------------------------------------------------------

@@ -431,7 +431,8 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
     plan = replace(plan, untiled=untiled, inputs=inputs, footprints=footprints)
     if plan.has_project():
         check_project_crs(plan)
-        plan = replace(plan, seams=tuple(find_seams(footprints, int(config["tiling"]["overlap"]))))
+        if config["project"]["seams"]:
+            plan = replace(plan, seams=tuple(find_seams(footprints, int(config["tiling"]["overlap"]))))
     plan = replace(plan, batches=_batches(plan, workdir))
     for line in plan.striped_warnings():
         say(line)

@@ -168,4 +168,5 @@ def project_scenes(plan: Plan) -> ProjectScenes:
 def project_inputs(plan: Plan) -> dict[str, list[str]]:
     """Rule report_project_map's input: the scenes' rasters and the predicted scenes' counts."""
     scenes = project_scenes(plan).scenes
-    return {"rasters": [s["raster"] for s in scenes], "counts": [s["counts"] for s in scenes if s["counts"]]}
+    rasters = plan.raster_inputs(*(s["name"] for s in scenes))  # the local ones: no URL is a file to wait for
+    return {"rasters": rasters, "counts": [s["counts"] for s in scenes if s["counts"]]}
