@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation test docs lint format bench bench-gpu bench-scenes bench-parse bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -64,6 +64,11 @@ bench-gpu: $(STAMP)
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)
 	$(BIN)/python bench/many_scenes.py
+
+# a 2 x 2 cut of a synthetic scene predicted as a project against the whole scene, near the inner borders
+# (bench/project_borders.py: trains a detector first, about 10 min on 2 cores)
+bench-project: $(STAMP)
+	$(BIN)/python bench/project_borders.py
 
 # how long Snakemake parses the workflow with 1000 scenes: dry run, a job's re-parse (bench/parse_time.py; --scenes N)
 bench-parse: $(STAMP)

@@ -231,7 +231,7 @@ def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map
 
     scene = report.items("2. Scenes", "tiny_test")
     assert set(scene) == {"quicklook", "scores", "prediction profile", "prediction profile (plot)"}
-    assert "tiny_test" in scene["quicklook"]["caption"]
+    assert "imagery" in scene["quicklook"]["caption"] and "{{" not in scene["quicklook"]["caption"]
     assert decoded(report.file(scene["quicklook"])) == (900, 700)  # the scene at full size: 900 x 700 px
     metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
     detections = len(pd.read_parquet(workdir / "results/tiny_test/detections.parquet", columns=["label"]))

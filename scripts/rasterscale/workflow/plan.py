@@ -579,14 +579,15 @@ def _mtime(path: Path) -> float:
 
 def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
     """The plan stored under ``key``, or None when there is none, it is unreadable or of another format, or a
-    file its checks read changed since (size or mtime)."""
+    file its checks read changed since (size or mtime; one absent then is the workflow's to make)."""
     path = Path(workdir) / paths.stored_plan(key)
     try:
         plan = Plan.from_json(path.read_text())
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
     base = Path(workdir)
-    if any(file_stat(base / name) != stat for name, stat in plan.inputs.items()):
+    # a file absent when the plan was built is one the workflow makes (a demo scene): its appearing changes nothing
+    if any(stat is not None and file_stat(base / name) != stat for name, stat in plan.inputs.items()):
         return None
     return plan
 
