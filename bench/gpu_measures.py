@@ -216,7 +216,7 @@ class Bench:
 
     @functools.cached_property
     def train_scene(self) -> dict[str, Any]:
-        """The demo synthesizer's training scene, with its crown boxes and tile manifest (TrainScene fields)."""
+        """The demo synthesizer's training scene, with its crown boxes and tile manifest (Scene fields)."""
         raster, boxes = self.workdir / "train.tif", self.workdir / "train.gpkg"
         side = self.sizes.train_side
         synthesize_scene(raster, boxes, width=side, height=side, seed=1, pixel_size=PIXEL_SIZE)

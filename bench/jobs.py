@@ -128,7 +128,7 @@ def run_train_job(
     cores: Iterable[int] | None = None,
     timeout: float = 900,
 ) -> TrainResult:
-    """One training job (all its ranks) of ``scenes`` (TrainScene fields) under ``config`` (a validated config's
+    """One training job (all its ranks) of ``scenes`` (Scene fields) under ``config`` (a validated config's
     task, model, tiling and train sections), optionally bound to ``cores`` (a CPU rank takes its share of them);
     its wall time, the model file's metadata and rank 0's progress."""
     workdir.mkdir(parents=True, exist_ok=True)

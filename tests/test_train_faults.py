@@ -28,7 +28,7 @@ import torch
 from conftest import REPO, report
 from rasterscale.atomic import write_json
 from rasterscale.config.schema import validate_config
-from rasterscale.tasks.api import TrainScene
+from rasterscale.scene import Scene
 from rasterscale.train.resume import (
     RESUME_FILE,
     STOP_EXIT_CODE,
@@ -240,7 +240,7 @@ def test_the_resumed_runs_train_the_model_of_the_uninterrupted_run(chain):
 
 def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):
     config = validate_config(tiny_config())
-    scenes = [TrainScene("a", "a.tif", "a.parquet", "a.gpkg")]
+    scenes = [Scene("a", "a.tif", "a.parquet", annotations="a.gpkg")]
     run = training_fingerprint(config, scenes, 2)
     assert training_fingerprint({**config, "train": {**config["train"], "log_every_n_steps": 7}}, scenes, 2) == run
     assert training_fingerprint({**config, "train": {**config["train"], "lr": 0.5}}, scenes, 2) != run
