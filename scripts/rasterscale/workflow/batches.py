@@ -3,10 +3,10 @@
 A batch's job file (``results/batches/batch-{b}.json``) records its members. When the workflow plans again, every
 recorded batch whose members the plan would still write as recorded is kept as it is, under its number: its jobs'
 inputs do not change, so Snakemake redoes none of them. Only members in no kept batch (new scenes and seams, or
-those whose entry changed: another raster, imagery keys, shards) form new batches, ``size`` at a time, numbered
-with the smallest free numbers. So adding scenes predicts only them, and removing or reordering scenes redoes
-nothing that stays: a kept batch goes on listing a scene the config no longer names (its outputs are simply not
-asked for), as long as that scene's rasters still exist.
+those whose entry changed: another raster, imagery keys, shards) form new batches, ``size`` scenes at a time with
+the seams they bring, numbered with the smallest free numbers. So adding scenes predicts only them, and removing
+or reordering scenes redoes nothing that stays: a kept batch goes on listing a scene the config no longer names
+(its outputs are simply not asked for), as long as that scene's rasters still exist.
 
 When two recorded files claim a member (a batch that was formed again), the newer file wins.
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rasterscale.grid.project import is_seam, seam_scenes
 from rasterscale.scene import Scene
 from rasterscale.workflow import paths
 
@@ -65,8 +66,9 @@ def form_batches(
     exists: Callable[[str], bool],
 ) -> dict[int, tuple[Scene, ...]]:
     """The batches, by number: the recorded ones kept (see the module docstring), then the other ``members`` in
-    their order, ``size`` at a time. ``entry(member, batch)``: the entry the plan writes for a member in a batch;
-    ``exists(raster)``: whether a raster a kept batch reads is still there."""
+    their order, ``size`` scenes at a time with their seams (:func:`new_batches`). ``entry(member, batch)``: the
+    entry the plan writes for a member in a batch; ``exists(raster)``: whether a raster a kept batch reads is still
+    there."""
     wanted = set(members)
     kept: dict[int, tuple[Scene, ...]] = {}
     claimed: set[str] = set()
@@ -79,10 +81,24 @@ def form_batches(
     batches = {number: kept[number] for number in sorted(kept) if wanted.intersection(s.name for s in kept[number])}
     rest = [name for name in members if name not in claimed]
     free = (number for number in range(len(kept) + len(rest) + 1) if number not in batches)
-    for start in range(0, len(rest), size):
+    for chunk in new_batches(rest, size):
         number = next(free)
-        batches[number] = tuple(entry(name, number) for name in rest[start : start + size])
+        batches[number] = tuple(entry(name, number) for name in chunk)
     return dict(sorted(batches.items()))
+
+
+def new_batches(rest: Sequence[str], size: int) -> list[list[str]]:
+    """The new members in batches of ``size`` scenes, each with the seams its scenes bring (a seam is a band of
+    tiles, not a scene's worth): a seam joins the batch of its second scene, else of its first, else the last."""
+    scenes = [name for name in rest if not is_seam(name)]
+    chunks = [scenes[start : start + size] for start in range(0, len(scenes), size)]
+    home = {name: index for index, chunk in enumerate(chunks) for name in chunk}
+    for seam in (name for name in rest if is_seam(name)):
+        if not chunks:
+            chunks.append([])
+        a, b = seam_scenes(seam)
+        chunks[home.get(b, home.get(a, len(chunks) - 1))].append(seam)
+    return chunks
 
 
 def _still_valid(
