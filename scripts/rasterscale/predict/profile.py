@@ -197,7 +197,8 @@ TABLE_COLUMNS = [
 ]
 
 
-def _cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
+def table_cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
+    """A profile row's value formatted for a table; '-' where it has none."""
     value = row.get(key)
     return "-" if value is None or value == "" else fmt.format(value)
 
@@ -205,9 +206,9 @@ def _cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
 def format_profile_table(profile: Mapping[str, Any], title: str = "predict profile") -> str:
     """One table: a line per rank, then the totals (tiles/s and batches/s add up; wall is the longest rank's)."""
     total = profile["total"]
-    rows = [[_cell(r, key, fmt) for _, key, fmt in TABLE_COLUMNS] for r in profile["ranks"]]
+    rows = [[table_cell(r, key, fmt) for _, key, fmt in TABLE_COLUMNS] for r in profile["ranks"]]
     totals = {**total, "rank": "all", "device": "", "strategy": ""}
-    rows.append([_cell(totals, key, fmt) for _, key, fmt in TABLE_COLUMNS])
+    rows.append([table_cell(totals, key, fmt) for _, key, fmt in TABLE_COLUMNS])
     header = [name for name, _, _ in TABLE_COLUMNS]
     widths = [max(len(header[k]), *(len(row[k]) for row in rows)) for k in range(len(header))]
     kind = {r["memory_kind"] for r in profile["ranks"]}

@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from rasterscale.atomic import atomic_path, save_figure, write_json
-from rasterscale.predict.profile import TABLE_COLUMNS
+from rasterscale.predict.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
@@ -287,28 +287,23 @@ PROFILE_DETAILS = [
 ]
 
 
-def _profile_cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
-    value = row.get(key)
-    return "-" if value is None or value == "" else fmt.format(value)
-
-
 def profile_page(scene: str, profile: Mapping[str, Any]) -> str:
     """A scene's prediction profile: a row per rank (the columns of the end-of-run table), the totals, and where
     and how each rank ran."""
     ranks, total = profile["ranks"], profile["total"]
     header = [name for name, _, _ in TABLE_COLUMNS]
-    rows = [[_profile_cell(rank, key, fmt) for _, key, fmt in TABLE_COLUMNS] for rank in ranks]
+    rows = [[table_cell(rank, key, fmt) for _, key, fmt in TABLE_COLUMNS] for rank in ranks]
     totals = {**total, "rank": "all", "device": "", "strategy": ""}
     kinds = ", ".join(sorted({str(rank["memory_kind"]) for rank in ranks})) or "-"
     sources = ", ".join(sorted({str(rank["utilization_source"]) for rank in ranks})) or "-"
-    details = [[_profile_cell(rank, key, fmt) for _, key, fmt in PROFILE_DETAILS] for rank in ranks]
+    details = [[table_cell(rank, key, fmt) for _, key, fmt in PROFILE_DETAILS] for rank in ranks]
     return page(
         f"Scene {scene}: prediction profile",
         f"{total['ranks']} rank(s), {total['tiles']:,} tiles, {total['tiles_per_s']:.2f} tiles/s, "
         f"wall {total['wall_s']:.1f} s.",
         section(
             "Ranks",
-            table(header, rows, total=[_profile_cell(totals, key, fmt) for _, key, fmt in TABLE_COLUMNS]),
+            table(header, rows, total=[table_cell(totals, key, fmt) for _, key, fmt in TABLE_COLUMNS]),
             note(
                 f"memory: {kinds} (cuda_allocated: torch's peak per batch on the GPU; host_rss: the rank's resident "
                 f"set after each batch); utilization: {sources}. tiles/s and batches/s add up over ranks; wall is "
