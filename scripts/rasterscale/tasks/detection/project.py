@@ -4,8 +4,9 @@ CRS, each object once.
 Each source keeps the detections centred where it owns the map (:class:`rasterscale.grid.project.Ownership`): a
 crown on a border between two scenes comes from their seam, whose tiles saw it whole. Then the duplicates left
 where two owners meet (the same crown found by a scene and by a seam, its centre a little to either side of the
-core's edge) are removed by greedy NMS over pairs of boxes *from different sources*: a pair is a duplicate above
-``project.iou_threshold``, or when ``merge.containment_threshold`` of the smaller box lies inside the other.
+core's edge) are removed by greedy NMS over pairs of boxes *from different sources or scenes*: a pair is a
+duplicate above ``project.iou_threshold``, or when ``merge.containment_threshold`` of the smaller box lies inside
+the other.
 """
 
 from __future__ import annotations
@@ -68,16 +69,19 @@ def owned_detections(source: Mapping[str, Any], crs: str, ownership: Ownership) 
 
 
 def cross_source_duplicates(frame: gpd.GeoDataFrame, iou: float, containment: float) -> np.ndarray:
-    """Keep-mask: greedy NMS by score over pairs of same-label boxes from different sources that overlap at
-    ``iou``, or whose smaller box lies ``containment`` inside the other."""
+    """Keep-mask: greedy NMS by score over pairs of same-label boxes from different sources or scenes (a seam's
+    boxes on the two sides of its border) that overlap at ``iou``, or whose smaller box lies ``containment`` inside
+    the other."""
     boxes = frame.geometry.bounds.to_numpy(dtype=np.float64)
     i, j = box_pairs(boxes)
     sources = pd.factorize(frame["source"])[0]
+    scenes = pd.factorize(frame["scene"])[0]
     labels = pd.factorize(frame["label"])[0]
     inside = intersection_areas(boxes[i], boxes[j]) / np.maximum(
         np.minimum(box_areas(boxes[i]), box_areas(boxes[j])), 1e-12
     )
-    duplicate = (sources[i] != sources[j]) & (labels[i] == labels[j])
+    apart = (sources[i] != sources[j]) | (scenes[i] != scenes[j])  # a seam's boxes on either side of its border too
+    duplicate = apart & (labels[i] == labels[j])
     duplicate &= (pair_ious(boxes[i], boxes[j]) > iou) | (inside >= containment)
     return greedy_nms(frame["score"].to_numpy(dtype=np.float64), i[duplicate], j[duplicate])
 
