@@ -62,6 +62,11 @@ class Scene:
     mosaic: tuple[str, ...] = ()  # a seam's: the rasters its raster (a VRT) mosaics
     core: str = ""  # a seam's: where the project keeps its objects
 
+    @property
+    def rasters(self) -> tuple[str, ...]:
+        """The rasters the scene is read from: a seam's mosaicked rasters, else its own."""
+        return self.mosaic or (self.raster,)
+
     def to_dict(self) -> dict[str, Any]:
         """Its JSON entry: name, raster, manifest, the other fields that are set, and the outputs as flat keys."""
         data: dict[str, Any] = {"name": self.name, "raster": self.raster, "manifest": self.manifest}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,6 @@ def read_recorded(workdir: str | Path = ".") -> list[Recorded]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return recorded
-
-
-def rasters_of(entry: Mapping[str, Any]) -> list[str]:
-    """The rasters a recorded entry reads: a seam's mosaicked rasters, else its own."""
-    return list(entry.get("mosaic") or [entry["raster"]])
 
 
 def form_batches(
@@ -110,6 +105,6 @@ def _still_valid(
         if scene["name"] in wanted:
             if entry(scene["name"], record.batch).to_dict() != scene:
                 return False
-        elif not all(exists(raster) for raster in rasters_of(scene)):
+        elif not all(exists(raster) for raster in Scene.from_dict(scene).rasters):
             return False
     return True

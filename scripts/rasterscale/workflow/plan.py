@@ -227,7 +227,7 @@ class Plan:
     def batch_inputs(self, batch: int) -> dict[str, list[str]]:
         """The rasters a batch's scenes and seams read, their manifests, and the seams' mosaics."""
         scenes = self.prediction_batch(batch).scenes
-        rasters = local_files(raster for scene in scenes for raster in (scene.mosaic or (scene.raster,)))
+        rasters = local_files(raster for scene in scenes for raster in scene.rasters)
         return {
             "rasters": list(dict.fromkeys(rasters)),
             "manifests": [scene.manifest for scene in scenes],
