@@ -15,6 +15,8 @@ are used, the others are counted in the log.
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import logging
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -22,7 +24,6 @@ from pathlib import Path, PurePath
 
 import geopandas as gpd
 import numpy as np
-import pandas as pd
 
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import geometries_to_pixel_boxes
@@ -30,6 +31,7 @@ from rasterscale.raster.headers import RasterInfo
 from rasterscale.tasks.labels import label_indexes
 
 CSV_COLUMNS = ["image_path", "xmin", "ymin", "xmax", "ymax", "label"]
+BOX_KEYS = ("xmin", "ymin", "xmax", "ymax")
 LOGGER = logging.getLogger(__name__)
 
 
@@ -60,17 +62,16 @@ def read_annotations(
     if suffix in (".csv", ".xml"):
         image = PurePath(image_path or raster.path).name
         reader = read_deepforest_csv if suffix == ".csv" else read_voc_xml
-        frame = reader(path)
-        mine = frame["image_path"].map(lambda p: PurePath(str(p).replace("\\", "/")).name) == image
+        rows = reader(path)
+        mine = np.array([PurePath(name.replace("\\", "/")).name == image for name in rows.images])
         ignored = int((~mine).sum())
         if not mine.any():
-            images = ", ".join(sorted(frame["image_path"].astype(str).unique())[:5])
+            images = ", ".join(sorted(set(rows.images))[:5])
             raise InputError(f"{path}: no box for image {image} (it has boxes of {images}; set scenes.X.image_path)")
         if ignored:
             LOGGER.warning("%s: %d box(es) of other images than %s ignored", path, ignored, image)
-        frame = frame[mine]
-        boxes = frame[["xmin", "ymin", "xmax", "ymax"]].to_numpy(dtype=np.float64)
-        label_ids = label_indexes(path, frame["label"].astype(str).to_numpy(), labels)
+        boxes = rows.boxes[mine]
+        label_ids = label_indexes(path, np.array(rows.labels, dtype=object)[mine].astype(str), labels)
     else:
         boxes, label_ids = read_vector_boxes(path, raster, labels, label_column)
         ignored = 0
@@ -104,24 +105,44 @@ def read_vector_boxes(
     return geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform), label_ids
 
 
-def read_deepforest_csv(path: str) -> pd.DataFrame:
-    """A DeepForest CSV's rows (image_path, xmin, ymin, xmax, ymax, label; pixel coordinates), checked."""
+@dataclass(frozen=True)
+class PixelRows:
+    """The boxes of a DeepForest CSV or VOC file: each row's image name, box (pixels) and class name."""
+
+    images: list[str]
+    boxes: np.ndarray  # (N, 4) float64 xmin, ymin, xmax, ymax
+    labels: list[str]
+
+
+def read_deepforest_csv(path: str) -> PixelRows:
+    """A DeepForest CSV's rows (image_path, xmin, ymin, xmax, ymax, label; pixel coordinates), checked. Read with
+    the csv module, not pandas: the plan checks every scene's file, thousands of small files at a parse."""
     try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{path}: annotation file holds no boxes") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            columns = reader.fieldnames
+            if not columns:
+                raise InputError(f"{path}: annotation file holds no boxes")
+            missing = [c for c in CSV_COLUMNS if c not in columns]
+            if missing:
+                raise InputError(
+                    f"{path}: DeepForest CSV lacks column(s) {', '.join(missing)} (needs {','.join(CSV_COLUMNS)})"
+                )
+            rows = [(reader.line_num, row) for row in reader]
+    except (csv.Error, UnicodeDecodeError) as err:
         raise InputError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from err
-    missing = [c for c in CSV_COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(f"{path}: DeepForest CSV lacks column(s) {', '.join(missing)} (needs {','.join(CSV_COLUMNS)})")
-    if len(frame) == 0:
+    if not rows:
         raise InputError(f"{path}: annotation file holds no boxes")
-    return check_pixel_boxes(path, frame, row_offset=2)
+    boxes = [[row.get(key) or "" for key in BOX_KEYS] for _, row in rows]
+    return PixelRows(
+        images=[str(row.get("image_path") or "") for _, row in rows],
+        boxes=check_pixel_boxes(path, boxes, [line for line, _ in rows]),
+        labels=[str(row.get("label") or "") for _, row in rows],
+    )
 
 
-def read_voc_xml(path: str) -> pd.DataFrame:
-    """A Pascal VOC file's boxes as DeepForest CSV rows (its ``<filename>`` is every row's image_path)."""
+def read_voc_xml(path: str) -> PixelRows:
+    """A Pascal VOC file's boxes (its ``<filename>`` is every box's image name)."""
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as err:
@@ -129,30 +150,33 @@ def read_voc_xml(path: str) -> pd.DataFrame:
     filename = root.findtext("filename")
     if root.tag != "annotation" or not filename:
         raise InputError(f"{path}: not a Pascal VOC file (needs <annotation> with <filename>)")
-    rows = []
+    boxes, labels = [], []
     for number, obj in enumerate(root.iter("object"), start=1):
         box = obj.find("bndbox")
         name = obj.findtext("name")
         if box is None or not name:
             raise InputError(f"{path}: <object> {number} lacks <name> or <bndbox>")
-        try:
-            coords = [float(box.findtext(k) or "nan") for k in ("xmin", "ymin", "xmax", "ymax")]
-        except ValueError as err:
-            raise InputError(f"{path}: <object> {number} has a bad <bndbox> ({err})") from err
-        rows.append([filename, *coords, name.strip()])
-    if not rows:
+        boxes.append([box.findtext(key) or "" for key in BOX_KEYS])
+        labels.append(name.strip())
+    if not boxes:
         raise InputError(f"{path}: annotation file holds no boxes")
-    return check_pixel_boxes(path, pd.DataFrame(rows, columns=CSV_COLUMNS), row_offset=1, row_name="<object>")
+    checked = check_pixel_boxes(path, boxes, list(range(1, len(boxes) + 1)), row_name="<object>")
+    return PixelRows(images=[filename] * len(boxes), boxes=checked, labels=labels)
 
 
-def check_pixel_boxes(path: str, frame: pd.DataFrame, row_offset: int, row_name: str = "line") -> pd.DataFrame:
-    """Pixel boxes must be numbers with xmin < xmax and ymin < ymax; the first bad row fails with one line."""
-    coords = frame[["xmin", "ymin", "xmax", "ymax"]].apply(pd.to_numeric, errors="coerce")
-    bad = coords.isna().any(axis=1) | (coords["xmax"] <= coords["xmin"]) | (coords["ymax"] <= coords["ymin"])
+def check_pixel_boxes(path: str, boxes: list[list[str]], rows: list[int], row_name: str = "line") -> np.ndarray:
+    """Pixel boxes must be numbers with xmin < xmax and ymin < ymax; the first bad row (numbered by ``rows``)
+    fails with one line. The boxes as an (N, 4) float64 array."""
+    values = np.full((len(boxes), 4), np.nan)
+    for index, box in enumerate(boxes):
+        for column, text in enumerate(box):
+            with contextlib.suppress(TypeError, ValueError):  # not a number: NaN, a bad box
+                values[index, column] = float(text)
+    bad = np.isnan(values).any(axis=1) | (values[:, 2] <= values[:, 0]) | (values[:, 3] <= values[:, 1])
     if bad.any():
-        first = int(np.flatnonzero(bad.to_numpy())[0])
-        values = ", ".join(str(v) for v in frame.iloc[first][["xmin", "ymin", "xmax", "ymax"]])
+        first = int(np.flatnonzero(bad)[0])
+        shown = ", ".join(str(v).strip() if str(v).strip() else "nan" for v in boxes[first])
         raise InputError(
-            f"{path}: {row_name} {first + row_offset} has a bad box ({values}); needs numbers, xmin < xmax, ymin < ymax"
+            f"{path}: {row_name} {rows[first]} has a bad box ({shown}); needs numbers, xmin < xmax, ymin < ymax"
         )
-    return frame.assign(**{c: coords[c] for c in coords.columns})
+    return values
