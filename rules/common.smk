@@ -13,7 +13,7 @@ sys.path.insert(0, str(SCRIPTS))
 from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
-from rasterscale.workflow import paths, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow import batches, paths, reportfiles, reports, slurm  # noqa: E402
 from rasterscale.workflow.plan import fingerprint, workflow_plan  # noqa: E402
 
 
@@ -36,6 +36,9 @@ except (ConfigError, InputError) as err:
 # killed snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
 os.environ[JOB_PARENT] = str(this_process())
 
+# The batches whose rules (tile_manifests_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
+# or in a job's re-parse those of its --allowed-rules (its parse does not grow with the project).
+RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
 PLAN_KEY = fingerprint(config)  # the stored plan's key: a job that loads the plan finds it by its config
 CONFIG = PLAN.config
 TASK = PLAN.task

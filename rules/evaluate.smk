@@ -2,11 +2,11 @@
 # (evaluation.json) with its quicklook (without annotations: the quicklook alone), and its pages for the report
 # (results/report/{scene}/). One job a scene would cost a DAG node and a Python start each: 30,000 of them for
 # 10,000 scenes.
-for batch in PLAN.batch_numbers:
+for batch in RULE_BATCHES:
 
     rule:
         name:
-            f"score_batch_{batch}"
+            batches.batch_rule("score", batch)
         input:
             reportfiles.score_inputs(PLAN, batch),
         output:

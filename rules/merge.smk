@@ -1,11 +1,11 @@
 # One merge job per batch of scenes (the plan's batches): each scene's rank files into its layers, in one process
 # (a merge job's start-up, its imports, costs about what merging a small scene does). It checks from the rank
 # records that every tile of each scene was processed exactly once before it reads any output.
-for batch in PLAN.batch_numbers:
+for batch in RULE_BATCHES:
 
     rule:
         name:
-            f"merge_batch_{batch}"
+            batches.batch_rule("merge", batch)
         input:
             **PLAN.batch_inputs(batch),
             job=paths.batch_file(batch),

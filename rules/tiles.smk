@@ -26,11 +26,11 @@ rule tile_manifest:
 
 
 # A seam's manifest comes with the mosaic of its scenes' rasters it is cut from.
-for batch in PLAN.batch_numbers:
+for batch in RULE_BATCHES:
 
     rule:
         name:
-            f"tile_manifests_batch_{batch}"
+            batches.batch_rule("tile_manifests", batch)
         input:
             rasters=PLAN.batch_inputs(batch)["rasters"],
             job=paths.batch_file(batch),

@@ -29,7 +29,7 @@ from rasterscale.scene import Scene
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
 from rasterscale.workflow import paths
-from rasterscale.workflow.batches import form_batches, read_recorded
+from rasterscale.workflow.batches import allowed_rules, batch_rule, form_batches, read_recorded, rule_batches
 from rasterscale.workflow.jobfiles import PredictionBatch, ProjectJob
 from rasterscale.workflow.plan import build_plan, footprint_of
 
@@ -416,6 +416,31 @@ def test_batch_files_that_cannot_be_read_are_left_out(tmp_path, rasters):
     (folder / "batch-x.json").write_text('{"scenes": []}')
     assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(tmp_path)] == [(3, ["a"])]
     assert read_recorded(tmp_path / "nowhere") == []
+
+
+# the command Snakemake 9 gives a job it spawns (RealExecutor's job args): --target-jobs, then --allowed-rules
+JOB_ARGV = ["snakemake", "--target-jobs", "merge_batch_3:", "--allowed-rules", "merge_batch_3", "--cores", "all"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "defined"),
+    [
+        (JOB_ARGV, [3]),
+        (["snakemake", "--allowed-rules=score_batch_0 tile_manifests_batch_12", "--nolock"], [0, 12]),
+        (["snakemake", "--allowed-rules", "predict", "--force"], []),  # a prediction job needs no batch rule
+        (["snakemake", "--allowed-rules", "merge_batch_99"], []),  # no such batch
+        (["snakemake", "--target-jobs", "predict:batch=1,shard=0"], [0, 1, 3, 12]),  # no --allowed-rules: all
+    ],
+)
+def test_a_jobs_reparse_defines_only_the_batch_rules_it_is_allowed_to_run(argv, defined):
+    assert rule_batches([0, 1, 3, 12], main_process=False, argv=argv) == defined
+
+
+def test_the_main_process_defines_every_batchs_rules_whatever_its_command_line():
+    assert rule_batches([0, 1, 3, 12], main_process=True, argv=JOB_ARGV) == [0, 1, 3, 12]
+    assert batch_rule("merge", 3) in JOB_ARGV and allowed_rules(["snakemake", "-n"]) is None
+    with pytest.raises(ValueError, match="no per-batch rule 'predict'"):
+        batch_rule("predict", 3)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -108,3 +108,43 @@ def _still_valid(
         elif not all(exists(raster) for raster in Scene.from_dict(scene).rasters):
             return False
     return True
+
+
+# -- the per-batch rules a parse defines ----------------------------------------------------------------------------
+
+BATCH_RULES = ("tile_manifests", "merge", "score")  # rules defined once per batch: {kind}_batch_{b}
+BATCH_RULE = re.compile(rf"^(?:{'|'.join(BATCH_RULES)})_batch_(\d+)$")
+
+
+def batch_rule(kind: str, batch: int) -> str:
+    """The name of a batch's rule of a kind in :data:`BATCH_RULES`."""
+    if kind not in BATCH_RULES:
+        raise ValueError(f"no per-batch rule '{kind}' ({', '.join(BATCH_RULES)})")
+    return f"{kind}_batch_{batch}"
+
+
+def allowed_rules(argv: Sequence[str]) -> frozenset[str] | None:
+    """The rules a Snakemake process was told to consider (``--allowed-rules A B ...``, which Snakemake gives the
+    command of every job it spawns), None when it was not."""
+    for index, arg in enumerate(argv):
+        if arg == "--allowed-rules":
+            names = []
+            for value in argv[index + 1 :]:
+                if value.startswith("-"):
+                    break
+                names.append(value)
+            return frozenset(names)
+        if arg.startswith("--allowed-rules="):
+            return frozenset(arg.split("=", 1)[1].split())
+    return None
+
+
+def rule_batches(numbers: Sequence[int], main_process: bool, argv: Sequence[str]) -> list[int]:
+    """The batches whose rules a parse defines: every batch in the main process; in a job's re-parse (cluster or
+    subprocess) only those of its allowed rules, so that its parse does not grow with the number of batches (the
+    DAG of a job considers its allowed rules only, and the files other rules make already exist)."""
+    allowed = None if main_process else allowed_rules(argv)
+    if allowed is None:
+        return list(numbers)
+    wanted = {int(match.group(1)) for match in map(BATCH_RULE.match, allowed) if match}
+    return [number for number in numbers if number in wanted]
