@@ -1,13 +1,13 @@
 # One merge job per batch of scenes (the plan's batches): each scene's rank files into its layers, in one process
 # (a merge job's start-up, its imports, costs about what merging a small scene does). It checks from the rank
-# records that every tile of each scene was processed exactly once before it reads any output.
+# records that every tile of each scene was processed exactly once before it reads any output. Its inputs are the
+# batch's job file and shard folders: the rasters and manifests it reads are the prediction's inputs, upstream.
 for batch in RULE_BATCHES:
 
     rule:
         name:
             batches.batch_rule("merge", batch)
         input:
-            **PLAN.batch_inputs(batch),
             job=paths.batch_file(batch),
             shards=[paths.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:

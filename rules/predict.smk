@@ -20,9 +20,11 @@ rule scene_batch:
 # {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its
 # ranks save finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
 # it succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
+# Its inputs are the batch's manifests (the rasters and seams' mosaics it also reads come before them, from the
+# same jobs): every input file costs the DAG a producer lookup, 30,000 sources make it the dry run's main cost.
 rule predict:
     input:
-        unpack(lambda wildcards: PLAN.batch_inputs(int(wildcards.batch))),
+        manifests=lambda wildcards: PLAN.batch_inputs(int(wildcards.batch))["manifests"],
         job=paths.batch_file("{batch}"),
         model=PLAN.prediction_model(),
     output:
