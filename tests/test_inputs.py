@@ -138,6 +138,11 @@ def test_bad_deepforest_csvs_fail_with_one_line(raster_factory, tmp_path):
             r"label.csv: label\(s\) Bird are not in model.labels \(Tree\)",
         ),
         "box.csv": (CSV_HEADER + "scene.tif,1,1,5,5,Tree\nscene.tif,9,1,5,x,Tree\n", r"box.csv: line 3 has a bad box"),
+        "fields.csv": (
+            CSV_HEADER + "scene.tif,1,1,5,5,Tree\nscene.tif,1,1,5,5,Tree,Oak\n",
+            r"fields.csv: line 3 has more fields than the header",
+        ),
+        "short.csv": (CSV_HEADER + "scene.tif,1,1,5\n", r"short.csv: line 2 has a bad box \(1, 1, 5, nan\)"),
     }
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)

@@ -129,6 +129,9 @@ def read_deepforest_csv(path: str) -> PixelRows:
                     f"{path}: DeepForest CSV lacks column(s) {', '.join(missing)} (needs {','.join(CSV_COLUMNS)})"
                 )
             rows = [(reader.line_num, row) for row in reader]
+            extra = next((line for line, row in rows if None in row), None)  # DictReader's key of surplus fields
+            if extra is not None:
+                raise InputError(f"{path}: line {extra} has more fields than the header (a comma inside a value?)")
     except (csv.Error, UnicodeDecodeError) as err:
         raise InputError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from err
     if not rows:
