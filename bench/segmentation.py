@@ -93,6 +93,7 @@ def merge_peak_rss_mb(directory: Path, raster: Path, manifest: Path, stem: str) 
     job.write_text(json.dumps({"scenes": [scene]}))
     config = {"task": "segmentation", "labels": list(LABELS), "merge": {}, "predict": {}}
     command = [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)]
+    command += ["--record", str(directory / "merged.json")]
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", PEAK_OF, *command], capture_output=True, text=True, check=True)
     return int(result.stdout.split()[-1]) / 1024, time.perf_counter() - started

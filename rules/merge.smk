@@ -21,5 +21,6 @@ for batch in RULE_BATCHES:
         params:
             entry=entry_point("merge"),
             config=PLAN.merge_config().to_json(),
+            record=paths.batch_record("merged", batch),
         shell:
-            "{params.entry} --job {input.job:q} --config {params.config:q} > {log:q} 2>&1"
+            "{params.entry} --job {input.job:q} --config {params.config:q} --record {params.record:q} > {log:q} 2>&1"

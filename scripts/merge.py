@@ -4,6 +4,7 @@ one file and one table."""
 
 import argparse
 
+from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.predict.profile import format_profile_table, write_scene_profile
@@ -18,9 +19,11 @@ def main() -> None:
     parser.add_argument(
         "--config", type=MergeConfig.from_json, required=True, help="JSON: task, labels, merge, predict"
     )
+    parser.add_argument("--record", required=True, help="the batch's merge record to write (JSON: files written)")
     args = parser.parse_args()
     config: MergeConfig = args.config
     spec = task_spec(config.task)  # not the task itself: no torch in a merge job
+    written: list[str] = []
     for scene in PredictionBatch.read(args.job).scenes:
         stems = list(scene.rank_files)
         check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
@@ -29,6 +32,8 @@ def main() -> None:
         print(f"{scene.name}: merged {len(stems)} rank files: {merged}")
         profile = write_scene_profile(stems, scene.outputs["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene.outputs['profile']})"))
+        written += list(scene.outputs.values())
+    write_json({"job": args.job, "outputs": written}, args.record)  # last: the batch's merge is done
 
 
 if __name__ == "__main__":

@@ -136,9 +136,12 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     doubled = int(read_tile_ids(first)[-1])
     write_rank_record(second, [doubled, *read_tile_ids(second).tolist()])
     job = run / "results/batches/batch-0.json"
+    record = run / "results/batches/merged-0.json"
+    record.unlink()  # the run's own: the merge below writes it again only when it succeeds
     config = {"task": "segmentation", "labels": ["background", "tree"], "merge": {}, "predict": {}}
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)],
+        [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)]
+        + ["--record", str(record)],
         cwd=run,
         capture_output=True,
         text=True,
@@ -146,6 +149,7 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     )
     assert result.returncode != 0
     assert f"duplicated tile_id(s) {doubled} " in result.stderr and "rank-0.json" in result.stderr
+    assert not record.exists()  # a merge that fails writes no record: its batch is not done
 
 
 def test_report_shows_the_class_scores_and_the_pixels_of_each_class(seg_run, tmp_path):

@@ -235,7 +235,21 @@ class Plan:
         }
 
     def batch_outputs(self, batch: int) -> list[str]:
-        return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
+        """A batch's merge job's outputs: its scenes' and seams' merged files, then its record of them."""
+        scenes = self.prediction_batch(batch).scenes
+        return [*(path for scene in scenes for path in scene.outputs.values()), paths.batch_record("merged", batch)]
+
+    def merged_records(self, names: list[str]) -> list[str]:
+        """The merge records of the batches holding any of these scenes or seams: what a job that reads their
+        merged files depends on (one file a batch: a DAG of 10,000 scenes would otherwise look up the producer
+        of every scene's files; Snakemake still remakes a batch's missing output, every output of a job in the
+        DAG being checked)."""
+        wanted = set(names)
+        return [
+            paths.batch_record("merged", batch.batch)
+            for batch in self.batches
+            if any(scene.name in wanted for scene in batch.scenes)
+        ]
 
     # -- the project ------------------------------------------------------------------------------------------
 
@@ -247,9 +261,9 @@ class Plan:
         return {key: paths.project_file(file) for key, file in self.task.project_outputs(self.config).items()}
 
     def project_inputs(self) -> list[str]:
-        """The merged layers the project's merge reads: each source's (the task's project_inputs keys)."""
-        keys = self.task.project_inputs
-        return [self.scene_outputs(name)[key] for name in self.project_sources() for key in keys]
+        """What the project's merge depends on: the merge records of the batches holding its sources (it reads
+        each source's layers, the task's project_inputs keys, which those merges write)."""
+        return self.merged_records(self.project_sources())
 
     def project_sources(self) -> list[str]:
         """The scenes and seams whose layers make the project's, by name (the config's order changes nothing)."""
@@ -342,12 +356,12 @@ class Plan:
         )
 
     def final_targets(self) -> list[str]:
-        """Everything the config asks for: the trained model, each predicted scene's outputs, evaluations."""
+        """Everything the config asks for: the trained model, each predicted scene's outputs (through its
+        batch's merge record), the project's layers, evaluations."""
         targets: list[str] = []
         if self.train_scenes and not self.config["model"]["file"]:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
-        for name in self.predict_scenes:
-            targets += list(self.scene_outputs(name).values())
+        targets += self.merged_records(self.predict_scenes)
         if self.has_project():
             targets += list(self.project_outputs().values())
         for name in self.evaluated_scenes():

@@ -135,11 +135,11 @@ def scored_scenes(plan: Plan, batch: int) -> list[str]:
 
 
 def score_inputs(plan: Plan, batch: int) -> list[str]:
-    """A batch's scoring job's inputs: its scenes' merged outputs, rasters and annotations."""
+    """A batch's scoring job's inputs: its merge record (the scenes' merged outputs; their rasters come before
+    them) and its scenes' annotations."""
     names = scored_scenes(plan, batch)
-    files = [path for name in names for path in plan.scene_outputs(name).values()]
-    files += [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
-    return files + plan.raster_inputs(*names)
+    annotations = [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
+    return [paths.batch_record("merged", batch), *annotations]
 
 
 # -- the project map --------------------------------------------------------------------------------------------
