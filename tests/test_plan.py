@@ -82,8 +82,11 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
             f"results/models/detector{file}"
             for file in (".pt", "/config.json", "/model.safetensors", ".metrics.csv", ".png")
         ),
-        "results/batches/merged-0.json",  # the batches' merge records: batch 0 holds a and b, batch 1 c
-        "results/batches/merged-1.json",
+        *(
+            f"results/{name}/{file}"
+            for name in "abc"
+            for file in ("detections.gpkg", "detections.parquet", "predict_profile.json")
+        ),
         "results/project/detections.gpkg",
         "results/project/detections.parquet",
         "results/a/evaluation.json",

@@ -48,8 +48,8 @@ def project_config(model: PredictScene) -> dict:
 LAYER = "results/project/detections.parquet"  # the target: the project's layer (the report's pages left out)
 
 
-def planned_jobs(workdir: Path, config: dict) -> dict[str, int]:
-    command = workflow_command(workdir, config, "-n", LAYER)
+def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, int]:
+    command = workflow_command(workdir, config, "-n", *([target] if target else []))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     if "Nothing to be done" in result.stdout + result.stderr:
@@ -111,3 +111,11 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s105"])
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
+
+    # the project's merge depends on the batches' merge records, not on every scene's files: a scene's deleted
+    # layer is remade because rule all names it, by its batch's merge (and what reads that batch's record)
+    (root / "results/s050/detections.gpkg").unlink()
+    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
+    everything = planned_jobs(root, config, target="")
+    assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
+    assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything

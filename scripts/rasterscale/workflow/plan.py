@@ -242,8 +242,8 @@ class Plan:
     def merged_records(self, names: list[str]) -> list[str]:
         """The merge records of the batches holding any of these scenes or seams: what a job that reads their
         merged files depends on (one file a batch: a DAG of 10,000 scenes would otherwise look up the producer
-        of every scene's files; Snakemake still remakes a batch's missing output, every output of a job in the
-        DAG being checked)."""
+        of every scene's files). Rule all still names every scene's outputs: Snakemake remakes a missing output
+        only when something asks for that very file."""
         wanted = set(names)
         return [
             paths.batch_record("merged", batch.batch)
@@ -356,12 +356,14 @@ class Plan:
         )
 
     def final_targets(self) -> list[str]:
-        """Everything the config asks for: the trained model, each predicted scene's outputs (through its
-        batch's merge record), the project's layers, evaluations."""
+        """Everything the config asks for: the trained model, each predicted scene's outputs (each named: Snakemake
+        remakes a job's missing output only when some job or target asks for that file), the project's layers,
+        evaluations."""
         targets: list[str] = []
         if self.train_scenes and not self.config["model"]["file"]:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
-        targets += self.merged_records(self.predict_scenes)
+        for name in self.predict_scenes:
+            targets += list(self.scene_outputs(name).values())
         if self.has_project():
             targets += list(self.project_outputs().values())
         for name in self.evaluated_scenes():
