@@ -12,6 +12,7 @@ for batch in RULE_BATCHES:
             shards=[paths.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
             PLAN.batch_outputs(batch),
+            record=paths.batch_record("merged", batch),
         log:
             f"logs/merge/batch-{batch}.log",
         benchmark:
@@ -21,6 +22,5 @@ for batch in RULE_BATCHES:
         params:
             entry=entry_point("merge"),
             config=PLAN.merge_config().to_json(),
-            record=paths.batch_record("merged", batch),
         shell:
-            "{params.entry} --job {input.job:q} --config {params.config:q} --record {params.record:q} > {log:q} 2>&1"
+            "{params.entry} --job {input.job:q} --config {params.config:q} --record {output.record:q} > {log:q} 2>&1"

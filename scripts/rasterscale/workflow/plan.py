@@ -235,9 +235,8 @@ class Plan:
         }
 
     def batch_outputs(self, batch: int) -> list[str]:
-        """A batch's merge job's outputs: its scenes' and seams' merged files, then its record of them."""
-        scenes = self.prediction_batch(batch).scenes
-        return [*(path for scene in scenes for path in scene.outputs.values()), paths.batch_record("merged", batch)]
+        """A batch's merge job's outputs: its scenes' and seams' merged files (and its record of them)."""
+        return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
 
     def merged_records(self, names: list[str]) -> list[str]:
         """The merge records of the batches holding any of these scenes or seams: what a job that reads their
