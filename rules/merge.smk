@@ -12,7 +12,7 @@ for batch in RULE_BATCHES:
             shards=[paths.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
             PLAN.batch_outputs(batch),
-            record=paths.batch_record("merged", batch),
+            record=paths.batch_merge_record(batch),
         log:
             f"logs/merge/batch-{batch}.log",
         benchmark:

@@ -33,9 +33,9 @@ class TaskSpec:
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
-    - ``project_inputs``: the keys of a scene's outputs the project's merge reads; ``project_outputs(config)``
-      the project's layers, ``{key: file name}`` under ``results/project/``; ``merge_project(job)`` merges them
-      (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping), a line for the log;
+    - ``project_outputs(config)``: the project's layers, ``{key: file name}`` under ``results/project/``;
+      ``merge_project(job)`` merges them (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping),
+      a line for the log;
     - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a
       scene without annotations (no ground truth drawn);
     - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
@@ -54,7 +54,6 @@ class TaskSpec:
     merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]
-    project_inputs: tuple[str, ...]
     project_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
     merge_project: Callable[[Mapping[str, Any]], str]
     quicklook: Callable[[Mapping[str, Any], Mapping[str, Any], str | Path, str], None]

@@ -67,15 +67,10 @@ def quicklook_file(scene: str) -> str:
     return scene_file(scene, "quicklook.png")
 
 
-BATCH_STEPS = ("merged",)  # the batch jobs that write a record of their files: the merge
-
-
-def batch_record(step: str, batch: int | str) -> str:
-    """The record a batch's job of a step in BATCH_STEPS writes last, listing the files it wrote: what the jobs
-    that read them depend on (one file a batch rather than every scene's)."""
-    if step not in BATCH_STEPS:
-        raise ValueError(f"no batch step '{step}' ({', '.join(BATCH_STEPS)})")
-    return f"{batches_dir()}/{step}-{batch}.json"
+def batch_merge_record(batch: int | str) -> str:
+    """The record a batch's merge writes last, listing the files it wrote: what the jobs that read them depend on
+    (one file a batch rather than every scene's)."""
+    return f"{batches_dir()}/merged-{batch}.json"
 
 
 def batch_file(batch: int | str) -> str:

@@ -235,7 +235,8 @@ class Plan:
         }
 
     def batch_outputs(self, batch: int) -> list[str]:
-        """A batch's merge job's outputs: its scenes' and seams' merged files (and its record of them)."""
+        """A batch's merge job's scene outputs: its scenes' and seams' merged files (its record, the rule's other
+        output, is paths.batch_merge_record)."""
         return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
 
     def merged_records(self, names: list[str]) -> list[str]:
@@ -245,7 +246,7 @@ class Plan:
         only when something asks for that very file."""
         wanted = set(names)
         return [
-            paths.batch_record("merged", batch.batch)
+            paths.batch_merge_record(batch.batch)
             for batch in self.batches
             if any(scene.name in wanted for scene in batch.scenes)
         ]
@@ -261,7 +262,7 @@ class Plan:
 
     def project_inputs(self) -> list[str]:
         """What the project's merge depends on: the merge records of the batches holding its sources (it reads
-        each source's layers, the task's project_inputs keys, which those merges write)."""
+        each source's layers, which those merges write; its job file names them)."""
         return self.merged_records(self.project_sources())
 
     def project_sources(self) -> list[str]:

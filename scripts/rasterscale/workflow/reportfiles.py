@@ -139,7 +139,7 @@ def score_inputs(plan: Plan, batch: int) -> list[str]:
     them) and its scenes' annotations."""
     names = scored_scenes(plan, batch)
     annotations = [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
-    return [paths.batch_record("merged", batch), *annotations]
+    return [paths.batch_merge_record(batch), *annotations]
 
 
 # -- the project map --------------------------------------------------------------------------------------------

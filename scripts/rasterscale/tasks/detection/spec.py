@@ -82,7 +82,6 @@ DETECTION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
-    project_inputs=("parquet",),
     project_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
     merge_project=merge_project,
     quicklook=quicklook,

@@ -99,7 +99,6 @@ SEGMENTATION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
-    project_inputs=("classes",),
     project_outputs=lambda config: {"classes": "classes.vrt", "gpkg": "classes.gpkg"},
     merge_project=merge_project,
     quicklook=quicklook,
