@@ -108,23 +108,13 @@ def report_flag(path, caption, category, item, subcategory):
 
 
 def scored_outputs(batch):
-    """A batch's scoring job's outputs: per scene its evaluation (with annotations), quicklook and report pages,
-    the pictures and pages flagged for the report under the scene's name."""
-    outputs = []
-    for name in reportfiles.scored_scenes(PLAN, batch):
-        pages = reportfiles.scene_files(name)
-        if PLAN.is_evaluated(name):
-            outputs.append(paths.evaluation_file(name))
-            outputs.append(report_flag(paths.quicklook_file(name), "quicklook", reportfiles.SCENES, "quicklook", name))
-        else:
-            look = paths.quicklook_file(name)
-            outputs.append(report_flag(look, "quicklook_unscored", reportfiles.SCENES, "quicklook", name))
-        outputs.append(report_flag(pages["scores"], "scores", reportfiles.SCENES, "scores", name))
-        outputs.append(report_flag(pages["profile"], "profile", reportfiles.SCENES, "prediction profile", name))
-        plot = pages["plot"]
-        outputs.append(report_flag(plot, "profile_plot", reportfiles.SCENES, "prediction profile (plot)", name))
-        outputs.append(pages["counts"])
-    return outputs
+    """A batch's scoring job's outputs: its record (written last) and its scenes' files, those the report shows
+    flagged under the scene's name."""
+    files = [
+        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path
+        for f in reportfiles.scored_files(PLAN, batch)
+    ]
+    return {"record": paths.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
 
 
 def training_outputs(model):

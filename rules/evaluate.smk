@@ -10,7 +10,7 @@ for batch in RULE_BATCHES:
         input:
             reportfiles.score_inputs(PLAN, batch),
         output:
-            scored_outputs(batch),
+            **scored_outputs(batch),
         log:
             f"logs/score/batch-{batch}.log",
         benchmark:

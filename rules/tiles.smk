@@ -35,8 +35,8 @@ for batch in RULE_BATCHES:
             rasters=PLAN.batch_inputs(batch)["rasters"],
             job=paths.batch_file(batch),
         output:
-            PLAN.batch_inputs(batch)["manifests"],
-            PLAN.batch_inputs(batch)["mosaics"],
+            record=paths.batch_record("tiled", batch),
+            files=PLAN.batch_files("tiled", batch),
         log:
             f"logs/tile_manifest/batch-{batch}.log",
         benchmark:
@@ -49,5 +49,5 @@ for batch in RULE_BATCHES:
             overlap=CONFIG["tiling"]["overlap"],
             skip_nodata="--skip-nodata" if CONFIG["tiling"]["skip_nodata"] else "",
         shell:
-            "{params.entry} --job {input.job:q}"
+            "{params.entry} --job {input.job:q} --record {output.record:q}"
             " --patch-size {params.patch_size} --overlap {params.overlap} {params.skip_nodata} > {log:q} 2>&1"

@@ -3,6 +3,7 @@ annotations (evaluation.json and quicklook) or drawn without them, and its pages
 
 from pathlib import Path
 
+from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.tools.report import score_batch
 from rasterscale.workflow.plan import workflow_plan
@@ -14,6 +15,7 @@ def main() -> None:
     plan = workflow_plan(snakemake.config, main_process=False)
     lines = score_batch(plan, int(snakemake.params.batch))
     Path(snakemake.log[0]).write_text("".join(line + "\n" for line in lines))
+    write_json({"outputs": list(snakemake.output.files)}, snakemake.output.record)  # last: the batch is scored
 
 
 run_entry(main)

@@ -5,6 +5,7 @@ seam's mosaic of its scenes' rasters is written first, and its manifest holds th
 import argparse
 import json
 
+from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
@@ -34,6 +35,7 @@ def main() -> None:
     scenes.add_argument("--raster", help="one scene's raster (with --out)")
     scenes.add_argument("--job", help="a batch's job file (JSON: scenes with raster, manifest and imagery)")
     parser.add_argument("--out")
+    parser.add_argument("--record", help="with --job: the batch's record to write last (JSON: the files written)")
     parser.add_argument("--patch-size", type=int, required=True)
     parser.add_argument("--overlap", type=int, required=True)
     parser.add_argument("--skip-nodata", action="store_true")
@@ -45,10 +47,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.job:
+        written = []
         for scene in PredictionBatch.read(args.job).scenes:
             if scene.mosaic:  # a seam: its scenes' rasters as one
                 write_mosaic(scene.raster, scene.mosaic)
+                written.append(scene.raster)
             write_scene_manifest(scene.raster, scene.manifest, scene.imagery, args, scene.core)
+            written.append(scene.manifest)
+        if args.record:
+            write_json({"job": args.job, "outputs": written}, args.record)  # last: the batch's manifests are done
     else:
         if not args.out:
             parser.error("--raster needs --out")

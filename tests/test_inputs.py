@@ -1,11 +1,14 @@
+import os
+
 import geopandas as gpd
 import numpy as np
 import pytest
+import rasterio
 import shapely
 
 from conftest import write_rgba
 from rasterscale.errors import InputError
-from rasterscale.raster.headers import check_raster
+from rasterscale.raster.headers import check_raster, has_siblings
 from rasterscale.raster.imagery import check_imagery
 from rasterscale.tasks.detection.annotations import read_annotations
 
@@ -18,6 +21,29 @@ def test_good_raster_passes(raster_factory):
 def test_tiled_and_striped_rasters_are_told_apart(raster_factory):
     assert check_raster(raster_factory("tiled.tif", width=512, height=512)).is_tiled
     assert not check_raster(raster_factory("striped.tif", width=512, height=512, tiled=False)).is_tiled
+
+
+@pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")
+def test_sidecar_files_are_read_beside_rasters_opened_without_a_folder_listing(raster_factory, tmp_path):
+    # a raster alone in its folder is opened without GDAL listing the folder (headers.has_siblings): one with a
+    # sidecar is read with it, here an external mask (x.tif.msk) and a world file (x.tfw) giving the georeference
+    alone = raster_factory("alone.tif", width=64, height=64)
+    masked = raster_factory("masked.tif", width=64, height=64)
+    with rasterio.Env(GDAL_TIFF_INTERNAL_MASK=False), rasterio.open(masked, "r+") as dst:
+        dst.write_mask(np.full((64, 64), 255, dtype=np.uint8))
+    assert (tmp_path / "masked.tif.msk").exists()
+    unplaced = tmp_path / "placed.tif"  # a CRS but no geotransform: its world file places it
+    profile = {"driver": "GTiff", "width": 64, "height": 64, "count": 3, "dtype": "uint8", "crs": "EPSG:32617"}
+    with rasterio.open(unplaced, "w", **profile) as dst:
+        dst.write(np.zeros((3, 64, 64), dtype=np.uint8))
+    with pytest.raises(InputError, match=r"placed\.tif: raster has no geotransform"):
+        check_raster(unplaced)
+    (tmp_path / "placed.tfw").write_text("0.5\n0\n0\n-0.5\n500000.25\n4200000.25\n")
+    os.utime(unplaced, ns=(1, 1))  # another version of the file for the headers' cache
+    assert not has_siblings(alone) and has_siblings(masked) and has_siblings(unplaced)
+    assert not check_raster(alone).dataset_mask and check_raster(masked).dataset_mask
+    transform = check_raster(unplaced).transform
+    assert (transform.a, transform.c, transform.f) == (0.5, 500000.0, 4200000.5)
 
 
 def test_missing_raster(tmp_path):

@@ -82,15 +82,9 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
             f"results/models/detector{file}"
             for file in (".pt", "/config.json", "/model.safetensors", ".metrics.csv", ".png")
         ),
-        *(
-            f"results/{name}/{file}"
-            for name in "abc"
-            for file in ("detections.gpkg", "detections.parquet", "predict_profile.json")
-        ),
+        *(f"results/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
         "results/project/detections.gpkg",
         "results/project/detections.parquet",
-        "results/a/evaluation.json",
-        "results/a/quicklook.png",
     ]
     assert set(plan.inputs) == {"a.tif", "a.csv", "b.tif", "c.tif"} and all(plan.inputs.values())
 

@@ -29,7 +29,14 @@ from rasterscale.scene import Scene
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
 from rasterscale.workflow import paths
-from rasterscale.workflow.batches import allowed_rules, batch_rule, form_batches, read_recorded, rule_batches
+from rasterscale.workflow.batches import (
+    allowed_rules,
+    batch_rule,
+    form_batches,
+    read_recorded,
+    recorded_targets,
+    rule_batches,
+)
 from rasterscale.workflow.jobfiles import PredictionBatch, ProjectJob
 from rasterscale.workflow.plan import build_plan, footprint_of
 
@@ -420,6 +427,15 @@ def test_batch_files_that_cannot_be_read_are_left_out(tmp_path, rasters):
 
 # the command Snakemake 9 gives a job it spawns (RealExecutor's job args): --target-jobs, then --allowed-rules
 JOB_ARGV = ["snakemake", "--target-jobs", "merge_batch_3:", "--allowed-rules", "merge_batch_3", "--cores", "all"]
+
+
+def test_recorded_targets_name_each_record_and_the_files_gone_of_a_record_that_exists(tmp_path):
+    (tmp_path / "results").mkdir()
+    for name in ("done.json", "a", "c"):
+        (tmp_path / "results" / name).touch()
+    files = {"results/done.json": ["results/a", "results/b", "results/c"], "results/todo.json": ["results/d"]}
+    # a recorded job whose file b is gone runs again because b is asked for; a job without its record runs anyway
+    assert recorded_targets(files, tmp_path) == ["results/done.json", "results/b", "results/todo.json"]
 
 
 @pytest.mark.parametrize(

@@ -112,10 +112,20 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s105"])
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
 
-    # the project's merge depends on the batches' merge records, not on every scene's files: a scene's deleted
-    # layer is remade because rule all names it, by its batch's merge (and what reads that batch's record)
+    # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
+    # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
+    # reads that batch's record)
     (root / "results/s050/detections.gpkg").unlink()
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
     assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything
+    # a deleted manifest: its batch's manifests again, and its prediction and merge since they are newer
+    (root / "results/s051/tiles.parquet").unlink()
+    everything = planned_jobs(root, config, target="")
+    assert {name: everything.get(name) for name in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == {
+        "tile_manifests_batch_0": 1,
+        "predict": 1,
+        "merge_batch_0": 1,
+    }, everything
+    assert "tile_manifests_batch_1" not in everything and "merge_batch_1" not in everything, everything

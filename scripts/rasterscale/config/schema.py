@@ -15,6 +15,7 @@ ItemCollections (:mod:`rasterscale.config.stac`): they are read with the tables 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -191,11 +192,12 @@ def check_consistency(config: Mapping[str, Any]) -> None:
                     f"(known: {', '.join(sorted(scenes))})"
                 )
     for key, values in (("train.scenes", config["train"]["scenes"]), ("predict.scenes", config["predict"]["scenes"])):
-        twice = sorted({name for name in values if values.count(name) > 1})
+        twice = sorted(name for name, count in Counter(values).items() if count > 1)
         if twice:
             raise ConfigError(f"config: key '{key}' names scene '{twice[0]}' twice: list each scene once")
     labels = config["model"]["labels"] or []
-    twice = sorted({name for name in labels if [x.casefold() for x in labels].count(name.casefold()) > 1})
+    folded = Counter(name.casefold() for name in labels)
+    twice = sorted({name for name in labels if folded[name.casefold()] > 1})
     if twice:
         raise ConfigError(f"config: key 'model.labels' names class '{twice[0]}' twice ({', '.join(labels)})")
     if config["train"]["max_steps"] == 0 or config["train"]["max_steps"] < -1:

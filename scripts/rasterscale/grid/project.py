@@ -90,33 +90,39 @@ def mosaicable(first: Footprint, second: Footprint) -> bool:
     return first.crs == second.crs and same_pixel and (first.count, first.dtype) == (second.count, second.dtype)
 
 
-def seam_line(a: Polygon, b: Polygon, tolerance: float) -> shapely.Geometry:
-    """Where one footprint's edge runs inside (or along) the other's."""
-    return shapely.union(a.boundary.intersection(b.buffer(tolerance)), b.boundary.intersection(a.buffer(tolerance)))
+def seam_line(a: Any, b: Any, tolerance: Any) -> Any:
+    """Where one footprint's edge runs inside (or along) the other's (polygons, or arrays of them pairwise)."""
+    return shapely.union(
+        shapely.intersection(shapely.boundary(a), shapely.buffer(b, tolerance)),
+        shapely.intersection(shapely.boundary(b), shapely.buffer(a, tolerance)),
+    )
 
 
 def find_seams(footprints: Mapping[str, Footprint], margin_px: int) -> list[Seam]:
     """The seams of every pair of scenes that touch or overlap along a line (not at a point only) and can be read
-    as one mosaic, sorted by name. ``margin_px``: the core's half-width, in pixels."""
+    as one mosaic, sorted by name. ``margin_px``: the core's half-width, in pixels. The geometry of all pairs is
+    computed at once (shapely's array functions: 10,000 scenes of a survey have about 20,000 seams)."""
     names = sorted(footprints)
     if len(names) < 2:
         return []
-    polygons = [footprints[n].polygon for n in names]
-    tree = STRtree(polygons)
-    seams = []
-    for i, j in zip(*tree.query(polygons, predicate="dwithin", distance=_tolerance(footprints, names)), strict=True):
-        if i >= j:
-            continue
-        first, second = footprints[names[i]], footprints[names[j]]
-        if not mosaicable(first, second):
-            continue
-        pixel = max(*first.pixel, *second.pixel)
-        line = seam_line(polygons[i], polygons[j], pixel / 100)
-        if line.length < 2 * pixel:
-            continue  # corners that touch: no border to see across
-        both = shapely.union(polygons[i], polygons[j]).buffer(pixel / 2, join_style="mitre")
-        core = line.buffer(margin_px * pixel, cap_style="flat", join_style="mitre").intersection(both)
-        seams.append(Seam(names[i], names[j], core.wkt))
+    polygons = np.array([footprints[n].polygon for n in names], dtype=object)
+    near = STRtree(polygons).query(polygons, predicate="dwithin", distance=_tolerance(footprints, names))
+    pairs = [
+        (i, j)
+        for i, j in zip(*near.tolist(), strict=True)
+        if i < j and mosaicable(footprints[names[i]], footprints[names[j]])
+    ]
+    if not pairs:
+        return []
+    i, j = (np.array(side, dtype=np.intp) for side in zip(*pairs, strict=True))
+    pixel = np.array([max(*footprints[names[a]].pixel, *footprints[names[b]].pixel) for a, b in pairs])
+    line = seam_line(polygons[i], polygons[j], pixel / 100)
+    border = shapely.length(line) >= 2 * pixel  # not corners that touch only: a border to see across
+    i, j, pixel, line = i[border], j[border], pixel[border], line[border]
+    both = shapely.buffer(shapely.union(polygons[i], polygons[j]), pixel / 2, join_style="mitre")
+    cores = shapely.intersection(shapely.buffer(line, margin_px * pixel, cap_style="flat", join_style="mitre"), both)
+    wkts = shapely.to_wkt(cores, rounding_precision=-1)
+    seams = [Seam(names[a], names[b], wkt) for a, b, wkt in zip(i.tolist(), j.tolist(), wkts.tolist(), strict=True)]
     return sorted(seams, key=lambda s: s.name)
 
 

@@ -4,7 +4,10 @@ read, from its metadata only (never its pixels), each failing with one line that
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -91,11 +94,37 @@ def _checked_header(path: str) -> tuple[RasterInfo, tuple[int, int] | None]:
 
 @functools.lru_cache(maxsize=4096)  # once per raster and version in a process (the plan checks a scene twice)
 def _read_checked_header(path: str, size: int, mtime_ns: int) -> tuple[RasterInfo, tuple[int, int] | None]:
+    # A raster with no file beside it that GDAL would read (overviews, mask, .aux.xml, world file...) is opened
+    # without GDAL listing its folder for them: half the cost of an open in a folder of 10,000 rasters.
+    alone = {} if has_siblings(path) else {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"}
     try:
-        with rasterio.open(path) as src:
+        with rasterio.Env(**alone), rasterio.open(path) as src:
             return raster_info(src), _blocks_end(src, size)
     except RasterioIOError as err:
         raise InputError(f"{path}: not a readable raster ({err})") from err
+
+
+def has_siblings(path: str | Path) -> bool:
+    """Whether a local raster's folder holds another entry whose name starts with the raster's stem, compared
+    without case: GDAL's sidecar files (``x.tif.ovr``, ``x.tif.msk``, ``x.tif.aux.xml``, ``x.tfw``, ``x.IMD``,
+    ``x_rpc.txt``...) all do."""
+    path = Path(path)
+    folder = path.parent
+    names = _folder_names(str(folder), folder.stat().st_mtime_ns)
+    stem, own = path.stem.casefold(), path.name.casefold()
+    start = bisect.bisect_left(names, stem)
+    for name in itertools.islice(names, start, None):
+        if not name.startswith(stem):
+            return False
+        if name != own:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_names(folder: str, mtime_ns: int) -> list[str]:
+    """A folder's entries, case-folded and sorted (once per folder and version: a new file changes its mtime)."""
+    return sorted(name.casefold() for name in os.listdir(folder))
 
 
 def _blocks_end(src: rasterio.io.DatasetReader, size: int) -> tuple[int, int] | None:

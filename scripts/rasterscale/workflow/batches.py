@@ -9,13 +9,20 @@ or reordering scenes redoes nothing that stays: a kept batch goes on listing a s
 (its outputs are simply not asked for), as long as that scene's rasters still exist.
 
 When two recorded files claim a member (a batch that was formed again), the newer file wins.
+
+Each of a batch's jobs (its tile manifests, its merge, its scoring) writes a record last
+(``paths.batch_record``), and what reads a batch's files depends on that one file: a DAG of 10,000 scenes would
+otherwise look up the producer of every scene's files (tens of seconds). Snakemake remakes a job's missing output
+only when something asks for that very file, so the targets also name the files that a recorded job wrote and
+are gone (:func:`recorded_targets`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,3 +155,15 @@ def rule_batches(numbers: Sequence[int], main_process: bool, argv: Sequence[str]
         return list(numbers)
     wanted = {int(match.group(1)) for match in map(BATCH_RULE.match, allowed) if match}
     return [number for number in numbers if number in wanted]
+
+
+def recorded_targets(files_of_records: Mapping[str, Sequence[str]], workdir: str | Path = ".") -> list[str]:
+    """Targets standing for batch jobs' files: each record (with the files its job writes besides it) and, of a
+    record that exists, the files that do not (their job runs again). A job without its record runs anyway."""
+    root = str(workdir)
+    targets = []
+    for record, files in files_of_records.items():
+        targets.append(record)
+        if os.path.exists(os.path.join(root, record)):
+            targets += [path for path in files if not os.path.exists(os.path.join(root, path))]
+    return targets

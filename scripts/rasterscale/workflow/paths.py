@@ -10,6 +10,7 @@ a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from rasterscale.grid.project import is_seam
 
@@ -67,10 +68,14 @@ def quicklook_file(scene: str) -> str:
     return scene_file(scene, "quicklook.png")
 
 
-def batch_merge_record(batch: int | str) -> str:
-    """The record a batch's merge writes last, listing the files it wrote: what the jobs that read them depend on
-    (one file a batch rather than every scene's)."""
-    return f"{batches_dir()}/merged-{batch}.json"
+BatchStep = Literal["tiled", "merged", "scored"]
+
+
+def batch_record(step: BatchStep, batch: int | str) -> str:
+    """The record a batch's job of ``step`` writes last, listing the files it wrote (its tile manifests and seams'
+    mosaics, its merged layers, its scores and report pages): what the jobs and targets that read them depend on,
+    one file a batch rather than every scene's (:mod:`rasterscale.workflow.batches`)."""
+    return f"{batches_dir()}/{step}-{batch}.json"
 
 
 def batch_file(batch: int | str) -> str:

@@ -21,7 +21,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,10 @@ from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
-from rasterscale.workflow.batches import form_batches, read_recorded
+from rasterscale.workflow.batches import form_batches, read_recorded, recorded_targets
 from rasterscale.workflow.checks import unwritable_folder
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
+from rasterscale.workflow.paths import BatchStep
 
 SECTIONS = ("train", "predict")
 FORMAT = 3  # of a stored plan: a plan stored in another format is rebuilt
@@ -236,20 +237,28 @@ class Plan:
 
     def batch_outputs(self, batch: int) -> list[str]:
         """A batch's merge job's scene outputs: its scenes' and seams' merged files (its record, the rule's other
-        output, is paths.batch_merge_record)."""
+        output, is ``paths.batch_record("merged", batch)``)."""
         return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
 
-    def merged_records(self, names: list[str]) -> list[str]:
-        """The merge records of the batches holding any of these scenes or seams: what a job that reads their
-        merged files depends on (one file a batch: a DAG of 10,000 scenes would otherwise look up the producer
-        of every scene's files). Rule all still names every scene's outputs: Snakemake remakes a missing output
-        only when something asks for that very file."""
+    def batch_files(self, step: BatchStep, batch: int) -> list[str]:
+        """What a batch's job of ``step`` writes besides its record ("tiled": manifests and seams' mosaics;
+        "merged": merged layers; the scoring job's are :func:`rasterscale.workflow.reportfiles.scored_files`)."""
+        if step == "tiled":
+            inputs = self.batch_inputs(batch)
+            return [*inputs["manifests"], *inputs["mosaics"]]
+        if step == "merged":
+            return self.batch_outputs(batch)
+        raise ValueError(f"the plan does not list the files of step {step!r}")
+
+    def batches_of(self, names: Iterable[str]) -> list[int]:
+        """The batches holding any of these scenes or seams."""
         wanted = set(names)
-        return [
-            paths.batch_merge_record(batch.batch)
-            for batch in self.batches
-            if any(scene.name in wanted for scene in batch.scenes)
-        ]
+        return [batch.batch for batch in self.batches if any(scene.name in wanted for scene in batch.scenes)]
+
+    def batch_records(self, step: BatchStep, names: Iterable[str]) -> list[str]:
+        """The records of ``step`` of the batches holding any of these scenes or seams: what a job that reads
+        their files depends on (:mod:`rasterscale.workflow.batches`)."""
+        return [paths.batch_record(step, batch) for batch in self.batches_of(names)]
 
     # -- the project ------------------------------------------------------------------------------------------
 
@@ -263,7 +272,7 @@ class Plan:
     def project_inputs(self) -> list[str]:
         """What the project's merge depends on: the merge records of the batches holding its sources (it reads
         each source's layers, which those merges write; its job file names them)."""
-        return self.merged_records(self.project_sources())
+        return self.batch_records("merged", self.project_sources())
 
     def project_sources(self) -> list[str]:
         """The scenes and seams whose layers make the project's, by name (the config's order changes nothing)."""
@@ -356,18 +365,18 @@ class Plan:
         )
 
     def final_targets(self) -> list[str]:
-        """Everything the config asks for: the trained model, each predicted scene's outputs (each named: Snakemake
-        remakes a job's missing output only when some job or target asks for that file), the project's layers,
-        evaluations."""
+        """Everything the config asks for besides the report: the trained model, the predicted scenes' manifests
+        and merged layers (by their batches' records: :func:`rasterscale.workflow.batches.recorded_targets`), the
+        project's layers. The scoring jobs' evaluations come with the report's targets
+        (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
         targets: list[str] = []
         if self.train_scenes and not self.config["model"]["file"]:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
-        for name in self.predict_scenes:
-            targets += list(self.scene_outputs(name).values())
+        numbers = self.batches_of(self.predict_scenes)
+        for step in ("tiled", "merged"):
+            targets += recorded_targets({paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
         if self.has_project():
             targets += list(self.project_outputs().values())
-        for name in self.evaluated_scenes():
-            targets += [paths.evaluation_file(name), paths.quicklook_file(name)]
         return targets
 
     # -- storage ----------------------------------------------------------------------------------------------

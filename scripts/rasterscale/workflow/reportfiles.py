@@ -15,6 +15,7 @@ from typing import Any
 
 from rasterscale.scene import Scene
 from rasterscale.workflow import paths
+from rasterscale.workflow.batches import recorded_targets
 from rasterscale.workflow.plan import SECTIONS, Plan
 
 # The report's categories, numbered: Snakemake's report lists categories in the order of their names.
@@ -34,12 +35,6 @@ def scene_files(name: str) -> dict[str, str]:
     return {key: paths.report_scene_file(name, file) for key, file in SCENE_FILES.items()}
 
 
-def unevaluated_scenes(plan: Plan) -> list[str]:
-    """The predicted scenes without annotations: their quicklook is drawn without ground truth."""
-    evaluated = set(plan.evaluated_scenes())
-    return [name for name in plan.predict_scenes if name not in evaluated]
-
-
 def mapped_scenes(plan: Plan) -> list[str]:
     """The scenes the run reads (trained on or predicted), in the config's order: the project map's."""
     used = {*plan.train_scenes, *plan.predict_scenes}
@@ -47,12 +42,13 @@ def mapped_scenes(plan: Plan) -> list[str]:
 
 
 def report_targets(plan: Plan) -> list[str]:
-    """Everything the report shows that the rest of the run does not write: the run's page, each predicted scene's
-    renderings and, for a scene without annotations, its quicklook; the project map."""
+    """Everything the report shows that the rest of the run does not write: the run's page, the scoring jobs'
+    files (each predicted scene's evaluation, quicklook and renderings: by their batches' records,
+    :func:`rasterscale.workflow.batches.recorded_targets`), the project map."""
     targets = [paths.report_file(RUN_PAGE)]
-    for name in plan.predict_scenes:
-        targets += list(scene_files(name).values())
-    targets += [paths.quicklook_file(name) for name in unevaluated_scenes(plan)]
+    targets += recorded_targets(
+        {paths.batch_record("scored", b): [f.path for f in scored_files(plan, b)] for b in scored_batches(plan)}
+    )
     if mapped_scenes(plan):
         targets.append(paths.report_file(PROJECT_MAP))
     return targets
@@ -101,9 +97,11 @@ def run_facts(plan: Plan) -> RunFacts:
 
 
 def run_inputs(plan: Plan) -> dict[str, Any]:
-    """Rule report_run's input: the model file (when there is one), every predicted scene's profile."""
+    """Rule report_run's input: the model file (when there is one), the merge records of the batches whose
+    scenes' profiles it reads."""
     model = model_file(plan)
-    return {**({"model": model} if model else {}), "profiles": list(run_facts(plan).profiles.values())}
+    profiles = plan.batch_records("merged", run_facts(plan).profiles)  # the merges write the profiles
+    return {**({"model": model} if model else {}), "profiles": profiles}
 
 
 # -- a scene's renderings ---------------------------------------------------------------------------------------
@@ -134,12 +132,48 @@ def scored_scenes(plan: Plan, batch: int) -> list[str]:
     return [scene.name for scene in plan.prediction_batch(batch).scenes if scene.name in predicted]
 
 
+def scored_batches(plan: Plan) -> list[int]:
+    """The batches with scenes to score and render."""
+    return plan.batches_of(plan.predict_scenes)
+
+
+@dataclass(frozen=True)
+class ScoredFile:
+    """A file a batch's scoring job writes for a scene: shown in the report under the scene's name with
+    ``caption`` (report/{caption}.rst) as ``item``, or not shown (``caption`` empty)."""
+
+    path: str
+    scene: str
+    caption: str = ""
+    item: str = ""
+
+
+def scored_files(plan: Plan, batch: int) -> list[ScoredFile]:
+    """A batch's scoring job's files besides its record: per scene its evaluation (with annotations), its
+    quicklook and its renderings (scores and profile pages, the profile's plot, the counts)."""
+    files = []
+    for name in scored_scenes(plan, batch):
+        pages = scene_files(name)
+        if plan.is_evaluated(name):
+            files.append(ScoredFile(paths.evaluation_file(name), name))
+            files.append(ScoredFile(paths.quicklook_file(name), name, "quicklook", "quicklook"))
+        else:
+            files.append(ScoredFile(paths.quicklook_file(name), name, "quicklook_unscored", "quicklook"))
+        files += [
+            ScoredFile(pages["scores"], name, "scores", "scores"),
+            ScoredFile(pages["profile"], name, "profile", "prediction profile"),
+            ScoredFile(pages["plot"], name, "profile_plot", "prediction profile (plot)"),
+            ScoredFile(pages["counts"], name),
+        ]
+    return files
+
+
 def score_inputs(plan: Plan, batch: int) -> list[str]:
     """A batch's scoring job's inputs: its merge record (the scenes' merged outputs; their rasters come before
     them) and its scenes' annotations."""
     names = scored_scenes(plan, batch)
     annotations = [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
-    return [paths.batch_merge_record(batch), *annotations]
+    return [paths.batch_record("merged", batch), *annotations]
 
 
 # -- the project map --------------------------------------------------------------------------------------------
@@ -166,7 +200,9 @@ def project_scenes(plan: Plan) -> ProjectScenes:
 
 
 def project_inputs(plan: Plan) -> dict[str, list[str]]:
-    """Rule report_project_map's input: the scenes' rasters and the predicted scenes' counts."""
+    """Rule report_project_map's input: the scenes' rasters and the records of the scoring jobs that write the
+    predicted scenes' counts."""
     scenes = project_scenes(plan).scenes
     rasters = plan.raster_inputs(*(s["name"] for s in scenes))  # the local ones: no URL is a file to wait for
-    return {"rasters": rasters, "counts": [s["counts"] for s in scenes if s["counts"]]}
+    scored = [s["name"] for s in scenes if s["counts"]]
+    return {"rasters": rasters, "counts": plan.batch_records("scored", scored)}  # the scoring jobs write the counts
