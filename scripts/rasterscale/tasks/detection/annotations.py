@@ -7,7 +7,8 @@ job reading it with :class:`RasterReadError` (``imagery.decoding``), one line na
 tile: a rank's in the rule's log with its traceback in the rank's own (``runtime``), a one-process job's (COG
 conversion, tile manifest, merge, evaluation) alone (:func:`run_entry`).
 
-Annotations come as any OGR vector file (boxes in a CRS), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
+Annotations come as any OGR vector file (polygons in a CRS: boxes, or outlines whose bounds are the boxes;
+an empty geometry, a point or a line fails), a DeepForest CSV (``image_path,xmin,ymin,xmax,ymax,
 label`` in the raster's pixels) or Pascal VOC XML (``<filename>``, ``<object><name>`` and ``<bndbox>``, pixels).
 A CSV or XML names its image: only the rows of the scene's raster (its file name, or ``scenes.X.image_path``)
 are used, the others are counted in the log.
@@ -22,11 +23,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-import geopandas as gpd
 import numpy as np
 
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import geometries_to_pixel_boxes
+from rasterscale.raster.geometry_checks import check_polygonal, read_features
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.tasks.labels import label_indexes
 
@@ -84,14 +85,12 @@ def read_annotations(
 def read_vector_boxes(
     path: str, raster: RasterInfo, labels: list[str], label_column: str | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes (pixels of the raster) and label indexes of an OGR vector file or GeoParquet."""
-    try:
-        frame = gpd.read_parquet(path) if path.endswith(".parquet") else gpd.read_file(path)
-    except Exception as err:  # pyogrio and pyarrow raise many types
-        raise InputError(f"{path}: not a readable vector file ({err})") from err
-    frame = frame[~(frame.geometry.isna() | frame.geometry.is_empty)]
+    """Boxes (pixels of the raster) and label indexes of an OGR vector file or GeoParquet: each feature a polygon
+    (its bounds are the box); an empty geometry, a point (a tree top) or a line fails with one line naming it."""
+    frame, names = read_features(path)
     if len(frame) == 0:
         raise InputError(f"{path}: annotation file holds no boxes")
+    check_polygonal(path, frame.geometry.to_numpy(), names, "detection boxes need polygons (a box or an outline)")
     if frame.crs is None:
         raise InputError(f"{path}: annotations have no CRS")
     if frame.crs != raster.crs:
@@ -102,7 +101,12 @@ def read_vector_boxes(
         label_ids = label_indexes(path, frame[label_column].astype(str).to_numpy(), labels)
     else:
         label_ids = np.zeros(len(frame), dtype=np.int64)
-    return geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform), label_ids
+    boxes = geometries_to_pixel_boxes(frame.geometry.to_numpy(), raster.transform)
+    flat = (boxes[:, 2] <= boxes[:, 0]) | (boxes[:, 3] <= boxes[:, 1])
+    if flat.any():
+        first = int(np.flatnonzero(flat)[0])
+        raise InputError(f"{path}: {names[first]} is a polygon of no width or height; detection boxes need an area")
+    return boxes, label_ids
 
 
 @dataclass(frozen=True)

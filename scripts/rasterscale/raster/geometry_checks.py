@@ -1,0 +1,136 @@
+"""Checks of ground-truth geometries, each failing with one line that names the file and the feature (an OGR
+feature id, a GeoParquet row, a COCO annotation id): what the tasks that read vector ground truth share.
+
+- :func:`read_features`: an OGR vector file or GeoParquet, with its features' names;
+- :func:`check_polygonal`: every geometry is there and is a polygon (detection's boxes and instances' crowns are
+  areas; a point or a line is a tree top or a transect, not an object's extent);
+- :func:`mend_polygons`: invalid polygons (a ring crossing itself) mended with ``shapely.make_valid`` where the
+  result is one polygon, else an error;
+- :func:`single_polygons`: one polygon each (a multipolygon of several parts is several objects);
+- :func:`clip_to_frame`: polygons clipped to a raster's pixel frame, the ones wholly outside it told apart.
+
+Torch-free: it runs at plan time (``snakemake -n``) and in the evaluation job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import geopandas as gpd
+import numpy as np
+import shapely
+
+from rasterscale.errors import InputError
+
+POLYGON, MULTIPOLYGON = shapely.GeometryType.POLYGON, shapely.GeometryType.MULTIPOLYGON
+MENDED_SHARE = 0.99  # a mended polygon's largest part must hold this share of its area (slivers go)
+
+
+def type_name(geometry: shapely.Geometry) -> str:
+    """A geometry's type as OGR and shapely name it (``Point``, ``MultiLineString``, ...)."""
+    return str(geometry.geom_type)
+
+
+def check_polygonal(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
+    """The first missing or empty geometry, or one that is no (multi)polygon, fails with one line naming its
+    feature (``names[i]``, e.g. ``feature 7``) and saying what the task ``needs`` (e.g. ``boxes need polygons``)."""
+    geometries = np.asarray(geometries, dtype=object)
+    empty = shapely.is_missing(geometries) | shapely.is_empty(geometries)
+    if empty.any():
+        first = int(np.flatnonzero(empty)[0])
+        raise InputError(
+            f"{path}: {names[first]} has an empty geometry ({int(empty.sum())} such); {needs} (draw it, or delete "
+            "the feature)"
+        )
+    kinds = shapely.get_type_id(geometries)
+    other = (kinds != POLYGON) & (kinds != MULTIPOLYGON)
+    if other.any():
+        first = int(np.flatnonzero(other)[0])
+        raise InputError(
+            f"{path}: {names[first]} is a {type_name(geometries[first])} ({int(other.sum())} of {len(geometries)} "
+            f"features are no polygons); {needs}"
+        )
+
+
+def polygonal_part(geometry: shapely.Geometry) -> shapely.Geometry:
+    """The polygons of a geometry (of a collection: its polygonal members, joined), empty when it has none."""
+    kind = shapely.get_type_id(geometry)
+    if kind in (POLYGON, MULTIPOLYGON):
+        return geometry
+    parts = [part for part in shapely.get_parts(geometry) if shapely.get_type_id(part) in (POLYGON, MULTIPOLYGON)]
+    return shapely.union_all(parts) if parts else shapely.Polygon()
+
+
+def mend_polygon(geometry: shapely.Geometry) -> shapely.Polygon | None:
+    """An invalid (multi)polygon mended into one polygon, or None when it cannot be: ``shapely.make_valid`` keeps
+    its area; the result is accepted when its largest polygon holds :data:`MENDED_SHARE` of that area (the slivers
+    of a ring overshooting its start go; the two triangles of a bow-tie are two objects, not one)."""
+    mended = polygonal_part(shapely.make_valid(geometry))
+    parts = [part for part in shapely.get_parts(mended) if not part.is_empty]
+    if not parts:
+        return None
+    areas = np.array([part.area for part in parts])
+    largest = int(np.argmax(areas))
+    if areas.sum() <= 0 or areas[largest] < MENDED_SHARE * areas.sum():
+        return None
+    polygon = parts[largest]
+    return polygon if isinstance(polygon, shapely.Polygon) else None
+
+
+def mend_polygons(path: str, geometries: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """The (multi)polygons with every invalid one mended (:func:`mend_polygon`); the first that will not mend
+    fails with one line naming its feature and why it is invalid."""
+    geometries = np.array(geometries, dtype=object)
+    for index in np.flatnonzero(~shapely.is_valid(geometries)).tolist():
+        mended = mend_polygon(geometries[index])
+        if mended is None:
+            reason = shapely.is_valid_reason(geometries[index])
+            raise InputError(
+                f"{path}: {names[index]} is an invalid polygon ({reason}) that does not mend into one polygon "
+                "(a bow-tie is two objects): redraw it, or split it into its parts"
+            )
+        geometries[index] = mended
+    return geometries
+
+
+def single_polygons(path: str, geometries: np.ndarray, names: Sequence[str], what: str) -> np.ndarray:
+    """Each (multi)polygon as one Polygon: a multipolygon of one part is that part; one of several parts fails
+    with one line naming its feature (it is several ``what``, or one to draw as one polygon)."""
+    geometries = np.array(geometries, dtype=object)
+    counts = shapely.get_num_geometries(geometries)
+    multi = shapely.get_type_id(geometries) == MULTIPOLYGON
+    several = multi & (counts > 1)
+    if several.any():
+        first = int(np.flatnonzero(several)[0])
+        raise InputError(
+            f"{path}: {names[first]} is a MultiPolygon of {int(counts[first])} parts ({int(several.sum())} such); "
+            f"a {what} is one polygon: explode them if they are several {what}s, or draw each as one polygon"
+        )
+    if multi.any():
+        geometries[multi] = shapely.get_geometry(geometries[multi], 0)
+    return geometries
+
+
+def clip_to_frame(geometries: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Polygons in pixel coordinates clipped to the frame ``0..width, 0..height`` (a polygon cut by the frame into
+    pieces becomes a MultiPolygon), and a mask of those with no area inside it."""
+    geometries = np.array(geometries, dtype=object)
+    bounds = shapely.bounds(geometries).reshape(-1, 4)
+    crossing = (bounds[:, 0] < 0) | (bounds[:, 1] < 0) | (bounds[:, 2] > width) | (bounds[:, 3] > height)
+    if crossing.any():
+        clipped = shapely.intersection(geometries[crossing], shapely.box(0, 0, width, height))
+        geometries[crossing] = [polygonal_part(geometry) for geometry in clipped]
+    return geometries, shapely.area(geometries) <= 0
+
+
+def read_features(path: str) -> tuple[gpd.GeoDataFrame, list[str]]:
+    """An OGR vector file or GeoParquet as a frame, and its features' names for messages: ``feature <fid>`` (the
+    id QGIS shows) or, for GeoParquet, ``row <n>`` (from 0). One line naming the file when it cannot be read."""
+    try:
+        if path.endswith(".parquet"):
+            frame = gpd.read_parquet(path)
+            return frame, [f"row {n}" for n in range(len(frame))]
+        frame = gpd.read_file(path, fid_as_index=True)
+    except Exception as err:  # pyogrio and pyarrow raise many types
+        raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from err
+    return frame, [f"feature {fid}" for fid in frame.index]
