@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import ConfigError, InputError
@@ -84,9 +84,13 @@ def other_tasks_model(path: Path, payload: Any, task: str) -> str | None:
     model: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     details = " on ".join(str(model[key]) for key in ("architecture", "backbone") if model.get(key))
     return (
-        f"a {payload['task']} model ({details or payload.get('format')}), but task is {task} "
-        f"(set task: {payload['task']}, or give a {task} model)"
+        f"{_a(payload['task'])} model ({details or payload.get('format')}), but task is {task} "
+        f"(set task: {payload['task']}, or give {_a(task)} model)"
     )
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def is_state_dict(value: Any) -> bool:
@@ -224,6 +228,82 @@ def pick(user: Any, from_file: Any, default: Any) -> Any:
 
 def config_error(problem: str) -> Exception:
     return ConfigError(f"config: {problem}")
+
+
+class DetectorHeader(Protocol):
+    """What a detector's model file says about itself, whatever the task (``None``: the file does not say)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def labels(self) -> tuple[str, ...] | None: ...
+    @property
+    def score_threshold(self) -> float | None: ...
+    @property
+    def nms_threshold(self) -> float | None: ...
+    @property
+    def detections_per_tile(self) -> int | None: ...
+    @property
+    def resize(self) -> Resize: ...
+    @property
+    def patch_size(self) -> int | None: ...
+    @property
+    def fpn_channels(self) -> int: ...
+
+
+def resolve_detector_keys(
+    config: Mapping[str, Any], header: DetectorHeader | None, new_head: bool, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The effective settings a torchvision detector of any task has (backbone, labels, patch_size, resize,
+    fpn_channels, score_threshold, nms_threshold, detections_per_tile): each ``model.*`` key the user set, else
+    what the model file says, else ``defaults``. ``new_head``: the file is a starting point (``train.init``), so
+    other labels replace its class head; otherwise (prediction) the labels must number the file's classes. A key
+    that contradicts the file's architecture or classes: one-line :class:`ConfigError`."""
+    model = config.get("model", {})
+    if header and model.get("backbone") not in (None, header.backbone):
+        raise config_error(
+            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
+            "leave model.backbone out to use the file's"
+        )
+    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
+        raise config_error(
+            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
+            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
+        )
+    labels = tuple(model["labels"]) if model.get("labels") else None
+    if labels is None:
+        labels = header.labels if header and header.labels else None
+    if labels is None:
+        labels = tuple(defaults["labels"])
+        if header and header.num_classes != len(labels):
+            raise config_error(
+                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
+            )
+    if header and not new_head and len(labels) != header.num_classes:
+        raise config_error(
+            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
+            f"{': ' + ', '.join(header.labels) if header.labels else ''}"
+        )
+    if header and not new_head and header.labels and not same_classes(labels, header.labels):
+        raise config_error(
+            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
+            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
+        )
+    resize = configured_resize(model.get("resize"))
+    if resize is None:
+        resize = header.resize if header else None
+    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or defaults["patch_size"]
+    keys = ("backbone", "fpn_channels", "score_threshold", "nms_threshold", "detections_per_tile")
+    return {
+        **{key: pick(model.get(key), header and getattr(header, key), defaults[key]) for key in keys},
+        "labels": labels,
+        "patch_size": patch_size,
+        "resize": None if resize == "native" else resize,
+    }
 
 
 @dataclass(frozen=True)

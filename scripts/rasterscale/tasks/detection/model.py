@@ -30,9 +30,8 @@ from rasterscale.tasks.detection.modelfiles import (
     ModelHeader,
     read_model_file,
     resolve_detector,
-    same_classes,
 )
-from rasterscale.tasks.modelfiles import save_payload
+from rasterscale.tasks.modelfiles import same_classes, save_payload
 from rasterscale.tasks.resnet_fpn import PatchTransform, load_weights, resnet_fpn
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]

@@ -32,16 +32,14 @@ from rasterscale.tasks.modelfiles import (
     NotATorchFile,
     Resize,
     config_error,
-    configured_resize,
     folder_resize,
     is_state_dict,
     labels_from_dict,
     model_file,
     other_tasks_model,
-    pick,
     read_hub_folder,
     resnet_of_weights,
-    same_classes,
+    resolve_detector_keys,
     shapes_of,
     write_hub_folder,
 )
@@ -282,56 +280,17 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
 def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
     """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
     default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
-    otherwise (prediction) the labels must number the file's classes.
+    otherwise (prediction) the labels must number the file's classes
+    (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`).
     """
-    model = config.get("model", {})
-    if header and model.get("backbone") not in (None, header.backbone):
-        raise config_error(
-            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
-            "leave model.backbone out to use the file's"
-        )
-    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
-        raise config_error(
-            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
-            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
-        )
-    labels = tuple(model["labels"]) if model.get("labels") else None
-    if labels is None:
-        labels = header.labels if header and header.labels else None
-    if labels is None:
-        labels = DEFAULT_LABELS
-        if header and header.num_classes != len(labels):
-            raise config_error(
-                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
-            )
-    if header and not new_head and len(labels) != header.num_classes:
-        raise config_error(
-            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
-            f"{': ' + ', '.join(header.labels) if header.labels else ''}"
-        )
-    if header and not new_head and header.labels and not same_classes(labels, header.labels):
-        raise config_error(
-            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
-            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
-        )
-    resize = configured_resize(model.get("resize"))
-    if resize is None:
-        resize = header.resize if header else None
-    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or DEFAULT_PATCH_SIZE
-    return DetectorConfig(
-        backbone=pick(model.get("backbone"), header and header.backbone, DEFAULT_BACKBONE),
-        labels=labels,
-        patch_size=patch_size,
-        score_threshold=pick(
-            model.get("score_threshold"), header and header.score_threshold, DEFAULTS["score_threshold"]
-        ),
-        nms_threshold=pick(model.get("nms_threshold"), header and header.nms_threshold, DEFAULTS["nms_threshold"]),
-        detections_per_tile=pick(
-            model.get("detections_per_tile"), header and header.detections_per_tile, DEFAULTS["detections_per_tile"]
-        ),
-        resize=None if resize == "native" else resize,
-        fpn_channels=pick(model.get("fpn_channels"), header and header.fpn_channels, DEFAULT_FPN_CHANNELS),
-    )
+    defaults = {
+        **DEFAULTS,
+        "backbone": DEFAULT_BACKBONE,
+        "labels": DEFAULT_LABELS,
+        "patch_size": DEFAULT_PATCH_SIZE,
+        "fpn_channels": DEFAULT_FPN_CHANNELS,
+    }
+    return DetectorConfig(**resolve_detector_keys(config, header, new_head, defaults))
 
 
 def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
