@@ -36,6 +36,7 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
     write_deepforest_maskrcnn_folder,
 )
+from rasterscale.tasks.resnet_fpn import load_backbone_weights
 
 TILE = 128  # px: DeepForest's resnet50 compared at this size, min_size = max_size = the tile (no resampling)
 LOSSES = {"loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg"}
@@ -129,6 +130,7 @@ def test_both_backbones_build_and_a_training_step_gives_the_five_losses(backbone
     targets = [{"boxes": torch.tensor([[10.0, 8, 28, 30], [30, 36, 50, 60]]), "labels": torch.tensor([0, 1])}]
     targets[0]["masks"] = masks
     model.train()
+    model.roi_heads.fg_bg_sampler.batch_size_per_image = 64  # a tiny step: 64 sampled regions, not 512
     losses = model([torch.rand(3, 64, 64)], targets)
     assert set(losses) == LOSSES and all(torch.isfinite(v) for v in losses.values())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
@@ -139,8 +141,8 @@ def test_both_backbones_build_and_a_training_step_gives_the_five_losses(backbone
 
 
 def test_predicted_instances_are_numpy_arrays_in_tile_pixels(light_file):
-    model, cfg, meta = load_instance_model(light_file, {"model": {"score_threshold": 0.0}})
-    assert meta == {"steps": 3} and cfg.score_threshold == 0.0
+    model, cfg, meta = load_instance_model(light_file, {"model": {"score_threshold": 0.0, "detections_per_tile": 10}})
+    assert meta == {"steps": 3} and (cfg.score_threshold, cfg.detections_per_tile) == (0.0, 10)
     with pytest.raises(ValueError, match="eval mode"):
         predict_instances(model.train(), [torch.rand(3, 64, 64)])
     images = [torch.rand(3, 64, 64), torch.rand(3, 64, 64)]
@@ -271,6 +273,19 @@ def test_init_with_other_labels_keeps_all_but_the_class_layers(light_file):
     assert model.roi_heads.box_predictor.cls_score.out_features == 4
 
 
+def test_backbone_weights_start_the_resnet_only(tmp_path):
+    """model.backbone_weights: a torchvision ImageNet ResNet state dict (here random) starts the backbone."""
+    from torchvision.models import resnet18
+
+    torch.manual_seed(3)
+    weights = resnet18(weights=None).state_dict()
+    torch.save(weights, tmp_path / "resnet18.pth")
+    model = build_instance_model(LIGHT)
+    assert "backbone from the ImageNet weights" in load_backbone_weights(model, tmp_path / "resnet18.pth")
+    body = model.backbone.body.state_dict()
+    assert all(torch.equal(body[k], v) for k, v in weights.items() if not k.startswith("fc."))
+
+
 # --- what is not an instance model ---------------------------------------------------------------------------
 
 
@@ -291,7 +306,7 @@ def test_what_is_not_an_instance_model_fails_in_one_line_naming_it(tmp_path, lig
     (tmp_path / "half/model.safetensors").unlink()
     write_deepforest_maskrcnn_folder(light.state_dict(), LIGHT, tmp_path / "classes")
     (tmp_path / "classes/config.json").write_text(json.dumps({"num_classes": 3}))
-    torch.save(light.state_dict(), tmp_path / "bare.pt")
+    torch.save(light.state_dict(), tmp_path / "bare.pt", _use_new_zipfile_serialization=False)  # read with torch
     (tmp_path / "notes.txt").write_text("not a model")
     cases = {
         "d.pt": r"d.pt: a detection model \(resnet18\), but task is instances \(set task: detection, or give an ",

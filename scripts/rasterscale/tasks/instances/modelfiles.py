@@ -185,7 +185,11 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
     if masks is None:
         raise _fail(path, f"a Faster R-CNN's weights (no mask head), not a Mask R-CNN's: {TASK} needs masks")
     if masks[0] != scores[0] or scores[0] < 2:
-        raise _fail(path, f"box predictor has {scores[0]} classes and mask predictor {masks[0]}")
+        raise _fail(
+            path,
+            f"box predictor has {scores[0]} classes and mask predictor {masks[0]}: not the same, at least the "
+            "background and one class",
+        )
     backbone, fpn_channels = resnet_of_weights(path, shapes), shapes[PYRAMID][0]
     box_head = shapes.get("roi_heads.box_head.fc6.weight")
     if box_head is not None and box_head[0] != BOX_HEAD_WIDTH * fpn_channels:
