@@ -21,13 +21,7 @@ from deepforest_files import (
 from prediction import PredictScene, predict_rank_file
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError
-from rasterscale.tasks.detection.model import (
-    build_detector,
-    init_from_model_file,
-    load_backbone_weights,
-    load_detector,
-    save_detector,
-)
+from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import (
     DEEPFOREST_RESIZE,
     DetectorConfig,
@@ -35,6 +29,7 @@ from rasterscale.tasks.detection.modelfiles import (
     resolve_detector,
     write_deepforest_folder,
 )
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, load_weights
 
 
 @pytest.fixture(scope="module")
@@ -298,8 +293,6 @@ def test_written_folder_reads_back_and_predicts_the_same(tmp_path, tile, resize)
 
 
 def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path, tile):
-    from rasterscale.tasks.detection.model import freeze_pretrained_backbone, load_weights
-
     cfg = DetectorConfig(backbone="resnet18", patch_size=256)
     model = build_detector(cfg).train()
     model.backbone(tile[None])  # batch statistics: the norms now hold trained running statistics
@@ -318,8 +311,6 @@ def test_a_pretrained_backbone_is_fine_tuned_with_frozen_norms_and_stem(tmp_path
 
 def test_an_untrained_backbone_is_not_frozen():
     """A model file that was never trained (batch norms at mean 0, variance 1) starts training whole."""
-    from rasterscale.tasks.detection.model import freeze_pretrained_backbone
-
     model = build_detector(DetectorConfig(backbone="resnet18", patch_size=256))
     assert "no trained statistics" in freeze_pretrained_backbone(model)
     assert all(p.requires_grad for p in model.backbone.body.parameters())

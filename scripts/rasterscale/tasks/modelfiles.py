@@ -1,16 +1,29 @@
 """Model files of any task: which file a config starts from, reading a torch-saved payload (torch imported only
-when there is a file to read: the one lazy import of torch of the workflow's plan), and writing a payload
-atomically. Each task's ``modelfiles`` says what its payload holds."""
+when there is a file to read: the one lazy import of torch of the workflow's plan) or only its header (no torch),
+and writing a payload atomically. Each task's ``modelfiles`` says what its payload holds.
+
+The tasks whose models are torchvision's detectors on a ResNet-FPN backbone (detection's RetinaNet, instances'
+Mask R-CNN) also share here what their files have in common: DeepForest's model folder (``config.json`` +
+``model.safetensors``, read without torch and written atomically), the ResNet depth of a backbone's weights, the
+labels of a ``label_dict`` and the input scale (``model.resize``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import re
+import shutil
+import tempfile
+import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from rasterscale.atomic import atomic_path
-from rasterscale.errors import InputError
+from rasterscale.errors import ConfigError, InputError
 
 
 class NotATorchFile(InputError):
@@ -71,9 +84,13 @@ def other_tasks_model(path: Path, payload: Any, task: str) -> str | None:
     model: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     details = " on ".join(str(model[key]) for key in ("architecture", "backbone") if model.get(key))
     return (
-        f"a {payload['task']} model ({details or payload.get('format')}), but task is {task} "
-        f"(set task: {payload['task']}, or give a {task} model)"
+        f"{_a(payload['task'])} model ({details or payload.get('format')}), but task is {task} "
+        f"(set task: {payload['task']}, or give {_a(task)} model)"
     )
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def is_state_dict(value: Any) -> bool:
@@ -100,3 +117,269 @@ def save_payload(path: str | Path, file_format: str, model: Mapping[str, Any], m
     }
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
+
+
+# --- a torch-saved payload's header, without torch ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """A tensor of a torch-saved file, as its header describes it (the data is not read)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch's storage type: FloatStorage, LongStorage, ...
+
+
+class _HeaderUnpickler(pickle.Unpickler):
+    """torch's zip format's ``data.pkl`` with each tensor rebuilt as a :class:`TensorHeader`: nothing but plain
+    containers and torch's tensor rebuilders is looked up, and no storage is read."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+            return _tensor_header
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return lambda data, *_: data
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain payload")
+
+    def persistent_load(self, pid: Any) -> Any:
+        return pid  # ("storage", storage type, key, location, numel): the storage is never read
+
+
+def _tensor_header(storage: Any, offset: int, size: Any, *_: Any) -> TensorHeader:
+    dtype = storage[1] if isinstance(storage, tuple) and len(storage) > 1 else "?"
+    return TensorHeader(tuple(int(n) for n in size), str(dtype))
+
+
+def payload_header(path: Path) -> Any:
+    """A torch-saved file's payload with its tensors as :class:`TensorHeader` (shape and storage type), read without
+    torch from the zip format's pickle; None where that cannot be (torch's legacy format, objects other than plain
+    containers and tensors: :func:`torch_payload` says what the file is)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1]
+            if len(names) != 1:
+                return None
+            with archive.open(names[0]) as pickled:
+                return _HeaderUnpickler(pickled).load()
+    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError, OSError, IndexError):
+        return None
+
+
+def shapes_of(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor of a state dict (tensors, or :class:`TensorHeader`)."""
+    return {k: tuple(v.shape) for k, v in state_dict.items()}
+
+
+# --- what torchvision detectors' files share ------------------------------------------------------------------
+
+DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
+FOLDER_FILES = ("config.json", "model.safetensors")
+SAFETENSORS_KEY = "rasterscale"  # safetensors metadata entry holding what DeepForest's config.json cannot
+
+Resize = tuple[int, int] | None  # (min_size, max_size) of torchvision's transform; None: native scale
+
+# ResNet depth from the block type and the number of blocks in layer3
+RESNETS = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6): "resnet50"}
+RESNETS[("bottleneck", 23)] = "resnet101"
+
+
+def resnet_of_weights(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """The ResNet (resnet18/34/50/101) of a detector's backbone weights (``backbone.body.*`` keys), from its block
+    type and the number of blocks in layer3; one-line InputError naming the file otherwise."""
+    blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"backbone\.body\.layer3\.(\d+)\.", k))}
+    kind = "bottleneck" if "backbone.body.layer1.0.conv3.weight" in shapes else "basic"
+    backbone = RESNETS.get((kind, len(blocks)))
+    if backbone is None:
+        raise InputError(f"{path}: backbone with {len(blocks)} {kind} blocks in layer3 is not resnet18/34/50/101")
+    return backbone
+
+
+def labels_from_dict(path: str | Path, label_dict: Mapping[str, int], num_classes: int) -> tuple[str, ...]:
+    """Class names in index order from DeepForest's ``label_dict`` (name -> 0-based index)."""
+    by_index = {int(index): str(name) for name, index in label_dict.items()}
+    if sorted(by_index) != list(range(num_classes)):
+        problem = f"label_dict {dict(label_dict)} does not number the weights' {num_classes} classes 0.."
+        raise InputError(f"{path}: {problem}")
+    return tuple(by_index[k] for k in range(num_classes))
+
+
+def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same classes in the same order, whatever the case (DeepForest's "Tree" is rasterscale's "tree")."""
+    return [x.casefold() for x in a] == [x.casefold() for x in b]
+
+
+def configured_resize(value: Any) -> Resize | Literal["native"]:
+    """``model.resize`` as set: ``"native"``, ``{min_size, max_size}`` or ``None`` (the model file's)."""
+    if value is None or value == "native":
+        return value
+    return int(value["min_size"]), int(value["max_size"])
+
+
+def pick(user: Any, from_file: Any, default: Any) -> Any:
+    """A ``model.*`` key as set, else what the model file says, else the default."""
+    if user is not None:
+        return user
+    return from_file if from_file is not None else default
+
+
+def config_error(problem: str) -> Exception:
+    return ConfigError(f"config: {problem}")
+
+
+class DetectorHeader(Protocol):
+    """What a detector's model file says about itself, whatever the task (``None``: the file does not say)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def labels(self) -> tuple[str, ...] | None: ...
+    @property
+    def score_threshold(self) -> float | None: ...
+    @property
+    def nms_threshold(self) -> float | None: ...
+    @property
+    def detections_per_tile(self) -> int | None: ...
+    @property
+    def resize(self) -> Resize: ...
+    @property
+    def patch_size(self) -> int | None: ...
+    @property
+    def fpn_channels(self) -> int: ...
+
+
+def resolve_detector_keys(
+    config: Mapping[str, Any], header: DetectorHeader | None, new_head: bool, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The effective settings a torchvision detector of any task has (backbone, labels, patch_size, resize,
+    fpn_channels, score_threshold, nms_threshold, detections_per_tile): each ``model.*`` key the user set, else
+    what the model file says, else ``defaults``. ``new_head``: the file is a starting point (``train.init``), so
+    other labels replace its class head; otherwise (prediction) the labels must number the file's classes. A key
+    that contradicts the file's architecture or classes: one-line :class:`ConfigError`."""
+    model = config.get("model", {})
+    if header and model.get("backbone") not in (None, header.backbone):
+        raise config_error(
+            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
+            "leave model.backbone out to use the file's"
+        )
+    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
+        raise config_error(
+            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
+            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
+        )
+    labels = tuple(model["labels"]) if model.get("labels") else None
+    if labels is None:
+        labels = header.labels if header and header.labels else None
+    if labels is None:
+        labels = tuple(defaults["labels"])
+        if header and header.num_classes != len(labels):
+            raise config_error(
+                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
+            )
+    if header and not new_head and len(labels) != header.num_classes:
+        raise config_error(
+            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
+            f"{': ' + ', '.join(header.labels) if header.labels else ''}"
+        )
+    if header and not new_head and header.labels and not same_classes(labels, header.labels):
+        raise config_error(
+            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
+            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
+        )
+    resize = configured_resize(model.get("resize"))
+    if resize is None:
+        resize = header.resize if header else None
+    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or defaults["patch_size"]
+    keys = ("backbone", "fpn_channels", "score_threshold", "nms_threshold", "detections_per_tile")
+    return {
+        **{key: pick(model.get(key), header and getattr(header, key), defaults[key]) for key in keys},
+        "labels": labels,
+        "patch_size": patch_size,
+        "resize": None if resize == "native" else resize,
+    }
+
+
+@dataclass(frozen=True)
+class HubFolder:
+    """A DeepForest model folder as ``save_pretrained`` writes it: its ``config.json``, the shape of each tensor of
+    its ``model.safetensors`` and what rasterscale wrote into the safetensors metadata (:data:`SAFETENSORS_KEY`)."""
+
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    ours: dict[str, Any]
+
+
+def read_hub_folder(path: Path) -> HubFolder:
+    """A model folder's config and tensor shapes, without torch (safetensors' header only); one-line InputError
+    naming the folder or file when a file is missing or unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    missing = [name for name in FOLDER_FILES if not (path / name).is_file()]
+    if missing:
+        raise InputError(
+            f"{path}: a DeepForest model folder needs {' and '.join(FOLDER_FILES)}; missing {', '.join(missing)}"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path / 'config.json'}: not a DeepForest model configuration (a JSON object)")
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="numpy") as handle:
+            shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
+            metadata = handle.metadata() or {}
+    except (OSError, ValueError, SafetensorError) as err:  # a file cut short: "incomplete metadata, ..."
+        problem = f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
+        raise InputError(f"{path / 'model.safetensors'}: {problem}") from None
+    return HubFolder(config, shapes, json.loads(metadata.get(SAFETENSORS_KEY, "{}")))
+
+
+def folder_resize(folder: HubFolder) -> Resize:
+    """A model folder's input scale: what rasterscale recorded, else ``min_size``/``max_size`` in its config, else
+    torchvision's default resize, which DeepForest's models were trained through."""
+    if "resize" in folder.ours:
+        return tuple(folder.ours["resize"]) if folder.ours["resize"] else None
+    config = folder.config
+    return config.get("min_size", DEEPFOREST_RESIZE[0]), config.get("max_size", DEEPFOREST_RESIZE[1])
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Move a finished folder into place; an existing one is moved aside first and removed after."""
+    aside = None
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, aside / target.name)
+    os.replace(tmp, target)
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+def write_hub_folder(
+    folder: str | Path, config: Mapping[str, Any], state_dict: Mapping[str, Any], ours: Mapping[str, Any]
+) -> Path:
+    """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically (a temporary folder beside it,
+    renamed). Keys are torchvision's without prefix, as DeepForest writes them; batch-norm step counters are left
+    out, like DeepForest's released weights (trained with frozen batch norms). ``ours``: what config.json cannot
+    hold for DeepForest, in the safetensors metadata (:data:`SAFETENSORS_KEY`)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", SAFETENSORS_KEY: json.dumps(ours)})
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

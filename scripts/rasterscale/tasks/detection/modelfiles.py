@@ -20,18 +20,29 @@ max_size=1333`` (a 400 px patch is upsampled to 800 px): that input scale is par
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
-from rasterscale.errors import ConfigError, InputError
-from rasterscale.tasks.modelfiles import NotATorchFile, is_state_dict, model_file, other_tasks_model
+from rasterscale.errors import InputError
+from rasterscale.tasks.modelfiles import (
+    DEEPFOREST_RESIZE,
+    FOLDER_FILES,
+    NotATorchFile,
+    Resize,
+    config_error,
+    folder_resize,
+    is_state_dict,
+    labels_from_dict,
+    model_file,
+    other_tasks_model,
+    read_hub_folder,
+    resnet_of_weights,
+    resolve_detector_keys,
+    shapes_of,
+    write_hub_folder,
+)
 from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
 
 
@@ -44,22 +55,13 @@ class DetectorDefaults(TypedDict):
 
 
 DETECTOR_FORMAT = "rasterscale-detector/1"
-DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
 DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_PATCH_SIZE = 400
 DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
 DEFAULTS: DetectorDefaults = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
-FOLDER_FILES = ("config.json", "model.safetensors")
-SAFETENSORS_KEY = "rasterscale"  # safetensors metadata entry holding what DeepForest's config.json cannot
 CLASS_LOGITS = "head.classification_head.cls_logits."
-
-# ResNet depth from the block type and the number of blocks in layer3
-BACKBONES = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6): "resnet50"}
-BACKBONES[("bottleneck", 23)] = "resnet101"
-
-Resize = tuple[int, int] | None  # (min_size, max_size) of torchvision's transform; None: native scale
 
 
 @dataclass(frozen=True)
@@ -148,59 +150,19 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
     logits = shapes.get(CLASS_LOGITS + "weight")
     if logits is None or "backbone.fpn.layer_blocks.0.0.weight" not in shapes:
         raise _fail(path, f"{NOT_A_MODEL}: its weights are not a torchvision RetinaNet with a ResNet-FPN backbone")
-    blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"backbone\.body\.layer3\.(\d+)\.", k))}
-    kind = "bottleneck" if "backbone.body.layer1.0.conv3.weight" in shapes else "basic"
-    backbone = BACKBONES.get((kind, len(blocks)))
-    if backbone is None:
-        raise _fail(path, f"backbone with {len(blocks)} {kind} blocks in layer3 is not resnet18/34/50/101")
+    backbone = resnet_of_weights(path, shapes)
     if logits[0] % NUM_ANCHORS:
         raise _fail(path, f"class head has {logits[0]} outputs, not a multiple of {NUM_ANCHORS} anchors")
     return backbone, logits[0] // NUM_ANCHORS, shapes["backbone.fpn.layer_blocks.0.0.weight"][0]
 
 
-def _labels_from_dict(path: str | Path, label_dict: Mapping[str, int], num_classes: int) -> tuple[str, ...]:
-    """Class names in index order from DeepForest's ``label_dict`` (name -> 0-based index)."""
-    by_index = {int(index): str(name) for name, index in label_dict.items()}
-    if sorted(by_index) != list(range(num_classes)):
-        raise _fail(path, f"label_dict {dict(label_dict)} does not number the weights' {num_classes} classes 0..")
-    return tuple(by_index[k] for k in range(num_classes))
-
-
 def _folder_header(path: Path) -> ModelHeader:
-    from safetensors import safe_open
-
-    missing = [name for name in FOLDER_FILES if not (path / name).is_file()]
-    if missing:
-        raise _fail(path, f"a DeepForest model folder needs {' and '.join(FOLDER_FILES)}; missing {', '.join(missing)}")
-    from safetensors import SafetensorError
-
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        raise _fail(path, f"unreadable DeepForest model folder ({str(err).splitlines()[0]})") from None
-    try:
-        with safe_open(str(path / "model.safetensors"), framework="numpy") as handle:
-            shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
-            metadata = handle.metadata() or {}
-    except (
-        OSError,
-        ValueError,
-        SafetensorError,
-    ) as err:  # a file cut short: "incomplete metadata, file not fully covered"
-        raise _fail(
-            path / "model.safetensors", f"unreadable weights ({str(err).splitlines()[0]}); copy or download them again"
-        ) from None
-    backbone, classes, fpn_channels = architecture(path, shapes)
+    folder = read_hub_folder(path)
+    config = folder.config
+    backbone, classes, fpn_channels = architecture(path, folder.shapes)
     if config.get("num_classes", classes) != classes:
         raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
-    labels = (
-        _labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
-    )
-    ours = json.loads(metadata.get(SAFETENSORS_KEY, "{}"))
-    if "resize" in ours:
-        resize = tuple(ours["resize"]) if ours["resize"] else None
-    else:
-        resize = (config.get("min_size", DEEPFOREST_RESIZE[0]), config.get("max_size", DEEPFOREST_RESIZE[1]))
+    labels = labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
     return ModelHeader(
         path=str(path),
         kind="DeepForest folder",
@@ -210,8 +172,8 @@ def _folder_header(path: Path) -> ModelHeader:
         score_threshold=config.get("score_thresh"),
         nms_threshold=config.get("nms_thresh"),
         detections_per_tile=config.get("detections_per_img"),
-        resize=resize,
-        patch_size=ours.get("patch_size"),
+        resize=folder_resize(folder),
+        patch_size=folder.ours.get("patch_size"),
         fpn_channels=fpn_channels,
     )
 
@@ -224,10 +186,6 @@ def torch_payload(path: Path) -> Any:
         raise _fail(path, NOT_A_MODEL) from None
 
 
-def _shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in state_dict.items()}
-
-
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
     other = other_tasks_model(path, payload, "detection")
@@ -236,7 +194,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     if isinstance(payload, Mapping) and payload.get("format") == DETECTOR_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
-        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        backbone, classes, fpn_channels = architecture(path, shapes_of(state))
         if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
             raise _fail(
                 path,
@@ -261,7 +219,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     if isinstance(payload, Mapping) and is_state_dict(payload.get("state_dict")):
         # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
         state = {k.removeprefix("model."): v for k, v in payload["state_dict"].items() if k.startswith("model.")}
-        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        backbone, classes, fpn_channels = architecture(path, shapes_of(state))
         config = (payload.get("hyper_parameters") or {}).get("config") or {}
         label_dict = payload.get("label_dict") or config.get("label_dict")
         header = ModelHeader(
@@ -269,7 +227,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             "DeepForest Lightning checkpoint",
             backbone,
             classes,
-            _labels_from_dict(path, label_dict, classes) if label_dict else None,
+            labels_from_dict(path, label_dict, classes) if label_dict else None,
             config.get("score_thresh"),
             config.get("nms_thresh"),
             config.get("detections_per_img"),
@@ -280,7 +238,7 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
         return header, state
     if is_state_dict(payload):
         state = _strip_prefix(payload)
-        backbone, classes, fpn_channels = architecture(path, _shapes(state))
+        backbone, classes, fpn_channels = architecture(path, shapes_of(state))
         header = ModelHeader(
             str(path), "DeepForest state dict", backbone, classes, resize=DEEPFOREST_RESIZE, fpn_channels=fpn_channels
         )
@@ -319,81 +277,20 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
 # --- resolving ------------------------------------------------------------------------------------------------
 
 
-def configured_resize(value: Any) -> Resize | Literal["native"]:
-    """``model.resize`` as set: ``"native"``, ``{min_size, max_size}`` or ``None`` (the model file's)."""
-    if value is None or value == "native":
-        return value
-    return int(value["min_size"]), int(value["max_size"])
-
-
-def _pick(user: Any, from_file: Any, default: Any) -> Any:
-    if user is not None:
-        return user
-    return from_file if from_file is not None else default
-
-
-def same_classes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """The same classes in the same order, whatever the case (DeepForest's "Tree" is rasterscale's "tree")."""
-    return [x.casefold() for x in a] == [x.casefold() for x in b]
-
-
-def config_error(problem: str) -> Exception:
-    return ConfigError(f"config: {problem}")
-
-
 def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
     """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
     default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
-    otherwise (prediction) the labels must number the file's classes.
+    otherwise (prediction) the labels must number the file's classes
+    (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`).
     """
-    model = config.get("model", {})
-    if header and model.get("backbone") not in (None, header.backbone):
-        raise config_error(
-            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
-            "leave model.backbone out to use the file's"
-        )
-    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
-        raise config_error(
-            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
-            f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
-        )
-    labels = tuple(model["labels"]) if model.get("labels") else None
-    if labels is None:
-        labels = header.labels if header and header.labels else None
-    if labels is None:
-        labels = DEFAULT_LABELS
-        if header and header.num_classes != len(labels):
-            raise config_error(
-                f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
-            )
-    if header and not new_head and len(labels) != header.num_classes:
-        raise config_error(
-            f"key 'model.labels' names {len(labels)} classes but {header.path} has {header.num_classes}"
-            f"{': ' + ', '.join(header.labels) if header.labels else ''}"
-        )
-    if header and not new_head and header.labels and not same_classes(labels, header.labels):
-        raise config_error(
-            f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
-            "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
-        )
-    resize = configured_resize(model.get("resize"))
-    if resize is None:
-        resize = header.resize if header else None
-    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or DEFAULT_PATCH_SIZE
-    return DetectorConfig(
-        backbone=_pick(model.get("backbone"), header and header.backbone, DEFAULT_BACKBONE),
-        labels=labels,
-        patch_size=patch_size,
-        score_threshold=_pick(
-            model.get("score_threshold"), header and header.score_threshold, DEFAULTS["score_threshold"]
-        ),
-        nms_threshold=_pick(model.get("nms_threshold"), header and header.nms_threshold, DEFAULTS["nms_threshold"]),
-        detections_per_tile=_pick(
-            model.get("detections_per_tile"), header and header.detections_per_tile, DEFAULTS["detections_per_tile"]
-        ),
-        resize=None if resize == "native" else resize,
-        fpn_channels=_pick(model.get("fpn_channels"), header and header.fpn_channels, DEFAULT_FPN_CHANNELS),
-    )
+    defaults = {
+        **DEFAULTS,
+        "backbone": DEFAULT_BACKBONE,
+        "labels": DEFAULT_LABELS,
+        "patch_size": DEFAULT_PATCH_SIZE,
+        "fpn_channels": DEFAULT_FPN_CHANNELS,
+    }
+    return DetectorConfig(**resolve_detector_keys(config, header, new_head, defaults))
 
 
 def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
@@ -424,34 +321,9 @@ def deepforest_config(cfg: DetectorConfig) -> dict[str, Any]:
     }
 
 
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Move a finished folder into place; an existing one is moved aside first and removed after."""
-    aside = None
-    if target.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        os.replace(target, aside / target.name)
-    os.replace(tmp, target)
-    if aside is not None:
-        shutil.rmtree(aside)
-
-
 def write_deepforest_folder(state_dict: Mapping[str, Any], cfg: DetectorConfig, folder: str | Path) -> Path:
-    """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically (a temporary folder beside it,
-    renamed). Keys are torchvision's without prefix, as DeepForest 2.1.0 writes them; batch-norm step counters
-    are left out, like DeepForest's released weights. What config.json cannot hold for DeepForest (backbone,
-    native scale, patch size) goes into the safetensors metadata."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically, keys as DeepForest 2.1.0 writes
+    them (:func:`rasterscale.tasks.modelfiles.write_hub_folder`). What config.json cannot hold for DeepForest
+    (backbone, native scale, patch size) goes into the safetensors metadata."""
     ours = {"backbone": cfg.backbone, "resize": list(cfg.resize) if cfg.resize else None, "patch_size": cfg.patch_size}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(deepforest_config(cfg), indent=2, sort_keys=True) + "\n")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", SAFETENSORS_KEY: json.dumps(ours)})
-        _replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    return write_hub_folder(folder, deepforest_config(cfg), state_dict, ours)

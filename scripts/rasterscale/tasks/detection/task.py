@@ -31,14 +31,7 @@ from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.dataset import TrainTileDataset
 from rasterscale.tasks.detection.evaluate import evaluate_detections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
-from rasterscale.tasks.detection.model import (
-    build_detector,
-    freeze_pretrained_backbone,
-    init_from_model_file,
-    load_backbone_weights,
-    load_detector,
-    save_detector,
-)
+from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import (
     DEFAULT_FPN_CHANNELS,
     DetectorConfig,
@@ -46,6 +39,7 @@ from rasterscale.tasks.detection.modelfiles import (
     write_deepforest_folder,
 )
 from rasterscale.tasks.detection.spec import DETECTION
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
 from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:

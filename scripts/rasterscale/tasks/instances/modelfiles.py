@@ -1,0 +1,377 @@
+"""Instance models' files without torch: what an instance model is (:class:`InstanceConfig`), what a model file
+says about itself (:func:`read_header`) and the effective model of a config (:func:`instances_of_config`), read
+at dry run. The network itself lives in :mod:`rasterscale.tasks.instances.model`.
+
+rasterscale reads two formats, both holding torchvision Mask R-CNN weights on a ResNet-FPN backbone:
+
+- a rasterscale model file (``.pt``, written by :func:`rasterscale.tasks.instances.model.save_instance_model`):
+  ``{"format": INSTANCES_FORMAT, "task": "instances", "model": InstanceConfig.to_dict(), "state_dict", "meta"}``;
+- a DeepForest Mask R-CNN folder as ``deepforest.models.maskrcnn.Model.save_pretrained`` writes it (DeepForest's
+  main branch; its 2.1.0 release has no Mask R-CNN): ``config.json`` with ``num_classes``, ``nms_thresh``,
+  ``score_thresh``, ``label_dict`` and the keyword arguments it passes on to torchvision's ``MaskRCNN`` (e.g.
+  ``box_detections_per_img``); ``model.safetensors`` with torchvision's own keys.
+
+Both headers are read without torch: a folder's safetensors header, a ``.pt`` file's pickle with its tensors as
+shapes (:func:`rasterscale.tasks.modelfiles.payload_header`). DeepForest's ``num_classes`` counts the objects'
+classes; the weights' box and mask predictors have one more, torchvision's background (class 0). Labels are
+0-based everywhere in rasterscale, as in DeepForest.
+
+DeepForest's model sees its patches through torchvision's transform (``min_size=800, max_size=1333``): that input
+scale is part of a DeepForest model unless its config.json says otherwise (``min_size``/``max_size``, which
+rasterscale writes). A model file of another task (a RetinaNet, a segmenter) fails with one line naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from rasterscale.errors import InputError
+from rasterscale.tasks.modelfiles import (
+    FOLDER_FILES,
+    NotATorchFile,
+    Resize,
+    config_error,
+    folder_resize,
+    labels_from_dict,
+    model_file,
+    other_tasks_model,
+    payload_header,
+    pick,
+    read_hub_folder,
+    resnet_of_weights,
+    resolve_detector_keys,
+    shapes_of,
+    torch_payload,
+    write_hub_folder,
+)
+
+
+class InstanceDefaults(TypedDict):
+    """The model's settings where neither the config nor the model file gives them."""
+
+    score_threshold: float
+    nms_threshold: float
+    detections_per_tile: int
+    mask_threshold: float
+
+
+TASK = "instances"
+INSTANCES_FORMAT = "rasterscale-instances/1"
+DEFAULT_LABELS = ("tree",)
+DEFAULT_BACKBONE = "resnet50"
+DEFAULT_PATCH_SIZE = 400
+DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
+# torchvision's Mask R-CNN keeps 100 detections per image: each costs a mask head pass and a full-tile mask
+DEFAULTS: InstanceDefaults = {
+    "score_threshold": 0.3,
+    "nms_threshold": 0.4,
+    "detections_per_tile": 100,
+    "mask_threshold": 0.5,
+}
+BOX_HEAD_WIDTH = 4  # the box head's features per pyramid channel: torchvision's 1024 for 256 channels
+MASK_HEAD_LAYERS = 4  # convolutions of the mask head (torchvision's MaskRCNNHeads), each as wide as the pyramid
+
+CLASS_SCORE = "roi_heads.box_predictor.cls_score."
+BOX_DELTAS = "roi_heads.box_predictor.bbox_pred."
+MASK_LOGITS = "roi_heads.mask_predictor.mask_fcn_logits."
+CLASS_LAYERS = (CLASS_SCORE, BOX_DELTAS, MASK_LOGITS)  # their shapes depend on the number of classes
+PYRAMID = "backbone.fpn.layer_blocks.0.0.weight"
+RETINANET_LOGITS = "head.classification_head.cls_logits.weight"
+
+NOT_A_MODEL = (
+    "not an instance segmentation model file rasterscale reads (a rasterscale .pt file of format "
+    f"{INSTANCES_FORMAT}, or a DeepForest Mask R-CNN folder with config.json and model.safetensors)"
+)
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """What builds an instance model: a torchvision Mask R-CNN on a ResNet-FPN backbone (``fpn_channels`` wide),
+    predicting ``labels`` (0-based; the network adds torchvision's background class). ``resize``: torchvision's
+    ``(min_size, max_size)`` (DeepForest's 800, 1333), or None: tiles at their native size. A mask pixel belongs
+    to an instance where its probability is at least ``mask_threshold``."""
+
+    backbone: str = DEFAULT_BACKBONE
+    labels: tuple[str, ...] = DEFAULT_LABELS
+    patch_size: int = DEFAULT_PATCH_SIZE
+    score_threshold: float = DEFAULTS["score_threshold"]
+    nms_threshold: float = DEFAULTS["nms_threshold"]
+    detections_per_tile: int = DEFAULTS["detections_per_tile"]
+    mask_threshold: float = DEFAULTS["mask_threshold"]
+    resize: Resize = None
+    fpn_channels: int = DEFAULT_FPN_CHANNELS
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ValueError("an instance model needs at least 1 class")
+        if not 0 <= self.mask_threshold <= 1:
+            raise ValueError(f"mask_threshold {self.mask_threshold} is not a probability")
+
+    @property
+    def num_classes(self) -> int:
+        """The network's classes: the labels and torchvision's background (class 0)."""
+        return len(self.labels) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = list(self.labels)
+        data["resize"] = list(self.resize) if self.resize else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:
+        data = dict(data)
+        data["labels"] = tuple(data["labels"])
+        data["resize"] = tuple(data["resize"]) if data.get("resize") else None
+        return cls(**data)
+
+    def describe_resize(self) -> str:
+        return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
+
+    def describe(self) -> str:
+        """One line for the logs: labels, input scale and the thresholds."""
+        return (
+            f"labels {', '.join(self.labels)}, FPN {self.fpn_channels} channels, {self.describe_resize()}, "
+            f"score {self.score_threshold:.3g}, nms {self.nms_threshold:.3g}, mask {self.mask_threshold:.3g}, "
+            f"{self.detections_per_tile} detections per tile"
+        )
+
+
+@dataclass(frozen=True)
+class ModelHeader:
+    """What an instance model file says about itself (``None``: the file does not say)."""
+
+    path: str
+    kind: str  # rasterscale model file | DeepForest folder
+    backbone: str
+    num_classes: int  # the objects' classes, without torchvision's background
+    labels: tuple[str, ...] | None = None
+    score_threshold: float | None = None
+    nms_threshold: float | None = None
+    detections_per_tile: int | None = None
+    mask_threshold: float | None = None
+    resize: Resize = None
+    patch_size: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
+
+    @property
+    def is_deepforest(self) -> bool:
+        return self.kind.startswith("DeepForest")
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def _fail(path: str | Path, problem: str) -> InputError:
+    return InputError(f"{path}: {problem}")
+
+
+def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int]:
+    """(backbone, number of classes without the background, FPN channels) of Mask R-CNN weights, from their keys
+    and the predictors' and feature pyramid's shapes; one line saying what the weights are otherwise."""
+    if RETINANET_LOGITS in shapes:
+        raise _fail(
+            path,
+            f"a RetinaNet's weights (boxes only: a model of task detection), but task is {TASK} "
+            "(set task: detection, or give a Mask R-CNN)",
+        )
+    scores, masks = shapes.get(CLASS_SCORE + "weight"), shapes.get(MASK_LOGITS + "weight")
+    if scores is None or PYRAMID not in shapes:
+        raise _fail(path, f"{NOT_A_MODEL}: its weights are not a torchvision Mask R-CNN with a ResNet-FPN backbone")
+    if masks is None:
+        raise _fail(path, f"a Faster R-CNN's weights (no mask head), not a Mask R-CNN's: {TASK} needs masks")
+    if masks[0] != scores[0] or scores[0] < 2:
+        raise _fail(
+            path,
+            f"box predictor has {scores[0]} classes and mask predictor {masks[0]}: not the same, at least the "
+            "background and one class",
+        )
+    backbone, fpn_channels = resnet_of_weights(path, shapes), shapes[PYRAMID][0]
+    box_head = shapes.get("roi_heads.box_head.fc6.weight")
+    if box_head is not None and box_head[0] != BOX_HEAD_WIDTH * fpn_channels:
+        raise _fail(
+            path,
+            f"box head of {box_head[0]} features; rasterscale's Mask R-CNN has {BOX_HEAD_WIDTH} per pyramid "
+            f"channel ({BOX_HEAD_WIDTH * fpn_channels})",
+        )
+    return backbone, scores[0] - 1, fpn_channels
+
+
+def _folder_header(path: Path) -> ModelHeader:
+    folder = read_hub_folder(path)
+    config = folder.config
+    backbone, classes, fpn_channels = architecture(path, folder.shapes)
+    if config.get("num_classes", classes) != classes:
+        raise _fail(
+            path / "config.json",
+            f"num_classes {config['num_classes']} but the weights have {classes} classes (and the background)",
+        )
+    labels = labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
+    return ModelHeader(
+        path=str(path),
+        kind="DeepForest folder",
+        backbone=backbone,
+        num_classes=classes,
+        labels=labels,
+        score_threshold=config.get("score_thresh"),
+        nms_threshold=config.get("nms_thresh"),
+        detections_per_tile=config.get("box_detections_per_img"),
+        mask_threshold=folder.ours.get("mask_threshold"),
+        resize=folder_resize(folder),
+        patch_size=folder.ours.get("patch_size"),
+        fpn_channels=fpn_channels,
+    )
+
+
+def _is_weights(value: Any) -> bool:
+    """A non-empty mapping of tensors (or of :class:`~rasterscale.tasks.modelfiles.TensorHeader`)."""
+    return isinstance(value, Mapping) and bool(value) and all(hasattr(v, "shape") for v in value.values())
+
+
+def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
+    """The header of a torch-saved payload (its tensors, or only their headers)."""
+    if isinstance(payload, Mapping) and payload.get("format") == INSTANCES_FORMAT:
+        if not isinstance(payload.get("model"), Mapping) or not _is_weights(payload.get("state_dict")):
+            raise _fail(path, f"a {INSTANCES_FORMAT} file without its model or state_dict")
+        try:
+            cfg = InstanceConfig.from_dict(payload["model"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise _fail(path, f"bad instance model configuration ({err})") from None
+        backbone, classes, fpn_channels = architecture(path, shapes_of(payload["state_dict"]))
+        if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
+            raise _fail(
+                path,
+                f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
+                f"{backbone}/{classes}/{fpn_channels}",
+            )
+        return ModelHeader(
+            str(path),
+            "rasterscale model file",
+            backbone,
+            classes,
+            cfg.labels,
+            cfg.score_threshold,
+            cfg.nms_threshold,
+            cfg.detections_per_tile,
+            cfg.mask_threshold,
+            cfg.resize,
+            cfg.patch_size,
+            dict(payload.get("meta") or {}),
+            fpn_channels,
+        )
+    other = other_tasks_model(path, payload, TASK)
+    if other:
+        raise _fail(path, other)
+    weights = payload.get("state_dict", payload) if isinstance(payload, Mapping) else None
+    if isinstance(weights, Mapping) and _is_weights(weights):  # a bare state dict or a checkpoint: say what it is
+        architecture(path, {k.removeprefix("model."): v for k, v in shapes_of(weights).items()})
+        raise _fail(path, f"{NOT_A_MODEL}: bare Mask R-CNN weights, without the model's configuration")
+    raise _fail(path, NOT_A_MODEL)
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise _fail(path, "model file not found")
+    if path.is_file() and path.name in FOLDER_FILES:
+        raise _fail(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
+    return path
+
+
+def _payload(path: Path) -> Any:
+    """A torch-saved file's payload (torch imported lazily); one line naming the formats read otherwise."""
+    try:
+        return torch_payload(path)
+    except NotATorchFile:
+        raise _fail(path, NOT_A_MODEL) from None
+
+
+def read_header(path: str | Path) -> ModelHeader:
+    """What an instance model file says about itself, without torch (a folder's safetensors header, a ``.pt``
+    file's pickle; torch only for a ``.pt`` file in torch's legacy format); one-line :class:`InputError` naming
+    the file when it is not an instance model file rasterscale reads or contradicts itself."""
+    path = _existing(path)
+    if path.is_dir():
+        return _folder_header(path)
+    payload = payload_header(path)
+    return _header_of_payload(path, payload if payload is not None else _payload(path))
+
+
+def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
+    """The header and the state dict (torchvision Mask R-CNN keys) of a model file (torch imported)."""
+    path = _existing(path)
+    if path.is_dir():
+        from safetensors.torch import load_file
+
+        return _folder_header(path), load_file(str(path / "model.safetensors"), device="cpu")
+    payload = _payload(path)
+    return _header_of_payload(path, payload), dict(payload["state_dict"])
+
+
+# --- resolving ------------------------------------------------------------------------------------------------
+
+
+def resolve_instances(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> InstanceConfig:
+    """The effective instance model: each ``model.*`` key the user set, else what the model file says, else
+    rasterscale's default. ``new_head``: the file is a starting point (``train.init``), so other labels replace
+    its class layers; otherwise (prediction) the labels must number the file's classes
+    (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`)."""
+    defaults = {
+        **DEFAULTS,
+        "backbone": DEFAULT_BACKBONE,
+        "labels": DEFAULT_LABELS,
+        "patch_size": DEFAULT_PATCH_SIZE,
+        "fpn_channels": DEFAULT_FPN_CHANNELS,
+    }
+    mask_threshold = pick(
+        config.get("model", {}).get("mask_threshold"), header and header.mask_threshold, DEFAULTS["mask_threshold"]
+    )
+    return InstanceConfig(**resolve_detector_keys(config, header, new_head, defaults), mask_threshold=mask_threshold)
+
+
+def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, ModelHeader | None]:
+    """The effective instance model of a validated config, reading the header of the model file it names
+    (``model.file``, else ``train.init``)."""
+    path, new_head = model_file(config)
+    if new_head and config.get("model", {}).get("backbone_weights"):
+        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
+    header = read_header(path) if path else None
+    return resolve_instances(config, header, new_head=new_head), header
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+
+def deepforest_config(cfg: InstanceConfig) -> dict[str, Any]:
+    """``config.json`` of a DeepForest Mask R-CNN folder. DeepForest passes every key to its ``MaskRCNN(**config)``:
+    ``num_classes`` (without the background), ``nms_thresh``, ``score_thresh``, ``label_dict``, and keyword
+    arguments of torchvision's ``MaskRCNN``: ``box_detections_per_img`` and ``min_size``/``max_size``, the input
+    scale (a native-scale model: the patch size, so DeepForest's patches are not resampled)."""
+    min_size, max_size = cfg.resize or (cfg.patch_size, cfg.patch_size)
+    return {
+        "label_dict": {name: index for index, name in enumerate(cfg.labels)},
+        "num_classes": len(cfg.labels),
+        "score_thresh": cfg.score_threshold,
+        "nms_thresh": cfg.nms_threshold,
+        "box_detections_per_img": cfg.detections_per_tile,
+        "min_size": min_size,
+        "max_size": max_size,
+    }
+
+
+def write_deepforest_maskrcnn_folder(state_dict: Mapping[str, Any], cfg: InstanceConfig, folder: str | Path) -> Path:
+    """Write ``folder/config.json`` + ``folder/model.safetensors`` as DeepForest's Mask R-CNN writes them, atomically
+    (:func:`rasterscale.tasks.modelfiles.write_hub_folder`: torchvision's keys, no batch-norm step counters). What
+    config.json cannot hold for DeepForest (backbone, native scale, patch size, mask threshold) goes into the
+    safetensors metadata."""
+    ours = {
+        "backbone": cfg.backbone,
+        "resize": list(cfg.resize) if cfg.resize else None,
+        "patch_size": cfg.patch_size,
+        "mask_threshold": cfg.mask_threshold,
+    }
+    return write_hub_folder(folder, deepforest_config(cfg), state_dict, ours)
