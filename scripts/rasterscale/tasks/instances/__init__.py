@@ -1,0 +1,1 @@
+"""Crown polygons: instance segmentation (task ``instances``)."""
