@@ -24,6 +24,7 @@ too); a geographic CRS's polygons are measured in the UTM zone of the layer's ce
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import geopandas as gpd
@@ -50,58 +51,79 @@ CROWN_COLUMNS = ["label", "score", "area_m2", "perimeter_m", "geometry"]
 LAYER = "crowns"
 
 
-def overlapping_pairs(
-    geometries: np.ndarray,
-    areas: np.ndarray,
-    labels: np.ndarray,
-    cut: np.ndarray,
-    iou_threshold: float,
-    containment_threshold: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Same-label pairs (i, j), i < j, that may be duplicates, and their polygons' intersection areas: those
-    whose bound (see the module docstring) passes ``iou_threshold``, or, for a cut and a whole instance, the
-    cut one's ``containment_threshold``."""
+@dataclass(frozen=True)
+class Pairs:
+    """Same-label pairs (i, j), i < j, of instances whose envelopes overlap, and the most their polygons'
+    intersection can be: the smallest of their envelopes' intersection and their two areas."""
+
+    i: np.ndarray
+    j: np.ndarray
+    most: np.ndarray
+
+
+def candidate_pairs(geometries: np.ndarray, areas: np.ndarray, labels: np.ndarray) -> Pairs:
+    """The pairs that could overlap at all (STRtree over the envelopes), with their bound."""
     i, j = polygon_pairs(geometries)
     same = labels[i] == labels[j]
     i, j = i[same], j[same]
     bounds = shapely.bounds(geometries)
     most = np.minimum(intersection_areas(bounds[i], bounds[j]), np.minimum(areas[i], areas[j]))
-    one_cut = cut[i] != cut[j]
-    cut_area = np.where(cut[i], areas[i], areas[j])
-    contained = np.divide(most, cut_area, out=np.zeros_like(most), where=cut_area > 0)
-    maybe = (ious_of(most, areas[i], areas[j]) > iou_threshold) | (one_cut & (contained >= containment_threshold))
-    i, j = i[maybe], j[maybe]
-    return i, j, overlap_areas(geometries[i], geometries[j])
+    return Pairs(i, j, most)
+
+
+def covers(
+    inter: np.ndarray, part_area: np.ndarray, whole_area: np.ndarray, iou: float, containment: float
+) -> np.ndarray:
+    """Whether a whole instance covers a cut one, given (a bound of) their intersection: ``containment`` of the
+    cut one inside it, or their IoU above ``iou``."""
+    inside = np.divide(inter, part_area, out=np.zeros_like(inter), where=part_area > 0)
+    return (inside >= containment) | (ious_of(inter, part_area, whole_area) > iou)
 
 
 def drop_covered_cut(
+    geometries: np.ndarray,
     areas: np.ndarray,
     cut: np.ndarray,
-    pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    pairs: Pairs,
     iou_threshold: float,
     containment_threshold: float,
 ) -> np.ndarray:
-    """Keep-mask dropping the cut instances that a whole one of the same label covers (step 1)."""
-    i, j, inter = pairs
+    """Keep-mask dropping the cut instances that a whole one of the same label covers (step 1).
+
+    One whole instance covering a cut one is enough: each cut one's candidates (those whose bound could cover
+    it) are tried in rounds, the most promising first, and the cut ones covered leave the next rounds. A cut
+    crown is usually covered by its first candidate, its whole view."""
     keep = np.ones(len(areas), dtype=bool)
-    one_cut = cut[i] != cut[j]
-    part = np.where(cut[i], i, j)
-    inside = np.divide(inter, areas[part], out=np.zeros_like(inter), where=areas[part] > 0)
-    covered = one_cut & ((inside >= containment_threshold) | (ious_of(inter, areas[i], areas[j]) > iou_threshold))
-    keep[part[covered]] = False
+    one_cut = cut[pairs.i] != cut[pairs.j]
+    part, whole = np.where(cut[pairs.i], pairs.i, pairs.j), np.where(cut[pairs.i], pairs.j, pairs.i)
+    maybe = one_cut & covers(pairs.most, areas[part], areas[whole], iou_threshold, containment_threshold)
+    part, whole, most = part[maybe], whole[maybe], pairs.most[maybe]
+    order = np.lexsort((-most / np.maximum(areas[part], 1e-12), part))  # by cut instance, best bound first
+    part, whole = part[order], whole[order]
+    first = np.r_[True, part[1:] != part[:-1]] if len(part) else np.zeros(0, dtype=bool)
+    turn = np.arange(len(part)) - np.maximum.accumulate(np.where(first, np.arange(len(part)), 0))
+    for rank in range(int(turn.max(initial=-1)) + 1):
+        rows = np.flatnonzero((turn == rank) & keep[part])
+        inter = overlap_areas(geometries[part[rows]], geometries[whole[rows]])
+        covered = covers(inter, areas[part[rows]], areas[whole[rows]], iou_threshold, containment_threshold)
+        keep[part[rows[covered]]] = False
     return keep
 
 
 def mask_nms(
-    scores: np.ndarray,
+    geometries: np.ndarray,
     areas: np.ndarray,
+    scores: np.ndarray,
     keep: np.ndarray,
-    pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    pairs: Pairs,
     iou_threshold: float,
 ) -> np.ndarray:
-    """Keep-mask of greedy NMS by polygon IoU among the instances ``keep`` holds (step 2)."""
-    i, j, inter = pairs
-    suppressing = keep[i] & keep[j] & (ious_of(inter, areas[i], areas[j]) > iou_threshold)
+    """Keep-mask of greedy NMS by polygon IoU among the instances ``keep`` holds (step 2): only the pairs of
+    kept instances whose bound passes the threshold are intersected."""
+    i, j = pairs.i, pairs.j
+    maybe = keep[i] & keep[j] & (ious_of(pairs.most, areas[i], areas[j]) > iou_threshold)
+    i, j = i[maybe], j[maybe]
+    suppressing = ious_of(overlap_areas(geometries[i], geometries[j]), areas[i], areas[j]) > iou_threshold
     return keep & greedy_nms(np.asarray(scores, dtype=np.float64), i[suppressing], j[suppressing])
 
 
@@ -125,9 +147,9 @@ def merge_instances(
     geometries = np.asarray(instances.geometry.array, dtype=object)
     areas = shapely.area(geometries)
     labels = pd.factorize(instances["label"])[0]
-    pairs = overlapping_pairs(geometries, areas, labels, cut, iou_threshold, containment_threshold)
-    keep = drop_covered_cut(areas, cut, pairs, iou_threshold, containment_threshold)
-    keep = mask_nms(instances["score"].to_numpy(), areas, keep, pairs, iou_threshold)
+    pairs = candidate_pairs(geometries, areas, labels)
+    keep = drop_covered_cut(geometries, areas, cut, pairs, iou_threshold, containment_threshold)
+    keep = mask_nms(geometries, areas, instances["score"].to_numpy(), keep, pairs, iou_threshold)
     merged = instances.iloc[np.flatnonzero(keep)].sort_values("score", ascending=False, kind="stable")
     return merged.reset_index(drop=True)
 
