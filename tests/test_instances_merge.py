@@ -70,10 +70,9 @@ def result(masks: list[np.ndarray], tile: Tile, scores: list[float], labels: lis
     }
 
 
-@pytest.fixture
-def scene(tmp_path):
-    """The raster, its manifest, its tiles and the PredictScene a rank sees."""
-    raster = write_raster(tmp_path / "scene.tif", WIDTH, HEIGHT)
+def make_scene(tmp_path, **raster) -> dict:
+    """The raster (``write_raster``'s keywords), its manifest, its tiles and the PredictScene a rank sees."""
+    raster = write_raster(tmp_path / "scene.tif", WIDTH, HEIGHT, **raster)
     spec = resolve_spec(raster)
     frame = manifest_frame(tile_grid(WIDTH, HEIGHT, PATCH, OVERLAP), TRANSFORM, UTM17N)
     write_manifest(frame, spec, TileGrid(PATCH, OVERLAP), tmp_path / "tiles.parquet")
@@ -83,6 +82,11 @@ def scene(tmp_path):
         "scene", str(raster), tiles, spec, TileGrid(PATCH, OVERLAP), WIDTH, HEIGHT, TRANSFORM, UTM17N
     )
     return {"raster": raster, "manifest": tmp_path / "tiles.parquet", "tiles": tiles, "predict": predict}
+
+
+@pytest.fixture
+def scene(tmp_path):
+    return make_scene(tmp_path)
 
 
 def predict_and_merge(tmp_path, scene, per_tile: list[dict]) -> gpd.GeoDataFrame:
@@ -120,6 +124,9 @@ def test_a_mask_becomes_one_polygon_of_its_pixels_placed_in_the_scene_and_the_cr
         assert polygon.centroid.x == pytest.approx(xs.mean() + 0.5, abs=0.3)
         assert polygon.centroid.y == pytest.approx(ys.mean() + 0.5, abs=0.3)
     assert len(polygons[1].interiors) == 1  # the hole is kept
+    probabilities = in_tile([crown, ring, blobs, empty], tile)[:, None] * np.float32(0.7)  # a model's (N, 1, H, W)
+    same = tile_instances(probabilities, [0.9, 0.8, 0.7, 0.6], [0, 1, 0, 0], tile, WIDTH, HEIGHT)
+    assert all(a.equals(b) for a, b in zip(same.polygons, polygons, strict=True))
     assert shapely.get_num_coordinates(polygons[0]) < 60  # a 31 px disk traced along its pixels has 200 vertices
 
     frame = instances_frame([found], LABELS, TRANSFORM, UTM17N)
@@ -202,6 +209,16 @@ def test_crowns_of_another_label_or_apart_are_never_merged(tmp_path, scene):
         [result([crown, crown, neighbour], left, [0.9, 0.8, 0.7], [0, 1, 0]), result([], right, [])],
     )
     assert sorted(merged["label"].tolist()) == ["snag", "tree", "tree"]
+
+
+def test_crowns_on_nodata_pixels_are_dropped(tmp_path):
+    data = np.random.default_rng(0).integers(1, 255, size=(3, HEIGHT, WIDTH), dtype=np.uint8)
+    data[:, :, :100] = 0  # the first 100 columns hold no data
+    scene = make_scene(tmp_path, data=data, nodata=0)
+    left, right = scene["tiles"]
+    on_nodata, on_data = disk(50, 200, 20), disk(200, 200, 20)
+    merged = predict_and_merge(tmp_path, scene, [result([on_nodata, on_data], left, [0.9, 0.8]), result([], right, [])])
+    assert merged["score"].tolist() == pytest.approx([0.8])
 
 
 def test_areas_in_metres_whatever_the_crs_unit():
