@@ -13,8 +13,9 @@ as detection's merge does with boxes, but by mask (polygon) overlap:
 Both steps look only at the pairs found once with an STRtree over the polygons' envelopes, and intersect only
 the pairs that could pass a threshold: a pair's intersection is at most the smallest of its envelopes'
 intersection and its two areas, which bounds its IoU and containment. Neighbouring crowns, whose envelopes
-meet at their corners, are left out by that bound; the duplicates' intersections are computed in one vectorised
-GEOS call (a million crowns: docs/performance.md).
+meet at their corners, are left out by that bound. Step 1 stops at the first whole instance that covers a cut
+one (tried best bound first); step 2 intersects only the instances step 1 kept. The intersections are vectorised
+GEOS calls, in chunks over the cores the process may use (a million crowns: docs/performance.md).
 
 The layer (``crowns.parquet``, ``crowns.gpkg``): ``label``, ``score``, ``area_m2``, ``perimeter_m`` and the polygon,
 in the raster's CRS, sorted by score. Areas and perimeters are in metres whatever the CRS's linear unit (feet

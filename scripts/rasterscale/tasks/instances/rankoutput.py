@@ -83,6 +83,6 @@ class InstanceRankOutput(RankOutput):
         frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
         frames = [frame for frame in frames if len(frame)]
         frame = pd.concat(frames, ignore_index=True) if frames else empty_instances(self.scene.crs)
-        write_instances_file(gpd.GeoDataFrame(frame, geometry="geometry", crs=self.scene.crs), self.path)
+        write_instances_file(frame, self.path)
         resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
         return f"{len(frame)} instances{resumed}"
