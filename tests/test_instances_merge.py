@@ -24,6 +24,7 @@ from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.instances.evaluate import crosses_inner_edges, evaluate_instances, evaluate_scene
 from rasterscale.tasks.instances.merge import count_instances, merge_scene, metric_measures
 from rasterscale.tasks.instances.polygons import instances_frame, read_instances_files, tile_instances
+from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.objects import greedy_nms
 
@@ -339,3 +340,8 @@ def test_scene_evaluation_writes_json_and_quicklook_and_splits_crowns_at_tile_ed
     assert json.loads((tmp_path / "evaluation.json").read_text())["edge"]["f1"] == 1.0
     png = (tmp_path / "quicklook.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    # a scene without ground truth: the crowns scoring enough, outlined alone
+    kept = scored_crowns(tmp_path / "crowns.parquet", TRANSFORM, 0.75)
+    assert len(kept) == 2 and kept[0].centroid.distance(shapely.Point(150, 100)) < 1  # in pixels
+    render_instances_quicklook(scene["raster"], kept, None, tmp_path / "alone.png", title="2 crowns")
+    assert (tmp_path / "alone.png").read_bytes().startswith(b"\x89PNG")
