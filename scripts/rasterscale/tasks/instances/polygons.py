@@ -36,7 +36,7 @@ from rasterio.features import shapes
 from rasterscale.atomic import atomic_path
 from rasterscale.grid.tile import Tile
 
-SIMPLIFY_PX = 0.5  # the polygon stays within half a pixel of the mask's outline
+SIMPLIFY_PX = 0.5  # Douglas-Peucker tolerance after the corners are cut (those move the outline by 0.36 px at most)
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 INSTANCE_COLUMNS = ["tile_id", "label", "score", "cut", *BOX_COLUMNS, "geometry"]
 BYTES_PER_VERTEX = 16  # a polygon's vertex, held by GEOS (what a rank output holds per instance, about)
