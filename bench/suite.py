@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware import header, machine
+from instances import measure_instances_merge
 from measures import (
     PATCH,
     measure_agreement,
@@ -65,6 +66,9 @@ class Sizes:
     merge_objects: int = 640_000  # about 1M boxes once tile overlaps are counted
     manifest_side: int = 100_000
     seg_rss_sides: tuple[int, ...] = (4096, 16384, 32768)  # segmentation: full-width tile rows, ~200 tiles each
+    instances_crowns: int = 650_000  # about 1M instances once tile overlaps are counted
+    instances_rss_sides: tuple[int, ...] = (4096, 16384, 32768)
+    instances_rss_crowns: int = 15_000  # on every side: a 4k scene at 0.1 m of dense forest (about 900 a hectare)
 
 
 QUICK = Sizes(
@@ -75,6 +79,9 @@ QUICK = Sizes(
     agreement_tiles=8,
     merge_objects=20_000,
     seg_rss_sides=(1024, 4096),
+    instances_crowns=20_000,
+    instances_rss_sides=(1024, 4096),
+    instances_rss_crowns=1_000,
 )
 
 TARGETS = {  # figure: (comparison, target)
@@ -88,6 +95,8 @@ TARGETS = {  # figure: (comparison, target)
     "seg_merge_rss_mb": ("<=", 1024.0),
     "seg_rank_rss_growth": ("<=", 1.05),  # the largest raster's peak over the smallest's
     "seg_merge_rss_growth": ("<=", 1.05),
+    "instances_merge_1m_s": ("<=", 60.0),
+    "instances_merge_rss_growth": ("<=", 1.10),  # the same crowns on the largest raster over the smallest
 }
 
 
@@ -132,6 +141,15 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
     details["segmentation"] = timed(partial(measure_segmentation_rss, workdir, sizes.seg_rss_sides))
     seg = {side: r for side, r in details["segmentation"].items() if isinstance(r, dict)}
+    details["instances"] = timed(
+        partial(
+            measure_instances_merge,
+            workdir,
+            sizes.instances_crowns,
+            sizes.instances_rss_sides,
+            sizes.instances_rss_crowns,
+        )
+    )
 
     figures = {
         "efficiency": details["efficiency"]["efficiency"],
@@ -144,6 +162,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "seg_merge_rss_mb": {side: r["merge_rss_peak_mb"] for side, r in seg.items()},
         "seg_rank_rss_growth": growth(seg, "rank_rss_peak_mb"),
         "seg_merge_rss_growth": growth(seg, "merge_rss_peak_mb"),
+        "instances_merge_1m_s": details["instances"]["merge"]["seconds"],
+        "instances_merge_rss_growth": growth(details["instances"]["rss"], "rss_peak_mb"),
     }
     return {
         **figures,
@@ -245,6 +265,7 @@ def format_table(result: dict[str, Any]) -> str:
                     f"peak RSS on the {last} raster over the {first} one's, measured in this run (1.0: flat)",
                 )
             )
+    rows += instances_rows(result)
     table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
@@ -259,6 +280,32 @@ def format_table(result: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v['load_1min']}" for k, v in d.items() if "load_1min" in v),
     ]
     return "\n".join(lines)
+
+
+def instances_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """The rows of the instances' merge: a million crowns stitched, and its peak RSS as the raster grows."""
+    merge, rss = result["details"]["instances"]["merge"], result["details"]["instances"]["rss"]
+    sides = sorted(rss, key=int)
+    first, last = (f"{int(sides[k]) // 1024}k^2" for k in (0, -1))
+    return [
+        (
+            "merge 1M crowns",
+            f"{result['instances_merge_1m_s']:.1f} s",
+            "instances_merge_1m_s",
+            f"merge_scene: {merge['instances']} instances ({merge['cut']} cut, {merge['vertices_mean']} vertices"
+            f" each) of {merge['drawn']} crowns drawn, from {merge['tiles']} overlapping tiles in 4 rank files ->"
+            f" {merge['crowns']} crowns, GeoParquet + GeoPackage, one core; peak RSS {merge['rss_peak_mb']:.0f} MB;"
+            f" {merge['all_cores']['seconds']:.1f} s on {merge['all_cores']['cores']} cores",
+        ),
+        (
+            f"instances merge RSS {last}/{first}",
+            f"{result['instances_merge_rss_growth']:.3f}x",
+            "instances_merge_rss_growth",
+            f"{rss[sides[0]]['drawn']} crowns drawn on each raster: "
+            + ", ".join(f"{int(side) // 1024}k^2 {rss[side]['rss_peak_mb']:.0f} MB" for side in sides)
+            + " (memory follows the crowns, not the pixels)",
+        ),
+    ]
 
 
 def precision_row(p: dict[str, Any], hardware: dict[str, Any]) -> tuple[str, str, str | None, str]:

@@ -121,6 +121,25 @@ def bench_result(machine: dict) -> dict:
         "merge": {"seconds": 6.0, "boxes": 998_836, "tiles": 15_625, "kept": 640_000},
         "manifest": {"seconds": 0.2, "tiles": 97_969},
         "segmentation": {"4096": seg, "32768": {**seg, "rank_rss_peak_mb": 1140.0, "merge_rss_peak_mb": 315.0}},
+        "instances": {
+            "merge": {
+                "seconds": 40.0,
+                "cpu_s": 39.0,
+                "all_cores": {"cores": 2, "seconds": 30.0, "cpu_s": 41.0},
+                "rss_peak_mb": 2400.0,
+                "crowns": 625_000,
+                "instances": 1_013_551,
+                "cut": 154_380,
+                "tiles": 15_625,
+                "vertices_mean": 29.9,
+                "drawn": 650_000,
+                "side": 40_000,
+            },
+            "rss": {
+                side: {"seconds": 1.0, "rss_peak_mb": mb, "crowns": 14_000, "instances": 23_000, "drawn": 15_000}
+                for side, mb in (("4096", 300.0), ("32768", 310.0))
+            },
+        },
     }
     for section in details.values():
         section["load_1min"] = [1.0, 1.5]
@@ -135,6 +154,8 @@ def bench_result(machine: dict) -> dict:
         "seg_merge_rss_mb": {"4096": 330.0, "32768": 315.0},
         "seg_rank_rss_growth": 0.991,
         "seg_merge_rss_growth": 0.955,
+        "instances_merge_1m_s": 40.0,
+        "instances_merge_rss_growth": 1.033,
     }
     agreement = {
         "model_file": "crowns.pt",
@@ -172,3 +193,7 @@ def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row()
     assert "63.3 GFLOP a tile: fp32 166.6, bf16 2.4 GFLOPS a thread; auto picks 32-true" in precision
     assert "(bf16 emulated: oneDNN bf16 no; no avx512_bf16/amx_bf16)" in precision
     assert any("of 2000 auto (32-true) fast-path boxes" in line for line in lines)
+    crowns = next(line for line in lines if line.startswith("merge 1M crowns"))
+    assert "40.0 s" in crowns and "<= 60.0" in crowns and "1013551 instances" in crowns
+    assert "30.0 s on 2 cores" in crowns
+    assert any(line.startswith("instances merge RSS 32k^2/4k^2") and "1.033x" in line for line in lines)

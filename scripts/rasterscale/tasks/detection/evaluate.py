@@ -20,6 +20,23 @@ from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.merge import BOX_COLUMNS
 from rasterscale.tasks.detection.quicklook import render_quicklook
 from rasterscale.tasks.labels import label_indexes
+from rasterscale.tasks.objects import Matcher, greedy_match, score_matches
+from rasterscale.tasks.objects import average_precision as average_precision  # detection's API, shared
+from rasterscale.tasks.objects import precision_recall_f1 as precision_recall_f1
+
+
+def box_matcher(pred_boxes: np.ndarray, pred_scores: np.ndarray, gt_boxes: np.ndarray) -> Matcher:
+    """Matching of predictions (by index) to ground truth (by index) by box IoU, greedy by score."""
+
+    def match(pred: np.ndarray, gt: np.ndarray, iou_threshold: float) -> np.ndarray:
+        found = np.full(len(pred), -1, dtype=np.int64)
+        pred_idx, gt_idx = box_pairs(pred_boxes[pred], gt_boxes[gt])
+        ious = pair_ious(pred_boxes[pred][pred_idx], gt_boxes[gt][gt_idx])
+        local = greedy_match(pred_idx, gt_idx, ious, pred_scores[pred], len(gt), iou_threshold)
+        found[local >= 0] = gt[local[local >= 0]]
+        return found
+
+    return match
 
 
 def match_detections(
@@ -28,48 +45,9 @@ def match_detections(
     """True for each prediction matched to a ground-truth box (one-to-one, greedy by score)."""
     pred_boxes = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
     gt_boxes = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
-    matched = np.zeros(len(pred_boxes), dtype=bool)
     pred_idx, gt_idx = box_pairs(pred_boxes, gt_boxes)
     ious = pair_ious(pred_boxes[pred_idx], gt_boxes[gt_idx])
-    good = ious >= iou_threshold
-    pred_idx, gt_idx, ious = pred_idx[good], gt_idx[good], ious[good]
-    if len(pred_idx) == 0:
-        return matched
-    rank = np.empty(len(pred_boxes), dtype=np.int64)
-    rank[np.argsort(-np.asarray(pred_scores), kind="stable")] = np.arange(len(pred_boxes))
-    # candidates ordered by prediction rank, then by IoU (best first)
-    order = np.lexsort((-ious, rank[pred_idx]))
-    gt_taken = np.zeros(len(gt_boxes), dtype=bool)
-    for p, g in zip(pred_idx[order], gt_idx[order], strict=True):
-        if not matched[p] and not gt_taken[g]:
-            matched[p] = True
-            gt_taken[g] = True
-    return matched
-
-
-def average_precision(scores: np.ndarray, true_positive: np.ndarray, n_ground_truth: int) -> float:
-    """COCO-style 101-point interpolated average precision."""
-    if n_ground_truth == 0:
-        return float("nan")
-    order = np.argsort(-np.asarray(scores), kind="stable")
-    tp = np.asarray(true_positive, dtype=np.float64)[order]
-    cum_tp = np.cumsum(tp)
-    cum_fp = np.cumsum(1.0 - tp)
-    recall = cum_tp / n_ground_truth
-    precision = cum_tp / np.maximum(cum_tp + cum_fp, np.finfo(np.float64).eps)
-    # precision envelope (monotonically decreasing from the right)
-    envelope = np.maximum.accumulate(precision[::-1])[::-1] if len(precision) else precision
-    thresholds = np.linspace(0.0, 1.0, 101)
-    positions = np.searchsorted(recall, thresholds, side="left")
-    sampled = np.array([envelope[p] if p < len(envelope) else 0.0 for p in positions])
-    return float(sampled.mean())
-
-
-def precision_recall_f1(n_true_positive: int, n_predicted: int, n_ground_truth: int) -> tuple[float, float, float]:
-    precision = n_true_positive / n_predicted if n_predicted else 0.0
-    recall = n_true_positive / n_ground_truth if n_ground_truth else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
+    return greedy_match(pred_idx, gt_idx, ious, np.asarray(pred_scores), len(gt_boxes), iou_threshold) >= 0
 
 
 def evaluate_detections(
@@ -84,31 +62,11 @@ def evaluate_detections(
     """Precision/recall/F1 at ``iou_threshold`` (predictions scoring >= ``score_threshold``), and mAP@0.5
     (all predictions), with labels matched class by class."""
     pred_boxes = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
-    pred_scores, pred_labels = np.asarray(pred_scores), np.asarray(pred_labels)
     gt_boxes = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
-    gt_labels = np.asarray(gt_labels)
-    kept = pred_scores >= score_threshold
-    n_tp = 0
-    aps = []
-    for label in np.union1d(np.unique(gt_labels), np.unique(pred_labels)):
-        in_pred, in_gt = pred_labels == label, gt_labels == label
-        sel = in_pred & kept
-        n_tp += int(match_detections(pred_boxes[sel], pred_scores[sel], gt_boxes[in_gt], iou_threshold).sum())
-        if in_gt.any():
-            tp50 = match_detections(pred_boxes[in_pred], pred_scores[in_pred], gt_boxes[in_gt], 0.5)
-            aps.append(average_precision(pred_scores[in_pred], tp50, int(in_gt.sum())))
-    precision, recall, f1 = precision_recall_f1(n_tp, int(kept.sum()), len(gt_boxes))
-    return {
-        "precision": precision,
-        "recall": recall,
-        "f1": f1,
-        "map50": float(np.mean(aps)) if aps else 0.0,
-        "iou_threshold": iou_threshold,
-        "score_threshold": score_threshold,
-        "true_positives": n_tp,
-        "predictions": int(kept.sum()),
-        "ground_truth": len(gt_boxes),
-    }
+    pred_scores = np.asarray(pred_scores)
+    match = box_matcher(pred_boxes, pred_scores, gt_boxes)
+    metrics, _ = score_matches(match, pred_scores, pred_labels, gt_labels, iou_threshold, score_threshold)
+    return metrics
 
 
 def evaluate_scene(

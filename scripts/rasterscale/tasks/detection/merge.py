@@ -26,6 +26,7 @@ from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
+from rasterscale.tasks.objects import count_labels, cut_by_inner_edge, greedy_nms
 
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
@@ -50,18 +51,6 @@ def write_detections_file(detections: gpd.GeoDataFrame, path: str | Path) -> Non
         pq.write_table(table, tmp)
 
 
-def cut_by_inner_edge(
-    boxes: np.ndarray, windows: np.ndarray, raster_width: int, raster_height: int, tolerance: float
-) -> np.ndarray:
-    """True for boxes touching an edge of their tile that is not the raster's edge (the object may go on)."""
-    col, row, width, height = (windows[:, k] for k in range(4))
-    left = (col > 0) & (boxes[:, 0] <= col + tolerance)
-    top = (row > 0) & (boxes[:, 1] <= row + tolerance)
-    right = (col + width < raster_width) & (boxes[:, 2] >= col + width - tolerance)
-    bottom = (row + height < raster_height) & (boxes[:, 3] >= row + height - tolerance)
-    return left | top | right | bottom
-
-
 def drop_contained_cut_boxes(
     boxes: np.ndarray,
     labels: np.ndarray,
@@ -83,31 +72,6 @@ def drop_contained_cut_boxes(
     inside = intersection_areas(boxes[a], boxes[b]) / np.maximum(box_areas(boxes[a]), 1e-9)
     keep[a[same & (inside >= containment_threshold)]] = False
     return keep
-
-
-def greedy_nms(scores: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Keep-mask of greedy NMS given the suppressing pairs (i, j): a box is dropped when a kept box of higher
-    score (ties: lower index) suppresses it, as in torchvision's NMS.
-
-    Decided in rounds over the sparse pair list instead of box by box: each round suppresses the boxes that a
-    kept box suppresses and keeps those whose higher-scoring neighbours are all suppressed. The best undecided
-    box is always decided, so the rounds end; they are as many as the longest chain of overlaps (a handful).
-    """
-    n = len(scores)
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.lexsort((np.arange(n), -np.asarray(scores)))] = np.arange(n)
-    first = rank[i] < rank[j]
-    high, low = np.where(first, i, j), np.where(first, j, i)
-    state = np.zeros(n, dtype=np.int8)  # 0 undecided, 1 kept, -1 suppressed
-    while True:
-        pending = state[low] == 0
-        high, low = high[pending], low[pending]
-        state[low[state[high] == 1]] = -1
-        blocked = np.zeros(n, dtype=bool)
-        blocked[low[state[high] == 0]] = True
-        state[(state == 0) & ~blocked] = 1
-        if not blocked.any():
-            return state == 1
 
 
 def cross_tile_nms(
@@ -205,11 +169,7 @@ def drop_masked(detections: pd.DataFrame, path: str | Path, spec: ImageSpec) -> 
 def count_detections(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
     """A merged layer's detections per label: each of ``labels`` (0 when it has none), then any other label the
     layer holds. Only its label column is read."""
-    import pyarrow.compute as pc
-
-    column = pq.read_table(path, columns=["label"]).column("label")
-    found = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
-    return {**{label: found.pop(label, 0) for label in labels}, **found}
+    return count_labels(path, labels)
 
 
 def scored_boxes(path: str | Path, min_score: float) -> np.ndarray:

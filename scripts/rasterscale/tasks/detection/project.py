@@ -23,7 +23,7 @@ from shapely.geometry import box
 from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.grid.project import Ownership, is_seam
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
-from rasterscale.tasks.detection.merge import greedy_nms
+from rasterscale.tasks.objects import greedy_nms
 
 PROJECT_COLUMNS = ["scene", "source", "label", "score", "geometry"]
 

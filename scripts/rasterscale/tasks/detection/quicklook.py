@@ -6,9 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rasterscale.atomic import save_figure
-from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
-from rasterscale.raster.remote import open_raster
+from rasterscale.tasks.quicklook import render_outlines
+
+
+def box_outlines(boxes: np.ndarray) -> list[np.ndarray]:
+    """The four corners of each (xmin, ymin, xmax, ymax) box."""
+    return [np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]) for x0, y0, x1, y1 in boxes]
 
 
 def render_quicklook(
@@ -20,29 +23,5 @@ def render_quicklook(
     title: str = "",
 ) -> None:
     """Decimated read (overviews when present) with boxes in pixel units drawn on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import PolyCollection
-
-    with open_raster(raster_path) as src:
-        scale = max(1.0, max(src.width, src.height) / max_side)
-        shape = (3, max(1, int(src.height / scale)), max(1, int(src.width / scale)))
-        with decoding(str(raster_path)):
-            image = display_uint8(src.read(indexes=[1, 2, 3], out_shape=shape))
-        width, height = src.width, src.height
-    fig, ax = plt.subplots(figsize=picture_inches(shape[1], shape[2], min(800, max_side)), dpi=100)
-    ax.imshow(np.moveaxis(image, 0, -1), extent=(0, width, height, 0))
-
-    def outlines(boxes: np.ndarray) -> list[np.ndarray]:
-        return [np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]) for x0, y0, x1, y1 in boxes]
-
-    if true_boxes is not None and len(true_boxes):
-        ax.add_collection(PolyCollection(outlines(true_boxes), facecolors="none", edgecolors="cyan", linewidths=0.6))
-    if len(pred_boxes):
-        ax.add_collection(PolyCollection(outlines(pred_boxes), facecolors="none", edgecolors="red", linewidths=0.6))
-    ax.set_axis_off()
-    legend = "red: predicted, cyan: true" if true_boxes is not None else "red: predicted"
-    ax.set_title(f"{title}  ({legend})", fontsize=9)
-    save_figure(fig, png_path)
+    true = box_outlines(true_boxes) if true_boxes is not None else None
+    render_outlines(raster_path, box_outlines(pred_boxes), true, png_path, max_side, title)
