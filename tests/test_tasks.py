@@ -21,10 +21,10 @@ PACKAGE = REPO / "scripts" / "rasterscale"
 
 def test_the_schema_takes_the_task_values_and_the_tasks_enums_from_the_registry():
     schema = load_schema()
-    assert schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation"]
+    assert schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation", "instances"]
     assert schema["properties"]["model"]["properties"]["architecture"]["enum"] == [None, *ARCHITECTURES]
     with pytest.raises(ConfigError, match="'task'"):
-        validate_config({"task": "instances"})
+        validate_config({"task": "panoptic"})
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -38,13 +38,17 @@ def test_each_spec_loads_its_torch_half_which_points_back_to_it(name):
 @pytest.mark.parametrize(
     ("task", "section", "key", "value", "owner"),
     [
-        ("segmentation", "model", "score_threshold", 0.5, "detection"),
+        ("segmentation", "model", "score_threshold", 0.5, "detection and instances"),
         ("detection", "model", "architecture", "fpn", "segmentation"),
+        ("detection", "model", "mask_threshold", 0.5, "instances"),
+        ("instances", "evaluate", "iou_threshold", 0.5, "detection"),
+        ("segmentation", "evaluate", "mask_iou_threshold", 0.5, "instances"),
     ],
 )
 def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key, value, owner):
-    assert key in task_spec(owner).config_keys[section]  # the key is the owner's, by its spec
-    validate_config({"task": owner, section: {key: value}})  # and valid there
+    for name in owner.split(" and "):
+        assert key in task_spec(name).config_keys[section]  # the key is the owners', by their specs
+        validate_config({"task": name, section: {key: value}})  # and valid there
     with pytest.raises(ConfigError, match=f"'{section}.{key}' applies to task {owner} only, and task is {task}"):
         validate_config({"task": task, section: {key: value}})
 

@@ -99,16 +99,23 @@ def rename_deprecated(instance: dict[str, Any], notices: list[str]) -> None:
 
 
 def check_task_keys(raw: Mapping[str, Any], default_task: str) -> None:
-    """A key set for the other task fails with one line (it would otherwise be silently ignored)."""
+    """A key set that only other tasks read fails with one line (it would otherwise be silently ignored)."""
     task = raw.get("task", default_task)
-    for other, spec in TASKS.items():
-        if other == task:
-            continue
+    own = (
+        {(section, key) for section, keys in TASKS[task].config_keys.items() for key in keys}
+        if task in TASKS
+        else set()
+    )
+    readers: dict[tuple[str, str], list[str]] = {}
+    for name, spec in TASKS.items():
         for section, keys in spec.config_keys.items():
-            values = raw.get(section)
             for key in keys:
-                if isinstance(values, dict) and values.get(key) is not None:
-                    raise ConfigError(f"config: key '{section}.{key}' applies to task {other} only, and task is {task}")
+                readers.setdefault((section, key), []).append(name)
+    for (section, key), tasks in readers.items():
+        values = raw.get(section)
+        if (section, key) not in own and isinstance(values, dict) and values.get(key) is not None:
+            which = " and ".join(tasks)
+            raise ConfigError(f"config: key '{section}.{key}' applies to task {which} only, and task is {task}")
 
 
 def validate_part(value: Any, schema: dict[str, Any], key: str) -> None:

@@ -6,10 +6,11 @@ from here."""
 from __future__ import annotations
 
 from rasterscale.tasks.detection.spec import DETECTION
+from rasterscale.tasks.instances.spec import INSTANCES
 from rasterscale.tasks.segmentation.spec import SEGMENTATION
 from rasterscale.tasks.spec import TaskSpec
 
-TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (DETECTION, SEGMENTATION)}
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (DETECTION, SEGMENTATION, INSTANCES)}
 
 
 def task_spec(name: str) -> TaskSpec:

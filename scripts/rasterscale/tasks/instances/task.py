@@ -1,0 +1,208 @@
+"""Instances: tree crowns as polygons with torchvision's Mask R-CNN (DeepForest's polygon model), one polygon layer
+per scene.
+
+The instance model's library lives beside this module, in this folder: ``model`` and ``modelfiles`` (building,
+model files, DeepForest's folder), ``groundtruth`` and ``dataset`` (crowns as Mask R-CNN targets), ``polygons``
+and ``rankoutput`` (a tile's masks as polygons, a rank's output), ``merge`` (the cross-tile merge by mask IoU),
+``evaluate`` (precision, recall, F1 and AP at mask IoU 0.5). This module is what the core asks of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from rasterscale.datasets.sampling import FlippableSamples
+from rasterscale.datasets.tiles import collate_lists
+from rasterscale.grid.tile import Tile
+from rasterscale.raster.headers import check_raster
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
+from rasterscale.scene import Scene
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.instances.dataset import InstanceTileDataset
+from rasterscale.tasks.instances.groundtruth import read_ground_truth
+from rasterscale.tasks.instances.model import (
+    InstanceSegmenter,
+    build_instance_model,
+    init_from_model_file,
+    load_instance_model,
+    predict_instances,
+    save_instance_model,
+)
+from rasterscale.tasks.instances.modelfiles import (
+    DEFAULT_FPN_CHANNELS,
+    InstanceConfig,
+    instances_of_config,
+    write_deepforest_maskrcnn_folder,
+)
+from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
+from rasterscale.tasks.instances.spec import INSTANCES
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
+from rasterscale.tasks.spec import Part
+
+LOGGER = logging.getLogger("rasterscale.train")
+VALIDATION_IOU = 0.5  # mask IoU of a match in the validation scores
+
+
+class InstanceTrainingModule(TrainingModule):
+    def losses(self, batch: tuple[list, list]) -> dict[str, torch.Tensor]:
+        images, targets = batch
+        return self.model(images, targets)
+
+
+def mask_ious(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """IoU of every predicted mask with every true mask of a tile, (N, H, W) and (M, H, W) 0/1 arrays: (N, M)."""
+    if len(predicted) == 0 or len(truth) == 0:
+        return np.zeros((len(predicted), len(truth)))
+    p = predicted.reshape(len(predicted), -1).astype(np.float32)
+    t = truth.reshape(len(truth), -1).astype(np.float32)
+    inter = p @ t.T
+    union = p.sum(1)[:, None] + t.sum(1)[None, :] - inter
+    return inter / np.maximum(union, 1.0)
+
+
+def greedy_matches(ious: np.ndarray, scores: np.ndarray, same_class: np.ndarray, threshold: float) -> int:
+    """True positives of a tile: predictions by decreasing score, each matched to the unmatched true mask of its
+    class it overlaps most, at IoU >= ``threshold``."""
+    taken = np.zeros(ious.shape[1], dtype=bool)
+    matched = 0
+    for k in np.argsort(-scores, kind="stable"):
+        candidates = np.where(same_class[k] & ~taken, ious[k], -1.0)
+        if len(candidates) and candidates.max() >= threshold:
+            taken[int(candidates.argmax())] = True
+            matched += 1
+    return matched
+
+
+def validate_instances(
+    model: torch.nn.Module, datasets: Sequence[InstanceTileDataset], batch_size: int
+) -> dict[str, float]:
+    """Tile-level precision, recall and F1 at mask IoU 0.5 on the validation tiles (rank 0 only)."""
+    segmenter = cast("InstanceSegmenter", model)
+    was_training = segmenter.training
+    segmenter.eval()
+    matched = predicted = true = 0
+    for dataset in datasets:
+        for start in range(0, len(dataset), batch_size):
+            indexes = range(start, min(len(dataset), start + batch_size))
+            outputs = predict_instances(segmenter, [dataset[i][0] for i in indexes])
+            for index, out in zip(indexes, outputs, strict=True):
+                target = dataset.target(index)
+                truth, labels = target["masks"].numpy(), target["labels"].numpy()
+                same = out["labels"][:, None] == labels[None, :]
+                matched += greedy_matches(mask_ious(out["masks"], truth), out["scores"], same, VALIDATION_IOU)
+                predicted, true = predicted + len(out["masks"]), true + len(truth)
+    segmenter.train(was_training)
+    precision = matched / predicted if predicted else 0.0
+    recall = matched / true if true else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"val_precision": precision, "val_recall": recall, "val_f1": f1}
+
+
+def deepforest_folder_of(model_path: str | Path) -> Path:
+    """The DeepForest model folder written beside a trained model: results/models/{name}/."""
+    return Path(model_path).with_suffix("")
+
+
+class InstancesTask(Task):
+    spec = INSTANCES
+
+    def model_config(self, config: Mapping[str, Any]) -> InstanceConfig:
+        return instances_of_config(config)[0]
+
+    def describe(self, model_cfg: InstanceConfig) -> str:
+        return f"Mask R-CNN {model_cfg.backbone}, {model_cfg.describe()}"
+
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, InstanceConfig]:
+        model, cfg, _ = load_instance_model(path, config)
+        return model, cfg
+
+    training_module_class = InstanceTrainingModule
+
+    def build_model(self, model_cfg: InstanceConfig) -> torch.nn.Module:
+        return build_instance_model(model_cfg)
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: InstanceConfig, config: Mapping[str, Any]) -> str:
+        """Start the model from ``train.init`` (an instance model file), or its backbone from
+        ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch; a pretrained backbone is
+        fine-tuned with frozen batch norms and stem, as detection's."""
+        segmenter = cast("InstanceSegmenter", model)
+        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
+        if init:
+            loaded = init_from_model_file(segmenter, model_cfg, init)
+        elif backbone_weights:
+            loaded = load_backbone_weights(segmenter, backbone_weights, "the instance model's backbone")
+            loaded += ", the rest initialized at random"
+        else:
+            return "no weights: training from scratch (random initialization)"
+        return f"{loaded}; {freeze_pretrained_backbone(segmenter)}"
+
+    def training_datasets(
+        self,
+        scene: Scene,
+        model_cfg: InstanceConfig,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
+        raster = check_raster(scene.raster)
+        labels = list(model_cfg.labels)
+        truth = read_ground_truth(scene.annotations, raster, labels, scene.label_column, scene.image_path)
+        fraction = train_cfg["min_visible_fraction"]
+        train_set = InstanceTileDataset(scene.raster, train, spec, truth, fraction)
+        val_set = InstanceTileDataset(scene.raster, validation, spec, truth, fraction) if validation else None
+        return train_set, val_set
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_lists(batch)
+
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+        return validate_instances(model, datasets, batch_size)  # type: ignore[arg-type]
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: InstanceConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        """The rasterscale model file and, beside it, the same model as a DeepForest Mask R-CNN folder."""
+        save_instance_model(model, model_cfg, model_path, **meta)
+        folder = deepforest_folder_of(model_path)
+        write_deepforest_maskrcnn_folder(model.state_dict(), model_cfg, folder)
+        if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
+            LOGGER.warning(
+                "%s: written for rasterscale (model.file reads it); DeepForest's MaskRCNN builds resnet50 models "
+                "with a %d-channel feature pyramid only and cannot load this %s with %d",
+                folder,
+                DEFAULT_FPN_CHANNELS,
+                model_cfg.backbone,
+                model_cfg.fpn_channels,
+            )
+        return [Path(model_path), folder]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        """Eval mode, batch norms folded into convolutions, channels_last backbone when asked."""
+        model.eval()
+        fuse_conv_bn(model)
+        if predict_cfg["channels_last"]:
+            to_channels_last(model, cast("InstanceSegmenter", model).backbone)
+        return model
+
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[dict[str, np.ndarray]]:
+        return predict_instances(cast("InstanceSegmenter", model), images)
+
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: InstanceConfig,
+        config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
+    ) -> RankOutput:
+        return InstanceRankOutput(scene, model_cfg.labels, path, parts or (), model_cfg.mask_threshold)

@@ -1,0 +1,93 @@
+"""A project layer of objects (detection's boxes, instances' crowns): every predicted scene's and seam's merged
+objects in one layer, in the project's CRS, each object once.
+
+Each source keeps the objects centred where it owns the map (:class:`rasterscale.grid.project.Ownership`): a
+crown on a border between two scenes comes from their seam, whose tiles saw it whole. The duplicates left where two
+owners meet (the same crown found by a scene and by a seam, its centre a little to either side of the core's edge)
+are the task's to remove, by its own overlap measure, among pairs from different sources or scenes
+(:func:`apart`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import shapely
+from shapely.geometry import box
+
+from rasterscale.grid.project import Ownership, is_seam
+
+PROJECT_COLUMNS = ["scene", "source", "label", "score", "geometry"]
+
+
+def source_area(source: Mapping[str, Any], crs: str) -> shapely.Geometry | None:
+    """A source's footprint (a scene's) or core (a seam's), in the project's CRS; None for a scene whose header
+    the plan did not read (a demo scene not yet made)."""
+    if "core" in source:
+        area = shapely.from_wkt(source["core"])
+    elif "bounds" in source:
+        area = box(*source["bounds"])
+    else:
+        return None
+    if source["crs"] == crs:
+        return area
+    step = max(area.length / 256, 1e-9)  # densified: a straight edge bends in another CRS
+    return gpd.GeoSeries([shapely.segmentize(area, step)], crs=source["crs"]).to_crs(crs).iloc[0]
+
+
+def ownership_of(sources: Sequence[Mapping[str, Any]], crs: str) -> Ownership:
+    footprints: dict[str, shapely.Geometry] = {}
+    cores: dict[str, shapely.Geometry] = {}
+    for source in sources:
+        area = source_area(source, crs)
+        if area is not None:
+            (cores if is_seam(source["name"]) else footprints)[source["name"]] = area
+    return Ownership(footprints, cores)
+
+
+def owned_objects(source: Mapping[str, Any], crs: str, ownership: Ownership) -> gpd.GeoDataFrame:
+    """A source's merged objects (its GeoParquet layer) in the project's CRS, those it owns, with their scene and
+    source (:data:`PROJECT_COLUMNS`)."""
+    frame = gpd.read_parquet(source["parquet"])
+    frame = frame.set_crs(source.get("crs") or crs, allow_override=frame.crs is None)
+    if frame.crs != crs:
+        frame = frame.to_crs(crs)
+    name = source["name"]
+    frame = frame.assign(scene=name, source=name)[PROJECT_COLUMNS]
+    if len(frame) and (name in ownership.footprints or name in ownership.cores):
+        centres = frame.geometry.centroid
+        x, y = centres.x.to_numpy(), centres.y.to_numpy()
+        frame = frame.assign(scene=ownership.scene_of(name, x, y))[ownership.keeps(name, x, y)]
+    return frame
+
+
+def owned_layer(job: Mapping[str, Any]) -> tuple[gpd.GeoDataFrame, int]:
+    """Every source's owned objects of a project's job in one frame (project CRS), and how many they are."""
+    crs = job["crs"]
+    ownership = ownership_of(job["sources"], crs)
+    frames = [owned_objects(source, crs, ownership) for source in job["sources"]]
+    present = [f for f in frames if len(f)] or frames[:1]
+    frame = gpd.GeoDataFrame(pd.concat(present, ignore_index=True), geometry="geometry", crs=crs)
+    return frame, sum(len(f) for f in frames)
+
+
+def apart(frame: gpd.GeoDataFrame, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Which pairs (i, j) of a project frame's rows may be duplicates: same label, from different sources or
+    scenes (a seam's objects on the two sides of its border too)."""
+    sources = pd.factorize(frame["source"])[0]
+    scenes = pd.factorize(frame["scene"])[0]
+    labels = pd.factorize(frame["label"])[0]
+    return ((sources[i] != sources[j]) | (scenes[i] != scenes[j])) & (labels[i] == labels[j])
+
+
+def summary(job: Mapping[str, Any], kept: int, owned: int, unit: str) -> str:
+    """The project merge's line for the log."""
+    seams = sum(is_seam(source["name"]) for source in job["sources"])
+    return (
+        f"{kept} {unit} from {len(job['sources']) - seams} scenes and {seams} seams "
+        f"({owned} owned, {owned - kept} duplicates across sources) -> {job['outputs']['parquet']}"
+    )

@@ -1,0 +1,138 @@
+"""Crown polygons (task instances) through the real workflow on the tiny config: synthesis, tiling, 2-rank DDP
+training of a Mask R-CNN and prediction (CPU ranks over gloo), the merge by mask IoU, evaluation, the DeepForest
+folder; then the same model predicted with 1 and 3 ranks and in 2 shards of 2 ranks: the same crowns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pytest
+import rasterio
+import shapely
+import torch
+import yaml
+
+from conftest import REPO, report
+from rasterscale.tasks.instances.merge import CROWN_COLUMNS
+from workflow import rank_stems, rank_tile_ids, run_workflow
+
+pytestmark = pytest.mark.slow
+TINY = REPO / "tests/configs/tiny_instances.yaml"
+SCENE = "tiny_test"
+
+
+def tiny_instances(**overrides: dict) -> dict:
+    config = yaml.safe_load(TINY.read_text())
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values}
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny-instances")
+    result = run_workflow(workdir, tiny_instances())
+    return workdir, result
+
+
+def crowns(workdir: Path) -> gpd.GeoDataFrame:
+    return gpd.read_parquet(workdir / f"results/{SCENE}/crowns.parquet")
+
+
+def matched_polygons(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -> float:
+    """Fraction of the crowns of ``a`` with a crown of ``b`` of the same label at polygon IoU >= ``min_iou``."""
+    pa, pb = np.asarray(a.geometry.array), np.asarray(b.geometry.array)
+    i, j = shapely.STRtree(pb).query(pa, predicate="intersects")
+    inter = shapely.area(shapely.intersection(pa[i], pb[j]))
+    iou = inter / (shapely.area(pa[i]) + shapely.area(pb[j]) - inter)
+    same = a["label"].to_numpy()[i] == b["label"].to_numpy()[j]
+    good = np.zeros(len(pa), dtype=bool)
+    good[i[(iou >= min_iou) & same]] = True
+    return float(good.mean()) if len(good) else 1.0
+
+
+def test_the_crown_layer_is_polygons_in_the_raster_crs_with_areas_and_perimeters(tiny_run):
+    workdir, _ = tiny_run
+    with rasterio.open(workdir / f"resources/demo/{SCENE}.tif") as src:
+        crs, bounds, pixel = src.crs, src.bounds, src.res[0]
+    parquet = crowns(workdir)
+    gpkg = gpd.read_file(workdir / f"results/{SCENE}/crowns.gpkg")
+    assert len(parquet) > 20 and len(gpkg) == len(parquet)  # an untrained model at score 0.05: plenty to check
+    for layer in (parquet, gpkg):
+        assert layer.crs == crs and list(layer.columns) == CROWN_COLUMNS
+    assert set(parquet.geometry.geom_type) == {"Polygon"} and parquet.geometry.is_valid.all()
+    minx, miny, maxx, maxy = parquet.total_bounds
+    assert bounds.left - pixel <= minx and maxx <= bounds.right + pixel
+    assert bounds.bottom - pixel <= miny and maxy <= bounds.top + pixel
+    np.testing.assert_allclose(parquet["area_m2"], parquet.geometry.area)  # metres: a UTM raster
+    np.testing.assert_allclose(parquet["perimeter_m"], parquet.geometry.length)
+    assert (np.diff(parquet["score"].to_numpy()) <= 0).all()
+
+
+def test_every_tile_processed_exactly_once_by_the_two_ranks(tiny_run):
+    workdir, _ = tiny_run
+    manifest = gpd.read_parquet(workdir / f"results/{SCENE}/tiles.parquet")
+    assert [stem.name for stem in rank_stems(workdir, SCENE)] == ["rank-0", "rank-1"]
+    processed = rank_tile_ids(workdir, SCENE)
+    assert all(processed)
+    assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
+
+
+def test_training_is_ddp_with_the_batch_plan_and_writes_a_deepforest_maskrcnn_folder(tiny_run):
+    workdir, _ = tiny_run
+    log = (workdir / "logs/train/tiny_crowns.log").read_text()
+    assert "world_size=2" in log and "per_device_batch=2" in log and "effective_batch=4" in log
+    assert "Mask R-CNN resnet18" in log
+    folder = workdir / "results/models/tiny_crowns"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["label_dict"] == {"tree": 0} and config["num_classes"] == 1
+    metrics = (workdir / "results/models/tiny_crowns.metrics.csv").read_text().splitlines()[0]
+    assert "val_f1" in metrics and "train_loss_mask" in metrics
+
+
+def test_the_deepforest_folder_holds_the_model_files_weights(tiny_run):
+    """The folder is read back as the same model as the .pt file (its layout against DeepForest's class:
+    tests/test_instances_model.py)."""
+    from rasterscale.tasks.instances.model import load_instance_model
+
+    workdir, _ = tiny_run
+    model, cfg, _ = load_instance_model(workdir / "results/models/tiny_crowns")
+    pt_model, pt_cfg, _ = load_instance_model(workdir / "results/models/tiny_crowns.pt")
+    state, pt_state = model.state_dict(), pt_model.state_dict()
+    assert state.keys() == pt_state.keys()
+    weights = [key for key in state if not key.endswith("num_batches_tracked")]  # a step counter: not in the folder
+    assert len(weights) > 100 and all(torch.equal(state[k], pt_state[k]) for k in weights)
+    assert cfg == pt_cfg
+
+
+def test_evaluation_scores_mask_iou_and_splits_tile_edges_from_the_rest(tiny_run):
+    workdir, result = tiny_run
+    metrics = json.loads((workdir / f"results/{SCENE}/evaluation.json").read_text())
+    assert {"precision", "recall", "f1", "map50", "edge", "interior"} <= set(metrics)
+    assert (workdir / f"results/{SCENE}/quicklook.png").stat().st_size > 0
+    report(
+        f"[instances tiny run, 3 training steps] F1 at mask IoU 0.5: crowns crossing an inner tile edge "
+        f"{metrics['edge']['f1']:.3f}, the others {metrics['interior']['f1']:.3f}"
+    )
+    assert "mask_ap50=" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "predict"),
+    [("1 rank", {"devices": 1}), ("3 ranks", {"devices": 3}), ("2 shards x 2 ranks", {"devices": 2, "shards": 2})],
+)
+def test_one_two_three_ranks_and_two_shards_of_two_give_the_same_crowns(tiny_run, tmp_path, name, predict):
+    workdir, _ = tiny_run
+    config = tiny_instances(
+        model={"file": str(workdir / "results/models/tiny_crowns.pt")}, train={"scenes": []}, predict=predict
+    )
+    run_workflow(tmp_path, config)
+    ranks = predict["devices"] * predict.get("shards", 1)
+    assert len(rank_stems(tmp_path, SCENE)) == ranks
+    two, other = crowns(workdir), crowns(tmp_path)
+    assert len(other) == len(two) > 20, name
+    assert matched_polygons(other, two, 0.99) == 1.0 and matched_polygons(two, other, 0.99) == 1.0, name
+    np.testing.assert_allclose(np.sort(other["score"]), np.sort(two["score"]), rtol=1e-5)
