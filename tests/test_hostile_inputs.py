@@ -5,6 +5,7 @@ bad fail the predicting rank with one line naming the raster and the tile (a rea
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -63,7 +64,44 @@ def data(tmp_path_factory) -> Path:
     deflate_raster(folder / "rgbn.tif", 64, 64, count=4, photometric="MINISBLACK")  # no band marked alpha
     write_raster(folder / "small.tif", 512, 300)
     (folder / "text.pt").write_text("not a model\n")
+    write_hostile_crowns(folder)
     return folder
+
+
+def write_crowns(path: Path, geometries: list) -> None:
+    frame = gpd.GeoDataFrame({"label": ["tree"] * len(geometries)}, geometry=geometries, crs="EPSG:32617")
+    frame.to_file(path)
+
+
+def write_hostile_crowns(folder: Path) -> None:
+    """Crown polygons of train.tif, each file with one bad feature (its 5th) or bad throughout; a COCO file with an
+    annotation of an unknown category."""
+    x, y = 404002, 3284990
+    good = [shapely.box(x + 3 * k, y, x + 2 + 3 * k, y + 2) for k in range(4)]
+    write_crowns(
+        folder / "bowtie.gpkg", [*good, shapely.Polygon([(x, y - 5), (x + 2, y - 3), (x + 2, y - 5), (x, y - 3)])]
+    )
+    parts = [shapely.box(x, y - 9, x + 1, y - 8), shapely.box(x + 3, y - 9, x + 4, y - 8)]
+    write_crowns(folder / "multi.gpkg", [*good, shapely.MultiPolygon(parts)])
+    write_crowns(folder / "empty.gpkg", [*good, shapely.Polygon()])
+    write_crowns(folder / "points.gpkg", [shapely.Point(x + k, y) for k in range(4)])
+    coco = {
+        "images": [{"id": 1, "file_name": "train.tif", "width": 512, "height": 512}],
+        "categories": [{"id": 1, "name": "tree"}],
+        "annotations": [
+            {"id": 7, "image_id": 1, "category_id": 1, "segmentation": [[10, 10, 30, 10, 30, 30, 10, 30]]},
+            {"id": 8, "image_id": 1, "category_id": 5, "segmentation": [[40, 40, 60, 40, 60, 60]]},
+        ],
+    }
+    (folder / "coco.json").write_text(json.dumps(coco))
+
+
+def crowns_config(data: Path, annotations: str, task: str = "instances") -> dict:
+    """The training scene annotated with ``annotations`` (a file of the data folder), under ``task``."""
+    scenes = config_of(data)["scenes"]
+    return config_of(
+        data, task, scenes={**scenes, "train": {**scenes["train"], "annotations": str(data / annotations)}}
+    )
 
 
 def config_of(data: Path, task: str = "detection", **sections: dict) -> dict:
@@ -124,6 +162,34 @@ CASES = {
     "a text file as model.file (was a traceback)": (
         lambda d: config_of(d, model={"file": str(d / "text.pt")}, train={"scenes": []}),
         "rasterscale: D/text.pt: not a model file rasterscale reads \\(a rasterscale .pt file, .*\\)",
+    ),
+    "crowns: a self-intersecting polygon (a bow-tie)": (
+        lambda d: crowns_config(d, "bowtie.gpkg"),
+        "rasterscale: D/bowtie.gpkg: feature 5 is an invalid polygon \\(Self-intersection.*\\) that does not mend "
+        "into one polygon \\(a bow-tie is two objects\\): redraw it, or split it into its parts",
+    ),
+    "crowns: a multipolygon": (
+        lambda d: crowns_config(d, "multi.gpkg"),
+        "rasterscale: D/multi.gpkg: feature 5 is a MultiPolygon of 2 parts \\(1 such\\); a crown is one polygon: "
+        "explode them if they are several crowns, or draw each as one polygon",
+    ),
+    "crowns: an empty geometry": (
+        lambda d: crowns_config(d, "empty.gpkg"),
+        "rasterscale: D/empty.gpkg: feature 5 has an empty geometry \\(1 such\\); crowns need polygons .*",
+    ),
+    "crowns: points (tree tops)": (
+        lambda d: crowns_config(d, "points.gpkg"),
+        "rasterscale: D/points.gpkg: feature 1 is a Point \\(4 of 4 features are no polygons\\); crowns need "
+        "polygons \\(a crown's outline\\)",
+    ),
+    "crowns: COCO with an unknown category": (
+        lambda d: crowns_config(d, "coco.json"),
+        "rasterscale: D/coco.json: annotation 8 has category_id 5, not among categories \\(1 tree\\)",
+    ),
+    "detection boxes: points (tree tops), which trained on zero-area boxes": (
+        lambda d: crowns_config(d, "points.gpkg", task="detection"),
+        "rasterscale: D/points.gpkg: feature 1 is a Point \\(4 of 4 features are no polygons\\); detection boxes "
+        "need polygons \\(a box or an outline\\)",
     ),
     "nothing to train or predict": (
         lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),

@@ -172,20 +172,47 @@ def segmentation_inputs(run: Path) -> dict:
     return config
 
 
+def instances_inputs(run: Path) -> dict:
+    """An instances (crown polygons) config over one scene, with an untrained Mask R-CNN at a low score threshold
+    (plenty of crowns: the machinery is under test): 2 shard jobs of 2 ranks."""
+    import torch
+
+    from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
+    from rasterscale.tasks.instances.modelfiles import InstanceConfig
+    from rasterscale.tools.synth import synthesize_scene
+
+    (run / "resources/demo").mkdir(parents=True)
+    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12)
+    torch.manual_seed(0)
+    cfg = InstanceConfig(backbone="resnet18", fpn_channels=64, patch_size=256, score_threshold=0.05)
+    save_instance_model(build_instance_model(cfg), cfg, run / "crowns.pt")
+    config = yaml.safe_load((REPO / "tests/configs/tiny_instances.yaml").read_text())
+    config["scenes"]["tiny_test"].pop("annotations")
+    config.update(
+        model={"file": "crowns.pt", "detections_per_tile": 30},
+        train={"scenes": []},
+        predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
+    )
+    return config
+
+
 @pytest.fixture(scope="module")
 def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
     """Two workflows submitted to the cluster at once (their jobs share its two nodes; most of a run's wall time
     is the executor's waits between status checks, which grow by 10 s each time no job has ended): the tiny
-    detection config (training on 2 nodes, prediction in 2 shards) and a segmentation config (2 shards)."""
+    detection config (training on 2 nodes, prediction in 2 shards), a segmentation config and an instances config
+    (2 shards each)."""
     base = tmp_path_factory.mktemp("slurm-run")
     started = time.monotonic()
     segmentation_config = segmentation_inputs(base / "segmentation/work")
+    instances_config = instances_inputs(base / "instances/work")
     # the demo's scenes made locally first: their synthesis is not what runs on the cluster under test
     demo = [f"resources/demo/{name}.tif" for name in ("tiny_train", "tiny_test")]
     run_workflow(base / "detection/work", slurm_config(), *demo)
     processes = {
         "detection": start_cluster_run(cluster, base / "detection", slurm_config()),
         "segmentation": start_cluster_run(cluster, base / "segmentation", segmentation_config),
+        "instances": start_cluster_run(cluster, base / "instances", instances_config),
     }
     runs = {name: finish_cluster_run(cluster, base / name, proc, started) for name, proc in processes.items()}
     for name, run in runs.items():
@@ -309,6 +336,27 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
     valid, errors, _ = cog_validate(str(run.workdir / "results/tiny_test/classes.tif"))
     assert valid, errors
+
+
+def test_instances_run_two_shards_on_the_cluster(cluster, cluster_runs):
+    """Crown polygons through the same launch, shard and record machinery: 2 shard jobs of 2 ranks, every tile
+    once, one merged layer of polygons."""
+    from rasterscale.predict.rankfiles import read_tile_ids
+
+    run = cluster_runs["instances"]
+    shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}
+    assert sorted(shards) == ["0_0", "0_1"] and all(len(job_ids) == 1 for job_ids in shards.values())
+    infos = {shard: scontrol_job(cluster, job_ids[0]) for shard, job_ids in shards.items()}
+    report(f"[instances on slurm] shard jobs {shards} on nodes {[i['NodeList'] for i in infos.values()]}")
+    for info in infos.values():
+        assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "2")
+    manifest = gpd.read_parquet(run.workdir / "results/tiny_test/tiles.parquet")
+    stems = rank_stems(run.workdir, "tiny_test")
+    assert len(stems) == 4
+    processed = np.concatenate([read_tile_ids(stem) for stem in stems])
+    assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
+    layer = gpd.read_parquet(run.workdir / "results/tiny_test/crowns.parquet")
+    assert len(layer) > 20 and set(layer.geometry.geom_type) == {"Polygon"}
 
 
 PROBE = """
