@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import rasterio
 import shapely
+import shapely.affinity
 from affine import Affine
 from rasterio.enums import ColorInterp
 from shapely.geometry import box
@@ -759,3 +760,72 @@ def test_segmentation_project_draws_a_seams_classes_over_its_scenes_where_it_pre
     assert np.array_equal(classes, expected)  # the seam's nodata leaves the scenes' classes showing
     polygons = gpd.read_file(tmp_path / "project/classes.gpkg")
     assert list(polygons["label"]) == ["tree"] and polygons.area.iloc[0] == pytest.approx(16 * 16 * 0.01)
+
+
+def write_crowns(path: Path, crowns: list[tuple[float, shapely.Geometry]]) -> str:
+    """A scene's (or seam's) merged crown layer: (score, polygon in metres from the project's corner) each."""
+    geometry = [shapely.affinity.translate(polygon, X0, Y0) for _, polygon in crowns]
+    frame = gpd.GeoDataFrame(
+        {
+            "label": ["tree"] * len(crowns),
+            "score": np.array([score for score, _ in crowns], dtype=np.float32),
+            "area_m2": shapely.area(geometry),
+            "perimeter_m": shapely.length(geometry),
+        },
+        geometry=geometry,
+        crs=UTM17N,
+    )
+    frame.to_parquet(path, index=False)
+    return str(path)
+
+
+def ell(x: float, y: float, flip: bool) -> shapely.Geometry:
+    """An L-shaped crown in the 2 m square at (x, y): its lower and left arms, or (flip) its upper and right ones.
+    Two such crowns, flipped and not, share their box but hardly overlap."""
+    shape = shapely.Polygon([(0, 0), (2, 0), (2, 0.5), (0.5, 0.5), (0.5, 2), (0, 2)])
+    if flip:
+        shape = shapely.affinity.rotate(shape, 180, origin=(1, 1))
+    return shapely.affinity.translate(shape, x, y)
+
+
+def test_the_project_of_crowns_keeps_each_crown_once_by_polygon_iou_across_sources(tmp_path):
+    """Instances' project layer: a crown across the border between a and b comes whole from their seam; a crown
+    found by a scene and by the seam (polygon IoU 0.3) is kept once, the better; two crowns from the two sides whose
+    boxes coincide but whose polygons hardly overlap (interleaved L shapes) both stay, which box IoU would not let."""
+    from rasterscale.tasks.instances.project import PROJECT_CROWN_COLUMNS
+    from rasterscale.tasks.instances.project import merge_project as merge_crowns
+
+    prints = footprints({"a": scene(tmp_path / "a.tif", 0, 0), "b": scene(tmp_path / "b.tif", 20, 0)})
+    (seam,) = find_seams(prints, MARGIN)
+    disc = shapely.Point(20.0, 10.0).buffer(1.0)  # across the border x = 20 m
+    crowns = {  # (score, polygon in metres from the project's corner)
+        "a": [(0.9, shapely.intersection(disc, box(0, 0, 20, 20))), (0.6, box(16.9, 2, 18.9, 4))],
+        "b": [(0.85, shapely.intersection(disc, box(20, 0, 40, 20))), (0.8, ell(20.3, 15, flip=True))],
+        "a+b": [(0.7, disc), (0.8, box(17.98, 2, 19.98, 4)), (0.6, ell(20.3, 15, flip=False))],
+    }
+    sources = []
+    for name, rows in crowns.items():
+        area = {"core": seam.core} if is_seam(name) else {"bounds": list(prints[name].bounds)}
+        parquet = write_crowns(tmp_path / f"{name}.parquet", rows)
+        sources.append({"name": name, "crs": UTM17N, **area, "parquet": parquet})
+    job = ProjectJob(
+        task="instances",
+        crs=UTM17N,
+        labels=("tree",),
+        merge={"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6},
+        project={"crs": None, "iou_threshold": 0.2},
+        sources=tuple(sources),
+        outputs={"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")},
+    ).as_mapping()
+    line = merge_crowns(job)
+    merged = gpd.read_parquet(job["outputs"]["parquet"])
+    assert list(merged.columns) == PROJECT_CROWN_COLUMNS and merged.crs == UTM17N
+    assert boxes_of(merged) == [
+        ("a+b", "a", (17.98, 2.0, 19.98, 4.0)),  # a's square of it (IoU 0.30, 0.6) gives way to the seam's (0.8)
+        ("a+b", "a", (19.0, 9.0, 21.0, 11.0)),  # the crown across the border: the seam's whole disc, not halves
+        ("a+b", "b", (20.3, 15.0, 22.3, 17.0)),  # two L shapes of one box, from either side: both kept
+        ("b", "b", (20.3, 15.0, 22.3, 17.0)),
+    ]
+    np.testing.assert_allclose(merged["area_m2"], merged.geometry.area)
+    counts = "4 crowns from 2 scenes and 1 seams (5 owned, 1 duplicates across sources)"
+    assert line == f"{counts} -> {job['outputs']['parquet']}"
