@@ -45,7 +45,7 @@ from rasterscale.grid.tile import TileGrid  # noqa: E402
 from rasterscale.raster.geo import box_areas  # noqa: E402
 from rasterscale.raster.imagery import resolve_spec  # noqa: E402
 from rasterscale.tasks.instances.polygons import to_crs, write_instances_file  # noqa: E402
-from synthetic import CRS, TRANSFORM, write_raster  # noqa: E402
+from synthetic import CRS, TRANSFORM, tile_windows, write_raster  # noqa: E402
 
 PATCH, OVERLAP = 400, 80
 RANKS = 4
@@ -210,6 +210,47 @@ def measure_instances_merge(workdir: Path, n_crowns: int, rss_sides: tuple[int, 
         job = synthetic_scene(workdir / f"instances-rss-{rss_side}", rss_side, rss_crowns)
         merged = merge_in_process(job)
         result["rss"][str(rss_side)] = {**merged, **{k: job[k] for k in ("instances", "tiles")}, "drawn": rss_crowns}
+    return result
+
+
+def measure_instances_rank_rss(workdir: Path, sides: tuple[int, ...], count: int) -> dict:
+    """Peak RSS of an instances rank (one CPU rank) on rasters of each side, ``count`` tiles spread over each: an
+    untrained Mask R-CNN (resnet18, 128 channels) at score 0 keeps ``detections_per_tile`` (100) instances a tile,
+    whose full-tile masks become polygons and go to the rank file. Its memory is the model's and one batch's: flat
+    in the raster's side."""
+    import torch
+
+    from jobs import run_predict_job
+    from measures import spread
+    from rasterscale.config.schema import validate_config
+    from rasterscale.grid.manifest import tiles_from_frame
+    from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
+    from rasterscale.tasks.instances.modelfiles import InstanceConfig
+
+    torch.manual_seed(0)
+    cfg = InstanceConfig(backbone="resnet18", fpn_channels=128, patch_size=PATCH, score_threshold=0.0)
+    model_file = workdir / "instances-model.pt"
+    save_instance_model(build_instance_model(cfg), cfg, model_file)
+    settings = validate_config({"task": "instances", "predict": {"accelerator": "cpu", "devices": 1, "workers": 0}})
+    config = {key: settings[key] for key in ("task", "model", "predict")}
+    result: dict[str, Any] = {}
+    for side in sides:
+        directory = workdir / f"instances-rank-rss-{side}"
+        directory.mkdir(parents=True, exist_ok=True)
+        manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
+        chosen = manifest.iloc[spread(range(len(manifest)), count)]
+        raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
+        write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
+        job = run_predict_job(directory, raster, directory / "tiles.parquet", model_file, {}, config=config)
+        raster.unlink()
+        profile = job.profiles[0]
+        crowns = len(gpd.read_parquet(directory / "predict/scene/rank-0.parquet"))
+        result[str(side)] = {
+            "rss_peak_mb": profile["host_rss_peak_mb"],
+            "tiles": profile["tiles"],
+            "instances": crowns,
+            "job_wall_s": round(job.wall_s, 2),
+        }
     return result
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware import header, machine
-from instances import measure_instances_merge
+from instances import measure_instances_merge, measure_instances_rank_rss
 from measures import (
     PATCH,
     measure_agreement,
@@ -96,6 +96,7 @@ TARGETS = {  # figure: (comparison, target)
     "seg_rank_rss_growth": ("<=", 1.05),  # the largest raster's peak over the smallest's
     "seg_merge_rss_growth": ("<=", 1.05),
     "instances_merge_1m_s": ("<=", 60.0),
+    "instances_rank_rss_growth": ("<=", 1.05),  # an instances rank's peak on the largest raster over the smallest
     "instances_merge_rss_growth": ("<=", 1.10),  # the same crowns on the largest raster over the smallest
 }
 
@@ -141,6 +142,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
     details["segmentation"] = timed(partial(measure_segmentation_rss, workdir, sizes.seg_rss_sides))
     seg = {side: r for side, r in details["segmentation"].items() if isinstance(r, dict)}
+    details["instances_rank"] = timed(partial(measure_instances_rank_rss, workdir, sizes.rss_sides, sizes.rss_tiles))
     details["instances"] = timed(
         partial(
             measure_instances_merge,
@@ -164,6 +166,9 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "seg_merge_rss_growth": growth(seg, "merge_rss_peak_mb"),
         "instances_merge_1m_s": details["instances"]["merge"]["seconds"],
         "instances_merge_rss_growth": growth(details["instances"]["rss"], "rss_peak_mb"),
+        "instances_rank_rss_growth": growth(
+            {side: r for side, r in details["instances_rank"].items() if isinstance(r, dict)}, "rss_peak_mb"
+        ),
     }
     return {
         **figures,
@@ -305,7 +310,23 @@ def instances_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, s
             + ", ".join(f"{int(side) // 1024}k^2 {rss[side]['rss_peak_mb']:.0f} MB" for side in sides)
             + " (memory follows the crowns, not the pixels)",
         ),
+        instances_rank_row(result),
     ]
+
+
+def instances_rank_row(result: dict[str, Any]) -> tuple[str, str, str | None, str]:
+    """The row of an instances rank's peak RSS as the raster grows."""
+    ranks = {side: r for side, r in result["details"]["instances_rank"].items() if isinstance(r, dict)}
+    sides = sorted(ranks, key=int)
+    first, last = (f"{int(sides[k]) // 1024}k^2" for k in (0, -1))
+    return (
+        f"instances rank RSS {last}/{first}",
+        f"{result['instances_rank_rss_growth']:.3f}x",
+        "instances_rank_rss_growth",
+        f"one CPU rank, an untrained Mask R-CNN at score 0 ({ranks[sides[0]]['instances']} crowns from"
+        f" {ranks[sides[0]]['tiles']} tiles on each raster): "
+        + ", ".join(f"{int(side) // 1024}k^2 {ranks[side]['rss_peak_mb']:.0f} MB" for side in sides),
+    )
 
 
 def precision_row(p: dict[str, Any], hardware: dict[str, Any]) -> tuple[str, str, str | None, str]:

@@ -121,6 +121,10 @@ def bench_result(machine: dict) -> dict:
         "merge": {"seconds": 6.0, "boxes": 998_836, "tiles": 15_625, "kept": 640_000},
         "manifest": {"seconds": 0.2, "tiles": 97_969},
         "segmentation": {"4096": seg, "32768": {**seg, "rank_rss_peak_mb": 1140.0, "merge_rss_peak_mb": 315.0}},
+        "instances_rank": {
+            side: {"rss_peak_mb": mb, "tiles": 24, "instances": 2400, "job_wall_s": 30.0}
+            for side, mb in (("4096", 1450.0), ("32768", 1465.0))
+        },
         "instances": {
             "merge": {
                 "seconds": 40.0,
@@ -156,6 +160,7 @@ def bench_result(machine: dict) -> dict:
         "seg_merge_rss_growth": 0.955,
         "instances_merge_1m_s": 40.0,
         "instances_merge_rss_growth": 1.033,
+        "instances_rank_rss_growth": 1.01,
     }
     agreement = {
         "model_file": "crowns.pt",
@@ -197,3 +202,4 @@ def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row()
     assert "40.0 s" in crowns and "<= 60.0" in crowns and "1013551 instances" in crowns
     assert "30.0 s on 2 cores" in crowns
     assert any(line.startswith("instances merge RSS 32k^2/4k^2") and "1.033x" in line for line in lines)
+    assert any(line.startswith("instances rank RSS 32k^2/4k^2") and "1.010x" in line for line in lines)
