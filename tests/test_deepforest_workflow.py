@@ -58,7 +58,7 @@ def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path,
     header = read_header(folder)
     assert (header.backbone, header.labels, header.resize) == ("resnet18", ("crown",), (800, 1333))
     assert read_header(tmp_path / "results/models/tiny.pt").resize == (800, 1333)
-    assert "DeepForest itself builds resnet50 models with a 256-channel feature pyramid only" in log
+    assert "DeepForest's RetinaNetHub builds resnet50 models with a 256-channel feature pyramid only" in log
 
 
 def test_a_bad_model_file_or_contradicting_labels_stop_the_dry_run_in_one_line(tmp_path, deepforest_folder):

@@ -135,7 +135,7 @@ def test_a_lighter_feature_pyramid_is_read_from_the_weights_and_round_trips(tmp_
     with pytest.raises(ConfigError, match=r"'model.fpn_channels' is 128 but .*tree has a 256-channel feature pyramid"):
         resolve_detector(validate_config({"model": {"fpn_channels": 128}}), deepforest)
     assert resolve_detector(validate_config({"model": {"fpn_channels": 128}}), None).fpn_channels == 128
-    with pytest.raises(ConfigError, match=r"'model\.fpn_channels' applies to task detection only"):
+    with pytest.raises(ConfigError, match=r"'model\.fpn_channels' applies to task detection and instances only"):
         validate_config({"task": "segmentation", "model": {"fpn_channels": 128}})
 
 

@@ -18,9 +18,9 @@ import tempfile
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import ConfigError, InputError
@@ -185,6 +185,48 @@ Resize = tuple[int, int] | None  # (min_size, max_size) of torchvision's transfo
 # ResNet depth from the block type and the number of blocks in layer3
 RESNETS = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6): "resnet50"}
 RESNETS[("bottleneck", 23)] = "resnet101"
+
+
+class ResNetFPNConfig:
+    """What the configurations of the ResNet-FPN models (a detector's, an instance model's: frozen dataclasses with
+    ``labels`` and ``resize``) share: their dict form, as model files store it, and their input scale's words."""
+
+    labels: tuple[str, ...]
+    resize: Resize
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]  # the subclasses are dataclasses
+        data["labels"] = list(self.labels)
+        data["resize"] = list(self.resize) if self.resize else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        data = dict(data)
+        data["labels"] = tuple(data["labels"])
+        data["resize"] = tuple(data["resize"]) if data.get("resize") else None
+        return cls(**data)
+
+    def describe_resize(self) -> str:
+        return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
+
+
+def deepforest_folder_of(model_path: str | Path) -> Path:
+    """The DeepForest model folder written beside a trained model: results/models/{name}/."""
+    return Path(model_path).with_suffix("")
+
+
+DEEPFOREST_BACKBONE = ("resnet50", 256)  # what DeepForest's classes build: resnet50, a 256-channel pyramid
+
+
+def deepforest_folder_note(folder: Path, what: str, backbone: str, fpn_channels: int) -> str | None:
+    """A warning for a DeepForest folder of a model DeepForest's own ``what`` cannot build; None when it can."""
+    if (backbone, fpn_channels) == DEEPFOREST_BACKBONE:
+        return None
+    return (
+        f"{folder}: written for rasterscale (model.file reads it); DeepForest's {what} builds resnet50 models with a "
+        f"256-channel feature pyramid only and cannot load this {backbone} with {fpn_channels}"
+    )
 
 
 def resnet_of_weights(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> str:

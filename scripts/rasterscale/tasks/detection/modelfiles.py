@@ -21,7 +21,7 @@ max_size=1333`` (a 400 px patch is upsampled to 800 px): that input scale is par
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -31,6 +31,7 @@ from rasterscale.tasks.modelfiles import (
     FOLDER_FILES,
     NotATorchFile,
     Resize,
+    ResNetFPNConfig,
     config_error,
     folder_resize,
     is_state_dict,
@@ -65,7 +66,7 @@ CLASS_LOGITS = "head.classification_head.cls_logits."
 
 
 @dataclass(frozen=True)
-class DetectorConfig:
+class DetectorConfig(ResNetFPNConfig):
     backbone: str = DEFAULT_BACKBONE
     labels: tuple[str, ...] = DEFAULT_LABELS
     patch_size: int = DEFAULT_PATCH_SIZE
@@ -75,22 +76,6 @@ class DetectorConfig:
     resize: Resize = None
     fpn_channels: int = DEFAULT_FPN_CHANNELS
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["labels"] = list(self.labels)
-        data["resize"] = list(self.resize) if self.resize else None
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DetectorConfig:
-        data = dict(data)
-        data["labels"] = tuple(data["labels"])
-        data["resize"] = tuple(data["resize"]) if data.get("resize") else None
-        return cls(**data)
-
-    def describe_resize(self) -> str:
-        return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
 
     def describe(self) -> str:
         """One line for the logs: labels, input scale and the detection thresholds."""

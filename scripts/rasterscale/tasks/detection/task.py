@@ -33,12 +33,12 @@ from rasterscale.tasks.detection.evaluate import evaluate_detections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import (
-    DEFAULT_FPN_CHANNELS,
     DetectorConfig,
     detector_of_config,
     write_deepforest_folder,
 )
 from rasterscale.tasks.detection.spec import DETECTION
+from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
 from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
 from rasterscale.tasks.spec import Part
 
@@ -173,11 +173,6 @@ def validate_detector(
     return {f"val_{k}": float(metrics[k]) for k in ("precision", "recall", "f1", "map50")}
 
 
-def deepforest_folder_of(model_path: str | Path) -> Path:
-    """The DeepForest model folder written beside a trained model: results/models/{name}/."""
-    return Path(model_path).with_suffix("")
-
-
 class DetectionTask(Task):
     spec = DETECTION
 
@@ -247,15 +242,9 @@ class DetectionTask(Task):
         save_detector(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_folder(model.state_dict(), model_cfg, folder)
-        if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
-            LOGGER.warning(
-                "%s: written for rasterscale (model.file reads it); DeepForest itself builds resnet50 models "
-                "with a %d-channel feature pyramid only and cannot load this %s with %d",
-                folder,
-                DEFAULT_FPN_CHANNELS,
-                model_cfg.backbone,
-                model_cfg.fpn_channels,
-            )
+        note = deepforest_folder_note(folder, "RetinaNetHub", model_cfg.backbone, model_cfg.fpn_channels)
+        if note:
+            LOGGER.warning(note)
         return [Path(model_path), folder]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:

@@ -24,7 +24,7 @@ rasterscale writes). A model file of another task (a RetinaNet, a segmenter) fai
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -33,6 +33,7 @@ from rasterscale.tasks.modelfiles import (
     FOLDER_FILES,
     NotATorchFile,
     Resize,
+    ResNetFPNConfig,
     config_error,
     folder_resize,
     labels_from_dict,
@@ -88,7 +89,7 @@ NOT_A_MODEL = (
 
 
 @dataclass(frozen=True)
-class InstanceConfig:
+class InstanceConfig(ResNetFPNConfig):
     """What builds an instance model: a torchvision Mask R-CNN on a ResNet-FPN backbone (``fpn_channels`` wide),
     predicting ``labels`` (0-based; the network adds torchvision's background class). ``resize``: torchvision's
     ``(min_size, max_size)`` (DeepForest's 800, 1333), or None: tiles at their native size. A mask pixel belongs
@@ -114,22 +115,6 @@ class InstanceConfig:
     def num_classes(self) -> int:
         """The network's classes: the labels and torchvision's background (class 0)."""
         return len(self.labels) + 1
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["labels"] = list(self.labels)
-        data["resize"] = list(self.resize) if self.resize else None
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:
-        data = dict(data)
-        data["labels"] = tuple(data["labels"])
-        data["resize"] = tuple(data["resize"]) if data.get("resize") else None
-        return cls(**data)
-
-    def describe_resize(self) -> str:
-        return "native scale" if self.resize is None else f"resized to min_size {self.resize[0]}, max {self.resize[1]}"
 
     def describe(self) -> str:
         """One line for the logs: labels, input scale and the thresholds."""

@@ -36,13 +36,13 @@ from rasterscale.tasks.instances.model import (
     save_instance_model,
 )
 from rasterscale.tasks.instances.modelfiles import (
-    DEFAULT_FPN_CHANNELS,
     InstanceConfig,
     instances_of_config,
     write_deepforest_maskrcnn_folder,
 )
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.instances.spec import INSTANCES
+from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
 from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
 from rasterscale.tasks.spec import Part
 
@@ -103,11 +103,6 @@ def validate_instances(
     recall = matched / true if true else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"val_precision": precision, "val_recall": recall, "val_f1": f1}
-
-
-def deepforest_folder_of(model_path: str | Path) -> Path:
-    """The DeepForest model folder written beside a trained model: results/models/{name}/."""
-    return Path(model_path).with_suffix("")
 
 
 class InstancesTask(Task):
@@ -173,15 +168,9 @@ class InstancesTask(Task):
         save_instance_model(model, model_cfg, model_path, **meta)
         folder = deepforest_folder_of(model_path)
         write_deepforest_maskrcnn_folder(model.state_dict(), model_cfg, folder)
-        if model_cfg.backbone != "resnet50" or model_cfg.fpn_channels != DEFAULT_FPN_CHANNELS:
-            LOGGER.warning(
-                "%s: written for rasterscale (model.file reads it); DeepForest's MaskRCNN builds resnet50 models "
-                "with a %d-channel feature pyramid only and cannot load this %s with %d",
-                folder,
-                DEFAULT_FPN_CHANNELS,
-                model_cfg.backbone,
-                model_cfg.fpn_channels,
-            )
+        note = deepforest_folder_note(folder, "MaskRCNN", model_cfg.backbone, model_cfg.fpn_channels)
+        if note:
+            LOGGER.warning(note)
         return [Path(model_path), folder]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
