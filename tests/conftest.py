@@ -113,6 +113,30 @@ def report(text: str) -> None:
     EVIDENCE.append(text.strip("\n"))
 
 
+# The test files that run longest here (minutes: real workflows, a Slurm cluster, servers), slowest first. CI runs
+# the suite on 2 workers a file at a time, handing out files in collection order: these go first, so that no
+# worker is left running a long file alone at the end.
+SLOWEST_FIRST = (
+    "test_slurm_workflow.py",
+    "test_segmentation_workflow.py",
+    "test_remote.py",
+    "test_scenes.py",
+    "test_instances_workflow.py",
+    "test_project_workflow.py",
+    "test_faults_predict.py",
+    "test_predict_resume.py",
+    "test_workflow.py",
+    "test_train_faults.py",
+    "test_bench_gpu.py",
+    "test_imagery_workflow.py",
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if EVIDENCE:
         terminalreporter.section("evidence")
