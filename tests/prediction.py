@@ -76,3 +76,23 @@ def predict_rank_file(
         log_dir=out_dir / "logs",
     )
     return out_dir / "scene/rank-0.parquet"
+
+
+def predict_crowns_in_process(raster: Path, manifest: Path, model_file: Path, out_dir: Path, model: dict) -> Path:
+    """An instances scene predicted with one CPU rank in this process and merged as a merge job does; returns
+    its crowns.parquet. ``model``: the model section's keys set (over the model file's)."""
+    from rasterscale.tasks.instances.merge import merge_scene
+
+    config = validate_config({"task": "instances", "model": model, "predict": {"workers": 0}})
+    resolution = resolve_precision("predict", config["predict"]["precision"], "cpu")
+    run_prediction(
+        [Scene("scene", str(raster), str(manifest))],
+        model_file,
+        config={key: config[key] for key in ("task", "model", "predict")},
+        spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
+        out_dir=out_dir,
+        log_dir=out_dir / "logs",
+    )
+    parquet = out_dir / "crowns.parquet"
+    merge_scene([out_dir / "scene/rank-0.parquet"], manifest, raster, out_dir / "crowns.gpkg", parquet, config["merge"])
+    return parquet

@@ -1,6 +1,7 @@
 """Crown polygons (task instances) through the real workflow on the tiny config: synthesis, tiling, 2-rank DDP
 training of a Mask R-CNN and prediction (CPU ranks over gloo), the merge by mask IoU, evaluation, the DeepForest
-folder; then the same model predicted with 1 and 3 ranks and in 2 shards of 2 ranks: the same crowns."""
+folder; then the same model predicted with 1 and 3 ranks: the same crowns (2 shards of 2 ranks: on the Slurm
+cluster, tests/test_slurm_workflow.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import geopandas as gpd
 import numpy as np
 import pytest
 import rasterio
-import shapely
 import torch
 import yaml
 
 from conftest import REPO, report
+from prediction import predict_crowns_in_process
 from rasterscale.tasks.instances.merge import CROWN_COLUMNS
-from workflow import rank_stems, rank_tile_ids, run_workflow
+from workflow import matched_polygons, rank_stems, rank_tile_ids, run_workflow
 
 pytestmark = pytest.mark.slow
 TINY = REPO / "tests/configs/tiny_instances.yaml"
@@ -40,18 +41,6 @@ def tiny_run(tmp_path_factory):
 
 def crowns(workdir: Path) -> gpd.GeoDataFrame:
     return gpd.read_parquet(workdir / f"results/{SCENE}/crowns.parquet")
-
-
-def matched_polygons(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -> float:
-    """Fraction of the crowns of ``a`` with a crown of ``b`` of the same label at polygon IoU >= ``min_iou``."""
-    pa, pb = np.asarray(a.geometry.array), np.asarray(b.geometry.array)
-    i, j = shapely.STRtree(pb).query(pa, predicate="intersects")
-    inter = shapely.area(shapely.intersection(pa[i], pb[j]))
-    iou = inter / (shapely.area(pa[i]) + shapely.area(pb[j]) - inter)
-    same = a["label"].to_numpy()[i] == b["label"].to_numpy()[j]
-    good = np.zeros(len(pa), dtype=bool)
-    good[i[(iou >= min_iou) & same]] = True
-    return float(good.mean()) if len(good) else 1.0
 
 
 def test_the_crown_layer_is_polygons_in_the_raster_crs_with_areas_and_perimeters(tiny_run):
@@ -120,19 +109,23 @@ def test_evaluation_scores_mask_iou_and_splits_tile_edges_from_the_rest(tiny_run
     assert "mask_ap50=" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(
-    ("name", "predict"),
-    [("1 rank", {"devices": 1}), ("3 ranks", {"devices": 3}), ("2 shards x 2 ranks", {"devices": 2, "shards": 2})],
-)
-def test_one_two_three_ranks_and_two_shards_of_two_give_the_same_crowns(tiny_run, tmp_path, name, predict):
+def test_one_rank_and_three_ranks_give_the_crowns_of_two(tiny_run, tmp_path):
+    """The same model over the same scene: one rank (in this process, merged as a merge job does), three ranks
+    (the workflow), and the tiny run's two give the same crowns. Two shards of two ranks: the loopback Slurm
+    cluster's run (tests/test_slurm_workflow.py)."""
     workdir, _ = tiny_run
-    config = tiny_instances(
-        model={"file": str(workdir / "results/models/tiny_crowns.pt")}, train={"scenes": []}, predict=predict
+    model = workdir / "results/models/tiny_crowns.pt"
+    two = crowns(workdir)
+    keys = {key: tiny_instances()["model"][key] for key in ("score_threshold", "detections_per_tile")}
+    raster, manifest = workdir / f"resources/demo/{SCENE}.tif", workdir / f"results/{SCENE}/tiles.parquet"
+    one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, model, tmp_path / "one", keys))
+    run_workflow(
+        tmp_path / "three", tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 3})
     )
-    run_workflow(tmp_path, config)
-    ranks = predict["devices"] * predict.get("shards", 1)
-    assert len(rank_stems(tmp_path, SCENE)) == ranks
-    two, other = crowns(workdir), crowns(tmp_path)
-    assert len(other) == len(two) > 20, name
-    assert matched_polygons(other, two, 0.99) == 1.0 and matched_polygons(two, other, 0.99) == 1.0, name
-    np.testing.assert_allclose(np.sort(other["score"]), np.sort(two["score"]), rtol=1e-5)
+    assert len(rank_stems(tmp_path / "three", SCENE)) == 3
+    three = crowns(tmp_path / "three")
+    assert len(two) > 20
+    for name, other in (("1 rank", one), ("3 ranks", three)):
+        assert len(other) == len(two), name
+        assert matched_polygons(other, two, 0.99) == 1.0 and matched_polygons(two, other, 0.99) == 1.0, name
+        np.testing.assert_allclose(np.sort(other["score"]), np.sort(two["score"]), rtol=1e-5)

@@ -26,8 +26,17 @@ import pytest
 import yaml
 
 from conftest import REPO, report
+from prediction import predict_crowns_in_process
 from slurm_cluster import SlurmCluster
-from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, tiny_config, workflow_command
+from workflow import (
+    matched_fraction,
+    matched_polygons,
+    rank_stems,
+    rank_tile_ids,
+    run_workflow,
+    tiny_config,
+    workflow_command,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -338,9 +347,9 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     assert valid, errors
 
 
-def test_instances_run_two_shards_on_the_cluster(cluster, cluster_runs):
+def test_instances_run_two_shards_on_the_cluster_with_the_crowns_of_one_rank(cluster, cluster_runs, tmp_path):
     """Crown polygons through the same launch, shard and record machinery: 2 shard jobs of 2 ranks, every tile
-    once, one merged layer of polygons."""
+    once, one merged layer of polygons: the crowns one rank finds with the same model."""
     from rasterscale.predict.rankfiles import read_tile_ids
 
     run = cluster_runs["instances"]
@@ -357,6 +366,12 @@ def test_instances_run_two_shards_on_the_cluster(cluster, cluster_runs):
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
     layer = gpd.read_parquet(run.workdir / "results/tiny_test/crowns.parquet")
     assert len(layer) > 20 and set(layer.geometry.geom_type) == {"Polygon"}
+    # the same crowns as one rank's (in this process, merged as a merge job does) with the same model
+    raster, manifest = run.workdir / "resources/demo/tiny_test.tif", run.workdir / "results/tiny_test/tiles.parquet"
+    model = {"detections_per_tile": 30}
+    one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, run.workdir / "crowns.pt", tmp_path, model))
+    assert len(one) == len(layer)
+    assert matched_polygons(one, layer, 0.99) == 1.0 and matched_polygons(layer, one, 0.99) == 1.0
 
 
 PROBE = """

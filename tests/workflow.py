@@ -14,6 +14,7 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
+import shapely
 import yaml
 
 from conftest import REPO
@@ -65,6 +66,18 @@ def matched_fraction(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -
     i, j = box_pairs(boxes_a, boxes_b)
     good = np.zeros(len(boxes_a), dtype=bool)
     good[i[pair_ious(boxes_a[i], boxes_b[j]) >= min_iou]] = True
+    return float(good.mean()) if len(good) else 1.0
+
+
+def matched_polygons(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -> float:
+    """Fraction of the crowns of ``a`` with a crown of ``b`` of the same label at polygon IoU >= ``min_iou``."""
+    pa, pb = np.asarray(a.geometry.array), np.asarray(b.geometry.array)
+    i, j = shapely.STRtree(pb).query(pa, predicate="intersects")
+    inter = shapely.area(shapely.intersection(pa[i], pb[j]))
+    iou = inter / (shapely.area(pa[i]) + shapely.area(pb[j]) - inter)
+    same = a["label"].to_numpy()[i] == b["label"].to_numpy()[j]
+    good = np.zeros(len(pa), dtype=bool)
+    good[i[(iou >= min_iou) & same]] = True
     return float(good.mean()) if len(good) else 1.0
 
 
