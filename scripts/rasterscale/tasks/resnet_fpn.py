@@ -8,7 +8,7 @@ What their model files share (torch-free) is in :mod:`rasterscale.tasks.modelfil
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,11 +43,17 @@ class PatchTransform(GeneralizedRCNNTransform):
 
 
 def resnet_fpn(
-    backbone: str, returned_layers: Sequence[int], fpn_channels: int, extra_blocks: ExtraFPNBlock | None = None
+    backbone: str,
+    returned_layers: Sequence[int],
+    fpn_channels: int,
+    extra_blocks: Callable[[], ExtraFPNBlock] | None = None,
 ) -> BackboneWithFPN:
     """A ResNet (``resnet18`` ... ``resnet101``, random weights, trainable batch norms) with a feature pyramid of
     ``fpn_channels`` channels over its stages ``returned_layers``: torchvision's ``_resnet_fpn_extractor`` with
-    every layer trainable, its keys (``backbone.body.*``, ``backbone.fpn.*``) and any pyramid width."""
+    every layer trainable, its keys (``backbone.body.*``, ``backbone.fpn.*``) and any pyramid width.
+    ``extra_blocks`` makes the pyramid's extra levels (default: torchvision's max-pooled P6), after the ResNet: the
+    modules are made, and draw their random weights, in the order torchvision's builders make them (a seed gives
+    the weights it gave before)."""
     body = getattr(resnet, backbone)(weights=None)
     width = body.inplanes // 8  # channels of layer1's output
     return BackboneWithFPN(
@@ -55,7 +61,7 @@ def resnet_fpn(
         {f"layer{k}": str(v) for v, k in enumerate(returned_layers)},
         [width * 2 ** (k - 1) for k in returned_layers],
         fpn_channels,
-        extra_blocks=extra_blocks,
+        extra_blocks=extra_blocks() if extra_blocks else None,
     )
 
 

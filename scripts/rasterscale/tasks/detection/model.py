@@ -43,9 +43,8 @@ RETURNED_LAYERS = (2, 3, 4)  # ResNet stages feeding the pyramid (P3-P5; P6, P7 
 def build_detector(cfg: DetectorConfig) -> RetinaNet:
     """torchvision's ``retinanet_resnet50_fpn`` architecture (DeepForest's), on any ResNet depth and with a feature
     pyramid of ``cfg.fpn_channels`` channels (256: torchvision's; fewer: a lighter pyramid and head)."""
-    features = resnet_fpn(
-        cfg.backbone, RETURNED_LAYERS, cfg.fpn_channels, LastLevelP6P7(cfg.fpn_channels, cfg.fpn_channels)
-    )
+    width = cfg.fpn_channels
+    features = resnet_fpn(cfg.backbone, RETURNED_LAYERS, width, lambda: LastLevelP6P7(width, width))
     model = RetinaNet(
         features,
         num_classes=len(cfg.labels),
