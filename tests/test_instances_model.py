@@ -325,3 +325,23 @@ def test_what_is_not_an_instance_model_fails_in_one_line_naming_it(tmp_path, lig
             read_header(tmp_path / name)
         assert "\n" not in str(caught.value)
     assert read_header(light_file).kind == "rasterscale model file" and INSTANCES_FORMAT.endswith("/1")
+
+
+def test_validation_matches_masks_one_to_one_by_iou():
+    """The validation scores' mask IoU: of every predicted mask with every true one; a prediction matches the true
+    mask of its class it overlaps most, once (here the better-scoring of two predictions of one crown takes it)."""
+    from rasterscale.tasks.instances.task import mask_ious
+    from rasterscale.tasks.objects import greedy_match
+
+    truth = np.zeros((2, 8, 8), dtype=np.uint8)
+    truth[0, :4, :4] = 1  # 16 px
+    truth[1, 4:, 4:] = 1
+    predicted = np.zeros((3, 8, 8), dtype=np.uint8)
+    predicted[0, :4, :2] = 1  # half of the first crown: IoU 0.5
+    predicted[1, :4, :4] = 1  # the first crown exactly
+    predicted[2, 4:, 4:6] = 1  # half of the second: IoU 0.5
+    ious = mask_ious(predicted, truth)
+    np.testing.assert_allclose(ious, [[0.5, 0.0], [1.0, 0.0], [0.0, 0.5]])
+    pred_idx, gt_idx = np.nonzero(ious > 0)
+    match = greedy_match(pred_idx, gt_idx, ious[pred_idx, gt_idx], np.array([0.9, 0.8, 0.7]), 2, 0.5)
+    assert match.tolist() == [0, -1, 1]  # the first prediction scores higher: it takes crown 0 at IoU 0.5

@@ -43,6 +43,7 @@ from rasterscale.tasks.instances.modelfiles import (
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.instances.spec import INSTANCES
 from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
+from rasterscale.tasks.objects import greedy_match, precision_recall_f1
 from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
 from rasterscale.tasks.spec import Part
 
@@ -67,19 +68,6 @@ def mask_ious(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return inter / np.maximum(union, 1.0)
 
 
-def greedy_matches(ious: np.ndarray, scores: np.ndarray, same_class: np.ndarray, threshold: float) -> int:
-    """True positives of a tile: predictions by decreasing score, each matched to the unmatched true mask of its
-    class it overlaps most, at IoU >= ``threshold``."""
-    taken = np.zeros(ious.shape[1], dtype=bool)
-    matched = 0
-    for k in np.argsort(-scores, kind="stable"):
-        candidates = np.where(same_class[k] & ~taken, ious[k], -1.0)
-        if len(candidates) and candidates.max() >= threshold:
-            taken[int(candidates.argmax())] = True
-            matched += 1
-    return matched
-
-
 def validate_instances(
     model: torch.nn.Module, datasets: Sequence[InstanceTileDataset], batch_size: int
 ) -> dict[str, float]:
@@ -95,13 +83,15 @@ def validate_instances(
             for index, out in zip(indexes, outputs, strict=True):
                 target = dataset.target(index)
                 truth, labels = target["masks"].numpy(), target["labels"].numpy()
-                same = out["labels"][:, None] == labels[None, :]
-                matched += greedy_matches(mask_ious(out["masks"], truth), out["scores"], same, VALIDATION_IOU)
+                ious = mask_ious(out["masks"], truth)
+                pred_idx, gt_idx = np.nonzero((ious > 0) & (out["labels"][:, None] == labels[None, :]))
+                match = greedy_match(
+                    pred_idx, gt_idx, ious[pred_idx, gt_idx], out["scores"], len(truth), VALIDATION_IOU
+                )
+                matched += int((match >= 0).sum())
                 predicted, true = predicted + len(out["masks"]), true + len(truth)
     segmenter.train(was_training)
-    precision = matched / predicted if predicted else 0.0
-    recall = matched / true if true else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    precision, recall, f1 = precision_recall_f1(matched, predicted, true)
     return {"val_precision": precision, "val_recall": recall, "val_f1": f1}
 
 
