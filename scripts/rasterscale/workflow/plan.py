@@ -372,7 +372,7 @@ class Plan:
         targets: list[str] = []
         if self.train_scenes and not self.config["model"]["file"]:
             targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
-        numbers = self.batches_of(self.predict_scenes)
+        numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
         for step in ("tiled", "merged"):
             targets += recorded_targets({paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
         if self.has_project():
