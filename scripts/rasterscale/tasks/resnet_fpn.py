@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torchvision.models import resnet
@@ -20,6 +20,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from rasterscale.errors import InputError
 from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
+from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
@@ -139,3 +140,14 @@ def freeze_pretrained_backbone(model: RetinaNet | MaskRCNN) -> str:
         if name.startswith(FROZEN_STEM):
             parameter.requires_grad_(False)
     return f"backbone batch norms frozen ({frozen}), {' and '.join(FROZEN_STEM)} fixed"
+
+
+def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
+    """The fast path of a model on a ResNet-FPN backbone (a detector, an instance model): eval mode, batch norms
+    folded into convolutions, and (when asked) channels_last weights and input batches (its heads' output layers
+    are in fp32 under autocast as built)."""
+    model.eval()
+    fuse_conv_bn(model)
+    if channels_last:
+        to_channels_last(model, cast("RetinaNet | MaskRCNN", model).backbone)
+    return model

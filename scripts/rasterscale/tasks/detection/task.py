@@ -24,7 +24,6 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data
-from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.detection.annotations import read_annotations
@@ -39,26 +38,13 @@ from rasterscale.tasks.detection.modelfiles import (
 )
 from rasterscale.tasks.detection.spec import DETECTION
 from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
-from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
 from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
     from torchvision.models.detection import RetinaNet
 
 LOGGER = logging.getLogger("rasterscale.train")
-
-
-def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
-    """The detector's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
-    weights and input batches (its heads' output layers are in fp32 under autocast as built)."""
-    model.eval()
-    fuse_conv_bn(model)
-    if channels_last:
-        detector = cast(
-            "RetinaNet", model
-        )  # the task's model (rasterscale.tasks.detection.model.build_detector), typed as any Module
-        to_channels_last(model, detector.backbone)
-    return model
 
 
 @dataclass

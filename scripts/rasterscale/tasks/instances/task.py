@@ -22,7 +22,6 @@ from rasterscale.datasets.tiles import collate_lists
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.instances.dataset import InstanceTileDataset
@@ -44,7 +43,7 @@ from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.instances.spec import INSTANCES
 from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
 from rasterscale.tasks.objects import greedy_match, precision_recall_f1
-from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
 from rasterscale.tasks.spec import Part
 
 LOGGER = logging.getLogger("rasterscale.train")
@@ -164,12 +163,7 @@ class InstancesTask(Task):
         return [Path(model_path), folder]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        """Eval mode, batch norms folded into convolutions, channels_last backbone when asked."""
-        model.eval()
-        fuse_conv_bn(model)
-        if predict_cfg["channels_last"]:
-            to_channels_last(model, cast("InstanceSegmenter", model).backbone)
-        return model
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[dict[str, np.ndarray]]:
         return predict_instances(cast("InstanceSegmenter", model), images)
