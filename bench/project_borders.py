@@ -108,6 +108,14 @@ def f1_in(detections: gpd.GeoDataFrame, truth: gpd.GeoDataFrame, area: shapely.G
     return metrics["f1"], len(true)
 
 
+def max_iou_across_scenes(layer: gpd.GeoDataFrame) -> float:
+    """The largest IoU between boxes of different scenes in a project's layer (0 where no two overlap)."""
+    boxes = layer.geometry.bounds.to_numpy()
+    i, j = box_pairs(boxes)
+    scenes = layer["scene"].to_numpy()
+    return float(pair_ious(boxes[i], boxes[j])[scenes[i] != scenes[j]].max(initial=0.0))
+
+
 def measure(root: Path) -> dict:
     truth = gpd.read_file(root / "whole.gpkg")
     whole = gpd.read_parquet(root / "one/results/whole/detections.parquet")
@@ -125,10 +133,7 @@ def measure(root: Path) -> dict:
         results[f"within_{band:g}_m"] = {
             "crowns": crowns, "whole": f1_whole, "project": f1_project, "side_by_side": f1_apart
         }  # fmt: skip
-    boxes = project.geometry.bounds.to_numpy()
-    i, j = box_pairs(boxes)
-    scenes = project["scene"].to_numpy()
-    results["max_iou_across_scenes"] = float(pair_ious(boxes[i], boxes[j])[scenes[i] != scenes[j]].max(initial=0.0))
+    results["max_iou_across_scenes"] = max_iou_across_scenes(project)
     results["seams"] = sorted({source for source in project["source"] if "+" in source})
     return results
 

@@ -119,6 +119,7 @@ def report(text: str) -> None:
 SLOWEST_FIRST = (
     "test_slurm_workflow.py",
     "test_segmentation_workflow.py",
+    "test_project_borders.py",
     "test_remote.py",
     "test_scenes.py",
     "test_instances_workflow.py",
