@@ -178,18 +178,25 @@ def test_every_point_of_a_2x2_grid_is_owned_by_exactly_one_source(grid):
     assert (owned.sum(axis=0) == 1).all()
     assert owned.any(axis=1).all()  # every scene and seam owns some of it
     owner = np.asarray(names, dtype=object)[owned.argmax(axis=0)]
-    # within the margin of an inner edge a seam owns the point: the first by name whose core holds it (where
-    # cores cross, around the grid's centre); elsewhere the scene it lies in
+    # within the margin of an inner edge a seam owns the point: where cores cross (around the grid's centre), the
+    # one whose two scenes hold it deepest (their mosaic holds most of an object there); elsewhere the scene it
+    # lies in. A seam's two scenes: a+b the top half, c+d the bottom one, a+c the left half, b+d the right one.
     near = (np.abs(x - X0 - 20) < MARGIN * PX) | (np.abs(y - Y0 - 20) < MARGIN * PX)
-    first_core = np.full(len(x), "", dtype=object)
-    for name in sorted(own.cores, reverse=True):
-        first_core[shapely.contains_xy(own.cores[name], x, y)] = name
-    assert ((first_core != "") == near).all()
-    assert (owner[near] == first_core[near]).all()
-    # around the centre, each point in two cores: a+b over b+d, a+c over c+d, b+d over c+d, a+b over a+c
-    centre_x, centre_y = X0 + np.array([20.5, 19.5, 20.5, 19.5]), Y0 + np.array([20.5, 19.5, 19.5, 20.5])
+    u, v = x - X0, y - Y0
+    halves = {"a+b": (0, 40, 20, 40), "c+d": (0, 40, 0, 20), "a+c": (0, 20, 0, 40), "b+d": (20, 40, 0, 40)}
+    depth = {seam: np.minimum.reduce([u - x0, x1 - u, v - y0, y1 - v]) for seam, (x0, x1, y0, y1) in halves.items()}
+    deepest = np.full(len(x), "", dtype=object)
+    best = np.full(len(x), -np.inf)
+    for name in sorted(own.cores):  # strictly deeper replaces: a tie stays with the first by name
+        deeper = shapely.contains_xy(own.cores[name], x, y) & (depth[name] > best)
+        deepest[deeper], best[deeper] = name, depth[name][deeper]
+    assert ((deepest != "") == near).all()
+    assert (owner[near] == deepest[near]).all()
+    # around the centre: just above the horizontal border, 1 m east of the vertical one, b+d (the right half)
+    # holds an object there whole and owns it; just east of the vertical border, 1 m above the other, a+b
+    centre_x, centre_y = X0 + np.array([21.0, 20.3, 19.0, 19.7]), Y0 + np.array([20.3, 21.0, 19.7, 19.0])
     names, owned = owners(own, centre_x, centre_y)
-    assert np.asarray(names, dtype=object)[owned.argmax(axis=0)].tolist() == ["a+b", "a+c", "b+d", "a+b"]
+    assert np.asarray(names, dtype=object)[owned.argmax(axis=0)].tolist() == ["b+d", "a+b", "a+c", "c+d"]
     quadrant = np.where(y - Y0 > 20, np.where(x - X0 < 20, "a", "b"), np.where(x - X0 < 20, "c", "d"))
     assert (owner[~near] == quadrant[~near]).all()
 

@@ -9,13 +9,15 @@ scene from a mosaic of the two rasters (:mod:`rasterscale.raster.mosaic`): its t
   *core* is that line widened by ``margin`` (the tiles' overlap, the largest object's size) on both sides, within
   the two scenes; its tiles are those that meet the core widened once more by ``margin``
   (:func:`tile_region`), so that every object centred in the core lies whole in a tile of the seam.
-- Ownership (:class:`Ownership`) keeps each object once: a seam keeps what is centred in its core (and in no core
-  of a seam of a smaller name); a scene keeps what is centred outside every core and outside every scene of a
+- Ownership (:class:`Ownership`) keeps each object once: a seam keeps what is centred in its core, and where
+  cores cross (near a point where three or more scenes meet) the seam whose two scenes hold the centre deepest
+  (farthest from the edge of their union, so that its mosaic holds most of the object; by name on a tie); a
+  scene keeps what is centred outside every core and outside every scene of a
   smaller name (two flights over one stand: the first by name keeps their overlap). A scene's object centred
   outside the cores lies at least ``margin`` from its edge, so the scene saw it whole.
 
 Seams are named ``{a}+{b}`` (``a < b``; ``+`` is not allowed in a scene name). Where three or more scenes meet
-at a point, a seam's mosaic holds only its two: an object on that point may be cut.
+at a point, a seam's mosaic holds only its two: an object on that very point may be cut.
 """
 
 from __future__ import annotations
@@ -147,6 +149,16 @@ class Ownership:
         self._scene_tree = STRtree([self.footprints[n] for n in self._scene_names])
         self._seam_names = sorted(self.cores)
         self._seam_tree = STRtree([self.cores[n] for n in self._seam_names])
+        self._mosaic_edges = {name: self._mosaic_edge(name) for name in self._seam_names}
+
+    def _mosaic_edge(self, seam: str) -> shapely.Geometry:
+        """The edge of the union of a seam's two scenes (its core's, where a scene's footprint is not known)."""
+        scenes = [self.footprints[name] for name in seam_scenes(seam) if name in self.footprints]
+        return shapely.boundary(shapely.union_all(scenes) if len(scenes) == 2 else self.cores[seam])
+
+    def _depth(self, seam: str, points: np.ndarray) -> np.ndarray:
+        """How far inside the union of the seam's two scenes each point lies."""
+        return shapely.distance(self._mosaic_edges[seam], points)
 
     def keeps(self, source: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """True where ``source`` owns the point (x, y): the objects it keeps."""
@@ -160,10 +172,17 @@ class Ownership:
                 other = self._scene_names[int(index)]
                 if other < source:
                     keep &= ~shapely.contains_xy(self.footprints[other], x, y)
+        points = shapely.points(x, y) if is_seam(source) else None
+        depth = self._depth(source, points) if points is not None else None
         for index in self._seam_tree.query(area, predicate="intersects"):
             seam = self._seam_names[int(index)]
-            if seam != source and (not is_seam(source) or seam < source):
-                keep &= ~shapely.contains_xy(self.cores[seam], x, y)
+            if seam == source:
+                continue
+            inside = shapely.contains_xy(self.cores[seam], x, y)
+            if points is not None and depth is not None and inside.any():  # crossing cores: the deeper seam keeps
+                other = self._depth(seam, points)
+                inside &= (other > depth) | ((other == depth) & (seam < source))
+            keep &= ~inside
         return keep
 
     def scene_of(self, source: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
