@@ -180,8 +180,8 @@ class Ownership:
                 continue
             inside = shapely.contains_xy(self.cores[seam], x, y)
             if points is not None and depth is not None and inside.any():  # crossing cores: the deeper seam keeps
-                other = self._depth(seam, points)
-                inside &= (other > depth) | ((other == depth) & (seam < source))
+                deeper = self._depth(seam, points)
+                inside &= (deeper > depth) | ((deeper == depth) & (seam < source))
             keep &= ~inside
         return keep
 
