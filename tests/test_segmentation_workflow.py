@@ -15,8 +15,10 @@ import rasterio
 import yaml
 from rasterio.features import rasterize
 
-from conftest import REPO
+from borders import BAND_M, PREDICT, TILING, class_maps_near_borders, predict_as_project
+from conftest import REPO, report
 from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
+from rasterscale.tools.synth import synthesize_scene
 from workflow import build_report, rank_stems, run_workflow, table_rows
 
 TINY = REPO / "tests/configs/tiny_segmentation.yaml"
@@ -126,6 +128,30 @@ def test_one_two_three_ranks_and_two_shards_give_the_same_class_map(seg_run, tmp
         print(f"\n{name}: {equal:.6%} of pixels equal to the 2-rank class map")
         assert equal >= 0.9999
         assert len(rank_stems(run, "tiny_test", ".tif")) == predict["devices"] * predict.get("shards", 1)
+
+
+def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes(seg_run, tmp_path):
+    """The trained segmenter over a held-out 1024 px scene of crowns, whole and as 2 x 2 abutting scenes: within
+    2 m of the inner borders the project's classes (seams read across the borders) score as the whole scene's,
+    and differ from them in fewer pixels than the four scenes' own class maps side by side."""
+    workdir, _ = seg_run
+    raster, outlines = tmp_path / "heldout.tif", tmp_path / "heldout.crowns.gpkg"
+    synthesize_scene(raster, tmp_path / "heldout.gpkg", width=1024, height=1024, seed=5, crowns_path=outlines)
+    model = {**seg_config()["model"], "file": str(workdir / "results/models/tiny_seg.pt")}
+    whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": {"heldout": {"path": str(raster)}}}
+    run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, "results/heldout/classes.tif")
+    four = predict_as_project(tmp_path, raster, "segmentation", model)
+    scores, changed, pixels, cover = class_maps_near_borders(
+        raster, outlines, tmp_path / "whole/results/heldout/classes.tif", four
+    )
+    report(
+        f"\n[borders, segmentation] mIoU within {BAND_M:g} m of the inner borders ({pixels} px, {cover:.0%} crowns): "
+        + ", ".join(f"{name} {scores[name]:.4f} ({changed[name]} px not the whole scene's class)" for name in scores)
+    )
+    assert cover > 0.2, "crowns lie across the borders"
+    assert scores["whole scene"] >= 0.75, "the segmenter must find the crowns for the comparison to mean anything"
+    assert abs(scores["project"] - scores["whole scene"]) <= 0.02
+    assert changed["project"] < changed["side by side"], "the seams should read the borders as the whole scene"
 
 
 def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
