@@ -36,9 +36,10 @@ def detection(tmp_path_factory) -> tuple[Path, Path, Path]:
     whole = root / "whole"
     scenes = {"train": train, "heldout": {"path": str(heldout)}}
     predict = PREDICT | {"scenes": ["heldout"]}
-    run_workflow(whole, {"tiling": TILING, "model": MODEL, "scenes": scenes, "train": TRAIN, "predict": predict})
+    config = {"tiling": TILING, "model": MODEL, "scenes": scenes, "train": TRAIN, "predict": predict}
+    run_workflow(whole, config, "results/heldout/detections.parquet")  # trains first: no quicklook, no report
     model = MODEL | {"file": str(whole / f"results/models/{MODEL['name']}.pt")}
-    return rasters, whole, predict_as_project(root, heldout, "detection", model)
+    return rasters, whole, predict_as_project(root, heldout, "detection", model, "detections.parquet")
 
 
 def test_a_2x2_projects_layer_scores_near_its_inner_borders_as_the_whole_scene_with_no_box_twice(detection):

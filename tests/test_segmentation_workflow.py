@@ -140,7 +140,7 @@ def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes
     model = {**seg_config()["model"], "file": str(workdir / "results/models/tiny_seg.pt")}
     whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": {"heldout": {"path": str(raster)}}}
     run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, "results/heldout/classes.tif")
-    four = predict_as_project(tmp_path, raster, "segmentation", model)
+    four = predict_as_project(tmp_path, raster, "segmentation", model, "classes.vrt")
     scores, changed, pixels, cover = class_maps_near_borders(
         raster, outlines, tmp_path / "whole/results/heldout/classes.tif", four
     )
