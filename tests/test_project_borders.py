@@ -26,13 +26,13 @@ MODEL = {"name": "discs", "backbone": "resnet18", "fpn_channels": 64, "score_thr
 
 @pytest.fixture(scope="module")
 def detection(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """Train on a 1024 px scene of discs and predict a held-out 2048 px scene whole (one run), then its 2 x 2 cut
+    """Train on a 1024 px scene of discs and predict a held-out 1792 px scene whole (one run), then its 2 x 2 cut
     as a project (a second run, with the model file of the first): the rasters' and the two work folders."""
     root = tmp_path_factory.mktemp("borders-detection")
     rasters = root / "rasters"
     rasters.mkdir()
     train = {"path": str(disc_scene(rasters, "train", 1024, seed=1)), "annotations": str(rasters / "train.gpkg")}
-    heldout = disc_scene(rasters, "heldout", 2048, seed=7)
+    heldout = disc_scene(rasters, "heldout", 1792, seed=7)
     whole = root / "whole"
     scenes = {"train": train, "heldout": {"path": str(heldout)}}
     predict = PREDICT | {"scenes": ["heldout"]}
