@@ -7,9 +7,10 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
-import rasterio
 import shapely
 from affine import Affine
+
+from conftest import write_raster
 
 UTM17N = "EPSG:32617"
 ORIGIN = (404000.0, 3285000.0)  # upper-left corner, m
@@ -48,11 +49,7 @@ def disc_scene(folder: Path, name: str, side: int, seed: int, radii: tuple[int, 
     disc = rng.normal(0, 12, (3, side, side)) + np.array([150, 200, 120])[:, None, None]
     data = np.clip(np.where(inside, disc, ground), 0, 255).astype(np.uint8)
     transform = Affine(PIXEL, 0, ORIGIN[0], 0, -PIXEL, ORIGIN[1])
-    raster = folder / f"{name}.tif"
-    profile = {"driver": "GTiff", "width": side, "height": side, "count": 3, "dtype": "uint8", "crs": UTM17N}
-    profile |= {"transform": transform, "tiled": True, "blockxsize": 256, "blockysize": 256}
-    with rasterio.open(raster, "w", **profile) as dst:
-        dst.write(data)
+    raster = write_raster(folder / f"{name}.tif", side, side, crs=UTM17N, transform=transform, data=data)
     x, y = ORIGIN[0] + discs[:, 0] * PIXEL, ORIGIN[1] - discs[:, 1] * PIXEL
     outlines = shapely.buffer(shapely.points(x, y), discs[:, 2] * PIXEL, quad_segs=16)
     outlines = shapely.intersection(
