@@ -23,10 +23,10 @@ from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.instances.evaluate import crosses_inner_edges, evaluate_instances, evaluate_scene
 from rasterscale.tasks.instances.merge import count_instances, merge_scene, metric_measures
-from rasterscale.tasks.instances.polygons import instances_frame, read_instances_files, tile_instances
+from rasterscale.tasks.instances.polygons import empty_instances, instances_frame, tile_instances
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
-from rasterscale.tasks.objects import greedy_nms
+from rasterscale.tasks.objects import greedy_nms, read_rank_files
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 WIDTH, HEIGHT, PATCH, OVERLAP = 700, 400, 400, 100
@@ -174,7 +174,7 @@ def test_a_crown_cut_by_one_tile_and_whole_in_the_other_merges_to_the_whole_one(
         "geometry",
     ]
     assert gpd.read_parquet(tmp_path / "crowns.parquet").geometry.iloc[0].equals(merged.geometry.iloc[0])
-    ranks = read_instances_files([tmp_path / "rank-0.parquet", tmp_path / "rank-1.parquet"])
+    ranks = read_rank_files([tmp_path / "rank-0.parquet", tmp_path / "rank-1.parquet"], empty_instances)
     assert ranks["cut"].tolist() == [True, False]
 
 
@@ -192,7 +192,7 @@ def test_duplicates_merge_by_mask_iou_while_interleaved_crowns_whose_boxes_coinc
     assert count_instances(tmp_path / "crowns.parquet", LABELS) == {"tree": 3, "snag": 0}
 
     # what box IoU would do: the two L-shapes have the same box, so greedy NMS on boxes drops the lower one
-    ranks = read_instances_files([tmp_path / "rank-0.parquet"])
+    ranks = read_rank_files([tmp_path / "rank-0.parquet"], empty_instances)
     boxes = ranks[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy()
     i, j = box_pairs(boxes)
     suppressing = pair_ious(boxes[i], boxes[j]) > MERGE["iou_threshold"]

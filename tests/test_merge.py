@@ -17,9 +17,9 @@ from rasterscale.tasks.detection.merge import (
     cross_tile_nms,
     empty_detections,
     merge_detections,
-    read_detection_files,
     write_detections_file,
 )
+from rasterscale.tasks.objects import read_rank_files
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 CRS = "EPSG:32617"
@@ -113,7 +113,7 @@ def test_rank_files_roundtrip_keeps_crs_and_processed_tiles(tmp_path):
     write_rank_record(tmp_path / "rank-1", [5])
     assert read_tile_ids(tmp_path / "rank-0").tolist() == [3, 4, 7]
     assert read_tile_ids(tmp_path / "rank-1").tolist() == [5]
-    frame = read_detection_files([path, empty])
+    frame = read_rank_files([path, empty], empty_detections)
     assert len(frame) == 1 and frame.crs.to_epsg() == 32617
     check_scene_records([tmp_path / "rank-0", tmp_path / "rank-1"], np.array([3, 4, 5, 7]))
     with pytest.raises(TileAccountingError, match=r"missing tile_id\(s\) 6"):

@@ -18,9 +18,9 @@ import tempfile
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Self
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import ConfigError, InputError
@@ -181,6 +181,7 @@ FOLDER_FILES = ("config.json", "model.safetensors")
 SAFETENSORS_KEY = "rasterscale"  # safetensors metadata entry holding what DeepForest's config.json cannot
 
 Resize = tuple[int, int] | None  # (min_size, max_size) of torchvision's transform; None: native scale
+DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
 
 # ResNet depth from the block type and the number of blocks in layer3
 RESNETS = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6): "resnet50"}
@@ -191,6 +192,8 @@ class ResNetFPNConfig:
     """What the configurations of the ResNet-FPN models (a detector's, an instance model's: frozen dataclasses with
     ``labels`` and ``resize``) share: their dict form, as model files store it, and their input scale's words."""
 
+    backbone: str
+    fpn_channels: int
     labels: tuple[str, ...]
     resize: Resize
 
@@ -272,29 +275,41 @@ def config_error(problem: str) -> Exception:
     return ConfigError(f"config: {problem}")
 
 
-class DetectorHeader(Protocol):
-    """What a detector's model file says about itself, whatever the task (``None``: the file does not say)."""
+@dataclass(frozen=True)
+class DetectorHeader:
+    """What a torchvision detector's model file says about itself, whatever the task (``None``: the file does not
+    say). ``kind``: rasterscale model file, DeepForest folder, DeepForest Lightning checkpoint or state dict."""
+
+    path: str
+    kind: str
+    backbone: str
+    num_classes: int  # the objects' classes, without torchvision's background
+    labels: tuple[str, ...] | None = None
+    score_threshold: float | None = None
+    nms_threshold: float | None = None
+    detections_per_tile: int | None = None
+    resize: Resize = None
+    patch_size: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
 
     @property
-    def path(self) -> str: ...
-    @property
-    def backbone(self) -> str: ...
-    @property
-    def num_classes(self) -> int: ...
-    @property
-    def labels(self) -> tuple[str, ...] | None: ...
-    @property
-    def score_threshold(self) -> float | None: ...
-    @property
-    def nms_threshold(self) -> float | None: ...
-    @property
-    def detections_per_tile(self) -> int | None: ...
-    @property
-    def resize(self) -> Resize: ...
-    @property
-    def patch_size(self) -> int | None: ...
-    @property
-    def fpn_channels(self) -> int: ...
+    def is_deepforest(self) -> bool:
+        return self.kind.startswith("DeepForest")
+
+    def describe(self) -> str:
+        """The file, its kind, backbone and classes, for the logs."""
+        labels = ", ".join(self.labels) if self.labels else f"{self.num_classes} unnamed class(es)"
+        return f"{self.path} ({self.kind}, {self.backbone}, {labels})"
+
+    def keeps_class_head(self, labels: tuple[str, ...]) -> bool:
+        """Whether a model of ``labels`` keeps this file's class layers (the same classes, or unnamed ones as many)."""
+        return self.num_classes == len(labels) and (self.labels is None or same_classes(self.labels, labels))
+
+
+def model_file_error(path: str | Path, problem: str) -> InputError:
+    """One line naming a model file and its problem."""
+    return InputError(f"{path}: {problem}")
 
 
 def resolve_detector_keys(

@@ -4,6 +4,7 @@
   suppressing pairs (never all pairs);
 - against ground truth: greedy one-to-one matching in descending score order over a sparse list of candidate
   pairs and their IoUs, precision/recall/F1 and COCO's interpolated AP, class by class;
+- a scene's rank files read as one frame, the objects on valid pixels, merged across tiles by the task's merge;
 - a merged layer's counts by label.
 
 The pairs and their IoUs are the task's (box IoU, polygon IoU); everything here is numpy over those arrays.
@@ -11,15 +12,39 @@ The pairs and their IoUs are the task's (box IoU, polygon IoU); everything here 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import geopandas as gpd
 import numpy as np
+import pandas as pd
+
+from rasterscale.grid.manifest import read_manifest
+from rasterscale.raster.headers import RasterInfo, check_raster
+from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
 
 # (prediction indexes, ground-truth indexes, IoU threshold) -> the ground-truth index each prediction is matched
 # to (-1: none); indexes into the caller's arrays
 Matcher = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
+
+BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]  # an object's box in raster pixels, in every frame
+
+
+class CrossTileMerge(Protocol):
+    """A task's merge of a scene's objects across tile overlaps: one row per object, sorted by score."""
+
+    def __call__(
+        self,
+        objects: gpd.GeoDataFrame,
+        manifest: gpd.GeoDataFrame,
+        raster_width: int,
+        raster_height: int,
+        /,
+        iou_threshold: float,
+        edge_tolerance: float,
+        containment_threshold: float,
+    ) -> gpd.GeoDataFrame: ...
 
 
 def cut_by_inner_edge(
@@ -159,3 +184,45 @@ def count_labels(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
     column = pq.read_table(path, columns=["label"]).column("label")
     found = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
     return {**{label: found.pop(label, 0) for label in labels}, **found}
+
+
+def read_rank_files(paths: Sequence[str | Path], empty: Callable[[Any], gpd.GeoDataFrame]) -> gpd.GeoDataFrame:
+    """A scene's rank files (GeoParquet) as one frame; ``empty(crs)`` where none holds a row."""
+    frames = [gpd.read_parquet(p) for p in paths]
+    crs = next((f.crs for f in frames if f.crs is not None), None)
+    non_empty = [f for f in frames if len(f)]
+    objects = pd.concat(non_empty, ignore_index=True) if non_empty else empty(crs)
+    return gpd.GeoDataFrame(objects, geometry="geometry", crs=crs)
+
+
+def drop_masked(objects: gpd.GeoDataFrame, path: str | Path, spec: ImageSpec) -> gpd.GeoDataFrame:
+    """The objects whose box (:data:`BOX_COLUMNS`) is centred on a valid pixel (a tile partly masked may still
+    see an object in its fill)."""
+    if spec.mask == "none" or not len(objects):
+        return objects
+    return objects[on_data(path, spec, objects[BOX_COLUMNS].to_numpy())]
+
+
+def merge_rank_files(
+    rank_files: Sequence[str | Path],
+    manifest_path: str | Path,
+    raster_path: str | Path,
+    merge_cfg: Mapping[str, float],
+    empty: Callable[[Any], gpd.GeoDataFrame],
+    merge: CrossTileMerge,
+) -> tuple[gpd.GeoDataFrame, RasterInfo]:
+    """A scene's rank files (their records already checked: :mod:`rasterscale.predict.rankfiles`), the objects on
+    valid pixels, merged across tile overlaps with ``merge.*``; the merged frame and the scene's raster."""
+    manifest = read_manifest(manifest_path)
+    raster = check_raster(raster_path)
+    objects = drop_masked(read_rank_files(rank_files, empty), raster_path, read_spec(manifest_path))
+    merged = merge(
+        objects,
+        manifest,
+        raster.width,
+        raster.height,
+        iou_threshold=merge_cfg["iou_threshold"],
+        edge_tolerance=merge_cfg["edge_tolerance"],
+        containment_threshold=merge_cfg["containment_threshold"],
+    )
+    return merged, raster

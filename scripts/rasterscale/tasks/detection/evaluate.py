@@ -17,10 +17,9 @@ from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.detection.annotations import read_annotations
-from rasterscale.tasks.detection.merge import BOX_COLUMNS
 from rasterscale.tasks.detection.quicklook import render_quicklook
 from rasterscale.tasks.labels import label_indexes
-from rasterscale.tasks.objects import Matcher, greedy_match, score_matches
+from rasterscale.tasks.objects import BOX_COLUMNS, Matcher, greedy_match, score_matches
 from rasterscale.tasks.objects import average_precision as average_precision  # detection's API, shared
 from rasterscale.tasks.objects import precision_recall_f1 as precision_recall_f1
 

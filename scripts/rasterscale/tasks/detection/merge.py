@@ -22,13 +22,9 @@ import pyarrow.parquet as pq
 from geopandas.io.arrow import _geopandas_to_arrow
 
 from rasterscale.atomic import atomic_path, write_geoparquet, write_gpkg
-from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
-from rasterscale.raster.headers import check_raster
-from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
-from rasterscale.tasks.objects import count_labels, cut_by_inner_edge, greedy_nms
+from rasterscale.tasks.objects import BOX_COLUMNS, count_labels, cut_by_inner_edge, greedy_nms, merge_rank_files
 
-BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
 
 
@@ -115,15 +111,6 @@ def merge_detections(
     return merged.reset_index(drop=True)
 
 
-def read_detection_files(paths: Sequence[str | Path]) -> gpd.GeoDataFrame:
-    """All ranks' detections of a scene, as one frame."""
-    frames = [gpd.read_parquet(p) for p in paths]
-    crs = next((f.crs for f in frames if f.crs is not None), None)
-    non_empty = [f for f in frames if len(f)]
-    detections = pd.concat(non_empty, ignore_index=True) if non_empty else empty_detections(crs)
-    return gpd.GeoDataFrame(detections, geometry="geometry", crs=crs)
-
-
 def merge_scene(
     rank_files: Sequence[str | Path],
     manifest_path: str | Path,
@@ -136,31 +123,13 @@ def merge_scene(
     """Merge a scene's rank detection files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across
     tile overlaps; write GeoPackage and GeoParquet."""
 
-    manifest = read_manifest(manifest_path)
-    raster = check_raster(raster_path)
-    detections = read_detection_files(rank_files)
-    detections = drop_masked(detections, raster_path, read_spec(manifest_path))  # none on nodata pixels
-    merged = merge_detections(
-        detections,
-        manifest,
-        raster.width,
-        raster.height,
-        iou_threshold=merge_cfg["iou_threshold"],
-        edge_tolerance=merge_cfg["edge_tolerance"],
-        containment_threshold=merge_cfg["containment_threshold"],
+    merged, raster = merge_rank_files(
+        rank_files, manifest_path, raster_path, merge_cfg, empty_detections, merge_detections
     )
     merged = merged.set_crs(raster.crs, allow_override=True)
     write_gpkg(merged, gpkg_path, layer=layer)
     write_geoparquet(merged, parquet_path)
     return merged
-
-
-def drop_masked(detections: pd.DataFrame, path: str | Path, spec: ImageSpec) -> pd.DataFrame:
-    """Detections (raster pixel columns px_xmin..px_ymax) centred on valid pixels (a tile partly masked may
-    still see an object in its fill)."""
-    if spec.mask == "none" or not len(detections):
-        return detections
-    return detections[on_data(path, spec, detections[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy())]
 
 
 # -- reading a merged layer back (the report) ------------------------------------------------------------------

@@ -27,11 +27,10 @@ from rasterscale.tasks.detection.modelfiles import (
     CLASS_LOGITS,
     DETECTOR_FORMAT,
     DetectorConfig,
-    ModelHeader,
     read_model_file,
     resolve_detector,
 )
-from rasterscale.tasks.modelfiles import same_classes, save_payload
+from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.resnet_fpn import PatchTransform, load_weights, resnet_fpn
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
@@ -92,19 +91,12 @@ def init_from_model_file(model: RetinaNet, cfg: DetectorConfig, path: str | Path
     header, state = read_model_file(path)
     if header.backbone != cfg.backbone:
         raise InputError(f"{path}: a {header.backbone} model, but the detector to train is a {cfg.backbone}")
-    keep_head = header.num_classes == len(cfg.labels) and (
-        header.labels is None or same_classes(header.labels, cfg.labels)
-    )
+    keep_head = header.keeps_class_head(cfg.labels)
     load_weights(model, state, path, skip="" if keep_head else CLASS_LOGITS)
     if keep_head:
-        return f"all weights from {describe_header(header)}"
+        return f"all weights from {header.describe()}"
     reset_class_logits(model)
     return (
-        f"weights from {describe_header(header)}, except the class head's last layer, new for "
+        f"weights from {header.describe()}, except the class head's last layer, new for "
         f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}"
     )
-
-
-def describe_header(header: ModelHeader) -> str:
-    labels = ", ".join(header.labels) if header.labels else f"{header.num_classes} unnamed class(es)"
-    return f"{header.path} ({header.kind}, {header.backbone}, {labels})"

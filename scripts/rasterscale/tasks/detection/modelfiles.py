@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from rasterscale.errors import InputError
 from rasterscale.tasks.modelfiles import (
     DEEPFOREST_RESIZE,
+    DEFAULT_FPN_CHANNELS,
     FOLDER_FILES,
+    DetectorHeader,
     NotATorchFile,
     Resize,
     ResNetFPNConfig,
@@ -37,6 +38,7 @@ from rasterscale.tasks.modelfiles import (
     is_state_dict,
     labels_from_dict,
     model_file,
+    model_file_error,
     other_tasks_model,
     read_hub_folder,
     resnet_of_weights,
@@ -59,7 +61,6 @@ DETECTOR_FORMAT = "rasterscale-detector/1"
 DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_PATCH_SIZE = 400
-DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
 DEFAULTS: DetectorDefaults = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
 CLASS_LOGITS = "head.classification_head.cls_logits."
@@ -86,33 +87,10 @@ class DetectorConfig(ResNetFPNConfig):
         )
 
 
-@dataclass(frozen=True)
-class ModelHeader:
-    """What a model file says about itself (``None``: the file does not say)."""
-
-    path: str
-    kind: str  # rasterscale model file | DeepForest folder | DeepForest Lightning checkpoint | DeepForest state dict
-    backbone: str
-    num_classes: int
-    labels: tuple[str, ...] | None = None
-    score_threshold: float | None = None
-    nms_threshold: float | None = None
-    detections_per_tile: int | None = None
-    resize: Resize = None
-    patch_size: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
-
-    @property
-    def is_deepforest(self) -> bool:
-        return self.kind.startswith("DeepForest")
+ModelHeader = DetectorHeader  # what a RetinaNet file says about itself
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-
-
-def _fail(path: str | Path, problem: str) -> InputError:
-    return InputError(f"{path}: {problem}")
 
 
 NOT_A_MODEL = (
@@ -134,10 +112,12 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
     shapes = {k.removeprefix("model."): v for k, v in shapes.items()}
     logits = shapes.get(CLASS_LOGITS + "weight")
     if logits is None or "backbone.fpn.layer_blocks.0.0.weight" not in shapes:
-        raise _fail(path, f"{NOT_A_MODEL}: its weights are not a torchvision RetinaNet with a ResNet-FPN backbone")
+        raise model_file_error(
+            path, f"{NOT_A_MODEL}: its weights are not a torchvision RetinaNet with a ResNet-FPN backbone"
+        )
     backbone = resnet_of_weights(path, shapes)
     if logits[0] % NUM_ANCHORS:
-        raise _fail(path, f"class head has {logits[0]} outputs, not a multiple of {NUM_ANCHORS} anchors")
+        raise model_file_error(path, f"class head has {logits[0]} outputs, not a multiple of {NUM_ANCHORS} anchors")
     return backbone, logits[0] // NUM_ANCHORS, shapes["backbone.fpn.layer_blocks.0.0.weight"][0]
 
 
@@ -146,7 +126,9 @@ def _folder_header(path: Path) -> ModelHeader:
     config = folder.config
     backbone, classes, fpn_channels = architecture(path, folder.shapes)
     if config.get("num_classes", classes) != classes:
-        raise _fail(path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes")
+        raise model_file_error(
+            path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes"
+        )
     labels = labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
     return ModelHeader(
         path=str(path),
@@ -168,20 +150,20 @@ def torch_payload(path: Path) -> Any:
     try:
         return payload_of_file(path)
     except NotATorchFile:
-        raise _fail(path, NOT_A_MODEL) from None
+        raise model_file_error(path, NOT_A_MODEL) from None
 
 
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
     other = other_tasks_model(path, payload, "detection")
     if other:
-        raise _fail(path, other)
+        raise model_file_error(path, other)
     if isinstance(payload, Mapping) and payload.get("format") == DETECTOR_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
         backbone, classes, fpn_channels = architecture(path, shapes_of(state))
         if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
-            raise _fail(
+            raise model_file_error(
                 path,
                 f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
                 f"{backbone}/{classes}/{fpn_channels}",
@@ -228,15 +210,15 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
             str(path), "DeepForest state dict", backbone, classes, resize=DEEPFOREST_RESIZE, fpn_channels=fpn_channels
         )
         return header, state
-    raise _fail(path, NOT_A_MODEL)
+    raise model_file_error(path, NOT_A_MODEL)
 
 
 def _existing(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
-        raise _fail(path, "model file not found")
+        raise model_file_error(path, "model file not found")
     if path.is_file() and path.name in FOLDER_FILES:
-        raise _fail(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
+        raise model_file_error(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
     return path
 
 

@@ -7,7 +7,6 @@ This module is what the core asks of them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +18,12 @@ import pandas as pd
 import torch
 
 from rasterscale.datasets.sampling import FlippableSamples
-from rasterscale.datasets.tiles import collate_lists
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.dataset import TrainTileDataset
 from rasterscale.tasks.detection.evaluate import evaluate_detections
@@ -37,14 +35,11 @@ from rasterscale.tasks.detection.modelfiles import (
     write_deepforest_folder,
 )
 from rasterscale.tasks.detection.spec import DETECTION
-from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
-from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
+from rasterscale.tasks.detectors import DetectorTask
 from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
     from torchvision.models.detection import RetinaNet
-
-LOGGER = logging.getLogger("rasterscale.train")
 
 
 @dataclass
@@ -110,12 +105,6 @@ class DetectionRankOutput(RankOutput):
         return f"{len(frame)} detections{resumed}"
 
 
-class DetectionTrainingModule(TrainingModule):
-    def losses(self, batch: tuple[list, list]) -> dict[str, torch.Tensor]:
-        images, targets = batch
-        return self.model(images, targets)
-
-
 def predict_tiles(model: torch.nn.Module, dataset: TrainTileDataset, batch_size: int) -> list[dict[str, np.ndarray]]:
     """Run the raw detector over a tile dataset (rank 0 only: no collectives)."""
     was_training = model.training
@@ -159,8 +148,10 @@ def validate_detector(
     return {f"val_{k}": float(metrics[k]) for k in ("precision", "recall", "f1", "map50")}
 
 
-class DetectionTask(Task):
+class DetectionTask(DetectorTask):
     spec = DETECTION
+    deepforest_class = "RetinaNetHub"
+    model_name = "the detector"
 
     def model_config(self, config: Mapping[str, Any]) -> DetectorConfig:
         return detector_of_config(config)[0]
@@ -172,24 +163,17 @@ class DetectionTask(Task):
         model, cfg, _ = load_detector(path, config)
         return model, cfg
 
-    training_module_class = DetectionTrainingModule
-
     def build_model(self, model_cfg: DetectorConfig) -> torch.nn.Module:
         return build_detector(model_cfg)  # its transform resizes as the model records (model.resize)
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: DetectorConfig, config: Mapping[str, Any]) -> str:
-        """Start the detector from ``train.init`` (any model file rasterscale reads), or its backbone from
-        ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch. A pretrained backbone is
-        fine-tuned as DeepForest does (frozen batch norms and stem)."""
+    def init_from_model_file(self, model: torch.nn.Module, model_cfg: DetectorConfig, path: str | Path) -> str:
+        return init_from_model_file(cast("RetinaNet", model), model_cfg, path)
 
-        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
-        if init:
-            loaded = init_from_model_file(model, model_cfg, init)
-        elif backbone_weights:
-            loaded = load_backbone_weights(model, backbone_weights) + ", the rest initialized at random"
-        else:
-            return "no weights: training from scratch (random initialization)"
-        return f"{loaded}; {freeze_pretrained_backbone(model)}"
+    def write_model_files(
+        self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: Path, folder: Path, **meta: Any
+    ) -> None:
+        save_detector(model, model_cfg, model_path, **meta)
+        write_deepforest_folder(model.state_dict(), model_cfg, folder)
 
     def training_datasets(
         self,
@@ -214,27 +198,8 @@ class DetectionTask(Task):
         val_set = TrainTileDataset(scene.raster, validation, spec, **common) if validation else None
         return train_set, val_set
 
-    def collate(self, batch: list[Any]) -> Any:
-        return collate_lists(batch)
-
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_detector(model, datasets, batch_size)  # type: ignore[arg-type]
-
-    def save_model(
-        self, model: torch.nn.Module, model_cfg: DetectorConfig, model_path: str | Path, **meta: Any
-    ) -> list[Path]:
-        """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
-
-        save_detector(model, model_cfg, model_path, **meta)
-        folder = deepforest_folder_of(model_path)
-        write_deepforest_folder(model.state_dict(), model_cfg, folder)
-        note = deepforest_folder_note(folder, "RetinaNetHub", model_cfg.backbone, model_cfg.fpn_channels)
-        if note:
-            LOGGER.warning(note)
-        return [Path(model_path), folder]
-
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[TileDetections]:
         return [

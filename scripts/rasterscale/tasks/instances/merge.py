@@ -35,18 +35,15 @@ import pyproj
 import shapely
 
 from rasterscale.atomic import write_geoparquet, write_gpkg
-from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.geo import intersection_areas
-from rasterscale.raster.headers import check_raster
-from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
 from rasterscale.tasks.instances.polygons import (
     BOX_COLUMNS,
+    empty_instances,
     ious_of,
     overlap_areas,
     polygon_pairs,
-    read_instances_files,
 )
-from rasterscale.tasks.objects import count_labels, cut_by_inner_edge, greedy_nms
+from rasterscale.tasks.objects import count_labels, cut_by_inner_edge, greedy_nms, merge_rank_files
 
 CROWN_COLUMNS = ["label", "score", "area_m2", "perimeter_m", "geometry"]
 LAYER = "crowns"
@@ -182,13 +179,6 @@ def crown_layer(merged: gpd.GeoDataFrame, crs: object) -> gpd.GeoDataFrame:
     return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries(geometries, crs=crs), crs=crs)
 
 
-def drop_masked(instances: gpd.GeoDataFrame, path: str | Path, spec: ImageSpec) -> gpd.GeoDataFrame:
-    """Instances whose box is centred on a valid pixel (a tile partly masked may still see a crown in its fill)."""
-    if spec.mask == "none" or not len(instances):
-        return instances
-    return instances[on_data(path, spec, instances[BOX_COLUMNS].to_numpy())]
-
-
 def merge_scene(
     rank_files: Sequence[str | Path],
     manifest_path: str | Path,
@@ -200,19 +190,9 @@ def merge_scene(
 ) -> gpd.GeoDataFrame:
     """Merge a scene's rank files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across tile
     overlaps; write the crowns as GeoParquet and GeoPackage (atomically); the crowns."""
-    manifest = read_manifest(manifest_path)
-    raster = check_raster(raster_path)
-    instances = drop_masked(read_instances_files(rank_files), raster_path, read_spec(manifest_path))
-    merged = merge_instances(
-        instances,
-        manifest,
-        raster.width,
-        raster.height,
-        iou_threshold=merge_cfg["iou_threshold"],
-        edge_tolerance=merge_cfg["edge_tolerance"],
-        containment_threshold=merge_cfg["containment_threshold"],
+    merged, raster = merge_rank_files(
+        rank_files, manifest_path, raster_path, merge_cfg, empty_instances, merge_instances
     )
-    del instances
     crowns = crown_layer(merged, raster.crs)
     write_geoparquet(crowns, parquet_path)
     write_gpkg(crowns, gpkg_path, layer=layer)

@@ -39,11 +39,10 @@ from rasterscale.tasks.instances.modelfiles import (
     MASK_HEAD_LAYERS,
     TASK,
     InstanceConfig,
-    ModelHeader,
     read_model_file,
     resolve_instances,
 )
-from rasterscale.tasks.modelfiles import same_classes, save_payload
+from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.resnet_fpn import PatchTransform, load_weights, resnet_fpn
 
 __all__ = [
@@ -146,21 +145,14 @@ def init_from_model_file(model: InstanceSegmenter, cfg: InstanceConfig, path: st
             f"{path}: a {header.backbone} model with a {header.fpn_channels}-channel pyramid, but the model to "
             f"train is a {cfg.backbone} with {cfg.fpn_channels}"
         )
-    keep_head = header.num_classes == len(cfg.labels) and (
-        header.labels is None or same_classes(header.labels, cfg.labels)
-    )
+    keep_head = header.keeps_class_head(cfg.labels)
     load_weights(model, state, path, skip=() if keep_head else CLASS_LAYERS, what="the instance model")
     if keep_head:
-        return f"all weights from {describe_header(header)}"
+        return f"all weights from {header.describe()}"
     return (
-        f"weights from {describe_header(header)}, except the box and mask predictors' class layers, new for "
+        f"weights from {header.describe()}, except the box and mask predictors' class layers, new for "
         f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}"
     )
-
-
-def describe_header(header: ModelHeader) -> str:
-    labels = ", ".join(header.labels) if header.labels else f"{header.num_classes} unnamed class(es)"
-    return f"{header.path} ({header.kind}, {header.backbone}, {labels})"
 
 
 def predict_instances(

@@ -24,13 +24,14 @@ rasterscale writes). A model file of another task (a RetinaNet, a segmenter) fai
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from rasterscale.errors import InputError
 from rasterscale.tasks.modelfiles import (
+    DEFAULT_FPN_CHANNELS,
     FOLDER_FILES,
+    DetectorHeader,
     NotATorchFile,
     Resize,
     ResNetFPNConfig,
@@ -38,6 +39,7 @@ from rasterscale.tasks.modelfiles import (
     folder_resize,
     labels_from_dict,
     model_file,
+    model_file_error,
     other_tasks_model,
     payload_header,
     pick,
@@ -64,7 +66,6 @@ INSTANCES_FORMAT = "rasterscale-instances/1"
 DEFAULT_LABELS = ("tree",)
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_PATCH_SIZE = 400
-DEFAULT_FPN_CHANNELS = 256  # torchvision's and DeepForest's feature pyramid width
 # torchvision's Mask R-CNN keeps 100 detections per image: each costs a mask head pass and a full-tile mask
 DEFAULTS: InstanceDefaults = {
     "score_threshold": 0.3,
@@ -126,51 +127,33 @@ class InstanceConfig(ResNetFPNConfig):
 
 
 @dataclass(frozen=True)
-class ModelHeader:
-    """What an instance model file says about itself (``None``: the file does not say)."""
+class ModelHeader(DetectorHeader):
+    """What an instance model file says about itself: a detector's header and the mask threshold."""
 
-    path: str
-    kind: str  # rasterscale model file | DeepForest folder
-    backbone: str
-    num_classes: int  # the objects' classes, without torchvision's background
-    labels: tuple[str, ...] | None = None
-    score_threshold: float | None = None
-    nms_threshold: float | None = None
-    detections_per_tile: int | None = None
     mask_threshold: float | None = None
-    resize: Resize = None
-    patch_size: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
-
-    @property
-    def is_deepforest(self) -> bool:
-        return self.kind.startswith("DeepForest")
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-
-
-def _fail(path: str | Path, problem: str) -> InputError:
-    return InputError(f"{path}: {problem}")
 
 
 def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int]:
     """(backbone, number of classes without the background, FPN channels) of Mask R-CNN weights, from their keys
     and the predictors' and feature pyramid's shapes; one line saying what the weights are otherwise."""
     if RETINANET_LOGITS in shapes:
-        raise _fail(
+        raise model_file_error(
             path,
             f"a RetinaNet's weights (boxes only: a model of task detection), but task is {TASK} "
             "(set task: detection, or give a Mask R-CNN)",
         )
     scores, masks = shapes.get(CLASS_SCORE + "weight"), shapes.get(MASK_LOGITS + "weight")
     if scores is None or PYRAMID not in shapes:
-        raise _fail(path, f"{NOT_A_MODEL}: its weights are not a torchvision Mask R-CNN with a ResNet-FPN backbone")
+        raise model_file_error(
+            path, f"{NOT_A_MODEL}: its weights are not a torchvision Mask R-CNN with a ResNet-FPN backbone"
+        )
     if masks is None:
-        raise _fail(path, f"a Faster R-CNN's weights (no mask head), not a Mask R-CNN's: {TASK} needs masks")
+        raise model_file_error(path, f"a Faster R-CNN's weights (no mask head), not a Mask R-CNN's: {TASK} needs masks")
     if masks[0] != scores[0] or scores[0] < 2:
-        raise _fail(
+        raise model_file_error(
             path,
             f"box predictor has {scores[0]} classes and mask predictor {masks[0]}: not the same, at least the "
             "background and one class",
@@ -178,7 +161,7 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
     backbone, fpn_channels = resnet_of_weights(path, shapes), shapes[PYRAMID][0]
     box_head = shapes.get("roi_heads.box_head.fc6.weight")
     if box_head is not None and box_head[0] != BOX_HEAD_WIDTH * fpn_channels:
-        raise _fail(
+        raise model_file_error(
             path,
             f"box head of {box_head[0]} features; rasterscale's Mask R-CNN has {BOX_HEAD_WIDTH} per pyramid "
             f"channel ({BOX_HEAD_WIDTH * fpn_channels})",
@@ -191,7 +174,7 @@ def _folder_header(path: Path) -> ModelHeader:
     config = folder.config
     backbone, classes, fpn_channels = architecture(path, folder.shapes)
     if config.get("num_classes", classes) != classes:
-        raise _fail(
+        raise model_file_error(
             path / "config.json",
             f"num_classes {config['num_classes']} but the weights have {classes} classes (and the background)",
         )
@@ -221,14 +204,14 @@ def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
     """The header of a torch-saved payload (its tensors, or only their headers)."""
     if isinstance(payload, Mapping) and payload.get("format") == INSTANCES_FORMAT:
         if not isinstance(payload.get("model"), Mapping) or not _is_weights(payload.get("state_dict")):
-            raise _fail(path, f"a {INSTANCES_FORMAT} file without its model or state_dict")
+            raise model_file_error(path, f"a {INSTANCES_FORMAT} file without its model or state_dict")
         try:
             cfg = InstanceConfig.from_dict(payload["model"])
         except (KeyError, TypeError, ValueError) as err:
-            raise _fail(path, f"bad instance model configuration ({err})") from None
+            raise model_file_error(path, f"bad instance model configuration ({err})") from None
         backbone, classes, fpn_channels = architecture(path, shapes_of(payload["state_dict"]))
         if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
-            raise _fail(
+            raise model_file_error(
                 path,
                 f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
                 f"{backbone}/{classes}/{fpn_channels}",
@@ -242,28 +225,28 @@ def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
             cfg.score_threshold,
             cfg.nms_threshold,
             cfg.detections_per_tile,
-            cfg.mask_threshold,
             cfg.resize,
             cfg.patch_size,
             dict(payload.get("meta") or {}),
             fpn_channels,
+            mask_threshold=cfg.mask_threshold,
         )
     other = other_tasks_model(path, payload, TASK)
     if other:
-        raise _fail(path, other)
+        raise model_file_error(path, other)
     weights = payload.get("state_dict", payload) if isinstance(payload, Mapping) else None
     if isinstance(weights, Mapping) and _is_weights(weights):  # a bare state dict or a checkpoint: say what it is
         architecture(path, {k.removeprefix("model."): v for k, v in shapes_of(weights).items()})
-        raise _fail(path, f"{NOT_A_MODEL}: bare Mask R-CNN weights, without the model's configuration")
-    raise _fail(path, NOT_A_MODEL)
+        raise model_file_error(path, f"{NOT_A_MODEL}: bare Mask R-CNN weights, without the model's configuration")
+    raise model_file_error(path, NOT_A_MODEL)
 
 
 def _existing(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
-        raise _fail(path, "model file not found")
+        raise model_file_error(path, "model file not found")
     if path.is_file() and path.name in FOLDER_FILES:
-        raise _fail(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
+        raise model_file_error(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
     return path
 
 
@@ -272,7 +255,7 @@ def _payload(path: Path) -> Any:
     try:
         return torch_payload(path)
     except NotATorchFile:
-        raise _fail(path, NOT_A_MODEL) from None
+        raise model_file_error(path, NOT_A_MODEL) from None
 
 
 def read_header(path: str | Path) -> ModelHeader:

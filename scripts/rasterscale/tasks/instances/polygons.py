@@ -35,9 +35,9 @@ from rasterio.features import shapes
 
 from rasterscale.atomic import atomic_path
 from rasterscale.grid.tile import Tile
+from rasterscale.tasks.objects import BOX_COLUMNS
 
 SIMPLIFY_PX = 0.5  # Douglas-Peucker tolerance after the corners are cut (those move the outline by 0.36 px at most)
-BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]
 INSTANCE_COLUMNS = ["tile_id", "label", "score", "cut", *BOX_COLUMNS, "geometry"]
 BYTES_PER_VERTEX = 16  # a polygon's vertex, held by GEOS (what a rank output holds per instance, about)
 BYTES_PER_INSTANCE = 200  # its polygon's and row's overhead
@@ -193,18 +193,6 @@ def write_instances_file(instances: gpd.GeoDataFrame, path: str | Path) -> None:
     table = _geopandas_to_arrow(instances[INSTANCE_COLUMNS].reset_index(drop=True))
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-
-
-def read_instances_files(paths: Sequence[str | Path]) -> gpd.GeoDataFrame:
-    """Rank files' instances, as one frame."""
-    frames = [gpd.read_parquet(p) for p in paths]
-    crs = next((f.crs for f in frames if f.crs is not None), None)
-    non_empty = [f for f in frames if len(f)]
-    instances = pd.concat(non_empty, ignore_index=True) if non_empty else empty_instances(crs)
-    return gpd.GeoDataFrame(instances, geometry="geometry", crs=crs)
-
-
-# -- polygon overlaps (the merge and the evaluation) ------------------------------------------------------------
 
 
 def polygon_pairs(geometries_a: np.ndarray, geometries_b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,6 @@ and ``rankoutput`` (a tile's masks as polygons, a rank's output), ``merge`` (the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -18,12 +17,12 @@ import numpy as np
 import torch
 
 from rasterscale.datasets.sampling import FlippableSamples
-from rasterscale.datasets.tiles import collate_lists
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset
+from rasterscale.tasks.detectors import DetectorTask
 from rasterscale.tasks.instances.dataset import InstanceTileDataset
 from rasterscale.tasks.instances.groundtruth import read_ground_truth
 from rasterscale.tasks.instances.model import (
@@ -41,19 +40,10 @@ from rasterscale.tasks.instances.modelfiles import (
 )
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.instances.spec import INSTANCES
-from rasterscale.tasks.modelfiles import deepforest_folder_note, deepforest_folder_of
 from rasterscale.tasks.objects import greedy_match, precision_recall_f1
-from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
 from rasterscale.tasks.spec import Part
 
-LOGGER = logging.getLogger("rasterscale.train")
 VALIDATION_IOU = 0.5  # mask IoU of a match in the validation scores
-
-
-class InstanceTrainingModule(TrainingModule):
-    def losses(self, batch: tuple[list, list]) -> dict[str, torch.Tensor]:
-        images, targets = batch
-        return self.model(images, targets)
 
 
 def mask_ious(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -94,8 +84,10 @@ def validate_instances(
     return {"val_precision": precision, "val_recall": recall, "val_f1": f1}
 
 
-class InstancesTask(Task):
+class InstancesTask(DetectorTask):
     spec = INSTANCES
+    deepforest_class = "MaskRCNN"
+    model_name = "the instance model"
 
     def model_config(self, config: Mapping[str, Any]) -> InstanceConfig:
         return instances_of_config(config)[0]
@@ -107,25 +99,17 @@ class InstancesTask(Task):
         model, cfg, _ = load_instance_model(path, config)
         return model, cfg
 
-    training_module_class = InstanceTrainingModule
-
     def build_model(self, model_cfg: InstanceConfig) -> torch.nn.Module:
         return build_instance_model(model_cfg)
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: InstanceConfig, config: Mapping[str, Any]) -> str:
-        """Start the model from ``train.init`` (an instance model file), or its backbone from
-        ``model.backbone_weights`` (a torchvision ImageNet ResNet), or from scratch; a pretrained backbone is
-        fine-tuned with frozen batch norms and stem, as detection's."""
-        segmenter = cast("InstanceSegmenter", model)
-        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
-        if init:
-            loaded = init_from_model_file(segmenter, model_cfg, init)
-        elif backbone_weights:
-            loaded = load_backbone_weights(segmenter, backbone_weights, "the instance model's backbone")
-            loaded += ", the rest initialized at random"
-        else:
-            return "no weights: training from scratch (random initialization)"
-        return f"{loaded}; {freeze_pretrained_backbone(segmenter)}"
+    def init_from_model_file(self, model: torch.nn.Module, model_cfg: InstanceConfig, path: str | Path) -> str:
+        return init_from_model_file(cast("InstanceSegmenter", model), model_cfg, path)
+
+    def write_model_files(
+        self, model: torch.nn.Module, model_cfg: InstanceConfig, model_path: Path, folder: Path, **meta: Any
+    ) -> None:
+        save_instance_model(model, model_cfg, model_path, **meta)
+        write_deepforest_maskrcnn_folder(model.state_dict(), model_cfg, folder)
 
     def training_datasets(
         self,
@@ -144,26 +128,8 @@ class InstancesTask(Task):
         val_set = InstanceTileDataset(scene.raster, validation, spec, truth, fraction) if validation else None
         return train_set, val_set
 
-    def collate(self, batch: list[Any]) -> Any:
-        return collate_lists(batch)
-
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_instances(model, datasets, batch_size)  # type: ignore[arg-type]
-
-    def save_model(
-        self, model: torch.nn.Module, model_cfg: InstanceConfig, model_path: str | Path, **meta: Any
-    ) -> list[Path]:
-        """The rasterscale model file and, beside it, the same model as a DeepForest Mask R-CNN folder."""
-        save_instance_model(model, model_cfg, model_path, **meta)
-        folder = deepforest_folder_of(model_path)
-        write_deepforest_maskrcnn_folder(model.state_dict(), model_cfg, folder)
-        note = deepforest_folder_note(folder, "MaskRCNN", model_cfg.backbone, model_cfg.fpn_channels)
-        if note:
-            LOGGER.warning(note)
-        return [Path(model_path), folder]
-
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[dict[str, np.ndarray]]:
         return predict_instances(cast("InstanceSegmenter", model), images)

@@ -1,0 +1,82 @@
+"""The torch half of the tasks whose models are torchvision detectors on a ResNet-FPN backbone (detection's
+RetinaNet, instances' Mask R-CNN): a training step on images and their targets, batches as lists, the start from a
+model file or an ImageNet backbone, the model saved with a DeepForest folder beside it, and inference's fast path.
+Each task says how its model files are written and read (its ``model`` and ``modelfiles``)."""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+import torch
+
+from rasterscale.datasets.tiles import collate_lists
+from rasterscale.tasks.api import Task, TrainingModule
+from rasterscale.tasks.modelfiles import ResNetFPNConfig, deepforest_folder_note, deepforest_folder_of
+from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
+
+if TYPE_CHECKING:
+    from torchvision.models.detection import MaskRCNN, RetinaNet
+
+LOGGER = logging.getLogger("rasterscale.train")
+
+
+class DetectorTrainingModule(TrainingModule):
+    """A torchvision detector's losses: the model's own, in training mode, on a batch of (images, targets)."""
+
+    def losses(self, batch: tuple[list, list]) -> dict[str, torch.Tensor]:
+        images, targets = batch
+        return self.model(images, targets)
+
+
+class DetectorTask(Task):
+    """What a task whose model is a torchvision detector on a ResNet-FPN backbone inherits."""
+
+    training_module_class = DetectorTrainingModule
+    deepforest_class: ClassVar[str]  # the DeepForest class its model folder loads into
+    model_name: ClassVar[str]  # what the logs call the model ("the detector")
+
+    @abstractmethod
+    def init_from_model_file(self, model: torch.nn.Module, model_cfg: Any, path: str | Path) -> str:
+        """Load a model file's weights into ``model``; what was loaded, for the log."""
+
+    @abstractmethod
+    def write_model_files(
+        self, model: torch.nn.Module, model_cfg: Any, model_path: Path, folder: Path, **meta: Any
+    ) -> None:
+        """The rasterscale model file at ``model_path`` and the DeepForest model folder ``folder``."""
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+        """Start the model from ``train.init`` (a model file), or its backbone from ``model.backbone_weights`` (a
+        torchvision ImageNet ResNet), or from scratch. A pretrained backbone is fine-tuned as DeepForest does
+        (frozen batch norms and stem)."""
+        detector = cast("RetinaNet | MaskRCNN", model)
+        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
+        if init:
+            loaded = self.init_from_model_file(detector, model_cfg, init)
+        elif backbone_weights:
+            loaded = load_backbone_weights(detector, backbone_weights, f"{self.model_name}'s backbone")
+            loaded += ", the rest initialized at random"
+        else:
+            return "no weights: training from scratch (random initialization)"
+        return f"{loaded}; {freeze_pretrained_backbone(detector)}"
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_lists(batch)
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: ResNetFPNConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
+        folder = deepforest_folder_of(model_path)
+        self.write_model_files(model, model_cfg, Path(model_path), folder, **meta)
+        note = deepforest_folder_note(folder, self.deepforest_class, model_cfg.backbone, model_cfg.fpn_channels)
+        if note:
+            LOGGER.warning(note)
+        return [Path(model_path), folder]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
