@@ -7,6 +7,8 @@ raster. Footprints in the CRS are polygons of the four transformed corners, exac
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import shapely
 from affine import Affine
@@ -79,3 +81,25 @@ def pair_ious(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
     inter = intersection_areas(boxes_a, boxes_b)
     union = box_areas(boxes_a) + box_areas(boxes_b) - inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+class GeometryIndex:
+    """An STRtree over geometries, built on first use and left out of a pickle (a dataset goes to dataloader worker
+    processes, each builds its own)."""
+
+    def __init__(self, geometries: np.ndarray) -> None:
+        self.geometries = geometries
+        self._tree: shapely.STRtree | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tree": None}
+
+    @property
+    def built(self) -> bool:
+        return self._tree is not None
+
+    def query(self, geometry: Any, predicate: str | None = None) -> np.ndarray:
+        """The sorted indexes of the geometries whose extents meet ``geometry``'s (and ``predicate``, when given)."""
+        if self._tree is None:
+            self._tree = shapely.STRtree(self.geometries)
+        return np.sort(self._tree.query(geometry, predicate=predicate))

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -38,6 +38,36 @@ def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
         return predicted_with, False
     init = config.get("train", {}).get("init")
     return (init, True) if init else (None, False)
+
+
+def detector_model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """:func:`model_file` of a torchvision detector's config, which starts from a model file or from ImageNet
+    weights for its backbone (``model.backbone_weights``), not both."""
+    path, new_head = model_file(config)
+    if new_head and config.get("model", {}).get("backbone_weights"):
+        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
+    return path, new_head
+
+
+def existing_model_path(path: str | Path) -> Path:
+    """A model file's or folder's path; one line when it is missing or is a file of a DeepForest model folder."""
+    path = Path(path)
+    if not path.exists():
+        raise model_file_error(path, "model file not found")
+    if path.is_file() and path.name in FOLDER_FILES:
+        raise model_file_error(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
+    return path
+
+
+def check_recorded_architecture(path: Path, cfg: ResNetFPNConfig, found: tuple[str, int, int]) -> None:
+    """One line when a rasterscale model file's recorded (backbone, classes, FPN channels) are not its weights'."""
+    backbone, classes, fpn_channels = found
+    if found != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
+        raise model_file_error(
+            path,
+            f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
+            f"{backbone}/{classes}/{fpn_channels}",
+        )
 
 
 def torch_payload(path: Path) -> Any:
@@ -188,17 +218,24 @@ RESNETS = {("basic", 2): "resnet18", ("basic", 6): "resnet34", ("bottleneck", 6)
 RESNETS[("bottleneck", 23)] = "resnet101"
 
 
+@dataclass(frozen=True)
 class ResNetFPNConfig:
-    """What the configurations of the ResNet-FPN models (a detector's, an instance model's: frozen dataclasses with
-    ``labels`` and ``resize``) share: their dict form, as model files store it, and their input scale's words."""
+    """What builds a torchvision detector on a ResNet-FPN backbone (``fpn_channels`` wide) of any task, with
+    DeepForest's defaults: ``labels`` (0-based), the tile size, the detection thresholds and ``resize``,
+    torchvision's ``(min_size, max_size)`` (DeepForest's 800, 1333), or None: tiles at their native size. A task's
+    configuration adds its own fields; its dict form is what model files store."""
 
-    backbone: str
-    fpn_channels: int
-    labels: tuple[str, ...]
-    resize: Resize
+    backbone: str = "resnet50"
+    labels: tuple[str, ...] = ("tree",)
+    patch_size: int = 400
+    score_threshold: float = 0.3
+    nms_threshold: float = 0.4
+    detections_per_tile: int = 300
+    resize: Resize = None
+    fpn_channels: int = DEFAULT_FPN_CHANNELS
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)  # type: ignore[call-overload]  # the subclasses are dataclasses
+        data = asdict(self)
         data["labels"] = list(self.labels)
         data["resize"] = list(self.resize) if self.resize else None
         return data
@@ -302,6 +339,58 @@ class DetectorHeader:
         labels = ", ".join(self.labels) if self.labels else f"{self.num_classes} unnamed class(es)"
         return f"{self.path} ({self.kind}, {self.backbone}, {labels})"
 
+    @classmethod
+    def of_model_file(
+        cls, path: Path, cfg: ResNetFPNConfig, found: tuple[str, int, int], meta: dict[str, Any], **extra: Any
+    ) -> Self:
+        """The header of a rasterscale model file: what it records (``cfg``), which must be its weights'
+        architecture ``found`` (backbone, classes, FPN channels)."""
+        check_recorded_architecture(path, cfg, found)
+        backbone, classes, fpn_channels = found
+        return cls(
+            str(path),
+            "rasterscale model file",
+            backbone,
+            classes,
+            cfg.labels,
+            cfg.score_threshold,
+            cfg.nms_threshold,
+            cfg.detections_per_tile,
+            cfg.resize,
+            cfg.patch_size,
+            meta,
+            fpn_channels,
+            **extra,
+        )
+
+    @classmethod
+    def of_hub_folder(
+        cls, path: Path, folder: HubFolder, found: tuple[str, int, int], detections_key: str, **extra: Any
+    ) -> Self:
+        """The header of a DeepForest model folder: its ``config.json`` (``detections_key``: its model's name for
+        the detections per image) over its weights' architecture ``found`` (backbone, classes, FPN channels)."""
+        backbone, classes, fpn_channels = found
+        config = folder.config
+        if config.get("num_classes", classes) != classes:
+            raise model_file_error(
+                path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes"
+            )
+        label_dict = config.get("label_dict")
+        return cls(
+            path=str(path),
+            kind="DeepForest folder",
+            backbone=backbone,
+            num_classes=classes,
+            labels=labels_from_dict(path / "config.json", label_dict, classes) if label_dict else None,
+            score_threshold=config.get("score_thresh"),
+            nms_threshold=config.get("nms_thresh"),
+            detections_per_tile=config.get(detections_key),
+            resize=folder_resize(folder),
+            patch_size=folder.ours.get("patch_size"),
+            fpn_channels=fpn_channels,
+            **extra,
+        )
+
     def keeps_class_head(self, labels: tuple[str, ...]) -> bool:
         """Whether a model of ``labels`` keeps this file's class layers (the same classes, or unnamed ones as many)."""
         return self.num_classes == len(labels) and (self.labels is None or same_classes(self.labels, labels))
@@ -313,14 +402,15 @@ def model_file_error(path: str | Path, problem: str) -> InputError:
 
 
 def resolve_detector_keys(
-    config: Mapping[str, Any], header: DetectorHeader | None, new_head: bool, defaults: Mapping[str, Any]
+    config: Mapping[str, Any], header: DetectorHeader | None, new_head: bool, model_class: type[ResNetFPNConfig]
 ) -> dict[str, Any]:
     """The effective settings a torchvision detector of any task has (backbone, labels, patch_size, resize,
     fpn_channels, score_threshold, nms_threshold, detections_per_tile): each ``model.*`` key the user set, else
-    what the model file says, else ``defaults``. ``new_head``: the file is a starting point (``train.init``), so
-    other labels replace its class head; otherwise (prediction) the labels must number the file's classes. A key
-    that contradicts the file's architecture or classes: one-line :class:`ConfigError`."""
+    what the model file says, else ``model_class``'s default. ``new_head``: the file is a starting point
+    (``train.init``), so other labels replace its class head; otherwise (prediction) the labels must number the
+    file's classes. A key that contradicts the file's architecture or classes: one-line :class:`ConfigError`."""
     model = config.get("model", {})
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(model_class)}
     if header and model.get("backbone") not in (None, header.backbone):
         raise config_error(
             f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
@@ -354,9 +444,10 @@ def resolve_detector_keys(
     if resize is None:
         resize = header.resize if header else None
     patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or defaults["patch_size"]
-    keys = ("backbone", "fpn_channels", "score_threshold", "nms_threshold", "detections_per_tile")
+    keys = ("backbone", "score_threshold", "nms_threshold", "detections_per_tile")
     return {
         **{key: pick(model.get(key), header and getattr(header, key), defaults[key]) for key in keys},
+        "fpn_channels": pick(model.get("fpn_channels"), header and header.fpn_channels, defaults["fpn_channels"]),
         "labels": labels,
         "patch_size": patch_size,
         "resize": None if resize == "native" else resize,
@@ -417,6 +508,28 @@ def replace_dir(tmp: Path, target: Path) -> None:
     os.replace(tmp, target)
     if aside is not None:
         shutil.rmtree(aside)
+
+
+def hub_config(cfg: ResNetFPNConfig, detections_key: str) -> dict[str, Any]:
+    """``config.json`` of a DeepForest model folder: the keys its model classes take (``detections_key``: the
+    torchvision model's name for the detections per image), with ``min_size``/``max_size`` for the input scale (a
+    native-scale model: the patch size, so DeepForest's patches are not resampled)."""
+    min_size, max_size = cfg.resize or (cfg.patch_size, cfg.patch_size)
+    return {
+        "label_dict": {name: index for index, name in enumerate(cfg.labels)},
+        "num_classes": len(cfg.labels),
+        "score_thresh": cfg.score_threshold,
+        "nms_thresh": cfg.nms_threshold,
+        detections_key: cfg.detections_per_tile,
+        "min_size": min_size,
+        "max_size": max_size,
+    }
+
+
+def hub_metadata(cfg: ResNetFPNConfig) -> dict[str, Any]:
+    """What ``config.json`` cannot hold for DeepForest (backbone, native scale, patch size): the safetensors
+    metadata of rasterscale's model folders."""
+    return {"backbone": cfg.backbone, "resize": list(cfg.resize) if cfg.resize else None, "patch_size": cfg.patch_size}
 
 
 def write_hub_folder(

@@ -20,9 +20,11 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 
+from rasterscale.atomic import write_json
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
+from rasterscale.raster.remote import file_name, shown
 
 # (prediction indexes, ground-truth indexes, IoU threshold) -> the ground-truth index each prediction is matched
 # to (-1: none); indexes into the caller's arrays
@@ -173,6 +175,13 @@ def score_matches(
         "ground_truth": len(gt_labels),
     }
     return metrics, matched
+
+
+def record_scores(metrics: dict[str, Any], raster_path: str | Path, json_path: str | Path) -> str:
+    """Write a scene's scores, with the raster they are of, as JSON (atomically); the title of its quicklook."""
+    metrics["scene_raster"] = shown(raster_path)
+    write_json(metrics, json_path)
+    return f"{file_name(raster_path)}: P={metrics['precision']:.2f} R={metrics['recall']:.2f} F1={metrics['f1']:.2f}"
 
 
 def count_labels(path: str | Path, labels: Sequence[str]) -> dict[str, int]:

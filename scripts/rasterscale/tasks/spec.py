@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from rasterscale.tasks.api import Task
 
 
+MODEL_FILES = {"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"}  # every task's
+# and, for a model that DeepForest reads too, its model folder
+MODEL_FILES_WITH_DEEPFOREST = {
+    **MODEL_FILES,
+    "deepforest_config": "{name}/config.json",
+    "deepforest_weights": "{name}/model.safetensors",
+}
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """What a task is, as the workflow sees it.

@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from rasterscale.atomic import write_json
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
-from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.quicklook import render_quicklook
 from rasterscale.tasks.labels import label_indexes
-from rasterscale.tasks.objects import BOX_COLUMNS, Matcher, greedy_match, score_matches
+from rasterscale.tasks.objects import BOX_COLUMNS, Matcher, greedy_match, record_scores, score_matches
 from rasterscale.tasks.objects import average_precision as average_precision  # detection's API, shared
 from rasterscale.tasks.objects import precision_recall_f1 as precision_recall_f1
 
@@ -95,9 +93,7 @@ def evaluate_scene(
         iou_threshold=evaluate_cfg["iou_threshold"],
         score_threshold=evaluate_cfg["score_threshold"],
     )
-    metrics["scene_raster"] = shown(raster_path)
-    write_json(metrics, json_path)
+    title = record_scores(metrics, raster_path, json_path)
     kept = detections["score"].to_numpy() >= evaluate_cfg["score_threshold"]
-    title = f"{file_name(raster_path)}: P={metrics['precision']:.2f} R={metrics['recall']:.2f} F1={metrics['f1']:.2f}"
     render_quicklook(raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title)
     return metrics

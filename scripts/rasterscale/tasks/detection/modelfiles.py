@@ -23,21 +23,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from rasterscale.tasks.modelfiles import (
     DEEPFOREST_RESIZE,
-    DEFAULT_FPN_CHANNELS,
-    FOLDER_FILES,
     DetectorHeader,
     NotATorchFile,
-    Resize,
     ResNetFPNConfig,
-    config_error,
-    folder_resize,
+    detector_model_file,
+    existing_model_path,
+    hub_config,
+    hub_metadata,
     is_state_dict,
     labels_from_dict,
-    model_file,
     model_file_error,
     other_tasks_model,
     read_hub_folder,
@@ -48,34 +46,15 @@ from rasterscale.tasks.modelfiles import (
 )
 from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
 
-
-class DetectorDefaults(TypedDict):
-    """The detector's settings where neither the config nor the model file gives them."""
-
-    score_threshold: float
-    nms_threshold: float
-    detections_per_tile: int
-
-
 DETECTOR_FORMAT = "rasterscale-detector/1"
-DEFAULT_LABELS = ("tree",)
-DEFAULT_BACKBONE = "resnet50"
-DEFAULT_PATCH_SIZE = 400
-DEFAULTS: DetectorDefaults = {"score_threshold": 0.3, "nms_threshold": 0.4, "detections_per_tile": 300}
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
 CLASS_LOGITS = "head.classification_head.cls_logits."
 
 
 @dataclass(frozen=True)
 class DetectorConfig(ResNetFPNConfig):
-    backbone: str = DEFAULT_BACKBONE
-    labels: tuple[str, ...] = DEFAULT_LABELS
-    patch_size: int = DEFAULT_PATCH_SIZE
-    score_threshold: float = DEFAULTS["score_threshold"]
-    nms_threshold: float = DEFAULTS["nms_threshold"]
-    detections_per_tile: int = DEFAULTS["detections_per_tile"]
-    resize: Resize = None
-    fpn_channels: int = DEFAULT_FPN_CHANNELS
+    """What builds a detector: a torchvision RetinaNet (the fields and defaults of :class:`ResNetFPNConfig`)."""
+
     extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -123,26 +102,7 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
 
 def _folder_header(path: Path) -> ModelHeader:
     folder = read_hub_folder(path)
-    config = folder.config
-    backbone, classes, fpn_channels = architecture(path, folder.shapes)
-    if config.get("num_classes", classes) != classes:
-        raise model_file_error(
-            path / "config.json", f"num_classes {config['num_classes']} but the weights have {classes} classes"
-        )
-    labels = labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
-    return ModelHeader(
-        path=str(path),
-        kind="DeepForest folder",
-        backbone=backbone,
-        num_classes=classes,
-        labels=labels,
-        score_threshold=config.get("score_thresh"),
-        nms_threshold=config.get("nms_thresh"),
-        detections_per_tile=config.get("detections_per_img"),
-        resize=folder_resize(folder),
-        patch_size=folder.ours.get("patch_size"),
-        fpn_channels=fpn_channels,
-    )
+    return ModelHeader.of_hub_folder(path, folder, architecture(path, folder.shapes), "detections_per_img")
 
 
 def torch_payload(path: Path) -> Any:
@@ -161,27 +121,8 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     if isinstance(payload, Mapping) and payload.get("format") == DETECTOR_FORMAT:
         cfg = DetectorConfig.from_dict(payload["model"])
         state = dict(payload["state_dict"])
-        backbone, classes, fpn_channels = architecture(path, shapes_of(state))
-        if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
-            raise model_file_error(
-                path,
-                f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
-                f"{backbone}/{classes}/{fpn_channels}",
-            )
-        header = ModelHeader(
-            str(path),
-            "rasterscale model file",
-            backbone,
-            classes,
-            cfg.labels,
-            cfg.score_threshold,
-            cfg.nms_threshold,
-            cfg.detections_per_tile,
-            cfg.resize,
-            cfg.patch_size,
-            dict(payload.get("meta", {})),
-            fpn_channels,
-        )
+        found = architecture(path, shapes_of(state))
+        header = ModelHeader.of_model_file(path, cfg, found, dict(payload.get("meta", {})))
         return header, state
     if isinstance(payload, Mapping) and is_state_dict(payload.get("state_dict")):
         # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
@@ -213,19 +154,10 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
     raise model_file_error(path, NOT_A_MODEL)
 
 
-def _existing(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise model_file_error(path, "model file not found")
-    if path.is_file() and path.name in FOLDER_FILES:
-        raise model_file_error(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
-    return path
-
-
 def read_header(path: str | Path) -> ModelHeader:
     """What a model file says about itself; one-line :class:`InputError` naming the file when it is not a model
     file rasterscale reads or contradicts itself."""
-    path = _existing(path)
+    path = existing_model_path(path)
     if path.is_dir():
         return _folder_header(path)
     return _header_of_payload(path, torch_payload(path))[0]
@@ -233,7 +165,7 @@ def read_header(path: str | Path) -> ModelHeader:
 
 def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
     """The header and the state dict (torchvision RetinaNet keys, no ``model.`` prefix) of a model file."""
-    path = _existing(path)
+    path = existing_model_path(path)
     if path.is_dir():
         from safetensors.torch import load_file
 
@@ -250,21 +182,12 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
     otherwise (prediction) the labels must number the file's classes
     (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`).
     """
-    defaults = {
-        **DEFAULTS,
-        "backbone": DEFAULT_BACKBONE,
-        "labels": DEFAULT_LABELS,
-        "patch_size": DEFAULT_PATCH_SIZE,
-        "fpn_channels": DEFAULT_FPN_CHANNELS,
-    }
-    return DetectorConfig(**resolve_detector_keys(config, header, new_head, defaults))
+    return DetectorConfig(**resolve_detector_keys(config, header, new_head, DetectorConfig))
 
 
 def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
     """The effective detector of a validated config, reading the header of the model file it names."""
-    path, new_head = model_file(config)
-    if new_head and config.get("model", {}).get("backbone_weights"):
-        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
+    path, new_head = detector_model_file(config)
     header = read_header(path) if path else None
     return resolve_detector(config, header, new_head=new_head), header
 
@@ -272,25 +195,8 @@ def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, Model
 # --- writing --------------------------------------------------------------------------------------------------
 
 
-def deepforest_config(cfg: DetectorConfig) -> dict[str, Any]:
-    """``config.json`` of a DeepForest model folder. DeepForest passes every key to ``RetinaNetHub(**config)``
-    and so to torchvision's ``RetinaNet``: only keys RetinaNet takes. ``min_size``/``max_size`` carry the input
-    scale (a native-scale model: the patch size, so DeepForest's 400 px patches are not resampled)."""
-    min_size, max_size = cfg.resize or (cfg.patch_size, cfg.patch_size)
-    return {
-        "label_dict": {name: index for index, name in enumerate(cfg.labels)},
-        "num_classes": len(cfg.labels),
-        "score_thresh": cfg.score_threshold,
-        "nms_thresh": cfg.nms_threshold,
-        "detections_per_img": cfg.detections_per_tile,
-        "min_size": min_size,
-        "max_size": max_size,
-    }
-
-
 def write_deepforest_folder(state_dict: Mapping[str, Any], cfg: DetectorConfig, folder: str | Path) -> Path:
     """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically, keys as DeepForest 2.1.0 writes
     them (:func:`rasterscale.tasks.modelfiles.write_hub_folder`). What config.json cannot hold for DeepForest
     (backbone, native scale, patch size) goes into the safetensors metadata."""
-    ours = {"backbone": cfg.backbone, "resize": list(cfg.resize) if cfg.resize else None, "patch_size": cfg.patch_size}
-    return write_hub_folder(folder, deepforest_config(cfg), state_dict, ours)
+    return write_hub_folder(folder, hub_config(cfg, "detections_per_img"), state_dict, hub_metadata(cfg))

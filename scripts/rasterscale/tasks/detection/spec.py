@@ -14,7 +14,7 @@ from rasterscale.tasks.detection.merge import count_detections, merge_scene, sco
 from rasterscale.tasks.detection.modelfiles import detector_of_config
 from rasterscale.tasks.detection.project import merge_project
 from rasterscale.tasks.detection.quicklook import render_quicklook
-from rasterscale.tasks.spec import TaskSpec
+from rasterscale.tasks.spec import MODEL_FILES_WITH_DEEPFOREST, TaskSpec
 
 
 def summarize(metrics: Mapping[str, Any]) -> str:
@@ -69,13 +69,7 @@ DETECTION = TaskSpec(
     rank_suffix=".parquet",
     scene_outputs=lambda config: {"gpkg": "detections.gpkg", "parquet": "detections.parquet"},
     evaluated_output="parquet",
-    model_files={
-        "model": "{name}.pt",
-        "deepforest_config": "{name}/config.json",
-        "deepforest_weights": "{name}/model.safetensors",
-        "metrics": "{name}.metrics.csv",
-        "plot": "{name}.png",
-    },
+    model_files=MODEL_FILES_WITH_DEEPFOREST,
     default_model_name="detector",
     labels=labels,
     check_annotations=check_annotations,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import shapely
@@ -23,6 +22,7 @@ from torch.utils.data import Dataset
 from rasterscale.datasets.sampling import NO_FLIPS, Flips
 from rasterscale.datasets.tiles import RasterHandle
 from rasterscale.grid.tile import Tile
+from rasterscale.raster.geo import GeometryIndex
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.tasks.instances.groundtruth import GroundTruth
 
@@ -65,7 +65,7 @@ class InstanceTileDataset(Dataset):
     """Training tiles with the crowns they hold: item -> (image, target) with target torchvision Mask R-CNN's
     ``boxes`` (N, 4) float32 tile pixels, ``labels`` (N,) int64 (0-based: the model adds the background) and
     ``masks`` (N, H, W) uint8; ``sample``: the same, flipped (training's augmentation:
-    :mod:`rasterscale.datasets.sampling`). Pickles for dataloader workers (its STRtree is rebuilt in each)."""
+    :mod:`rasterscale.datasets.sampling`). Pickles for dataloader workers (its STRtree is built in each)."""
 
     def __init__(
         self,
@@ -81,16 +81,7 @@ class InstanceTileDataset(Dataset):
         self.labels = np.asarray(truth.labels, dtype=np.int64)
         self.areas = shapely.area(self.polygons)
         self.min_visible_fraction = min_visible_fraction
-        self._tree: shapely.STRtree | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tree": None}
-
-    @property
-    def tree(self) -> shapely.STRtree:
-        if self._tree is None:
-            self._tree = shapely.STRtree(self.polygons)
-        return self._tree
+        self.index = GeometryIndex(self.polygons)
 
     def __len__(self) -> int:
         return len(self.tiles)
@@ -99,7 +90,7 @@ class InstanceTileDataset(Dataset):
         """The crowns enough of which lies in the tile, in tile pixels (whole: burning a polygon into the tile's
         pixels clips it, and a pixel centre on an edge falls as it does for the whole scene); and their labels."""
         frame = shapely.box(tile.col_off, tile.row_off, tile.col_off + tile.width, tile.row_off + tile.height)
-        hits = np.sort(self.tree.query(frame, predicate="intersects"))
+        hits = self.index.query(frame, predicate="intersects")
         visible = shapely.area(shapely.intersection(self.polygons[hits], frame))
         keep = hits[(visible > 0) & (visible >= self.min_visible_fraction * self.areas[hits])]
         local = shapely.transform(self.polygons[keep], lambda xy: xy - (tile.col_off, tile.row_off))

@@ -19,14 +19,12 @@ from typing import Any
 import numpy as np
 import shapely
 
-from rasterscale.atomic import write_json
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import check_raster
-from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.instances.polygons import ious_of, overlap_areas, polygon_pairs, to_pixels
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook
 from rasterscale.tasks.labels import label_indexes
-from rasterscale.tasks.objects import Matcher, greedy_match, precision_recall_f1, score_matches
+from rasterscale.tasks.objects import Matcher, greedy_match, precision_recall_f1, record_scores, score_matches
 
 
 def polygon_matcher(pred_polygons: np.ndarray, pred_scores: np.ndarray, gt_polygons: np.ndarray) -> Matcher:
@@ -158,10 +156,8 @@ def evaluate_scene(
         score_threshold=evaluate_cfg["score_threshold"],
         **edges,
     )
-    metrics["scene_raster"] = shown(raster_path)
-    write_json(metrics, json_path)
+    title = record_scores(metrics, raster_path, json_path)
     kept = crowns["score"].to_numpy() >= evaluate_cfg["score_threshold"]
-    title = f"{file_name(raster_path)}: P={metrics['precision']:.2f} R={metrics['recall']:.2f} F1={metrics['f1']:.2f}"
     if "edge" in metrics:
         title += f" (F1 at tile edges {metrics['edge']['f1']:.2f}, inside {metrics['interior']['f1']:.2f})"
     render_instances_quicklook(raster_path, predicted[kept], truth_polygons, quicklook_path, title=title)

@@ -26,19 +26,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from rasterscale.tasks.modelfiles import (
-    DEFAULT_FPN_CHANNELS,
-    FOLDER_FILES,
     DetectorHeader,
     NotATorchFile,
-    Resize,
     ResNetFPNConfig,
-    config_error,
-    folder_resize,
-    labels_from_dict,
-    model_file,
+    detector_model_file,
+    existing_model_path,
+    hub_config,
+    hub_metadata,
     model_file_error,
     other_tasks_model,
     payload_header,
@@ -51,28 +48,8 @@ from rasterscale.tasks.modelfiles import (
     write_hub_folder,
 )
 
-
-class InstanceDefaults(TypedDict):
-    """The model's settings where neither the config nor the model file gives them."""
-
-    score_threshold: float
-    nms_threshold: float
-    detections_per_tile: int
-    mask_threshold: float
-
-
 TASK = "instances"
 INSTANCES_FORMAT = "rasterscale-instances/1"
-DEFAULT_LABELS = ("tree",)
-DEFAULT_BACKBONE = "resnet50"
-DEFAULT_PATCH_SIZE = 400
-# torchvision's Mask R-CNN keeps 100 detections per image: each costs a mask head pass and a full-tile mask
-DEFAULTS: InstanceDefaults = {
-    "score_threshold": 0.3,
-    "nms_threshold": 0.4,
-    "detections_per_tile": 100,
-    "mask_threshold": 0.5,
-}
 BOX_HEAD_WIDTH = 4  # the box head's features per pyramid channel: torchvision's 1024 for 256 channels
 MASK_HEAD_LAYERS = 4  # convolutions of the mask head (torchvision's MaskRCNNHeads), each as wide as the pyramid
 
@@ -91,20 +68,13 @@ NOT_A_MODEL = (
 
 @dataclass(frozen=True)
 class InstanceConfig(ResNetFPNConfig):
-    """What builds an instance model: a torchvision Mask R-CNN on a ResNet-FPN backbone (``fpn_channels`` wide),
-    predicting ``labels`` (0-based; the network adds torchvision's background class). ``resize``: torchvision's
-    ``(min_size, max_size)`` (DeepForest's 800, 1333), or None: tiles at their native size. A mask pixel belongs
+    """What builds an instance model: a torchvision Mask R-CNN (the fields and defaults of
+    :class:`ResNetFPNConfig`; the network adds torchvision's background class to the labels). A mask pixel belongs
     to an instance where its probability is at least ``mask_threshold``."""
 
-    backbone: str = DEFAULT_BACKBONE
-    labels: tuple[str, ...] = DEFAULT_LABELS
-    patch_size: int = DEFAULT_PATCH_SIZE
-    score_threshold: float = DEFAULTS["score_threshold"]
-    nms_threshold: float = DEFAULTS["nms_threshold"]
-    detections_per_tile: int = DEFAULTS["detections_per_tile"]
-    mask_threshold: float = DEFAULTS["mask_threshold"]
-    resize: Resize = None
-    fpn_channels: int = DEFAULT_FPN_CHANNELS
+    # torchvision's Mask R-CNN keeps 100 detections per image: each costs a mask head pass and a full-tile mask
+    detections_per_tile: int = 100
+    mask_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -170,29 +140,12 @@ def architecture(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> tup
 
 
 def _folder_header(path: Path) -> ModelHeader:
+    """A DeepForest Mask R-CNN folder's header (its ``num_classes``, like the weights' classes here, without the
+    background)."""
     folder = read_hub_folder(path)
-    config = folder.config
-    backbone, classes, fpn_channels = architecture(path, folder.shapes)
-    if config.get("num_classes", classes) != classes:
-        raise model_file_error(
-            path / "config.json",
-            f"num_classes {config['num_classes']} but the weights have {classes} classes (and the background)",
-        )
-    labels = labels_from_dict(path / "config.json", config["label_dict"], classes) if config.get("label_dict") else None
-    return ModelHeader(
-        path=str(path),
-        kind="DeepForest folder",
-        backbone=backbone,
-        num_classes=classes,
-        labels=labels,
-        score_threshold=config.get("score_thresh"),
-        nms_threshold=config.get("nms_thresh"),
-        detections_per_tile=config.get("box_detections_per_img"),
-        mask_threshold=folder.ours.get("mask_threshold"),
-        resize=folder_resize(folder),
-        patch_size=folder.ours.get("patch_size"),
-        fpn_channels=fpn_channels,
-    )
+    found = architecture(path, folder.shapes)
+    mask_threshold = folder.ours.get("mask_threshold")
+    return ModelHeader.of_hub_folder(path, folder, found, "box_detections_per_img", mask_threshold=mask_threshold)
 
 
 def _is_weights(value: Any) -> bool:
@@ -209,28 +162,8 @@ def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
             cfg = InstanceConfig.from_dict(payload["model"])
         except (KeyError, TypeError, ValueError) as err:
             raise model_file_error(path, f"bad instance model configuration ({err})") from None
-        backbone, classes, fpn_channels = architecture(path, shapes_of(payload["state_dict"]))
-        if (backbone, classes, fpn_channels) != (cfg.backbone, len(cfg.labels), cfg.fpn_channels):
-            raise model_file_error(
-                path,
-                f"records {cfg.backbone} with {len(cfg.labels)} classes and FPN {cfg.fpn_channels}, weights are "
-                f"{backbone}/{classes}/{fpn_channels}",
-            )
-        return ModelHeader(
-            str(path),
-            "rasterscale model file",
-            backbone,
-            classes,
-            cfg.labels,
-            cfg.score_threshold,
-            cfg.nms_threshold,
-            cfg.detections_per_tile,
-            cfg.resize,
-            cfg.patch_size,
-            dict(payload.get("meta") or {}),
-            fpn_channels,
-            mask_threshold=cfg.mask_threshold,
-        )
+        found, meta = architecture(path, shapes_of(payload["state_dict"])), dict(payload.get("meta") or {})
+        return ModelHeader.of_model_file(path, cfg, found, meta, mask_threshold=cfg.mask_threshold)
     other = other_tasks_model(path, payload, TASK)
     if other:
         raise model_file_error(path, other)
@@ -239,15 +172,6 @@ def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
         architecture(path, {k.removeprefix("model."): v for k, v in shapes_of(weights).items()})
         raise model_file_error(path, f"{NOT_A_MODEL}: bare Mask R-CNN weights, without the model's configuration")
     raise model_file_error(path, NOT_A_MODEL)
-
-
-def _existing(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise model_file_error(path, "model file not found")
-    if path.is_file() and path.name in FOLDER_FILES:
-        raise model_file_error(path, f"give the DeepForest model folder ({path.parent}), not one of its files")
-    return path
 
 
 def _payload(path: Path) -> Any:
@@ -262,7 +186,7 @@ def read_header(path: str | Path) -> ModelHeader:
     """What an instance model file says about itself, without torch (a folder's safetensors header, a ``.pt``
     file's pickle; torch only for a ``.pt`` file in torch's legacy format); one-line :class:`InputError` naming
     the file when it is not an instance model file rasterscale reads or contradicts itself."""
-    path = _existing(path)
+    path = existing_model_path(path)
     if path.is_dir():
         return _folder_header(path)
     payload = payload_header(path)
@@ -271,7 +195,7 @@ def read_header(path: str | Path) -> ModelHeader:
 
 def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
     """The header and the state dict (torchvision Mask R-CNN keys) of a model file (torch imported)."""
-    path = _existing(path)
+    path = existing_model_path(path)
     if path.is_dir():
         from safetensors.torch import load_file
 
@@ -288,25 +212,18 @@ def resolve_instances(config: Mapping[str, Any], header: ModelHeader | None, new
     rasterscale's default. ``new_head``: the file is a starting point (``train.init``), so other labels replace
     its class layers; otherwise (prediction) the labels must number the file's classes
     (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`)."""
-    defaults = {
-        **DEFAULTS,
-        "backbone": DEFAULT_BACKBONE,
-        "labels": DEFAULT_LABELS,
-        "patch_size": DEFAULT_PATCH_SIZE,
-        "fpn_channels": DEFAULT_FPN_CHANNELS,
-    }
     mask_threshold = pick(
-        config.get("model", {}).get("mask_threshold"), header and header.mask_threshold, DEFAULTS["mask_threshold"]
+        config.get("model", {}).get("mask_threshold"), header and header.mask_threshold, InstanceConfig.mask_threshold
     )
-    return InstanceConfig(**resolve_detector_keys(config, header, new_head, defaults), mask_threshold=mask_threshold)
+    return InstanceConfig(
+        **resolve_detector_keys(config, header, new_head, InstanceConfig), mask_threshold=mask_threshold
+    )
 
 
 def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, ModelHeader | None]:
     """The effective instance model of a validated config, reading the header of the model file it names
     (``model.file``, else ``train.init``)."""
-    path, new_head = model_file(config)
-    if new_head and config.get("model", {}).get("backbone_weights"):
-        raise config_error("train.init and model.backbone_weights are both set: keep one of them")
+    path, new_head = detector_model_file(config)
     header = read_header(path) if path else None
     return resolve_instances(config, header, new_head=new_head), header
 
@@ -314,32 +231,10 @@ def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, Mode
 # --- writing --------------------------------------------------------------------------------------------------
 
 
-def deepforest_config(cfg: InstanceConfig) -> dict[str, Any]:
-    """``config.json`` of a DeepForest Mask R-CNN folder. DeepForest passes every key to its ``MaskRCNN(**config)``:
-    ``num_classes`` (without the background), ``nms_thresh``, ``score_thresh``, ``label_dict``, and keyword
-    arguments of torchvision's ``MaskRCNN``: ``box_detections_per_img`` and ``min_size``/``max_size``, the input
-    scale (a native-scale model: the patch size, so DeepForest's patches are not resampled)."""
-    min_size, max_size = cfg.resize or (cfg.patch_size, cfg.patch_size)
-    return {
-        "label_dict": {name: index for index, name in enumerate(cfg.labels)},
-        "num_classes": len(cfg.labels),
-        "score_thresh": cfg.score_threshold,
-        "nms_thresh": cfg.nms_threshold,
-        "box_detections_per_img": cfg.detections_per_tile,
-        "min_size": min_size,
-        "max_size": max_size,
-    }
-
-
 def write_deepforest_maskrcnn_folder(state_dict: Mapping[str, Any], cfg: InstanceConfig, folder: str | Path) -> Path:
     """Write ``folder/config.json`` + ``folder/model.safetensors`` as DeepForest's Mask R-CNN writes them, atomically
     (:func:`rasterscale.tasks.modelfiles.write_hub_folder`: torchvision's keys, no batch-norm step counters). What
     config.json cannot hold for DeepForest (backbone, native scale, patch size, mask threshold) goes into the
     safetensors metadata."""
-    ours = {
-        "backbone": cfg.backbone,
-        "resize": list(cfg.resize) if cfg.resize else None,
-        "patch_size": cfg.patch_size,
-        "mask_threshold": cfg.mask_threshold,
-    }
-    return write_hub_folder(folder, deepforest_config(cfg), state_dict, ours)
+    ours = {**hub_metadata(cfg), "mask_threshold": cfg.mask_threshold}
+    return write_hub_folder(folder, hub_config(cfg, "box_detections_per_img"), state_dict, ours)

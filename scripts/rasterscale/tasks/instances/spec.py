@@ -15,7 +15,7 @@ from rasterscale.tasks.instances.merge import count_instances, merge_scene
 from rasterscale.tasks.instances.modelfiles import instances_of_config
 from rasterscale.tasks.instances.project import merge_project
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
-from rasterscale.tasks.spec import TaskSpec
+from rasterscale.tasks.spec import MODEL_FILES_WITH_DEEPFOREST, TaskSpec
 
 
 def summarize(metrics: Mapping[str, Any]) -> str:
@@ -80,13 +80,7 @@ INSTANCES = TaskSpec(
     rank_suffix=".parquet",
     scene_outputs=lambda config: {"gpkg": "crowns.gpkg", "parquet": "crowns.parquet"},
     evaluated_output="parquet",
-    model_files={
-        "model": "{name}.pt",
-        "deepforest_config": "{name}/config.json",
-        "deepforest_weights": "{name}/model.safetensors",
-        "metrics": "{name}.metrics.csv",
-        "plot": "{name}.png",
-    },
+    model_files=MODEL_FILES_WITH_DEEPFOREST,
     default_model_name="crowns",
     labels=labels,
     check_annotations=check_annotations,

@@ -29,6 +29,7 @@ from rasterio.windows import Window
 from rasterio.windows import transform as window_transform
 
 from rasterscale.errors import InputError
+from rasterscale.raster.geo import GeometryIndex
 from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
 from rasterscale.tasks.labels import label_indexes
@@ -74,22 +75,13 @@ class PolygonTruth(SegmentationTruth):
         self.path, self.labels = path, tuple(labels)
         self.width, self.height, self.transform = raster.width, raster.height, raster.transform
         self.geometries, self.classes = geometries, classes.astype(np.uint8)
-        self._tree: shapely.STRtree | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tree": None}
-
-    @property
-    def tree(self) -> shapely.STRtree:
-        if self._tree is None:
-            self._tree = shapely.STRtree(self.geometries)
-        return self._tree
+        self.index = GeometryIndex(geometries)
 
     def _burn(self, transform: Affine, shape: tuple[int, int]) -> np.ndarray:
         rows, cols = shape
         corners = [transform @ (0, 0), transform @ (cols, rows)]
         (x0, y0), (x1, y1) = corners
-        hits = np.sort(self.tree.query(shapely.box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))))
+        hits = self.index.query(shapely.box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)))
         if not len(hits):
             return np.zeros(shape, dtype=np.uint8)
         pairs = zip(self.geometries[hits], self.classes[hits].tolist(), strict=True)

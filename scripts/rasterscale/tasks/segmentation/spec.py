@@ -19,7 +19,7 @@ from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rast
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
 from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, segmenter_of_config
 from rasterscale.tasks.segmentation.vectorize import vectorize_classes
-from rasterscale.tasks.spec import TaskSpec
+from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
 
 def summarize(metrics: Mapping[str, Any]) -> str:
@@ -92,7 +92,7 @@ SEGMENTATION = TaskSpec(
         **({"probabilities": "probabilities.tif"} if config["predict"]["probabilities"] else {}),
     },
     evaluated_output="classes",
-    model_files={"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"},
+    model_files=MODEL_FILES,
     default_model_name="segmenter",
     labels=labels,
     check_annotations=check_annotations,
