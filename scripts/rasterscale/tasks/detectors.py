@@ -1,22 +1,26 @@
 """The torch half of the tasks whose models are torchvision detectors on a ResNet-FPN backbone (detection's
 RetinaNet, instances' Mask R-CNN): a training step on images and their targets, batches as lists, the start from a
-model file or an ImageNet backbone, the model saved with a DeepForest folder beside it, and inference's fast path.
-Each task says how its model files are written and read (its ``model`` and ``modelfiles``)."""
+model file or an ImageNet backbone, the model saved with a DeepForest folder beside it, inference's fast path, and
+a rank's objects of a scene as one GeoParquet file. Each task says how its model files are written and read (its
+``model`` and ``modelfiles``) and what a tile's objects are."""
 
 from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+import geopandas as gpd
+import pandas as pd
 import torch
 
 from rasterscale.datasets.tiles import collate_lists
-from rasterscale.tasks.api import Task, TrainingModule
+from rasterscale.tasks.api import PredictScene, RankOutput, Task, TrainingModule
 from rasterscale.tasks.modelfiles import ResNetFPNConfig, deepforest_folder_note, deepforest_folder_of
 from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
+from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
@@ -80,3 +84,55 @@ class DetectorTask(Task):
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
         return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+
+
+class ObjectsRankOutput(RankOutput):
+    """A rank's objects of one scene, as one GeoParquet file: the parts' rows, then those of the tiles added since,
+    in prediction order. A part holds the objects of the tiles added since the previous one. A task says how a
+    tile's result is held (:meth:`add`), how the held tiles become a frame (:meth:`frame`) and which ids they have
+    (:meth:`held_tile_ids`)."""
+
+    unit: ClassVar[str]  # what the log counts ("detections")
+
+    @staticmethod
+    @abstractmethod
+    def write_file(frame: gpd.GeoDataFrame, path: str | Path, /) -> None:
+        """A frame to a rank file, atomically."""
+
+    @staticmethod
+    @abstractmethod
+    def empty(crs: Any, /) -> gpd.GeoDataFrame:
+        """The frame of no objects, in ``crs``."""
+
+    def __init__(self, scene: PredictScene, labels: Sequence[str], path: str | Path, parts: Sequence[Part] = ()):
+        self.scene, self.labels, self.path = scene, list(labels), Path(path)
+        self.parts = list(parts)
+        self.results: list[Any] = []  # tiles added and not in a part yet
+
+    @abstractmethod
+    def frame(self) -> gpd.GeoDataFrame:
+        """The objects of the tiles held, in the rank file's columns."""
+
+    @abstractmethod
+    def held_tile_ids(self) -> list[int]:
+        """The ids of the tiles held, in the order added."""
+
+    def forget_held(self) -> None:
+        self.results = []
+
+    def save_part(self, path: Path) -> Part | None:
+        if not self.results:
+            return None
+        self.write_file(self.frame(), path)
+        part = Part(path, self.held_tile_ids())
+        self.parts.append(part)
+        self.forget_held()
+        return part
+
+    def write(self) -> str:
+        frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
+        frames = [frame for frame in frames if len(frame)]
+        frame = pd.concat(frames, ignore_index=True) if frames else self.empty(self.scene.crs)
+        self.write_file(frame, self.path)
+        resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
+        return f"{len(frame)} {self.unit}{resumed}"

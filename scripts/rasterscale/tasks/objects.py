@@ -20,7 +20,7 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 
-from rasterscale.atomic import write_json
+from rasterscale.atomic import atomic_path, write_json
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
@@ -193,6 +193,16 @@ def count_labels(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
     column = pq.read_table(path, columns=["label"]).column("label")
     found = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
     return {**{label: found.pop(label, 0) for label in labels}, **found}
+
+
+def write_objects_file(objects: gpd.GeoDataFrame, columns: Sequence[str], path: str | Path) -> None:
+    """GeoParquet of objects in a rank file's ``columns``, atomically."""
+    import pyarrow.parquet as pq
+    from geopandas.io.arrow import _geopandas_to_arrow
+
+    table = _geopandas_to_arrow(objects[list(columns)].reset_index(drop=True))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def read_rank_files(paths: Sequence[str | Path], empty: Callable[[Any], gpd.GeoDataFrame]) -> gpd.GeoDataFrame:

@@ -18,12 +18,17 @@ from pathlib import Path
 import geopandas as gpd
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
-from geopandas.io.arrow import _geopandas_to_arrow
 
-from rasterscale.atomic import atomic_path, write_geoparquet, write_gpkg
+from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
-from rasterscale.tasks.objects import BOX_COLUMNS, count_labels, cut_by_inner_edge, greedy_nms, merge_rank_files
+from rasterscale.tasks.objects import (
+    BOX_COLUMNS,
+    count_labels,
+    cut_by_inner_edge,
+    greedy_nms,
+    merge_rank_files,
+    write_objects_file,
+)
 
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
 
@@ -42,9 +47,7 @@ def empty_detections(crs: object) -> gpd.GeoDataFrame:
 
 def write_detections_file(detections: gpd.GeoDataFrame, path: str | Path) -> None:
     """GeoParquet of detections in the merge's columns (a rank's output), atomically."""
-    table = _geopandas_to_arrow(detections[DETECTION_COLUMNS].reset_index(drop=True))
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    write_objects_file(detections, DETECTION_COLUMNS, path)
 
 
 def drop_contained_cut_boxes(

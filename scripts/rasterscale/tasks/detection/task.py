@@ -35,7 +35,7 @@ from rasterscale.tasks.detection.modelfiles import (
     write_deepforest_folder,
 )
 from rasterscale.tasks.detection.spec import DETECTION
-from rasterscale.tasks.detectors import DetectorTask
+from rasterscale.tasks.detectors import DetectorTask, ObjectsRankOutput
 from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
@@ -71,15 +71,12 @@ def detections_frame(
     return gpd.GeoDataFrame(frame, geometry=pixel_boxes_to_polygons(boxes, transform), crs=crs)
 
 
-class DetectionRankOutput(RankOutput):
-    """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons): the parts'
-    rows, then those of the tiles predicted since, in prediction order. A part holds the boxes of the tiles
-    added since the previous one."""
+class DetectionRankOutput(ObjectsRankOutput):
+    """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons)."""
 
-    def __init__(self, scene: PredictScene, labels: Sequence[str], path: str | Path, parts: Sequence[Part] = ()):
-        self.scene, self.labels, self.path = scene, list(labels), Path(path)
-        self.parts = list(parts)
-        self.results: list[tuple[Tile, TileDetections]] = []  # tiles added and not in a part yet
+    unit = "detections"
+    write_file = staticmethod(write_detections_file)
+    empty = staticmethod(empty_detections)
 
     def add(self, tile: Tile, result: TileDetections) -> None:
         self.results.append((tile, result))
@@ -87,22 +84,8 @@ class DetectionRankOutput(RankOutput):
     def frame(self) -> gpd.GeoDataFrame:
         return detections_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
 
-    def save_part(self, path: Path) -> Part | None:
-        if not self.results:
-            return None
-        write_detections_file(self.frame(), path)
-        part = Part(path, [tile.tile_id for tile, _ in self.results])
-        self.parts.append(part)
-        self.results = []
-        return part
-
-    def write(self) -> str:
-        frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
-        frames = [frame for frame in frames if len(frame)]
-        frame = pd.concat(frames, ignore_index=True) if frames else empty_detections(self.scene.crs)
-        write_detections_file(frame, self.path)
-        resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
-        return f"{len(frame)} detections{resumed}"
+    def held_tile_ids(self) -> list[int]:
+        return [tile.tile_id for tile, _ in self.results]
 
 
 def predict_tiles(model: torch.nn.Module, dataset: TrainTileDataset, batch_size: int) -> list[dict[str, np.ndarray]]:

@@ -27,15 +27,12 @@ from typing import Any
 import geopandas as gpd
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import shapely
 from affine import Affine
-from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.features import shapes
 
-from rasterscale.atomic import atomic_path
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.objects import BOX_COLUMNS
+from rasterscale.tasks.objects import BOX_COLUMNS, write_objects_file
 
 SIMPLIFY_PX = 0.5  # Douglas-Peucker tolerance after the corners are cut (those move the outline by 0.36 px at most)
 INSTANCE_COLUMNS = ["tile_id", "label", "score", "cut", *BOX_COLUMNS, "geometry"]
@@ -190,9 +187,7 @@ def instances_frame(
 
 def write_instances_file(instances: gpd.GeoDataFrame, path: str | Path) -> None:
     """GeoParquet of instances in the rank file's columns, atomically."""
-    table = _geopandas_to_arrow(instances[INSTANCE_COLUMNS].reset_index(drop=True))
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    write_objects_file(instances, INSTANCE_COLUMNS, path)
 
 
 def polygon_pairs(geometries_a: np.ndarray, geometries_b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

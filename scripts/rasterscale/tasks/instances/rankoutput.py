@@ -14,12 +14,11 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
-import pandas as pd
 
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.api import PredictScene, RankOutput
+from rasterscale.tasks.api import PredictScene
+from rasterscale.tasks.detectors import ObjectsRankOutput
 from rasterscale.tasks.instances.polygons import (
-    TileInstances,
     empty_instances,
     instances_frame,
     tile_instances,
@@ -28,7 +27,7 @@ from rasterscale.tasks.instances.polygons import (
 from rasterscale.tasks.spec import Part
 
 
-class InstanceRankOutput(RankOutput):
+class InstanceRankOutput(ObjectsRankOutput):
     """A rank's instances of one scene: the parts' rows, then those of the tiles added since, in prediction
     order. A part holds the instances of the tiles added since the previous one.
 
@@ -36,6 +35,10 @@ class InstanceRankOutput(RankOutput):
     indexes into ``labels``, and ``masks`` (N, H, W) at the tile's pixels (bool, 0/1, or probabilities in [0, 1]
     kept above ``mask_threshold``; a model's (N, 1, H, W) as well). The model's boxes are not kept: an instance's
     box is its polygon's."""
+
+    unit = "instances"
+    write_file = staticmethod(write_instances_file)
+    empty = staticmethod(empty_instances)
 
     def __init__(
         self,
@@ -45,11 +48,9 @@ class InstanceRankOutput(RankOutput):
         parts: Sequence[Part] = (),
         mask_threshold: float = 0.5,
     ) -> None:
-        self.scene, self.labels, self.path = scene, list(labels), Path(path)
-        self.parts = list(parts)
+        super().__init__(scene, labels, path, parts)
         self.mask_threshold = mask_threshold
-        self.results: list[TileInstances] = []  # tiles added and not in a part yet
-        self.held = 0  # their polygons' bytes, about
+        self.held = 0  # the held tiles' polygons' bytes, about
 
     def add(self, tile: Tile, result: Mapping[str, np.ndarray]) -> None:
         found = tile_instances(
@@ -70,19 +71,8 @@ class InstanceRankOutput(RankOutput):
     def frame(self) -> gpd.GeoDataFrame:
         return instances_frame(self.results, self.labels, self.scene.transform, self.scene.crs)
 
-    def save_part(self, path: Path) -> Part | None:
-        if not self.results:
-            return None
-        write_instances_file(self.frame(), path)
-        part = Part(path, [found.tile_id for found in self.results])
-        self.parts.append(part)
-        self.results, self.held = [], 0
-        return part
+    def held_tile_ids(self) -> list[int]:
+        return [found.tile_id for found in self.results]
 
-    def write(self) -> str:
-        frames = [gpd.read_parquet(part.path) for part in self.parts] + [self.frame()]
-        frames = [frame for frame in frames if len(frame)]
-        frame = pd.concat(frames, ignore_index=True) if frames else empty_instances(self.scene.crs)
-        write_instances_file(frame, self.path)
-        resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
-        return f"{len(frame)} instances{resumed}"
+    def forget_held(self) -> None:
+        self.results, self.held = [], 0
