@@ -5,6 +5,8 @@ half, :class:`~rasterscale.tasks.api.Task`: model, training samples, rank output
 :mod:`rasterscale.tasks.registry`.
 
 - ``detection``: boxes (torchvision RetinaNet, DeepForest's model) -> a vector layer per scene.
+- ``instances``: crowns as polygons (torchvision Mask R-CNN, DeepForest's polygon model) -> a polygon layer per
+  scene. It and detection share ``modelfiles``, ``objects``, ``resnet_fpn`` and ``detectors``.
 - ``segmentation``: a class per pixel (a segmentation-models-pytorch U-Net) -> a COG of classes per scene, its
   probabilities and its polygons.
 """
