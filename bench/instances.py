@@ -45,7 +45,7 @@ from rasterscale.grid.tile import TileGrid  # noqa: E402
 from rasterscale.raster.geo import box_areas  # noqa: E402
 from rasterscale.raster.imagery import resolve_spec  # noqa: E402
 from rasterscale.tasks.instances.polygons import to_crs, write_instances_file  # noqa: E402
-from synthetic import CRS, TRANSFORM, tile_windows, write_raster  # noqa: E402
+from synthetic import CRS, TRANSFORM, write_raster  # noqa: E402
 
 PATCH, OVERLAP = 400, 80
 RANKS = 4
@@ -220,10 +220,8 @@ def measure_instances_rank_rss(workdir: Path, sides: tuple[int, ...], count: int
     in the raster's side."""
     import torch
 
-    from jobs import run_predict_job
-    from measures import spread
+    from measures import predict_spread_tiles
     from rasterscale.config.schema import validate_config
-    from rasterscale.grid.manifest import tiles_from_frame
     from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
     from rasterscale.tasks.instances.modelfiles import InstanceConfig
 
@@ -236,13 +234,7 @@ def measure_instances_rank_rss(workdir: Path, sides: tuple[int, ...], count: int
     result: dict[str, Any] = {}
     for side in sides:
         directory = workdir / f"instances-rank-rss-{side}"
-        directory.mkdir(parents=True, exist_ok=True)
-        manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
-        chosen = manifest.iloc[spread(range(len(manifest)), count)]
-        raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
-        write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
-        job = run_predict_job(directory, raster, directory / "tiles.parquet", model_file, {}, config=config)
-        raster.unlink()
+        job, _ = predict_spread_tiles(directory, side, count, model_file, {}, config=config)
         profile = job.profiles[0]
         crowns = len(gpd.read_parquet(directory / "predict/scene/rank-0.parquet"))
         result[str(side)] = {

@@ -304,23 +304,33 @@ def spread(items: Sequence[Any], count: int) -> list[Any]:
     return [items[k] for k in picks]
 
 
+def predict_spread_tiles(
+    directory: Path, side: int, count: int, model_file: Path, predict: dict, config: dict | None = None
+) -> tuple[JobResult, int]:
+    """A one-job prediction over ``count`` tiles spread over a raster ``side`` px square (only their pixels are
+    written, the raster removed after); the job and the tiles of the raster's whole manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
+    chosen = manifest.iloc[spread(range(len(manifest)), count)]
+    raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
+    write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
+    job = run_predict_job(directory, raster, directory / "tiles.parquet", model_file, predict, config=config)
+    raster.unlink()
+    return job, len(manifest)
+
+
 def measure_rss(workdir: Path, model_file: Path, sides: Sequence[int], count: int) -> dict:
     """Peak RSS of a window-strategy rank on rasters of each side, the same tiles count spread over each."""
     result: dict[str, Any] = {}
     for side in sides:
-        directory = workdir / f"rss-{side}"
-        directory.mkdir(parents=True, exist_ok=True)
-        manifest = manifest_frame(tile_grid(side, side, PATCH, OVERLAP), TRANSFORM, CRS)
-        chosen = manifest.iloc[spread(range(len(manifest)), count)]
-        raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
-        write_manifest(chosen, resolve_spec(raster), TileGrid(PATCH, OVERLAP), directory / "tiles.parquet")
-        job = run_predict_job(directory, raster, directory / "tiles.parquet", model_file, {"devices": 1, "workers": 0})
-        raster.unlink()
+        job, manifest_tiles = predict_spread_tiles(
+            workdir / f"rss-{side}", side, count, model_file, {"devices": 1, "workers": 0}
+        )
         profile = job.profiles[0]
         result[str(side)] = {
             "rss_peak_mb": profile["host_rss_peak_mb"],
             "rss_mean_per_batch_mb": profile["memory_mean_mb"],
-            "manifest_tiles": len(manifest),
+            "manifest_tiles": manifest_tiles,
             "predicted_tiles": profile["tiles"],
             "job_wall_s": round(job.wall_s, 2),
         }

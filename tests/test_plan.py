@@ -80,7 +80,7 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
     assert plan.final_targets() == [
         *(
             f"results/models/detector{file}"
-            for file in (".pt", "/config.json", "/model.safetensors", ".metrics.csv", ".png")
+            for file in (".pt", ".metrics.csv", ".png", "/config.json", "/model.safetensors")
         ),
         *(f"results/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
         "results/project/detections.gpkg",
