@@ -444,10 +444,9 @@ def resolve_detector_keys(
     if resize is None:
         resize = header.resize if header else None
     patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or defaults["patch_size"]
-    keys = ("backbone", "score_threshold", "nms_threshold", "detections_per_tile")
+    keys = ("backbone", "fpn_channels", "score_threshold", "nms_threshold", "detections_per_tile")
     return {
         **{key: pick(model.get(key), header and getattr(header, key), defaults[key]) for key in keys},
-        "fpn_channels": pick(model.get("fpn_channels"), header and header.fpn_channels, defaults["fpn_channels"]),
         "labels": labels,
         "patch_size": patch_size,
         "resize": None if resize == "native" else resize,

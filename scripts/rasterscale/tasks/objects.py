@@ -4,10 +4,12 @@
   suppressing pairs (never all pairs);
 - against ground truth: greedy one-to-one matching in descending score order over a sparse list of candidate
   pairs and their IoUs, precision/recall/F1 and COCO's interpolated AP, class by class;
-- a scene's rank files read as one frame, the objects on valid pixels, merged across tiles by the task's merge;
-- a merged layer's counts by label.
+- rank files written (atomically) and a scene's read as one frame, the objects on valid pixels, merged across
+  tiles by the task's merge;
+- a scene's scores as JSON, a merged layer's counts by label.
 
-The pairs and their IoUs are the task's (box IoU, polygon IoU); everything here is numpy over those arrays.
+The pairs and their IoUs are the task's (box IoU, polygon IoU); the merge and the scores here are numpy over those
+arrays.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any, Protocol
 import geopandas as gpd
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from geopandas.io.arrow import _geopandas_to_arrow
 
 from rasterscale.atomic import atomic_path, write_json
 from rasterscale.grid.manifest import read_manifest
@@ -187,9 +192,6 @@ def record_scores(metrics: dict[str, Any], raster_path: str | Path, json_path: s
 def count_labels(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
     """A merged layer's objects per label: each of ``labels`` (0 when it has none), then any other label the
     layer holds. Only its label column is read."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     column = pq.read_table(path, columns=["label"]).column("label")
     found = {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
     return {**{label: found.pop(label, 0) for label in labels}, **found}
@@ -197,9 +199,6 @@ def count_labels(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
 
 def write_objects_file(objects: gpd.GeoDataFrame, columns: Sequence[str], path: str | Path) -> None:
     """GeoParquet of objects in a rank file's ``columns``, atomically."""
-    import pyarrow.parquet as pq
-    from geopandas.io.arrow import _geopandas_to_arrow
-
     table = _geopandas_to_arrow(objects[list(columns)].reset_index(drop=True))
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
