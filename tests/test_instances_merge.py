@@ -364,15 +364,18 @@ def test_a_perfect_models_crowns_stitch_at_inner_tile_edges_as_well_as_away_from
     predict = PredictScene(
         "crowns", str(raster), tiles, resolve_spec(raster), TileGrid(patch, overlap), side, side, TRANSFORM, UTM17N
     )
-    scores = np.random.default_rng(4)
+    score_rng = np.random.default_rng(4)
     outputs = [InstanceRankOutput(predict, LABELS, tmp_path / f"rank-{k}.parquet") for k in range(3)]
     for tile in tiles:
         yy, xx = np.mgrid[tile.row_off : tile.row_off + tile.height, tile.col_off : tile.col_off + tile.width] + 0.5
-        masks = [(xx - x) ** 2 + (yy - y) ** 2 <= r * r for x, y, r in discs]
+        x, y, r = discs.T
+        near = (x + r > tile.col_off) & (x - r < tile.col_off + tile.width)
+        near &= (y + r > tile.row_off) & (y - r < tile.row_off + tile.height)
+        masks = [(xx - cx) ** 2 + (yy - cy) ** 2 <= cr * cr for cx, cy, cr in discs[near]]
         seen = [mask for mask in masks if mask.any()]
         found = {
             "boxes": np.zeros((len(seen), 4), dtype=np.float32),
-            "scores": scores.uniform(0.5, 1.0, len(seen)).astype(np.float32),
+            "scores": score_rng.uniform(0.5, 1.0, len(seen)).astype(np.float32),
             "labels": np.zeros(len(seen), dtype=np.int64),
             "masks": np.stack(seen).astype(np.uint8),
         }

@@ -156,9 +156,13 @@ class Ownership:
         scenes = [self.footprints[name] for name in seam_scenes(seam) if name in self.footprints]
         return shapely.boundary(shapely.union_all(scenes) if len(scenes) == 2 else self.cores[seam])
 
-    def _depth(self, seam: str, points: np.ndarray) -> np.ndarray:
-        """How far inside the union of the seam's two scenes each point lies."""
-        return shapely.distance(self._mosaic_edges[seam], points)
+    def _deeper(self, seam: str, other: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Where ``seam``'s two scenes hold the point (x, y) deeper than ``other``'s do (farther inside the union of
+        the two; by name on a tie)."""
+        points = shapely.points(x, y)
+        depth = shapely.distance(self._mosaic_edges[seam], points)
+        rival = shapely.distance(self._mosaic_edges[other], points)
+        return (depth > rival) | ((depth == rival) & (seam < other))
 
     def keeps(self, source: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """True where ``source`` owns the point (x, y): the objects it keeps."""
@@ -172,16 +176,13 @@ class Ownership:
                 other = self._scene_names[int(index)]
                 if other < source:
                     keep &= ~shapely.contains_xy(self.footprints[other], x, y)
-        points = shapely.points(x, y) if is_seam(source) else None
-        depth = self._depth(source, points) if points is not None else None
         for index in self._seam_tree.query(area, predicate="intersects"):
             seam = self._seam_names[int(index)]
             if seam == source:
                 continue
             inside = shapely.contains_xy(self.cores[seam], x, y)
-            if points is not None and depth is not None and inside.any():  # crossing cores: the deeper seam keeps
-                deeper = self._depth(seam, points)
-                inside &= (deeper > depth) | ((deeper == depth) & (seam < source))
+            if is_seam(source) and inside.any():  # crossing cores: the deeper seam keeps
+                inside &= self._deeper(seam, source, x, y)
             keep &= ~inside
         return keep
 
