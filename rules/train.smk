@@ -19,7 +19,7 @@ rule train_model:
         entry=entry_point("train"),
         launcher=launcher("train"),
         scenes=PLAN.training_scenes().to_json(),
-        config=config_json("task", "model", "tiling", "train"),
+        config=json.dumps(PLAN.training_config(), separators=(",", ":")),
         log_dir="logs/train/{model}",
     shell:
         "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"

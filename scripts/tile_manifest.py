@@ -1,6 +1,7 @@
-"""Entry: write a scene's tile manifest (GeoParquet) and its imagery spec (bands, mask, scale to uint8), or each
-scene's of a batch (its job file lists their rasters, manifests and imagery keys): one process for many scenes. A
-seam's mosaic of its scenes' rasters is written first, and its manifest holds the tiles near its core."""
+"""Entry: write a scene's tile manifest (GeoParquet) and its imagery spec (bands, mask, scale to uint8 or raw
+values), or each scene's of a batch (its job file lists their rasters, manifests and imagery keys): one process for
+many scenes. A seam's mosaic of its scenes' rasters is written first, and its manifest holds the tiles near its
+core."""
 
 import argparse
 import json
@@ -22,7 +23,7 @@ def write_scene_manifest(
 ) -> None:
     info = check_raster(raster)
     imagery = imagery or Imagery()
-    spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key)
+    spec = resolve_spec(raster, imagery.bands, imagery.scale, imagery.key, imagery.raw)
     print(f"{shown(raster)}: imagery {spec.describe()}")
     manifest = build_manifest(raster, args.patch_size, args.overlap, args.skip_nodata, spec, core)
     write_manifest(manifest, spec, TileGrid(args.patch_size, args.overlap), out)

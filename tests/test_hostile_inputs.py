@@ -25,6 +25,7 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
 from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
+from rasterscale.workflow.plan import build_plan
 from workflow import workflow_command
 
 PATCH, OVERLAP = 128, 32
@@ -144,8 +145,15 @@ CASES = {
     ),
     "4 bands, no alpha, no bands key": (
         lambda d: config_of(d, scenes={**config_of(d)["scenes"], "test": {"path": str(d / "rgbn.tif")}}),
-        "rasterscale: D/rgbn.tif: raster has 4 bands; set scenes.test.bands to the three \\(1-based\\) the model "
-        "sees as red, green, blue \\(e.g. \\[1, 2, 3\\]\\)",
+        "rasterscale: D/rgbn.tif: raster has 4 bands; set scenes.test.bands to the \\(1-based\\) bands the model "
+        "sees, e.g. \\[1, 2, 3\\] for red, green, blue or \\[1, 2, 3, 4\\] for all",
+    ),
+    "a band beyond the raster's count": (
+        lambda d: config_of(
+            d, scenes={**config_of(d)["scenes"], "test": {"path": str(d / "test.tif"), "bands": [1, 2, 5]}}
+        ),
+        "rasterscale: D/test.tif: raster has 3 band\\(s\\); scenes.test.bands \\[1, 2, 5\\] asks for band\\(s\\) 5 "
+        "\\(bands are 1..3\\)",
     ),
     "training scene too small for its validation band": (
         lambda d: config_of(
@@ -374,3 +382,57 @@ def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(d
     )
     assert re.fullmatch(expected, lines[0]), lines[0]
     assert not (workdir / target).exists()
+
+
+def test_bands_and_normalization_that_cannot_work_stop_the_plan_in_one_line(data, detector_file, tmp_path):
+    """What the dry run checks of bands and normalization (build_plan is what `snakemake -n` runs; the cases above
+    show its wiring): a zero or negative std, `auto` on a scene that is not trained on (with a model file, and in a
+    run that trains on another scene), an RGB model file given a 4-band scene."""
+    base = config_of(data)
+    rgbn = {"path": str(data / "rgbn.tif"), "bands": [1, 2, 3, 4]}
+    cases = [
+        (
+            {"model": {"normalize": {"mean": [90, 90, 90], "std": [30, 0, 30]}}},
+            ConfigError,
+            "config: key 'model.normalize.std' is 0 for band 2: a std must be positive",
+        ),
+        (
+            {
+                "scenes": {
+                    **base["scenes"],
+                    "train": {**base["scenes"]["train"], "normalize": {"mean": [1] * 3, "std": [-2] * 3}},
+                }
+            },
+            ConfigError,
+            "config: key 'scenes.train.normalize.std' is -2 for band 1: a std must be positive",
+        ),
+        (
+            {
+                "scenes": {**base["scenes"], "test": {**base["scenes"]["test"], "normalize": "auto"}},
+                "model": {"file": str(detector_file)},
+                "train": {"scenes": []},
+            },
+            ConfigError,
+            "config: key 'scenes.test.normalize' is set on a scene that is only predicted: the model's own statistics "
+            "are used (3 band(s) [red, green, blue], scaled to 0-255, mean [0.485, 0.456, 0.406], std [0.229, 0.224, "
+            "0.225]); normalize: auto computes them from training scenes (set it on those, or model.normalize)",
+        ),
+        (
+            {"scenes": {"test": rgbn}, "model": {"file": str(detector_file)}, "train": {"scenes": []}},
+            InputError,
+            f"{data / 'rgbn.tif'}: scenes.test.bands gives 4 band(s) but {detector_file} takes 3 [red, green, blue]; "
+            "set scenes.test.bands to 3 bands",
+        ),
+        (
+            {"scenes": {**base["scenes"], "test": {**base["scenes"]["test"], "normalize": "auto"}}},
+            ConfigError,
+            "config: key 'scenes.test.normalize' is set on a scene that is only predicted: the model's own statistics "
+            "are used (3 band(s) [red, green, blue], scaled to 0-255, mean [0.485, 0.456, 0.406], std [0.229, 0.224, "
+            "0.225]); normalize: auto computes them from training scenes (set it on those, or model.normalize)",
+        ),
+    ]
+    for sections, error, message in cases:
+        config = {**base, **{k: {**base[k], **v} if k != "scenes" else v for k, v in sections.items()}}
+        with pytest.raises(error) as raised:
+            build_plan(config, tmp_path)
+        assert str(raised.value) == message

@@ -19,6 +19,7 @@ from torchvision.models.detection import maskrcnn_resnet50_fpn
 from conftest import REPO
 from deepforest_files import DeepForestMaskRCNN, torchvision_retinanet, write_deepforest_maskrcnn, write_folder
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.model import build_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig
 from rasterscale.tasks.instances.model import (
@@ -265,7 +266,7 @@ def test_init_with_other_labels_keeps_all_but_the_class_layers(light_file):
     same = build_instance_model(LIGHT)
     assert init_from_model_file(same, LIGHT, light_file).startswith("all weights from")
     assert same_weights(same, state)
-    other = InstanceConfig(**{**LIGHT.to_dict(), "labels": ("oak", "pine", "birch")})
+    other = InstanceConfig.from_dict({**LIGHT.to_dict(), "labels": ("oak", "pine", "birch")})
     model = build_instance_model(other)
     message = init_from_model_file(model, other, light_file)
     assert "except the box and mask predictors' class layers, new for 3 class(es) oak, pine, birch" in message
@@ -281,7 +282,7 @@ def test_backbone_weights_start_the_resnet_only(tmp_path):
     weights = resnet18(weights=None).state_dict()
     torch.save(weights, tmp_path / "resnet18.pth")
     model = build_instance_model(LIGHT)
-    assert "backbone from the ImageNet weights" in load_backbone_weights(model, tmp_path / "resnet18.pth")
+    assert "backbone from the ImageNet weights" in load_backbone_weights(model, tmp_path / "resnet18.pth", InputBands())
     body = model.backbone.body.state_dict()
     assert all(torch.equal(body[k], v) for k, v in weights.items() if not k.startswith("fc."))
 

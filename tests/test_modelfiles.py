@@ -21,6 +21,7 @@ from deepforest_files import (
 from prediction import PredictScene, predict_rank_file
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import (
     DEEPFOREST_RESIZE,
@@ -259,13 +260,13 @@ def test_backbone_weights_load_into_the_backbone_only(tmp_path):
     weights = resnet18(weights=None).state_dict()  # torchvision's ImageNet layout, fc included
     torch.save(weights, tmp_path / "resnet18.pth")
     model = build_detector(DetectorConfig(backbone="resnet18"))
-    message = load_backbone_weights(model, tmp_path / "resnet18.pth")
+    message = load_backbone_weights(model, tmp_path / "resnet18.pth", InputBands())
     assert "backbone from the ImageNet weights" in message
     body = model.backbone.body.state_dict()
     assert all(torch.equal(body[k], v) for k, v in weights.items() if not k.startswith("fc."))
     torch.save(resnet18(weights=None).fc.state_dict(), tmp_path / "fc.pth")
     with pytest.raises(InputError, match=r"fc.pth: not a torchvision ResNet state dict"):
-        load_backbone_weights(model, tmp_path / "fc.pth")
+        load_backbone_weights(model, tmp_path / "fc.pth", InputBands())
 
 
 # --- out: the DeepForest folder ---------------------------------------------------------------------------------

@@ -13,18 +13,20 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Imagery:
-    """A scene's imagery keys for its manifest's imagery spec: its config key, bands and scale (None: defaults)."""
+    """A scene's imagery keys for its manifest's imagery spec: its config key, bands and scale (None: defaults), and
+    whether its model takes raw values (normalized by the model) rather than bands scaled to uint8."""
 
     key: str = "scene"
     bands: list[int] | None = None
     scale: dict[str, Any] | None = None
+    raw: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "bands": self.bands, "scale": self.scale}
+        return {"key": self.key, "bands": self.bands, "scale": self.scale, "raw": self.raw}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Imagery:
-        return cls(data.get("key", "scene"), data.get("bands"), data.get("scale"))
+        return cls(data.get("key", "scene"), data.get("bands"), data.get("scale"), bool(data.get("raw", False)))
 
 
 # Scene's fields other than its outputs (the outputs are the other keys of its JSON entry)

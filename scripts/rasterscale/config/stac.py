@@ -89,10 +89,11 @@ def item_origin(item_id: str, source: str) -> str:
 
 def scenes_from_section(section: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The scenes of the ``stac`` section: one per item of each source in ``stac.items``, named by the item's id,
-    its path the ``stac.asset`` asset's, with ``stac.bands`` and ``stac.scale`` when set; and their origins."""
+    its path the ``stac.asset`` asset's, with ``stac.bands``, ``stac.scale`` and ``stac.normalize`` when set; and
+    their origins."""
     scenes: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    shared = {key: section[key] for key in ("bands", "scale") if key in section}
+    shared = {key: section[key] for key in ("bands", "scale", "normalize") if key in section}
     for source in section.get("items", []):
         for item in read_items(source):
             name = sanitized_scene_name(item.id)

@@ -13,9 +13,10 @@ Prediction has three dataloader strategies (``predict.strategy``, DeepForest's n
   no worker processes). The region must fit in device memory.
 
 Every reader takes the scene's :class:`~rasterscale.raster.imagery.ImageSpec` (stored with its manifest): the bands,
-the mask and the scale that make the raster's pixels uint8 RGB (:func:`rasterscale.raster.imagery.read_tile`).
-Prediction tiles stay uint8 until they reach the device (:func:`to_model_input` scales them there): a quarter
-of the bytes to read, pin and copy.
+the mask and the scale that make the raster's pixels the model's tiles (:func:`rasterscale.raster.imagery.read_tile`):
+uint8 bands scaled to 0-255, or raw float32 values for a model that normalizes them. Prediction tiles stay uint8
+until they reach the device (:func:`to_model_input` scales them there): a quarter of the bytes to read, pin and
+copy.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from rasterio.windows import Window
 from torch.utils.data import Dataset
 
 from rasterscale.grid.tile import Tile
-from rasterscale.raster.headers import RGB_BANDS
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import bounding_window, tile_window
@@ -41,18 +41,19 @@ PREDICT_STRATEGIES = ("window", "single", "batch")
 
 
 class RasterHandle(ProcessRaster):
-    """A scene's per-process handle that reads tiles as the model's uint8 RGB, through its imagery spec."""
+    """A scene's per-process handle that reads tiles as the model's, through its imagery spec."""
 
     def __init__(self, path: str | Path, spec: ImageSpec) -> None:
         super().__init__(path)
         self.spec = spec
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
-        """The tile as the model's uint8 RGB (the spec's bands, scale and fill), shape (3, height, width)."""
+        """The tile as the model's pixels (the spec's bands, scale or raw values, and fill), shape (bands, height,
+        width)."""
         return read_tile(self.src, self.spec, tile_window(tile), tile.tile_id)
 
     def read_rgb(self, tile: Tile) -> torch.Tensor:
-        """The tile as a float tensor in [0, 1], shape (3, height, width)."""
+        """The tile as the model's float tensor ([0, 1] scaled, or raw values), shape (bands, height, width)."""
         return pixels_to_tensor(self.read_pixels(tile))
 
 
@@ -63,20 +64,22 @@ def limit_read_cache(megabytes: int) -> None:
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 pixels as a float tensor in [0, 1] (training)."""
+    """A tile's pixels as the model's float tensor, [0, 1] scaled or raw values (training)."""
     return to_model_input(pixels_to_raw_tensor(pixels))
 
 
 def pixels_to_raw_tensor(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 pixels as a uint8 tensor (prediction: scaled on the device)."""
-    if pixels.dtype != np.uint8:
-        raise TypeError(f"tiles reach the model as uint8, not {pixels.dtype} (read them through an ImageSpec)")
+    """A tile's pixels as they are read, uint8 (prediction: scaled on the device) or float32 raw values."""
+    if pixels.dtype not in (np.uint8, np.float32):
+        raise TypeError(
+            f"tiles reach the model as uint8 or float32, not {pixels.dtype} (read them through an ImageSpec)"
+        )
     return torch.from_numpy(np.ascontiguousarray(pixels))
 
 
 def to_model_input(image: torch.Tensor) -> torch.Tensor:
-    """A uint8 tile as the model takes it, float in [0, 1], where the tile is (on the device): training's
-    :func:`pixels_to_tensor` scales the same way."""
+    """A tile as the model takes it, where the tile is (on the device): uint8 to float in [0, 1], raw values as
+    they are; training's :func:`pixels_to_tensor` does the same."""
     return image.float().div_(255.0) if image.dtype == torch.uint8 else image
 
 
@@ -102,9 +105,9 @@ def tiles_window(tiles: Sequence[Tile]) -> Window:
     return window
 
 
-def region_nbytes(window: Window) -> int:
-    """Bytes that :func:`load_region` holds for ``window`` (uint8 RGB)."""
-    return RGB_BANDS * int(window.width) * int(window.height)
+def region_nbytes(window: Window, spec: ImageSpec) -> int:
+    """Bytes that :func:`load_region` holds for ``window`` (the spec's bands, uint8 or float32)."""
+    return spec.count * spec.dtype.itemsize * int(window.width) * int(window.height)
 
 
 def load_region(
@@ -114,13 +117,15 @@ def load_region(
     device: torch.device | str = "cpu",
     chunk_rows: int = 1024,
 ) -> torch.Tensor:
-    """A window as one uint8 RGB (3, height, width) tensor on ``device``, read through ``spec``.
+    """A window as one (bands, height, width) tensor on ``device`` (uint8, or float32 raw values), read through
+    ``spec``.
 
     It is read ``chunk_rows`` rows at a time into the tensor allocated on the device, so that beyond the
     region itself only one chunk is ever held in host memory.
     """
     height, width = int(window.height), int(window.width)
-    region = torch.empty((RGB_BANDS, height, width), dtype=torch.uint8, device=device)
+    dtype = torch.float32 if spec.raw else torch.uint8
+    region = torch.empty((spec.count, height, width), dtype=dtype, device=device)
     with open_raster(raster_path) as src:
         for row in range(0, height, chunk_rows):
             rows = min(chunk_rows, height - row)
@@ -159,7 +164,7 @@ def prediction_dataset(
         return WindowDataset(raster_path, tiles, spec)
     window = tiles_window(tiles)
     target = torch.device(device if strategy == "batch" else "cpu")
-    check_region_fits(region_nbytes(window), target)
+    check_region_fits(region_nbytes(window, spec), target)
     region = load_region(raster_path, window, spec, target)
     return RegionDataset(region, (int(window.col_off), int(window.row_off)), tiles)
 

@@ -93,7 +93,8 @@ class RankPlan:
 
 
 class PredictionModule(L.LightningModule):
-    """The task's model over a batch of uint8 tiles: scaled on the device, then the task's ``predict_batch``.
+    """The task's model over a batch of tiles (uint8 scaled on the device, or raw float values), then the task's
+    ``predict_batch``.
     Returns ``(scene index, position in the rank's predicted tiles of the scene, result)`` per tile."""
 
     def __init__(self, task: Task, model: torch.nn.Module) -> None:
@@ -291,7 +292,7 @@ def scene_dataset(
             "strategy %s holds the region of %s of %.0f MB on %s",
             strategy,
             raster_path,
-            region_nbytes(tiles_window(tiles)) / 2**20,
+            region_nbytes(tiles_window(tiles), imagery) / 2**20,
             device if strategy == "batch" else "cpu",
         )
     return prediction_dataset(strategy, raster_path, tiles, imagery, device)

@@ -20,9 +20,6 @@ from rasterio.errors import RasterioIOError
 from rasterscale.errors import InputError
 from rasterscale.raster.remote import is_remote, open_raster, remote_open_error, shown
 
-RGB_BANDS = 3
-
-
 DEFAULT_BANDS = (1, 2, 3)
 
 

@@ -1,16 +1,17 @@
-"""How a scene's pixels become the model's tile: three bands, a mask of invalid pixels, a linear scale to uint8.
+"""How a scene's pixels become the model's tile: its bands, a mask of invalid pixels, and either a linear scale to
+uint8 or the raw values (:mod:`rasterscale.raster.bands` says which a model takes).
 
 The :class:`ImageSpec` of a scene is resolved once, by the tile_manifest rule, from the raster's header and the
-scene's config (``scenes.X.bands``, ``scenes.X.scale``); a percentile stretch is computed then, from a
-decimated read (GDAL takes overviews where present), never from the whole raster. The spec is stored in the
-manifest's parquet metadata (:data:`SPEC_KEY`) and every reader takes it from there (:func:`read_spec`), so
-training and prediction see the same pixels:
+scene's config (``scenes.X.bands``, ``scenes.X.scale``, whether its model takes raw values); a percentile stretch,
+and a raw scene's per-band statistics, are computed then, from a decimated read (GDAL takes overviews where
+present), never from the whole raster. The spec is stored in the manifest's parquet metadata (:data:`SPEC_KEY`)
+and every reader takes it from there (:func:`read_spec`), so training and prediction see the same pixels:
 
-- the three ``bands`` (one-based), in that order;
-- each band scaled linearly from ``[low, high]`` to ``[0, 255]`` and clipped (uint8 rasters without a
-  declared scale are taken as they are);
-- invalid pixels (alpha 0, the raster's nodata value in all three bands, the per-dataset mask, non-finite
-  floats) set to ``fill``.
+- the ``bands`` (one-based, one or more), in that order;
+- scaled: each band mapped linearly from ``[low, high]`` to ``[0, 255]`` and clipped (uint8 rasters without a
+  declared scale are taken as they are); raw: the values as float32;
+- invalid pixels (alpha 0, the raster's nodata value in all bands, the per-dataset mask, non-finite floats) set
+  to ``fill`` (raw: to the scene's mean of each band, which the model normalizes to about 0).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,45 +32,57 @@ from rasterio.errors import RasterioIOError
 from rasterio.windows import Window
 
 from rasterscale.errors import InputError, RasterReadError, innermost_cause
-from rasterscale.raster.headers import DEFAULT_BANDS, RGB_BANDS, RasterInfo, check_raster
+from rasterscale.raster.bands import BandStatistics
+from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
 from rasterscale.raster.remote import is_remote, open_raster, shown
 
 SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
 MASKS = ("none", "alpha", "nodata", "dataset")
-PERCENTILE_SIDE = 2048  # longest side of the decimated read a percentile stretch is computed from
-# ImageNet's statistics, as torchvision and DeepForest use them: every model normalizes its uint8 RGB tiles (/ 255)
-# by these, inside the model, on the device
-IMAGE_MEAN = (0.485, 0.456, 0.406)
-IMAGE_STD = (0.229, 0.224, 0.225)
+PERCENTILE_SIDE = 2048  # longest side of the decimated read a percentile stretch or statistics are computed from
 
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """How to read a scene's tiles as uint8 RGB (see the module docstring)."""
+    """How to read a scene's tiles (see the module docstring)."""
 
-    bands: tuple[int, int, int] = DEFAULT_BANDS
+    bands: tuple[int, ...] = DEFAULT_BANDS
     mask: str = "none"  # how invalid pixels are known: none, alpha (band `alpha`), nodata (value), dataset
     alpha: int | None = None
     nodata: float | None = None
-    low: tuple[float, float, float] | None = None  # per band; None: uint8 taken as is
-    high: tuple[float, float, float] | None = None
+    low: tuple[float, ...] | None = None  # per band; None: uint8 taken as is
+    high: tuple[float, ...] | None = None
     scale: str = "none"  # where low/high came from: none, declared, percentile <low>-<high>
     fill: int = FILL_VALUE
+    raw: bool = False  # the values as float32 (a model that normalizes them itself), not scaled to uint8
+    statistics: BandStatistics | None = None  # a raw scene's, from a decimated read
 
     def __post_init__(self) -> None:
         if self.mask not in MASKS:
             raise ValueError(f"unknown mask {self.mask!r} (one of {', '.join(MASKS)})")
         if (self.low is None) != (self.high is None):
             raise ValueError("low and high are given together")
+        if self.raw and self.low is not None:
+            raise ValueError("a raw spec has no scale")
+
+    @property
+    def count(self) -> int:
+        return len(self.bands)
 
     @property
     def indexes(self) -> list[int | None]:
-        """Bands to read in one call: the three bands, then the alpha band when the mask is alpha."""
+        """Bands to read in one call: the bands, then the alpha band when the mask is alpha."""
         return [*self.bands, self.alpha] if self.mask == "alpha" else list(self.bands)
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The tiles' data type: float32 raw values, else uint8."""
+        return np.dtype(np.float32 if self.raw else np.uint8)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        data["statistics"] = self.statistics.to_dict() if self.statistics else None
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ImageSpec:
@@ -77,6 +90,8 @@ class ImageSpec:
         for key in ("bands", "low", "high"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
+        if data.get("statistics"):
+            data["statistics"] = BandStatistics.from_dict(data["statistics"])
         return cls(**data)
 
     def describe(self) -> str:
@@ -86,6 +101,13 @@ class ImageSpec:
             text += f" (band {self.alpha})"
         elif self.mask == "nodata":
             text += f" (value {self.nodata})"
+        if self.raw:
+            stats = self.statistics
+            if stats is not None:
+                means = ", ".join(f"{m:.4g}" for m in stats.mean)
+                stds = ", ".join(f"{s:.4g}" for s in stats.std)
+                text += f", raw values (mean [{means}], std [{stds}])"
+            return text + ", masked pixels filled with each band's mean"
         if self.low is not None and self.high is not None:
             ranges = ", ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(self.low, self.high, strict=True))
             text += f", scale {self.scale}: {ranges} -> [0, 255]"
@@ -106,51 +128,79 @@ def mask_of(info: RasterInfo) -> tuple[str, int | None, float | None]:
 
 
 def resolve_spec(
-    path: str | Path, bands: Sequence[int] | None = None, scale: Mapping[str, Any] | None = None, key: str = "scene"
+    path: str | Path,
+    bands: Sequence[int] | None = None,
+    scale: Mapping[str, Any] | None = None,
+    key: str = "scene",
+    raw: bool = False,
 ) -> ImageSpec:
-    """A scene's spec from its raster and config; a percentile stretch is computed here, once. Bad
-    combinations fail with the one line of :func:`rasterscale.raster.imagery.check_imagery` (``key``: the scene's
-    config key, e.g. ``scenes.ortho``)."""
+    """A scene's spec from its raster and config; a percentile stretch, or a raw scene's statistics, computed
+    here, once. Bad combinations fail with the one line of :func:`rasterscale.raster.imagery.check_imagery`
+    (``key``: the scene's config key, e.g. ``scenes.ortho``)."""
     info = check_raster(path)
-    check_imagery(info, bands, scale, key)
+    check_imagery(info, bands, scale, key, raw)
     kind, alpha, nodata = mask_of(info)
-    red, green, blue = bands or DEFAULT_BANDS  # three bands: check_imagery failed otherwise
-    spec = ImageSpec((red, green, blue), kind, alpha, nodata)
+    spec = ImageSpec(tuple(bands or DEFAULT_BANDS), kind, alpha, nodata, raw=raw)
+    if raw:
+        return replace(spec, statistics=band_statistics(path, spec, key))
     if not scale:
         return spec
     if "percentile" in scale:
         low_q, high_q = (float(q) for q in scale["percentile"])
         low, high = percentile_range(path, spec, low_q, high_q, key)
-        return ImageSpec(spec.bands, kind, alpha, nodata, low, high, f"percentile {low_q:g}-{high_q:g}")
-    low, high = (per_band(scale[name]) for name in ("min", "max"))
-    return ImageSpec(spec.bands, kind, alpha, nodata, low, high, "declared")
+        return replace(spec, low=low, high=high, scale=f"percentile {low_q:g}-{high_q:g}")
+    low, high = (per_band(scale[name], spec.count) for name in ("min", "max"))
+    return replace(spec, low=low, high=high, scale="declared")
 
 
-def per_band(value: float | Sequence[float]) -> tuple[float, float, float]:
-    values = [float(value)] * 3 if isinstance(value, int | float) else [float(v) for v in value]
-    return (values[0], values[1], values[2])
+def per_band(value: float | Sequence[float], count: int) -> tuple[float, ...]:
+    return tuple([float(value)] * count if isinstance(value, int | float) else [float(v) for v in value])
+
+
+def decimated_read(
+    path: str | Path, spec: ImageSpec, max_side: int = PERCENTILE_SIDE
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The spec's bands and valid mask from a read decimated to at most ``max_side`` pixels a side (overviews
+    where the raster has them): the whole raster is never held in memory."""
+    with open_raster(path) as src:
+        factor = max(1, math.ceil(max(src.width, src.height) / max_side))
+        shape = (max(1, math.ceil(src.height / factor)), max(1, math.ceil(src.width / factor)))
+        return read_masked(src, spec, out_shape=shape)
+
+
+def valid_values(path: str | Path, spec: ImageSpec, what: str, max_side: int = PERCENTILE_SIDE) -> Iterator[np.ndarray]:
+    """Each band's valid values of a decimated read (float64); one line naming the raster and ``what`` needs them
+    when no pixel is valid."""
+    pixels, valid = decimated_read(path, spec, max_side)
+    if valid is not None and not valid.any():
+        raise InputError(f"{path}: no valid pixel to compute {what} from")
+    for values in pixels:
+        yield (values[valid] if valid is not None else values.ravel()).astype(np.float64)
 
 
 def percentile_range(
     path: str | Path, spec: ImageSpec, low_q: float, high_q: float, key: str, max_side: int = PERCENTILE_SIDE
-) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Per-band percentiles of the valid pixels, from a read decimated to at most ``max_side`` pixels a side
-    (overviews where the raster has them): the whole raster is never held in memory."""
-    with open_raster(path) as src:
-        factor = max(1, math.ceil(max(src.width, src.height) / max_side))
-        shape = (max(1, math.ceil(src.height / factor)), max(1, math.ceil(src.width / factor)))
-        pixels, valid = read_masked(src, spec, out_shape=shape)
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-band percentiles of the valid pixels of a decimated read (:func:`decimated_read`)."""
     lows, highs = [], []
-    for values in pixels:
-        chosen = values[valid] if valid is not None else values.ravel()
-        if not chosen.size:
-            raise InputError(f"{path}: no valid pixel to compute {key}.scale.percentile from")
-        lo, hi = np.percentile(chosen.astype(np.float64), [low_q, high_q])
+    for chosen in valid_values(path, spec, f"{key}.scale.percentile", max_side):
+        lo, hi = np.percentile(chosen, [low_q, high_q])
         if hi <= lo:  # a constant band: any span maps it to one value
             hi = lo + 1.0
         lows.append(float(lo))
         highs.append(float(hi))
-    return (lows[0], lows[1], lows[2]), (highs[0], highs[1], highs[2])
+    return tuple(lows), tuple(highs)
+
+
+def band_statistics(path: str | Path, spec: ImageSpec, key: str, max_side: int = PERCENTILE_SIDE) -> BandStatistics:
+    """Per-band mean and std of the valid pixels of a decimated read (:func:`decimated_read`): a raw scene's, which
+    ``normalize: auto`` pools over the training scenes."""
+    means, stds, count = [], [], 0
+    for chosen in valid_values(path, spec, f"the statistics of {key}.bands (normalize)", max_side):
+        means.append(float(chosen.mean()))
+        stds.append(float(chosen.std()))
+        count = int(chosen.size)
+    return BandStatistics(tuple(means), tuple(stds), count)
 
 
 def describe_window(window: Window | None) -> str:
@@ -190,15 +240,15 @@ def read_masked(
     window: Window | None = None,
     out_shape: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The spec's three bands as stored, shape (3, h, w), and the valid-pixel mask (None: all valid). One read
-    for bands and alpha; ``out_shape`` reads decimated."""
+    """The spec's bands as stored, shape (bands, h, w), and the valid-pixel mask (None: all valid). One read for
+    bands and alpha; ``out_shape`` reads decimated."""
     shape = None if out_shape is None else (len(spec.indexes), *out_shape)
     with decoding(src.name, window):
         raw = src.read(indexes=spec.indexes, window=window, out_shape=shape)
         dataset_valid = src.dataset_mask(window=window, out_shape=out_shape) > 0 if spec.mask == "dataset" else None
-    pixels, valid = raw[:3], dataset_valid
+    pixels, valid = raw[: spec.count], dataset_valid
     if spec.mask == "alpha":
-        valid = raw[3] > 0
+        valid = raw[spec.count] > 0
     elif spec.mask == "nodata":
         nodata = spec.nodata
         invalid = np.isnan(pixels) if nodata is not None and math.isnan(nodata) else pixels == nodata
@@ -253,6 +303,8 @@ def on_data(path: str | Path, spec: ImageSpec, boxes: np.ndarray) -> np.ndarray:
 
 def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
     """Bands as stored -> uint8 by the spec's linear scale (clipped); uint8 without a scale as it is."""
+    if spec.raw:
+        raise ValueError("a raw spec's tiles are float32 values, not uint8 (read them with read_tile)")
     if spec.low is None or spec.high is None:
         if pixels.dtype != np.uint8:
             raise ValueError(f"{pixels.dtype} pixels need a scale to uint8 (scenes.X.scale)")
@@ -267,16 +319,23 @@ def to_uint8(pixels: np.ndarray, spec: ImageSpec) -> np.ndarray:
 def read_tile(
     src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window, tile_id: int | None = None
 ) -> np.ndarray:
-    """A window as the model's uint8 (3, h, w) tile: bands, scale, masked pixels filled. Pixels that will not
-    decode raise :class:`~rasterscale.errors.RasterReadError` naming the raster and the tile (``tile_id``)."""
+    """A window as the model's (bands, h, w) tile: uint8 scaled, or float32 raw values; masked pixels filled.
+    Pixels that will not decode raise :class:`~rasterscale.errors.RasterReadError` naming the raster and the tile
+    (``tile_id``)."""
     try:
         pixels, valid = read_masked(src, spec, window=window)
     except RasterReadError as err:
         raise unreadable(src.name, window, err.__cause__ or err, tile_id) from err.__cause__
-    tile = to_uint8(pixels, spec)
+    if not spec.raw:
+        tile = to_uint8(pixels, spec)
+        if valid is not None and not valid.all():
+            tile[:, ~valid] = spec.fill
+        return tile
+    values = pixels.astype(np.float32)
     if valid is not None and not valid.all():
-        tile[:, ~valid] = spec.fill
-    return tile
+        fill = spec.statistics.mean if spec.statistics else (float(spec.fill),) * spec.count
+        values[:, ~valid] = np.asarray(fill, dtype=np.float32)[:, None]
+    return values
 
 
 def manifest_entry(manifest_path: str | Path, key: bytes, what: str, fix: str) -> bytes:
@@ -312,28 +371,37 @@ class ProcessRaster:
         return self._src
 
 
-def check_imagery(raster: RasterInfo, bands: Sequence[int] | None, scale: Mapping[str, Any] | None, key: str) -> None:
+def check_imagery(
+    raster: RasterInfo, bands: Sequence[int] | None, scale: Mapping[str, Any] | None, key: str, raw: bool = False
+) -> None:
     """Check that a scene's ``bands`` and ``scale`` (config ``<key>.bands``/``<key>.scale``, e.g. key
-    ``scenes.ortho``) can make uint8 RGB tiles of the raster: one line naming the file and the key otherwise."""
+    ``scenes.ortho``) can make the model's tiles of the raster (``raw``: its values, for a model that normalizes
+    them; else scaled to uint8): one line naming the file and the key otherwise."""
     path = raster.path
     given = bands
     bands = list(bands or DEFAULT_BANDS)
-    if len(bands) != RGB_BANDS:
-        raise InputError(f"{path}: {key}.bands lists {len(bands)} band(s); the model needs {RGB_BANDS} (RGB)")
+    if not bands:
+        raise InputError(f"{path}: {key}.bands lists no band; give the (1-based) bands the model sees")
     outside = [b for b in bands if not 1 <= b <= raster.count]
     if outside:
         raise InputError(
             f"{path}: raster has {raster.count} band(s); {key}.bands {bands} asks for band(s) "
-            f"{', '.join(map(str, outside))} (set {key}.bands to 3 of 1..{raster.count})"
+            f"{', '.join(map(str, outside))} (bands are 1..{raster.count})"
         )
     if raster.alpha is not None and raster.alpha in bands:
         raise InputError(f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands")
-    check_scale(raster, bands, scale, key)
+    if raw and scale:
+        raise InputError(
+            f"{path}: {key}.scale maps bands to 0-255 but the model normalizes raw values (normalize); drop one"
+        )
+    if not raw:
+        check_scale(raster, bands, scale, key)
     colours = raster.count - (raster.alpha is not None)
-    if given is None and not scale and colours > RGB_BANDS:  # uint8 RGBN, or RGBA whose alpha is not marked so
+    if given is None and not scale and colours > len(DEFAULT_BANDS):  # uint8 RGBN, or RGBA not marked so
         raise InputError(
             f"{path}: raster has {colours} bands{' besides its alpha band' if raster.alpha else ''}; set "
-            f"{key}.bands to the three (1-based) the model sees as red, green, blue (e.g. [1, 2, 3])"
+            f"{key}.bands to the (1-based) bands the model sees, e.g. [1, 2, 3] for red, green, blue or "
+            f"{list(range(1, colours + 1))} for all"
         )
 
 
@@ -345,7 +413,7 @@ def check_scale(raster: RasterInfo, bands: list[int], scale: Mapping[str, Any] |
         if dtypes != ["uint8"]:
             raise InputError(
                 f"{path}: bands are {'/'.join(dtypes)}, not uint8; set {key}.scale ({{min: [..], max: [..]}} per "
-                "band, or {percentile: [2, 98]}) to map them to 0-255"
+                "band, or {percentile: [2, 98]}) to map them to 0-255, or normalize them (model.normalize)"
             )
         return
     if "percentile" in scale:

@@ -62,11 +62,12 @@ class DetectorTask(Task):
         if init:
             loaded = self.init_from_model_file(detector, model_cfg, init)
         elif backbone_weights:
-            loaded = load_backbone_weights(detector, backbone_weights, f"{self.model_name}'s backbone")
+            loaded = load_backbone_weights(detector, backbone_weights, model_cfg.input, f"{self.model_name}'s backbone")
             loaded += ", the rest initialized at random"
         else:
             return "no weights: training from scratch (random initialization)"
-        return f"{loaded}; {freeze_pretrained_backbone(detector)}"
+        adapted = "first convolution adapted" in loaded  # its new bands' filters must learn: conv1 not fixed
+        return f"{loaded}; {freeze_pretrained_backbone(detector, fix_first_conv=not adapted)}"
 
     def collate(self, batch: list[Any]) -> Any:
         return collate_lists(batch)
@@ -77,7 +78,7 @@ class DetectorTask(Task):
         """The rasterscale model file and, beside it, the same model as a DeepForest model folder."""
         folder = deepforest_folder_of(model_path)
         self.write_model_files(model, model_cfg, Path(model_path), folder, **meta)
-        note = deepforest_folder_note(folder, self.deepforest_class, model_cfg.backbone, model_cfg.fpn_channels)
+        note = deepforest_folder_note(folder, self.deepforest_class, model_cfg)
         if note:
             LOGGER.warning(note)
         return [Path(model_path), folder]

@@ -24,6 +24,8 @@ from typing import Any, Literal, Self
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.modelinput import model_input
 
 
 class NotATorchFile(InputError):
@@ -233,11 +235,13 @@ class ResNetFPNConfig:
     detections_per_tile: int = 300
     resize: Resize = None
     fpn_channels: int = DEFAULT_FPN_CHANNELS
+    input: InputBands = field(default_factory=InputBands)  # its bands (a file that records none: RGB, scaled)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["labels"] = list(self.labels)
         data["resize"] = list(self.resize) if self.resize else None
+        data["input"] = self.input.to_dict()
         return data
 
     @classmethod
@@ -245,6 +249,7 @@ class ResNetFPNConfig:
         data = dict(data)
         data["labels"] = tuple(data["labels"])
         data["resize"] = tuple(data["resize"]) if data.get("resize") else None
+        data["input"] = InputBands.from_dict(data.get("input"))
         return cls(**data)
 
     def describe_resize(self) -> str:
@@ -259,13 +264,19 @@ def deepforest_folder_of(model_path: str | Path) -> Path:
 DEEPFOREST_BACKBONE = ("resnet50", 256)  # what DeepForest's classes build: resnet50, a 256-channel pyramid
 
 
-def deepforest_folder_note(folder: Path, what: str, backbone: str, fpn_channels: int) -> str | None:
-    """A warning for a DeepForest folder of a model DeepForest's own ``what`` cannot build; None when it can."""
-    if (backbone, fpn_channels) == DEEPFOREST_BACKBONE:
+def deepforest_folder_note(folder: Path, what: str, cfg: ResNetFPNConfig) -> str | None:
+    """A warning for a DeepForest folder of a model DeepForest's own ``what`` cannot build or feed; None when it
+    can."""
+    if not cfg.input.is_default:
+        return (
+            f"{folder}: written for rasterscale (model.file reads it); DeepForest feeds its models RGB scaled to 0-255 "
+            f"and cannot run this model of {cfg.input.describe()}"
+        )
+    if (cfg.backbone, cfg.fpn_channels) == DEEPFOREST_BACKBONE:
         return None
     return (
         f"{folder}: written for rasterscale (model.file reads it); DeepForest's {what} builds resnet50 models with a "
-        f"256-channel feature pyramid only and cannot load this {backbone} with {fpn_channels}"
+        f"256-channel feature pyramid only and cannot load this {cfg.backbone} with {cfg.fpn_channels}"
     )
 
 
@@ -329,6 +340,7 @@ class DetectorHeader:
     patch_size: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     fpn_channels: int = DEFAULT_FPN_CHANNELS  # from the weights
+    input: InputBands = field(default_factory=InputBands)  # what it records (DeepForest's: RGB, scaled)
 
     @property
     def is_deepforest(self) -> bool:
@@ -360,6 +372,7 @@ class DetectorHeader:
             cfg.patch_size,
             meta,
             fpn_channels,
+            cfg.input,
             **extra,
         )
 
@@ -388,6 +401,7 @@ class DetectorHeader:
             resize=folder_resize(folder),
             patch_size=folder.ours.get("patch_size"),
             fpn_channels=fpn_channels,
+            input=InputBands.from_dict(folder.ours.get("input")),
             **extra,
         )
 
@@ -450,6 +464,7 @@ def resolve_detector_keys(
         "labels": labels,
         "patch_size": patch_size,
         "resize": None if resize == "native" else resize,
+        "input": model_input(config, header.input if header else None, predicting=header is not None and not new_head),
     }
 
 
@@ -526,9 +541,14 @@ def hub_config(cfg: ResNetFPNConfig, detections_key: str) -> dict[str, Any]:
 
 
 def hub_metadata(cfg: ResNetFPNConfig) -> dict[str, Any]:
-    """What ``config.json`` cannot hold for DeepForest (backbone, native scale, patch size): the safetensors
-    metadata of rasterscale's model folders."""
-    return {"backbone": cfg.backbone, "resize": list(cfg.resize) if cfg.resize else None, "patch_size": cfg.patch_size}
+    """What ``config.json`` cannot hold for DeepForest (backbone, native scale, patch size, input bands): the
+    safetensors metadata of rasterscale's model folders."""
+    return {
+        "backbone": cfg.backbone,
+        "resize": list(cfg.resize) if cfg.resize else None,
+        "patch_size": cfg.patch_size,
+        "input": cfg.input.to_dict(),
+    }
 
 
 def write_hub_folder(

@@ -19,8 +19,9 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from rasterscale.errors import InputError
-from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
+from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
+from rasterscale.tasks.inputlayer import adapt_state_dict
 
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
@@ -28,13 +29,14 @@ if TYPE_CHECKING:
 
 
 class PatchTransform(GeneralizedRCNNTransform):
-    """Normalizes and batches tiles; resizes them only when the model records a resize ``(min_size, max_size)``
-    (torchvision's own resize, boxes (and masks) mapped back to tile pixels by ``postprocess``). Without one,
-    tiles keep their own size and boxes stay in tile pixels."""
+    """Normalizes (by the input bands' statistics: ImageNet's for RGB) and batches tiles; resizes them only when
+    the model records a resize ``(min_size, max_size)`` (torchvision's own resize, boxes (and masks) mapped back to
+    tile pixels by ``postprocess``). Without one, tiles keep their own size and boxes stay in tile pixels."""
 
-    def __init__(self, patch_size: int, resize: tuple[int, int] | None = None) -> None:
+    def __init__(self, patch_size: int, resize: tuple[int, int] | None = None, bands: InputBands | None = None) -> None:
         min_size, max_size = resize or (patch_size, patch_size)
-        super().__init__(min_size, max_size, list(IMAGE_MEAN), list(IMAGE_STD))
+        bands = bands or InputBands()
+        super().__init__(min_size, max_size, list(bands.mean), list(bands.std))
         self.native = resize is None
 
     def resize(self, image: torch.Tensor, target: dict[str, torch.Tensor] | None = None) -> tuple:
@@ -48,14 +50,19 @@ def resnet_fpn(
     returned_layers: Sequence[int],
     fpn_channels: int,
     extra_blocks: Callable[[], ExtraFPNBlock] | None = None,
+    bands: int = 3,
 ) -> BackboneWithFPN:
     """A ResNet (``resnet18`` ... ``resnet101``, random weights, trainable batch norms) with a feature pyramid of
     ``fpn_channels`` channels over its stages ``returned_layers``: torchvision's ``_resnet_fpn_extractor`` with
     every layer trainable, its keys (``backbone.body.*``, ``backbone.fpn.*``) and any pyramid width.
     ``extra_blocks`` makes the pyramid's extra levels (default: torchvision's max-pooled P6), after the ResNet: the
     modules are made, and draw their random weights, in the order torchvision's builders make them (a seed gives
-    the weights it gave before)."""
+    the weights it gave before). ``bands``: the input's band count (its first convolution takes as many)."""
     body = getattr(resnet, backbone)(weights=None)
+    if bands != body.conv1.in_channels:
+        stem = body.conv1
+        body.conv1 = torch.nn.Conv2d(bands, stem.out_channels, stem.kernel_size, stem.stride, stem.padding, bias=False)
+        torch.nn.init.kaiming_normal_(body.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's
     width = body.inplanes // 8  # channels of layer1's output
     return BackboneWithFPN(
         body,
@@ -90,8 +97,11 @@ def load_weights(
         raise InputError(f"{path}: weights do not fit {what}: {problem} {', '.join(keys)}")
 
 
-def load_backbone_weights(model: RetinaNet | MaskRCNN, path: str | Path, what: str = "the detector's backbone") -> str:
-    """Start the backbone's ResNet from a torchvision ImageNet state dict (its ``fc.`` classifier ignored)."""
+def load_backbone_weights(
+    model: RetinaNet | MaskRCNN, path: str | Path, bands: InputBands, what: str = "the detector's backbone"
+) -> str:
+    """Start the backbone's ResNet from a torchvision ImageNet state dict (its ``fc.`` classifier ignored; its RGB
+    first convolution adapted to the model's ``bands``)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any unreadable file is the user's to fix
@@ -99,8 +109,14 @@ def load_backbone_weights(model: RetinaNet | MaskRCNN, path: str | Path, what: s
     if not isinstance(state, Mapping) or "conv1.weight" not in state:
         raise InputError(f"{path}: not a torchvision ResNet state dict (model.backbone_weights)")
     weights = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    weights, adapted = adapt_state_dict(weights, bands, None, key="conv1.weight")
     load_weights(model.backbone.body, weights, path, what=what)
-    return f"backbone from the ImageNet weights {path} ({len(weights)} tensors)"
+    return f"backbone from the ImageNet weights {path} ({len(weights)} tensors; {adapted})"
+
+
+def adapt_backbone_input(state: Mapping[str, torch.Tensor], bands: InputBands, source: InputBands) -> tuple[dict, str]:
+    """A detector's weights with its backbone's first convolution adapted from the file's bands to ``bands``."""
+    return adapt_state_dict(state, bands, source, key="backbone.body.conv1.weight")
 
 
 FROZEN_STEM = ("conv1", "layer1")  # what torchvision (and so DeepForest) keeps fixed in a pretrained backbone
@@ -120,10 +136,11 @@ def _estimated(norm: torch.nn.BatchNorm2d | FrozenBatchNorm2d) -> bool:
     return bool((mean != 0).any() or (var != 1).any())
 
 
-def freeze_pretrained_backbone(model: RetinaNet | MaskRCNN) -> str:
+def freeze_pretrained_backbone(model: RetinaNet | MaskRCNN, fix_first_conv: bool = True) -> str:
     """Fine-tune a pretrained backbone as torchvision and DeepForest do: its batch norms frozen (their ImageNet or
-    DeepForest statistics kept, not re-estimated from small batches) and its stem (conv1, layer1) fixed. A backbone
-    whose batch norms were never trained (:func:`has_trained_statistics`) is left to train whole."""
+    DeepForest statistics kept, not re-estimated from small batches) and its stem (conv1, layer1) fixed; a first
+    convolution adapted to other bands (``fix_first_conv`` False) trains, its new bands' filters must learn. A
+    backbone whose batch norms were never trained (:func:`has_trained_statistics`) is left to train whole."""
     if not has_trained_statistics(model):
         return "backbone batch norms hold no trained statistics (an untrained model): the whole backbone trains"
     body = model.backbone.body
@@ -136,10 +153,11 @@ def freeze_pretrained_backbone(model: RetinaNet | MaskRCNN) -> str:
                     getattr(norm, key).copy_(getattr(child, key).detach())
                 setattr(parent, name, norm)
                 frozen += 1
+    fixed = FROZEN_STEM if fix_first_conv else FROZEN_STEM[1:]
     for name, parameter in body.named_parameters():
-        if name.startswith(FROZEN_STEM):
+        if name.startswith(fixed):
             parameter.requires_grad_(False)
-    return f"backbone batch norms frozen ({frozen}), {' and '.join(FROZEN_STEM)} fixed"
+    return f"backbone batch norms frozen ({frozen}), {' and '.join(fixed)} fixed"
 
 
 def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 
 if TYPE_CHECKING:
@@ -36,7 +37,9 @@ class TaskSpec:
     - ``config_keys``: keys (by section) that only this task reads: set under another task, they are an error;
     - ``schema_enums``: the allowed values of this task's keys (``"section.key"``), which the schema takes from here;
     - ``labels(config)``: the effective class names (``model.labels`` over the model file's header, else the
-      task's default), cheap enough for a dry run;
+      task's default), cheap enough for a dry run; ``model_input(config)``: the bands the model takes (its file's
+      when predicting with one, else the training scenes' and ``model.band_names``/``normalize``:
+      :func:`rasterscale.tasks.modelinput.model_input`);
     - ``check_annotations(path, raster, labels, label_column, image_name)``: header checks of a scene's ground
       truth, one-line :class:`~rasterscale.errors.InputError` naming the file;
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
@@ -69,6 +72,7 @@ class TaskSpec:
     counts: Callable[[Mapping[str, Any], Sequence[str]], dict[str, int]]
     count_unit: str
     implementation: str
+    model_input: Callable[[Mapping[str, Any]], InputBands]
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 

@@ -14,7 +14,8 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -26,8 +27,10 @@ from torch.utils.data import DataLoader
 
 from rasterscale.atomic import save_figure
 from rasterscale.datasets.sampling import EpochSampler, FlippableSamples, KeyedSamples
+from rasterscale.errors import InputError
 from rasterscale.grid.manifest import read_manifest, tiles_from_frame
 from rasterscale.grid.split import split_train_validation
+from rasterscale.raster.bands import InputBands, pooled_statistics
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
 from rasterscale.runtime.batching import BatchPlan, plan_batches
@@ -193,6 +196,27 @@ def plot_curves(metrics_csv: str | Path, png_path: str | Path) -> None:
     save_figure(fig, png_path, dpi=100)
 
 
+def with_input_statistics(model_cfg: Any, scenes: Sequence[Scene]) -> Any:
+    """A model configuration whose input statistics are pending (``normalize: auto``) with those of the training
+    scenes pooled (each manifest stores its scene's, from a decimated read); any other as it is."""
+    bands: InputBands = model_cfg.input
+    if not bands.pending:
+        return model_cfg
+    statistics = []
+    for scene in scenes:
+        spec = read_spec(scene.manifest)
+        if spec.statistics is None:
+            raise InputError(f"{scene.manifest}: the tile manifest holds no band statistics; rerun rule tile_manifest")
+        statistics.append(spec.statistics)
+    if not statistics:
+        raise InputError("normalize: auto computes the statistics from the training scenes, and there is none")
+    mean, std = pooled_statistics(statistics)
+    try:
+        return replace(model_cfg, input=bands.with_statistics(mean, std))
+    except ValueError as err:  # a constant band: std 0
+        raise InputError(f"normalize: auto over {', '.join(s.name for s in scenes)}: {err}") from None
+
+
 def run_training(
     scenes: list[Scene],
     config: Mapping[str, Any],
@@ -208,7 +232,7 @@ def run_training(
     train_cfg = config["train"]
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     task = task_spec(config["task"]).load()
-    model_cfg = task.model_config(config)
+    model_cfg = with_input_statistics(task.model_config(config), scenes)
     plan = plan_batches(
         train_cfg["batch_size"],
         spec.world_size,

@@ -35,9 +35,10 @@ from rasterscale.config.schema import nothing_to_do, validate_config
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.project import Footprint, Seam, find_seams, is_seam
 from rasterscale.grid.split import check_validation_band
+from rasterscale.raster.bands import InputBands, differs_wildly
 from rasterscale.raster.cog import striped_sources
-from rasterscale.raster.headers import RasterInfo, check_raster
-from rasterscale.raster.imagery import check_imagery
+from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
+from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
 from rasterscale.raster.remote import check_tiled, file_name, is_remote, local_files
 from rasterscale.runtime.preflight import Geometry, launch_geometry
 from rasterscale.scene import Imagery, Scene
@@ -50,7 +51,8 @@ from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, Prediction
 from rasterscale.workflow.paths import BatchStep
 
 SECTIONS = ("train", "predict")
-FORMAT = 3  # of a stored plan: a plan stored in another format is rebuilt
+FORMAT = 4  # of a stored plan: a plan stored in another format is rebuilt
+STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Plan:
     inputs: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # file -> (size, mtime_ns) checked
     footprints: dict[str, Footprint] = field(default_factory=dict)  # predicted scene -> its header's footprint
     seams: tuple[Seam, ...] = ()  # between the predicted scenes
+    model_input: InputBands = field(default_factory=InputBands)  # the model's bands (config keys over its file's)
 
     # -- the config -------------------------------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ class Plan:
         if is_seam(name):
             name = self.seam(name).a
         scene = self.scenes[name]
-        return Imagery(f"scenes.{name}", scene.get("bands"), scene.get("scale"))
+        return Imagery(f"scenes.{name}", scene.get("bands"), scene.get("scale"), self.model_input.raw)
 
     def scene_outputs(self, name: str) -> dict[str, str]:
         """A scene's merged outputs (the task's, and the gathered profile), by the merge's keys."""
@@ -331,6 +334,15 @@ class Plan:
 
     # -- training and evaluation ------------------------------------------------------------------------------
 
+    def training_config(self) -> dict[str, Any]:
+        """What the training job uses: the task, model, tiling and train sections, and the training scenes' entries
+        (their bands and normalize make the model's input: :func:`rasterscale.tasks.modelinput.configured_input`),
+        not the other scenes' (adding a scene to predict does not retrain)."""
+        return {
+            **self.sections("task", "model", "tiling", "train"),
+            "scenes": {name: self.scenes[name] for name in self.train_scenes},
+        }
+
     def training_scenes(self) -> TrainingScenes:
         return TrainingScenes(tuple(self._truth_scene(name) for name in self.train_scenes))
 
@@ -394,6 +406,7 @@ class Plan:
             "inputs": {path: list(stat) if stat else None for path, stat in self.inputs.items()},
             "footprints": {name: footprint.to_list() for name, footprint in self.footprints.items()},
             "seams": [[seam.a, seam.b, seam.core] for seam in self.seams],
+            "model_input": self.model_input.to_dict(),
         }
         return json.dumps(data, separators=(",", ":"))
 
@@ -416,6 +429,7 @@ class Plan:
             inputs={path: (int(s[0]), int(s[1])) if s else None for path, s in data["inputs"].items()},
             footprints={name: Footprint.from_list(f) for name, f in data["footprints"].items()},
             seams=tuple(Seam(*seam) for seam in data["seams"]),
+            model_input=InputBands.from_dict(data["model_input"]),
         )
 
 
@@ -442,12 +456,13 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
         )
     geometry = {section: launch_geometry(config, section) for section in SECTIONS}
     labels = tuple(task_spec(config["task"]).labels(config))  # use these, never model.labels
-    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry)
+    model_input = task_spec(config["task"]).model_input(config)
+    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input)
     untiled = {}
     footprints = {}
     predicted = set(plan.predict_scenes)
     for name, scene in config["scenes"].items():
-        striped, raster = _check_scene(plan, name, scene, default_bands)
+        striped, raster = _check_scene(plan, name, scene, default_bands, say)
         if striped:
             untiled[name] = tuple(striped)
         if raster is not None and name in predicted:
@@ -510,7 +525,7 @@ def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
 
 
 def _check_scene(
-    plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str]
+    plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str], say: Callable[[str], None] = print
 ) -> tuple[list[str], RasterInfo | None]:
     """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent) and its
     header (none when absent)."""
@@ -526,7 +541,9 @@ def _check_scene(
     try:
         raster = check_raster(path)
         bands = None if name in default_bands else scene.get("bands")
-        check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}")
+        check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}", plan.model_input.raw)
+        if name in plan.predict_scenes:
+            check_scene_input(plan, name, scene, say)
         if name in config["train"]["scenes"] and not config["model"]["file"]:
             tiling, train = config["tiling"], config["train"]
             check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], train["validation_fraction"])
@@ -541,6 +558,33 @@ def _check_scene(
             raise InputError(f"{err} ({plan.origins[name]})") from err
         raise
     return striped, raster
+
+
+def check_scene_input(plan: Plan, name: str, scene: Mapping[str, Any], say: Callable[[str], None]) -> None:
+    """A predicted scene's bands against the model's: as many, and ``normalize`` only on training scenes (the
+    model's statistics are used); a scene whose statistics differ wildly from a raw model file's gets a warning."""
+    model = plan.model_input
+    count = len(scene.get("bands") or DEFAULT_BANDS)
+    source = plan.config["model"]["file"] or "the model"
+    if count != model.count:
+        raise InputError(
+            f"{scene['path']}: scenes.{name}.bands gives {count} band(s) but {source} takes {model.count} "
+            f"[{', '.join(model.names)}]; set scenes.{name}.bands to {model.count} bands"
+        )
+    if scene.get("normalize") is not None and name not in plan.train_scenes:
+        raise ConfigError(
+            f"config: key 'scenes.{name}.normalize' is set on a scene that is only predicted: the model's own "
+            f"statistics are used ({model.describe()}); normalize: auto computes them from training scenes (set it on "
+            "those, or model.normalize)"
+        )
+    if model.raw and not model.pending and plan.config["model"]["file"] and not is_remote(scene["path"]):
+        spec = ImageSpec(tuple(scene.get("bands") or DEFAULT_BANDS), *mask_of(check_raster(scene["path"])), raw=True)
+        difference = differs_wildly(band_statistics(scene["path"], spec, f"scenes.{name}", STATISTICS_SIDE), model)
+        if difference:
+            say(
+                f"{scene['path']}: scene {name}'s pixels differ from what the model was trained on ({difference}): "
+                "another sensor or bit depth?"
+            )
 
 
 # -- storing and loading ----------------------------------------------------------------------------------------

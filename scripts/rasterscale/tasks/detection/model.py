@@ -21,7 +21,6 @@ from torchvision.models.detection import RetinaNet
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from rasterscale.errors import InputError
-from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.detection.modelfiles import (
     CLASS_LOGITS,
@@ -31,7 +30,7 @@ from rasterscale.tasks.detection.modelfiles import (
     resolve_detector,
 )
 from rasterscale.tasks.modelfiles import save_payload
-from rasterscale.tasks.resnet_fpn import PatchTransform, load_weights, resnet_fpn
+from rasterscale.tasks.resnet_fpn import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
 
@@ -43,17 +42,17 @@ def build_detector(cfg: DetectorConfig) -> RetinaNet:
     """torchvision's ``retinanet_resnet50_fpn`` architecture (DeepForest's), on any ResNet depth and with a feature
     pyramid of ``cfg.fpn_channels`` channels (256: torchvision's; fewer: a lighter pyramid and head)."""
     width = cfg.fpn_channels
-    features = resnet_fpn(cfg.backbone, RETURNED_LAYERS, width, lambda: LastLevelP6P7(width, width))
+    features = resnet_fpn(cfg.backbone, RETURNED_LAYERS, width, lambda: LastLevelP6P7(width, width), cfg.input.count)
     model = RetinaNet(
         features,
         num_classes=len(cfg.labels),
-        image_mean=list(IMAGE_MEAN),
-        image_std=list(IMAGE_STD),
+        image_mean=list(cfg.input.mean),
+        image_std=list(cfg.input.std),
         score_thresh=cfg.score_threshold,
         nms_thresh=cfg.nms_threshold,
         detections_per_img=cfg.detections_per_tile,
     )
-    model.transform = PatchTransform(cfg.patch_size, cfg.resize)
+    model.transform = PatchTransform(cfg.patch_size, cfg.resize, cfg.input)
     head = model.head  # its output layers in fp32 under autocast (rasterscale.runtime.precision)
     head.classification_head.cls_logits = float32_conv(head.classification_head.cls_logits)
     head.regression_head.bbox_reg = float32_conv(head.regression_head.bbox_reg)
@@ -92,11 +91,12 @@ def init_from_model_file(model: RetinaNet, cfg: DetectorConfig, path: str | Path
     if header.backbone != cfg.backbone:
         raise InputError(f"{path}: a {header.backbone} model, but the detector to train is a {cfg.backbone}")
     keep_head = header.keeps_class_head(cfg.labels)
+    state, adapted = adapt_backbone_input(state, cfg.input, header.input)
     load_weights(model, state, path, skip="" if keep_head else CLASS_LOGITS)
     if keep_head:
-        return f"all weights from {header.describe()}"
+        return f"all weights from {header.describe()}; {adapted}"
     reset_class_logits(model)
     return (
         f"weights from {header.describe()}, except the class head's last layer, new for "
-        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}"
+        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}; {adapted}"
     )

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.evaluate import evaluate_scene
@@ -60,6 +61,10 @@ def labels(config: Mapping[str, Any]) -> list[str]:
     return list(detector_of_config(config)[0].labels)
 
 
+def model_input(config: Mapping[str, Any]) -> InputBands:
+    return detector_of_config(config)[0].input
+
+
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
     read_annotations(path, raster, labels, label_column, image)
 
@@ -72,6 +77,7 @@ DETECTION = TaskSpec(
     model_files=MODEL_FILES_WITH_DEEPFOREST,
     default_model_name="detector",
     labels=labels,
+    model_input=model_input,
     check_annotations=check_annotations,
     merge=merge,
     evaluate=evaluate,

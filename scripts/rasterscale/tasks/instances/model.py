@@ -30,7 +30,6 @@ from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHe
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 
 from rasterscale.errors import InputError
-from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
 from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.instances.modelfiles import (
     BOX_HEAD_WIDTH,
@@ -43,7 +42,7 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
 )
 from rasterscale.tasks.modelfiles import save_payload
-from rasterscale.tasks.resnet_fpn import PatchTransform, load_weights, resnet_fpn
+from rasterscale.tasks.resnet_fpn import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 
 __all__ = [
     "InstanceConfig",
@@ -93,10 +92,10 @@ def build_instance_model(cfg: InstanceConfig) -> InstanceSegmenter:
     model). Random weights; class 0 is torchvision's background, ``cfg.labels`` are classes 1.."""
     width = cfg.fpn_channels
     model = InstanceSegmenter(
-        resnet_fpn(cfg.backbone, RETURNED_LAYERS, width),  # extra block: torchvision's max-pooled P6
+        resnet_fpn(cfg.backbone, RETURNED_LAYERS, width, bands=cfg.input.count),  # extra block: max-pooled P6
         num_classes=None,  # the predictors below say it
-        image_mean=list(IMAGE_MEAN),
-        image_std=list(IMAGE_STD),
+        image_mean=list(cfg.input.mean),
+        image_std=list(cfg.input.std),
         box_head=TwoMLPHead(width * ROI_SIZE**2, BOX_HEAD_WIDTH * width),
         box_predictor=FastRCNNPredictor(BOX_HEAD_WIDTH * width, cfg.num_classes),
         mask_head=MaskRCNNHeads(width, [width] * MASK_HEAD_LAYERS, 1),
@@ -106,7 +105,7 @@ def build_instance_model(cfg: InstanceConfig) -> InstanceSegmenter:
         box_detections_per_img=cfg.detections_per_tile,
         box_batch_size_per_image=ROIS_PER_TILE,
     )
-    model.transform = PatchTransform(cfg.patch_size, cfg.resize)
+    model.transform = PatchTransform(cfg.patch_size, cfg.resize, cfg.input)
     model.mask_threshold = cfg.mask_threshold
     rpn, masks = model.rpn.head, model.roi_heads.mask_predictor  # output layers in fp32 under autocast
     rpn.cls_logits, rpn.bbox_pred = float32_conv(rpn.cls_logits), float32_conv(rpn.bbox_pred)
@@ -146,12 +145,13 @@ def init_from_model_file(model: InstanceSegmenter, cfg: InstanceConfig, path: st
             f"train is a {cfg.backbone} with {cfg.fpn_channels}"
         )
     keep_head = header.keeps_class_head(cfg.labels)
+    state, adapted = adapt_backbone_input(state, cfg.input, header.input)
     load_weights(model, state, path, skip=() if keep_head else CLASS_LAYERS, what="the instance model")
     if keep_head:
-        return f"all weights from {header.describe()}"
+        return f"all weights from {header.describe()}; {adapted}"
     return (
         f"weights from {header.describe()}, except the box and mask predictors' class layers, new for "
-        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}"
+        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}; {adapted}"
     )
 
 

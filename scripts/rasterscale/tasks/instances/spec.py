@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.tasks.instances.evaluate import evaluate_scene
 from rasterscale.tasks.instances.groundtruth import check_ground_truth, read_ground_truth
@@ -71,6 +72,10 @@ def labels(config: Mapping[str, Any]) -> list[str]:
     return list(instances_of_config(config)[0].labels)
 
 
+def model_input(config: Mapping[str, Any]) -> InputBands:
+    return instances_of_config(config)[0].input
+
+
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
     check_ground_truth(path, raster, labels, label_column, image)
 
@@ -83,6 +88,7 @@ INSTANCES = TaskSpec(
     model_files=MODEL_FILES_WITH_DEEPFOREST,
     default_model_name="crowns",
     labels=labels,
+    model_input=model_input,
     check_annotations=check_annotations,
     merge=merge,
     evaluate=evaluate,

@@ -1,6 +1,7 @@
 """The segmenter: a segmentation_models_pytorch network (U-Net on a ResNet-18 by default), built without download.
 
-The module takes tiles as float (N, 3, H, W) in [0, 1], normalizes them with ImageNet statistics itself, pads them
+The module takes tiles as float (N, B, H, W) of its input bands (``SegmenterConfig.input``: in [0, 1] when scaled,
+raw values otherwise), normalizes them itself (ImageNet's statistics for RGB, the input's own otherwise), pads them
 to a multiple of 32 (the encoder's stride) and crops the logits back: it returns logits (N, C, H, W), one channel
 per class of ``SegmenterConfig.labels``.
 
@@ -22,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from rasterscale.errors import InputError
-from rasterscale.raster.imagery import IMAGE_MEAN, IMAGE_STD
+from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.tasks.inputlayer import Normalize
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.segmentation.modelfiles import (
     SEGMENTER_FORMAT,
@@ -38,21 +40,17 @@ STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of i
 
 
 class Segmenter(torch.nn.Module):
-    """An smp network (``.net``) behind ImageNet normalization and padding to a multiple of :data:`STRIDE`."""
+    """An smp network (``.net``) behind its input's normalization and padding to a multiple of :data:`STRIDE`."""
 
-    mean: torch.Tensor  # buffers (registered in __init__)
-    std: torch.Tensor
-
-    def __init__(self, net: torch.nn.Module) -> None:
+    def __init__(self, net: torch.nn.Module, bands: InputBands | None = None) -> None:
         super().__init__()
         self.net = net
-        self.register_buffer("mean", torch.tensor(IMAGE_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGE_STD).view(1, 3, 1, 1), persistent=False)
+        self.normalize = Normalize(bands or InputBands())
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Float (N, 3, H, W) in [0, 1] -> logits (N, C, H, W)."""
+        """Float (N, B, H, W) (scaled to [0, 1], or raw values) -> logits (N, C, H, W)."""
         height, width = images.shape[-2:]
-        x = (images - self.mean) / self.std
+        x = self.normalize(images)
         pad_h, pad_w = -height % STRIDE, -width % STRIDE
         if pad_h or pad_w:
             mode = "reflect" if pad_h < height and pad_w < width else "replicate"
@@ -69,12 +67,17 @@ def build_segmenter(cfg: SegmenterConfig) -> Segmenter:
     if cfg.decoder_channels is not None:
         kwargs["decoder_channels"] = list(cfg.decoder_channels)
     net = smp.create_model(
-        cfg.architecture, encoder_name=cfg.backbone, encoder_weights=None, classes=cfg.num_classes, **kwargs
+        cfg.architecture,
+        encoder_name=cfg.backbone,
+        encoder_weights=None,
+        classes=cfg.num_classes,
+        in_channels=cfg.input.count,
+        **kwargs,
     )
     net.segmentation_head[0] = float32_conv(
         net.segmentation_head[0]
     )  # in fp32 under autocast (rasterscale.runtime.precision)
-    return Segmenter(net)
+    return Segmenter(net, cfg.input)
 
 
 def save_segmenter(model: torch.nn.Module, cfg: SegmenterConfig, path: str | Path, **meta: Any) -> None:

@@ -10,12 +10,14 @@ config, "state_dict": weights, "meta": training figures}``. Anything else is ref
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rasterscale.errors import InputError
+from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
+from rasterscale.tasks.modelinput import model_input
 
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
 # the segmentation-models-pytorch networks a config may name (the schema's model.architecture takes them from here)
@@ -27,13 +29,14 @@ NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER
 @dataclass(frozen=True)
 class SegmenterConfig:
     """What builds a segmenter. ``decoder_channels`` None: the architecture's default (:data:`UNET_DECODER` for a
-    U-Net, smp's otherwise)."""
+    U-Net, smp's otherwise); ``input``: the bands it takes (a file that records none: RGB, scaled)."""
 
     labels: tuple[str, ...]
     architecture: str = "unet"
     backbone: str = "resnet18"
     patch_size: int = 400
     decoder_channels: tuple[int, ...] | None = None
+    input: InputBands = field(default_factory=InputBands)
 
     def __post_init__(self) -> None:
         if len(self.labels) < 2:
@@ -51,6 +54,7 @@ class SegmenterConfig:
         data = asdict(self)
         data["labels"] = list(self.labels)
         data["decoder_channels"] = list(self.decoder_channels) if self.decoder_channels else None
+        data["input"] = self.input.to_dict()
         return data
 
     @classmethod
@@ -59,6 +63,7 @@ class SegmenterConfig:
         data["labels"] = tuple(data["labels"])
         if data.get("decoder_channels") is not None:
             data["decoder_channels"] = tuple(data["decoder_channels"])
+        data["input"] = InputBands.from_dict(data.get("input"))
         return cls(**data)
 
     def describe(self) -> str:
@@ -67,7 +72,7 @@ class SegmenterConfig:
         return (
             f"{self.architecture} on {self.backbone}{decoder}, {self.num_classes} classes "
             f"({', '.join(self.labels)}), {self.patch_size} px tiles"
-        )
+        ) + ("" if self.input.is_default else f", {self.input.describe()}")
 
 
 def segmenter_payload(path: str | Path) -> dict[str, Any]:
@@ -133,4 +138,5 @@ def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
         )
     patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
     decoder = header.decoder_channels if header else None
-    return SegmenterConfig(labels, architecture, backbone, int(patch_size), decoder)
+    bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
+    return SegmenterConfig(labels, architecture, backbone, int(patch_size), decoder, bands)

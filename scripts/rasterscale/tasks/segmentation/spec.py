@@ -10,6 +10,7 @@ from typing import Any
 from rasterscale.atomic import write_json
 from rasterscale.errors import InputError
 from rasterscale.grid.project import is_seam
+from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
@@ -79,6 +80,10 @@ def labels(config: Mapping[str, Any]) -> list[str]:
     return list(segmenter_of_config(config).labels)
 
 
+def model_input(config: Mapping[str, Any]) -> InputBands:
+    return segmenter_of_config(config).input
+
+
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
     check_segmentation_truth(path, raster, labels, label_column)
 
@@ -105,6 +110,7 @@ SEGMENTATION = TaskSpec(
     counts=counts,
     count_unit="pixels",
     implementation="rasterscale.tasks.segmentation.task:SegmentationTask",
+    model_input=model_input,
     config_keys={"model": ("architecture",), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},
 )

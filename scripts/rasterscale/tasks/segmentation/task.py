@@ -22,6 +22,7 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.inputlayer import adapt_state_dict
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
@@ -135,8 +136,9 @@ class SegmentationTask(Task):
         if not init:
             return "no weights: training from scratch (random initialization)"
         start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
-        model.load_state_dict(start.state_dict())
-        return f"all weights from {init} ({start_cfg.describe()})"
+        state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
+        model.load_state_dict(state)
+        return f"all weights from {init} ({start_cfg.describe()}); {adapted}"
 
     def training_datasets(
         self,

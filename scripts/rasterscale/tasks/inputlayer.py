@@ -1,0 +1,81 @@
+"""The torch side of a model's input bands (:class:`~rasterscale.raster.bands.InputBands`): the normalization every
+model applies first, on the device, and the first convolution of a network adapted to N bands from an RGB start.
+
+Adapting a first convolution (``weight`` of shape (out, 3, k, k)) to N bands keeps the RGB filters for the bands
+whose names give them a role (red, green, blue) unchanged; every other band starts from the mean of the RGB filters
+scaled by 3/N, as timm (``adapt_input_conv``) and TorchGeo initialize extra bands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from rasterscale.raster.bands import RGB_NAMES, InputBands, rgb_roles
+
+
+class Normalize(torch.nn.Module):
+    """``(x - mean) / std`` per band, the statistics of an :class:`InputBands` (buffers, not saved: they come from
+    the model file's record)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, bands: InputBands) -> None:
+        super().__init__()
+        if bands.pending:
+            raise ValueError("the input's statistics are not computed yet (normalize: auto)")
+        shape = (1, bands.count, 1, 1)
+        self.register_buffer("mean", torch.tensor(bands.mean, dtype=torch.float32).view(shape), persistent=False)
+        self.register_buffer("std", torch.tensor(bands.std, dtype=torch.float32).view(shape), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (images - self.mean) / self.std
+
+
+def adapt_first_conv(
+    weight: torch.Tensor, bands: InputBands, source: InputBands | None = None
+) -> tuple[torch.Tensor, str]:
+    """A first convolution's RGB ``weight`` (out, 3, k, k) adapted to ``bands``; and what was done, for the log.
+    ``source``: the start's bands (None: red, green, blue). An input that is the start's is returned as is."""
+    source_names = source.names if source is not None else RGB_NAMES
+    if weight.shape[1] != len(source_names):
+        raise ValueError(f"the first convolution takes {weight.shape[1]} bands, its model {len(source_names)}")
+    if [n.casefold() for n in source_names] == [n.casefold() for n in bands.names]:
+        return weight, f"first convolution as it is ({bands.count} bands)"
+    source_roles = rgb_roles(source_names)
+    if set(source_roles) != set(RGB_NAMES):
+        raise ValueError(f"the start's bands [{', '.join(source_names)}] have no red, green and blue to adapt from")
+    rgb = weight[:, [source_roles[role] for role in RGB_NAMES]]
+    roles = rgb_roles(bands.names)
+    extra = rgb.mean(dim=1) * (3.0 / bands.count)
+    adapted = extra.unsqueeze(1).repeat(1, bands.count, 1, 1)
+    for k, role in enumerate(RGB_NAMES):
+        if role in roles:
+            adapted[:, roles[role]] = rgb[:, k]
+    kept = [f"{role} -> band {roles[role] + 1} ({bands.names[roles[role]]})" for role in RGB_NAMES if role in roles]
+    others = [name for index, name in enumerate(bands.names) if index not in roles.values()]
+    text = f"first convolution adapted from 3 to {bands.count} bands: RGB filters kept ({', '.join(kept) or 'none'})"
+    if others:
+        text += f"; {', '.join(others)} from the mean of the RGB filters x 3/{bands.count}"
+    return adapted.contiguous(), text
+
+
+def first_conv_key(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """The key of a network's first convolution weight: the first 4-D tensor of its state dict (in module order)."""
+    key = next((k for k, v in state_dict.items() if v.dim() == 4), None)
+    if key is None:
+        raise ValueError("no convolution in the state dict")
+    return key
+
+
+def adapt_state_dict(
+    state_dict: Mapping[str, torch.Tensor], bands: InputBands, source: InputBands | None, key: str | None = None
+) -> tuple[dict[str, torch.Tensor], str]:
+    """A start's weights with its first convolution (``key``, else :func:`first_conv_key`) adapted to ``bands``
+    (:func:`adapt_first_conv`); and what was done, for the log."""
+    state = dict(state_dict)
+    key = key or first_conv_key(state)
+    state[key], text = adapt_first_conv(state[key], bands, source)
+    return state, text
