@@ -59,6 +59,7 @@ def cut(source: Path, rows: int, columns: int, folder: Path) -> dict[str, dict]:
                 path = folder / f"part_{row}{column}.tif"
                 with rasterio.open(path, "w", **profile) as dst:
                     dst.write(src.read(window=window))
+                    dst.colorinterp = src.colorinterp  # a 4th band of near infrared stays one (not alpha)
                 scenes[path.stem] = {"path": str(path)}
     return scenes
 

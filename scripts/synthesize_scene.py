@@ -1,4 +1,6 @@
-"""Entry: synthesize a demo orthomosaic and its ground-truth crown boxes (and, with --crowns, crown polygons)."""
+"""Entry: synthesize a demo orthomosaic and its ground-truth crown boxes (and, with --crowns, crown polygons; with
+--nir, a near-infrared 4th band; with --canopy-height, the true canopy height raster; with --tops, the true tree
+tops)."""
 
 import argparse
 
@@ -15,6 +17,10 @@ def main() -> None:
     parser.add_argument("--crs", required=True)
     parser.add_argument("--pixel-size", type=float, required=True)
     parser.add_argument("--crowns", help="also write the crowns' visible outlines (polygons) to this GeoPackage")
+    parser.add_argument("--nir", action="store_true", help="give the raster a 4th band: near infrared")
+    # --height is the raster's height in pixels, hence --canopy-height for the height raster's path.
+    parser.add_argument("--canopy-height", help="also write the true canopy height (float32 GeoTIFF, m) here")
+    parser.add_argument("--tops", help="also write the true tree tops (points, GeoPackage) here")
     args = parser.parse_args()
     count = synthesize_scene(
         args.raster,
@@ -25,9 +31,17 @@ def main() -> None:
         crs=args.crs,
         pixel_size=args.pixel_size,
         crowns_path=args.crowns,
+        nir=args.nir,
+        height_path=args.canopy_height,
+        tops_path=args.tops,
     )
-    crowns = f", outlines -> {args.crowns}" if args.crowns else ""
-    print(f"{args.raster}: {args.width}x{args.height} px, {count} crowns -> {args.boxes}{crowns}")
+    bands = "RGB + NIR" if args.nir else "RGB"
+    extras = "".join(
+        f", {what} -> {path}"
+        for what, path in (("outlines", args.crowns), ("canopy height", args.canopy_height), ("tops", args.tops))
+        if path
+    )
+    print(f"{args.raster}: {args.width}x{args.height} px {bands}, {count} crowns -> {args.boxes}{extras}")
 
 
 if __name__ == "__main__":

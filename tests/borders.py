@@ -24,10 +24,15 @@ PREDICT = {"scenes": "all", "devices": 2, "batch_size": 4, "workers": 0, "accele
 SEAMS = ["part_00+part_01", "part_00+part_10", "part_01+part_11", "part_10+part_11"]
 
 
-def predict_as_project(root: Path, raster: Path, task: str, model: dict, layer: str) -> Path:
-    """``raster`` cut into 2 x 2 abutting scenes, predicted as a project with ``model`` (its ``file`` set) in
-    ``root/four`` up to the project's ``layer`` (no quicklooks or report pages); that work folder."""
+def predict_as_project(
+    root: Path, raster: Path, task: str, model: dict, layer: str, bands: list[int] | None = None
+) -> Path:
+    """``raster`` cut into 2 x 2 abutting scenes (each read as ``bands``, None: the default), predicted as a project
+    with ``model`` (its ``file`` set) in ``root/four`` up to the project's ``layer`` (no quicklooks or report pages);
+    that work folder."""
     parts = cut(raster, 2, 2, root / "parts")
+    if bands is not None:
+        parts = {name: {**scene, "bands": bands} for name, scene in parts.items()}
     four = root / "four"
     config = {"task": task, "tiling": TILING, "model": model, "scenes": parts, "predict": PREDICT}
     run_workflow(four, config, f"results/project/{layer}")

@@ -18,11 +18,14 @@ from rasterio.features import rasterize
 from borders import BAND_M, PREDICT, TILING, class_maps_near_borders, predict_as_project
 from conftest import REPO, report
 from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
+from rasterscale.raster.imagery import read_spec
+from rasterscale.tasks.segmentation.modelfiles import read_segmenter_header
 from rasterscale.tools.synth import synthesize_scene
 from workflow import build_report, rank_stems, run_workflow, table_rows
 
 TINY = REPO / "tests/configs/tiny_segmentation.yaml"
 SEAM_BAND = 16  # px either side of an inner tile edge
+BANDS = [1, 2, 3, 4]  # the tiny scenes' red, green, blue and near infrared
 
 
 def seg_config(**overrides: dict) -> dict:
@@ -76,6 +79,21 @@ def test_class_map_is_a_valid_cog_on_the_rasters_grid(seg_run):
 
     polygons = gpd.read_file(workdir / "results/tiny_test/classes.gpkg", layer="classes")
     assert len(polygons) > 10 and set(polygons["label"]) == {"tree"} and polygons.crs == out.crs
+
+
+def test_the_model_takes_four_raw_bands_normalized_by_the_training_scenes_statistics(seg_run):
+    """normalize: auto: the training scene's statistics (from its manifest's decimated read) stored in the model
+    file, which prediction reads; the predicted scene's tiles are raw values too."""
+    workdir, _ = seg_run
+    bands = read_segmenter_header(workdir / "results/models/tiny_seg.pt").input
+    assert bands.names == ("red", "green", "blue", "nir") and bands.raw
+    train, test = (read_spec(workdir / f"results/{name}/tiles.parquet") for name in ("tiny_train", "tiny_test"))
+    assert train.raw and test.raw and train.statistics is not None and test.statistics is not None
+    assert bands.mean == pytest.approx(train.statistics.mean) and bands.std == pytest.approx(train.statistics.std)
+    nir_crown, nir_ground = 150, 90  # the synthetic scenes' near infrared: crowns bright, ground dark
+    assert nir_ground < bands.mean[3] < nir_crown and bands.std[3] > 20
+    log = (workdir / "logs/train/tiny_seg.log").read_text()
+    assert "4 band(s) [red, green, blue, nir], raw values, mean [" in log
 
 
 def test_the_profile_counts_the_blend_as_output_not_as_data_wait(seg_run):
@@ -136,11 +154,12 @@ def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes
     and differ from them in fewer pixels than the four scenes' own class maps side by side."""
     workdir, _ = seg_run
     raster, outlines = tmp_path / "heldout.tif", tmp_path / "heldout.crowns.gpkg"
-    synthesize_scene(raster, tmp_path / "heldout.gpkg", width=1024, height=1024, seed=5, crowns_path=outlines)
+    synthesize_scene(raster, tmp_path / "heldout.gpkg", width=1024, height=1024, seed=5, crowns_path=outlines, nir=True)
     model = {**seg_config()["model"], "file": str(workdir / "results/models/tiny_seg.pt")}
-    whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": {"heldout": {"path": str(raster)}}}
+    scenes = {"heldout": {"path": str(raster), "bands": BANDS}}
+    whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": scenes}
     run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, "results/heldout/classes.tif")
-    four = predict_as_project(tmp_path, raster, "segmentation", model, "classes.vrt")
+    four = predict_as_project(tmp_path, raster, "segmentation", model, "classes.vrt", bands=BANDS)
     scores, changed, pixels, cover = class_maps_near_borders(
         raster, outlines, tmp_path / "whole/results/heldout/classes.tif", four
     )

@@ -161,15 +161,17 @@ def finish_cluster_run(cluster: SlurmCluster, base: Path, process: subprocess.Po
 
 
 def segmentation_inputs(run: Path) -> dict:
-    """A segmentation config over one scene, with an untrained segmenter (the machinery is under test): 2 shard
-    jobs of 2 ranks."""
+    """A segmentation config over one 4-band scene, with an untrained segmenter of raw bands (the machinery is under
+    test): 2 shard jobs of 2 ranks."""
+    from rasterscale.raster.bands import InputBands
     from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
     from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
     from rasterscale.tools.synth import synthesize_scene
 
     (run / "resources/demo").mkdir(parents=True)
-    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12)
-    cfg = SegmenterConfig(("background", "tree"), patch_size=256)
+    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12, nir=True)
+    bands = InputBands(("red", "green", "blue", "nir"), (90.0, 100.0, 70.0, 110.0), (30.0, 30.0, 25.0, 50.0), raw=True)
+    cfg = SegmenterConfig(("background", "tree"), patch_size=256, input=bands)  # four raw bands, as the config's
     save_segmenter(build_segmenter(cfg), cfg, run / "segmenter.pt")
     config = yaml.safe_load((REPO / "tests/configs/tiny_segmentation.yaml").read_text())
     config["scenes"]["tiny_test"].pop("annotations")

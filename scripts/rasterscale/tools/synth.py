@@ -1,12 +1,20 @@
-"""Synthetic demo scene: an RGB forest-canopy orthomosaic plus its ground-truth tree-crown boxes.
+"""Synthetic demo scene: an RGB (optionally RGB + near-infrared) forest-canopy orthomosaic plus its ground truth.
 
 The workflow's embedded demo data. One call to :func:`synthesize_scene` writes
 
-* a 3-band uint8 RGB GeoTIFF (tiled, deflate) of textured ground with tree crowns on it, and
+* a 3-band uint8 RGB GeoTIFF (tiled, deflate) of textured ground with tree crowns on it; with ``nir``, a 4-band
+  one whose 4th band is near infrared (band descriptions ``red, green, blue, nir``): crowns bright (vegetation
+  reflects NIR strongly), ground dark, so NIR tells crowns from ground far better than any visible band, and
 * a GeoPackage (layer ``crowns``) with one axis-aligned box per visible crown, labelled ``"tree"``, and
 * optionally (``crowns_path``), a GeoPackage (layer ``crowns``) with the visible outline of every crown drawn, as
-  polygons labelled ``"tree"`` (segmentation ground truth); computing them draws no random numbers, so the raster
-  and the boxes are the same with or without them.
+  polygons labelled ``"tree"`` (segmentation ground truth),
+* optionally (``height_path``), the true canopy height: a float32 GeoTIFF on the same grid, in metres, 0 on the
+  ground and a dome over each crown's visible pixels (the crown drawn on top owns a pixel, as in the outlines),
+* optionally (``tops_path``), the true tree tops: a GeoPackage (layer ``tree_tops``) of points at the apex pixel
+  (the highest point) of every crown whose apex is visible and inside the raster, with its ``height``.
+
+The RGB raster, the boxes and the outlines are the same whichever of the optional outputs are asked for: the
+optional outputs draw their random numbers from generators of their own (the outlines draw none).
 
 Crowns vary in size, colour and outline; they are shaded as lumpy domes lit from the upper-left, cast a
 shadow to the lower-right, and touch or partly overlap their neighbours (no crown is more than
@@ -65,6 +73,29 @@ _SHADOW_TINT = np.array([1.0, 0.96, 0.82], dtype=np.float32)
 
 _GROUND_ROWS = 128  # the ground is rendered in strips of this many rows to bound memory
 
+# Near infrared. Ground: dark, green grass darkest, dry grass and soil a little brighter (mid-tones, before the
+# ground texture); crowns: a per-crown mid-tone, shaded like the RGB but with less contrast (NIR light scatters
+# through the foliage, so its shade is shallower). Shadows are a little darker in NIR than in the visible bands
+# (the skylight that fills them has little NIR).
+_NIR_GRASS = 52.0
+_NIR_DRY_GRASS = 72.0
+_NIR_SOIL = 70.0
+_NIR_DARK_SOIL = 56.0
+_NIR_CROWN = (170.0, 210.0)  # range of the crowns' mid-tones
+_NIR_SHADE = (0.62, 0.4)  # NIR = mid-tone * (a + b * RGB shade)
+_NIR_SHADOW_TINT = np.float32(1.05)
+_BAND_NAMES = ("red", "green", "blue", "nir")
+
+# Tree heights (metres): a crown's dome height, loosely growing with its diameter.
+_CROWN_HEIGHT_M = (6.0, 30.0)
+_HEIGHT_FROM_DIAMETER = 0.65  # weight of the diameter in the height; the rest is uniform noise
+
+TOPS_LAYER = "tree_tops"
+
+# Streams of the optional outputs, derived from ``seed`` so they never touch the main stream.
+_NIR_STREAM = 1
+_HEIGHT_STREAM = 2
+
 
 class _Crown(NamedTuple):
     cx: float  # centre, pixel coordinates (x right, y down)
@@ -95,12 +126,17 @@ def synthesize_scene(
     crown_cover: float = 0.35,
     block_size: int = 256,
     crowns_path: str | Path | None = None,
+    nir: bool = False,
+    height_path: str | Path | None = None,
+    tops_path: str | Path | None = None,
 ) -> int:
     """Write a synthetic canopy orthomosaic and its crown boxes; return the number of crowns written.
 
     ``origin`` is the upper-left corner (x, y) in ``crs`` units, ``pixel_size`` the ground size of a pixel,
     ``crown_diameter_m`` the (min, max) crown box size in metres, ``crown_cover`` the approximate fraction
     of the scene covered by crowns. ``crowns_path``: also write the crowns' visible outlines (polygons) there.
+    ``nir``: the raster gets a 4th band, near infrared. ``height_path``: also write the true canopy height
+    (float32, metres) there; ``tops_path``: also write the true tree tops (points with their ``height``) there.
     Files are written atomically (temporary file, then rename).
     """
     if width < 1 or height < 1:
@@ -118,18 +154,28 @@ def synthesize_scene(
     rng = np.random.default_rng(seed)
     transform = Affine(pixel_size, 0.0, origin[0], 0.0, -pixel_size, origin[1])  # north-up
 
-    canvas = np.empty((3, height, width), dtype=np.uint8)
-    _render_ground(rng, canvas, pixel_size)
+    nir_rng = np.random.default_rng([seed, _NIR_STREAM]) if nir else None
+
+    canvas = np.empty((4 if nir else 3, height, width), dtype=np.uint8)
+    _render_ground(rng, canvas, pixel_size, nir_rng)
     crowns = _place_crowns(rng, width, height, pixel_size, (d_min, d_max), crown_cover)
     drawn, pixel_boxes = _resolve_occlusion(rng, crowns, width, height)
-    for crown in drawn:  # bottom to top
+    nir_levels = nir_rng.uniform(*_NIR_CROWN, size=len(drawn)) if nir_rng is not None else [None] * len(drawn)
+    for crown, nir_level in zip(drawn, nir_levels, strict=True):  # bottom to top
         _draw_shadow(canvas, crown)
-        _draw_crown(rng, canvas, crown)
+        _draw_crown(rng, canvas, crown, nir_level)
 
     _write_raster(Path(raster_path), canvas, crs, transform, block_size)
     _write_boxes(Path(boxes_path), pixel_boxes, crs, transform)
     if crowns_path is not None:
         _write_crown_polygons(Path(crowns_path), _visible_outlines(drawn, width, height), crs, transform)
+    if height_path is not None or tops_path is not None:
+        tree_heights = _tree_heights(np.random.default_rng([seed, _HEIGHT_STREAM]), drawn, pixel_size, (d_min, d_max))
+        canopy, tops = _paint_canopy_height(drawn, tree_heights, width, height)
+        if height_path is not None:
+            _write_height(Path(height_path), canopy, crs, transform, block_size)
+        if tops_path is not None:
+            _write_tops(Path(tops_path), tops, crs, transform)
     return len(pixel_boxes)
 
 
@@ -207,8 +253,13 @@ def _clump_field(rng: np.random.Generator, height: int, width: int, cell: float)
 # --------------------------------------------------------------------------------------------- ground
 
 
-def _render_ground(rng: np.random.Generator, canvas: np.ndarray, pixel_size: float) -> None:
-    """Fill ``canvas`` (3, H, W) with grass and soil: patchy low-frequency colour plus fine texture."""
+def _render_ground(
+    rng: np.random.Generator, canvas: np.ndarray, pixel_size: float, nir_rng: np.random.Generator | None
+) -> None:
+    """Fill ``canvas`` (3 or 4, H, W) with grass and soil: patchy low-frequency colour plus fine texture.
+
+    A 4th (NIR) band follows the same grass / soil fields and texture; its own noise comes from ``nir_rng``.
+    """
     _, height, width = canvas.shape
 
     def octaves(cells_m: list[tuple[float, float]]) -> list[tuple[_NoisePlan, float]]:
@@ -228,9 +279,24 @@ def _render_ground(rng: np.random.Generator, canvas: np.ndarray, pixel_size: flo
         soil = _SOIL[:, None, None] + (_DARK_SOIL - _SOIL)[:, None, None] * dark_w
         colour = soil + (grass - soil) * grass_w
         fine = rng.standard_normal((r1 - r0, width), dtype=np.float32)
-        colour *= 1 + 0.14 * _fbm_rows(bright_field, r0, r1) + 0.06 * fine
+        texture = 1 + 0.14 * _fbm_rows(bright_field, r0, r1) + 0.06 * fine
+        colour *= texture
         colour += 3.0 * rng.standard_normal(colour.shape, dtype=np.float32)
-        canvas[:, r0:r1] = np.clip(colour + 0.5, 0, 255).astype(np.uint8)
+        canvas[:3, r0:r1] = np.clip(colour + 0.5, 0, 255).astype(np.uint8)
+        if nir_rng is not None:
+            canvas[3, r0:r1] = _ground_nir(nir_rng, grass_w, dry_w, dark_w, texture)
+
+
+def _ground_nir(
+    nir_rng: np.random.Generator, grass_w: np.ndarray, dry_w: np.ndarray, dark_w: np.ndarray, texture: np.ndarray
+) -> np.ndarray:
+    """NIR of a strip of ground (uint8), from the weights and texture its RGB is made of: dark, and darkest on
+    green grass."""
+    grass = np.float32(_NIR_GRASS) + np.float32(_NIR_DRY_GRASS - _NIR_GRASS) * dry_w
+    soil = np.float32(_NIR_SOIL) + np.float32(_NIR_DARK_SOIL - _NIR_SOIL) * dark_w
+    value = (soil + (grass - soil) * grass_w) * texture
+    value += 2.5 * nir_rng.standard_normal(value.shape, dtype=np.float32)
+    return np.clip(value + 0.5, 0, 255).astype(np.uint8)
 
 
 # --------------------------------------------------------------------------------------------- crowns
@@ -412,16 +478,30 @@ def _draw_shadow(canvas: np.ndarray, crown: _Crown) -> None:
     rho, edge = _outline(crown, dx, dy, scale=1.05)
     alpha = np.clip(0.5 + (edge - rho) / np.float32(soft), 0, 1) * np.float32(crown.shadow_strength)
     patch = canvas[:, r0:r1, c0:c1]
-    darkened = patch * (1 - _SHADOW_TINT[:, None, None] * alpha)
+    tint = _SHADOW_TINT if len(canvas) == 3 else np.append(_SHADOW_TINT, _NIR_SHADOW_TINT)
+    darkened = patch * (1 - tint[:, None, None] * alpha)
     patch[...] = np.clip(darkened + 0.5, 0, 255).astype(np.uint8)
 
 
-def _draw_crown(rng: np.random.Generator, canvas: np.ndarray, crown: _Crown) -> None:
-    """Paint one crown: a lumpy dome of foliage clumps, lit from the upper-left, with an anti-aliased rim."""
-    _, height, width = canvas.shape
+def _crown_window(crown: _Crown, width: int, height: int) -> tuple[int, int, int, int, np.ndarray, np.ndarray] | None:
+    """The clipped pixel window :func:`_draw_crown` paints the crown in (see :func:`_local_grid`), or None where
+    it paints nothing (less than 2 x 2 pixels of it inside the raster)."""
     r0, r1, c0, c1, dx, dy = _local_grid(crown.cx, crown.cy, crown.reach + 2, width, height, clip=True)
     if r1 - r0 < 2 or c1 - c0 < 2:
+        return None
+    return r0, r1, c0, c1, dx, dy
+
+
+def _draw_crown(rng: np.random.Generator, canvas: np.ndarray, crown: _Crown, nir_level: float | None) -> None:
+    """Paint one crown: a lumpy dome of foliage clumps, lit from the upper-left, with an anti-aliased rim.
+
+    With a 4th (NIR) band, ``nir_level`` is the crown's NIR mid-tone; NIR is shaded like the RGB, more softly.
+    """
+    _, height, width = canvas.shape
+    window = _crown_window(crown, width, height)
+    if window is None:
         return
+    r0, r1, c0, c1, dx, dy = window
     rho, edge = _outline(crown, dx, dy)
     alpha = np.clip(0.5 + (edge - rho) / np.float32(1.2), 0, 1)
     if not alpha.any():
@@ -444,22 +524,88 @@ def _draw_crown(rng: np.random.Generator, canvas: np.ndarray, crown: _Crown) -> 
     warm = lit * lit  # sunlit foliage a little yellower, shaded foliage a little bluer
     tint = np.stack([1 + 0.10 * warm, 1 + 0.06 * warm, 0.92 + 0.08 * (1 - warm)])
     colour = crown.colour[:, None, None] * shade * tint
+    if nir_level is not None:
+        a, b = _NIR_SHADE
+        colour = np.concatenate([colour, (np.float32(nir_level) * (a + b * shade))[None]])
     patch = canvas[:, r0:r1, c0:c1]
     blended = patch + alpha * (colour - patch)
     patch[...] = np.clip(blended + 0.5, 0, 255).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------------------------- height
+
+
+class _Top(NamedTuple):
+    row: int  # apex pixel
+    col: int
+    height: float  # metres
+
+
+def _tree_heights(
+    rng: np.random.Generator, drawn: list[_Crown], pixel_size: float, diameter_m: tuple[float, float]
+) -> np.ndarray:
+    """A height (metres, within ``_CROWN_HEIGHT_M``) for each crown drawn: taller the wider, loosely."""
+    d_min, d_max = diameter_m
+    diameters = np.array([2 * crown.radius * pixel_size for crown in drawn], dtype=np.float64)
+    span = d_max - d_min
+    size = np.clip((diameters - d_min) / span, 0, 1) if span > 0 else np.full(len(drawn), 0.5)
+    w = _HEIGHT_FROM_DIAMETER
+    share = np.clip(w * size + (1 - w) * rng.random(len(drawn)), 0, 1)
+    lo, hi = _CROWN_HEIGHT_M
+    return lo + (hi - lo) * share
+
+
+def _paint_canopy_height(
+    drawn: list[_Crown], tree_heights: np.ndarray, width: int, height: int
+) -> tuple[np.ndarray, list[_Top]]:
+    """The canopy height raster (H, W) float32 and the visible tree tops.
+
+    Each crown is a dome ``h * sqrt(1 - (rho / edge)^2)`` over the pixels whose centres lie inside its outline
+    (where :func:`_draw_crown`'s rim is at least half opaque); the crown drawn on top owns a pixel. Crowns are
+    painted top to bottom, each only on pixels no crown above it has taken, so a crown's top is visible when its
+    apex pixel (its dome's highest pixel) is still free when it is painted.
+    """
+    canopy = np.zeros((height, width), dtype=np.float32)
+    taken = np.zeros((height, width), dtype=bool)
+    tops: list[_Top] = []
+    for crown, tree_height in zip(drawn[::-1], tree_heights[::-1], strict=True):
+        window = _crown_window(crown, width, height)
+        if window is None:  # not drawn: owns no pixel
+            continue
+        r0, r1, c0, c1, dx, dy = window
+        rho, edge = _outline(crown, dx, dy)
+        inside = rho <= edge
+        dome = np.float32(tree_height) * np.sqrt(np.clip(1 - (rho / edge) ** 2, 0, 1))
+        free = inside & ~taken[r0:r1, c0:c1]
+        canopy[r0:r1, c0:c1][free] = dome[free]
+        taken[r0:r1, c0:c1] |= inside
+        apex = _apex(crown)
+        if r0 <= apex[0] < r1 and c0 <= apex[1] < c1 and free[apex[0] - r0, apex[1] - c0]:
+            tops.append(_Top(apex[0], apex[1], float(dome[apex[0] - r0, apex[1] - c0])))
+    tops.reverse()  # bottom to top, like ``drawn``
+    return canopy, tops
+
+
+def _apex(crown: _Crown) -> tuple[int, int]:
+    """Row and column of the crown's apex: the pixel near its centre where ``rho / edge`` is smallest."""
+    r0, _, c0, _, dx, dy = _local_grid(crown.cx, crown.cy, 2.5, 0, 0, clip=False)
+    rho, edge = _outline(crown, dx, dy)
+    row, col = np.unravel_index(int(np.argmin(rho / edge)), rho.shape)
+    return r0 + int(row), c0 + int(col)
 
 
 # --------------------------------------------------------------------------------------------- output
 
 
 def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
-    """Write a (3, H, W) uint8 array as a tiled, deflate-compressed RGB GeoTIFF."""
-    _, height, width = canvas.shape
+    """Write a (3, H, W) uint8 array as a tiled, deflate-compressed RGB GeoTIFF; a (4, H, W) one as RGB + NIR
+    (the 4th band's colour interpretation undefined), with band descriptions."""
+    count, height, width = canvas.shape
     profile = {
         "driver": "GTiff",
         "width": width,
         "height": height,
-        "count": 3,
+        "count": count,
         "dtype": "uint8",
         "crs": crs,
         "transform": transform,
@@ -473,6 +619,44 @@ def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, b
     }
     with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
         dst.write(canvas)
+        if count == 4:
+            for band, name in enumerate(_BAND_NAMES, start=1):
+                dst.set_band_description(band, name)
+
+
+def _write_height(path: Path, canopy: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
+    """Write the (H, W) float32 canopy height (metres) as a tiled, deflate-compressed GeoTIFF, no nodata."""
+    height, width = canopy.shape
+    profile = {
+        "driver": "GTiff",
+        "width": width,
+        "height": height,
+        "count": 1,
+        "dtype": "float32",
+        "crs": crs,
+        "transform": transform,
+        "tiled": True,
+        "blockxsize": block_size,
+        "blockysize": block_size,
+        "compress": "deflate",
+        "predictor": 3,
+    }
+    with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
+        dst.write(canopy, 1)
+        dst.set_band_description(1, "canopy_height_m")
+
+
+def _write_tops(path: Path, tops: list[_Top], crs: str, transform: Affine) -> None:
+    """Write the tree tops as points at their apex pixels' centres, layer ``tree_tops``, with their ``height``."""
+    cols = np.array([top.col for top in tops], dtype=np.float64) + 0.5
+    rows = np.array([top.row for top in tops], dtype=np.float64) + 0.5
+    xs = transform.a * cols + transform.b * rows + transform.c
+    ys = transform.d * cols + transform.e * rows + transform.f
+    points = gpd.GeoSeries(shapely.points(xs, ys), crs=crs)
+    heights = np.array([top.height for top in tops], dtype=np.float64)
+    frame = gpd.GeoDataFrame({"height": heights}, geometry=points, crs=crs)
+    with atomic_path(path) as tmp:  # the geometry type given, so that a layer without tops is a point layer too
+        frame.to_file(tmp, layer=TOPS_LAYER, driver="GPKG", geometry_type="Point")
 
 
 def _outline_polygon(crown: _Crown) -> shapely.Polygon:
@@ -493,8 +677,7 @@ def _visible_outlines(drawn: list[_Crown], width: int, height: int) -> list[shap
     frame = shapely.box(0, 0, width, height)
     visible = []
     for index, (crown, outline) in enumerate(zip(drawn, outlines, strict=True)):
-        r0, r1, c0, c1, _, _ = _local_grid(crown.cx, crown.cy, crown.reach + 2, width, height, clip=True)
-        if r1 - r0 < 2 or c1 - c0 < 2:
+        if _crown_window(crown, width, height) is None:
             continue
         shape = shapely.intersection(outline, frame)
         above = [j for j in tree.query(outline, predicate="intersects") if j > index]
