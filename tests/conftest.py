@@ -131,6 +131,7 @@ SLOWEST_FIRST = (  # by their time in the suite; the Slurm module first: it wait
     "test_deepforest_workflow.py",
     "test_bench_gpu.py",
     "test_imagery_workflow.py",
+    "test_regression_workflow.py",
     "test_cog.py",
     "test_hostile_inputs.py",
 )

@@ -21,7 +21,9 @@ PACKAGE = REPO / "scripts" / "rasterscale"
 
 def test_the_schema_takes_the_task_values_and_the_tasks_enums_from_the_registry():
     schema = load_schema()
-    assert schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation", "instances"]
+    assert (
+        schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation", "instances", "regression"]
+    )
     assert schema["properties"]["model"]["properties"]["architecture"]["enum"] == [None, *ARCHITECTURES]
     with pytest.raises(ConfigError, match="'task'"):
         validate_config({"task": "panoptic"})
@@ -43,6 +45,10 @@ def test_each_spec_loads_its_torch_half_which_points_back_to_it(name):
         ("detection", "model", "mask_threshold", 0.5, "instances"),
         ("instances", "evaluate", "iou_threshold", 0.5, "detection"),
         ("segmentation", "evaluate", "mask_iou_threshold", 0.5, "instances"),
+        ("segmentation", "model", "loss", "mse", "regression"),
+        ("regression", "model", "architecture", "fpn", "segmentation"),
+        ("regression", "predict", "probabilities", True, "segmentation"),
+        ("regression", "model", "fpn_channels", 128, "detection and instances"),
     ],
 )
 def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key, value, owner):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,69 +19,26 @@ import rasterio
 from rasterio.windows import Window
 
 from rasterscale.raster.cog import convert_to_cog
-from rasterscale.raster.imagery import ImageSpec, decoding, read_masked
+from rasterscale.raster.imagery import ImageSpec
 from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import intersection
+from rasterscale.tasks.blending import block_windows, rank_window, scratch_path, window_valid_mask
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.rankraster import PROBABILITY_SCALE
 
+__all__ = [
+    "assemble_block",
+    "block_windows",
+    "class_summary",
+    "count_classes",
+    "merge_class_rasters",
+    "rank_window",
+    "scratch_path",
+    "window_valid_mask",
+]
+
 MERGE_BLOCK = 512
 CACHE_MB = 16  # GDAL's block cache while merging or vectorizing (each block is read once; GDAL's default, 5%
-
-
-@contextlib.contextmanager
-def scratch_path(near: Path, name: str) -> Iterator[Path]:
-    """A temporary file next to ``near`` (same file system), removed afterwards whatever happens."""
-    path = near.with_name(f".{near.stem}.{name}-{os.getpid()}.tif")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def rank_window(src: rasterio.io.DatasetReader, scene: rasterio.io.DatasetReader, path: str | Path) -> Window:
-    """Where a rank raster lies in the scene's pixel grid; one that is not on the grid fails naming the file."""
-    t, s = src.transform, scene.transform
-    col, row = (t.c - s.c) / s.a, (t.f - s.f) / s.e
-    if (
-        src.crs != scene.crs
-        or not np.allclose((t.a, t.b, t.d, t.e), (s.a, s.b, s.d, s.e))
-        or abs(col - round(col)) > 1e-6
-        or abs(row - round(row)) > 1e-6
-    ):
-        raise ValueError(f"{path}: rank raster is not on the scene's pixel grid (CRS, resolution or offset)")
-    window = Window(round(col), round(row), src.width, src.height)
-    if (
-        window.col_off < 0
-        or window.row_off < 0
-        or window.col_off + window.width > scene.width
-        or window.row_off + window.height > scene.height
-    ):
-        raise ValueError(f"{path}: rank raster reaches outside the scene ({window} in {scene.width}x{scene.height})")
-    return window
-
-
-def window_valid_mask(src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window) -> np.ndarray | None:
-    """Valid pixels of a window under the spec's mask (None: all valid); reads the mask alone where it is a band
-    or GDAL's mask, the bands for a nodata value or float pixels."""
-    floats = any(np.dtype(src.dtypes[band - 1]).kind == "f" for band in spec.bands)
-    if spec.mask == "none" and not floats:
-        return None
-    with decoding(src.name, window):
-        if spec.mask == "alpha" and not floats:
-            return src.read(spec.alpha, window=window) > 0
-        if spec.mask == "dataset" and not floats:
-            return src.dataset_mask(window=window) > 0
-    return read_masked(src, spec, window=window)[1]
-
-
-def block_windows(width: int, height: int, block: int) -> list[Window]:
-    return [
-        Window(col, row, min(block, width - col), min(block, height - row))
-        for row in range(0, height, block)
-        for col in range(0, width, block)
-    ]
 
 
 def assembly_profile(scene: rasterio.io.DatasetReader, count: int, block: int, nodata: int | None) -> dict:

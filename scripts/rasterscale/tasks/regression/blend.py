@@ -1,0 +1,108 @@
+"""Blending overlapping tile values into one rank's value raster, with memory that does not grow with the raster:
+segmentation's blend (:mod:`rasterscale.tasks.blending`: cores, halo tiles, weights tapering toward inner tile edges,
+blocks written as they complete, parts for resume), whose core values are the weighted mean of the tiles' values.
+
+A rank raster holds float32 values, one band per predicted value, over the bounding window of the rank's own cores;
+its pixels outside them are NaN (no data: not this rank's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from affine import Affine
+from rasterio.windows import Window
+
+from rasterscale.grid.tile import Tile
+from rasterscale.tasks.blending import BLOCK_ROWS, SPILL_AHEAD, Blender, BlockRaster
+
+RANK_NODATA = float("nan")  # a rank raster's pixels that are not its own
+
+
+def value_raster(
+    path: str | Path,
+    width: int,
+    height: int,
+    transform: Affine,
+    crs: object,
+    labels: Sequence[str],
+    parts: Sequence[str | Path] = (),
+    keep_unsaved: bool = False,
+    block_rows: int = BLOCK_ROWS,
+) -> BlockRaster:
+    """A rank's value raster: float32, a band per value (named after its label), NaN where no piece comes."""
+    return BlockRaster(
+        path,
+        width,
+        height,
+        transform,
+        crs,
+        len(labels),
+        "float32",
+        [RANK_NODATA] * len(labels),
+        nodata=RANK_NODATA,
+        descriptions=list(labels),
+        parts=parts,
+        keep_unsaved=keep_unsaved,
+        block_rows=block_rows,
+    )
+
+
+class ValueBlender(Blender):
+    """One rank's blended value raster (:class:`~rasterscale.tasks.blending.Blender`): feed :meth:`add` every tile's
+    values (K, h, w) float32 in ``tiles_to_predict`` order, then :meth:`close`. A core's value is the weighted mean
+    of its contributors' values."""
+
+    def __init__(
+        self,
+        tiles_to_predict: Iterable[Tile],
+        own_ids: Iterable[int],
+        cores: Mapping[int, Window],
+        width: int,
+        height: int,
+        labels: Sequence[str],
+        taper: int,
+        out_path: str | Path,
+        transform: Affine,
+        crs: object,
+        block_rows: int = BLOCK_ROWS,
+        parts: Sequence[str | Path] = (),
+        keep_unsaved: bool = False,
+        spill_ahead: int = SPILL_AHEAD,
+    ) -> None:
+        self.labels = list(labels)
+        super().__init__(
+            tiles_to_predict,
+            own_ids,
+            cores,
+            width,
+            height,
+            len(self.labels),
+            taper,
+            out_path,
+            transform,
+            crs,
+            block_rows,
+            parts,
+            keep_unsaved,
+            spill_ahead,
+        )
+
+    def open_raster(
+        self,
+        path: str | Path,
+        width: int,
+        height: int,
+        transform: Affine,
+        crs: object,
+        parts: Sequence[str | Path],
+        keep_unsaved: bool,
+        block_rows: int,
+    ) -> BlockRaster:
+        return value_raster(path, width, height, transform, crs, self.labels, parts, keep_unsaved, block_rows)
+
+    def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The weighted mean of the contributors' values (weights are floored above 0: never a division by 0)."""
+        return (weighted / weights).astype(np.float32)

@@ -1,0 +1,138 @@
+"""One scene's values (``values.tif``) from its ranks' value rasters, and the project's mosaic of them.
+
+:func:`merge_value_rasters` assembles the rank rasters block by block: a block starts as no data and takes the
+pixels each rank raster claims (its finite values; a pixel claimed twice is an error naming both files); pixels
+the scene's imagery marks invalid become no data. The assembled raster becomes a float32 COG, nodata
+:data:`NODATA_VALUE`, one band per value (described by its label), whose overviews are averages (of the pixels with
+data). Memory is a block's pixels, whatever the raster's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+from rasterio.windows import Window
+
+from rasterscale.raster.cog import convert_to_cog
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.raster.remote import open_raster
+from rasterscale.raster.windows import intersection
+from rasterscale.tasks.blending import block_windows, rank_window, scratch_path, window_valid_mask
+
+NODATA_VALUE = -9999.0  # no data in values.tif (a value no height, or other target, takes)
+MERGE_BLOCK = 512
+CACHE_MB = 16  # GDAL's block cache while merging (each block is read once)
+
+
+def values_profile(scene: rasterio.io.DatasetReader, count: int, block: int) -> dict[str, Any]:
+    return {
+        "driver": "GTiff",
+        "width": scene.width,
+        "height": scene.height,
+        "count": count,
+        "dtype": "float32",
+        "crs": scene.crs,
+        "transform": scene.transform,
+        "nodata": NODATA_VALUE,
+        "tiled": True,
+        "blockxsize": block,
+        "blockysize": block,
+        "compress": "deflate",
+        "predictor": 3,  # floating-point predictor: smooth values compress far better
+    }
+
+
+def merge_value_rasters(
+    rank_rasters: Sequence[str | Path],
+    raster_path: str | Path,
+    spec: ImageSpec,
+    values_path: str | Path,
+    labels: Sequence[str],
+    block: int = MERGE_BLOCK,
+    cache_mb: int = CACHE_MB,
+) -> dict[str, Any]:
+    """Assemble the rank rasters into ``values_path`` (float32 COG, nodata :data:`NODATA_VALUE`, average overviews;
+    the scene's CRS, transform and size). Returns the pixels with values, the pixels of no data, and each value's
+    mean."""
+    values_path = Path(values_path)
+    count, sums, nodata = 0, np.zeros(len(labels)), 0
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
+        scene = stack.enter_context(open_raster(raster_path))
+        ranks = []
+        for path in rank_rasters:
+            src = stack.enter_context(rasterio.open(path))
+            if src.count != len(labels):
+                raise ValueError(f"{path}: {src.count} bands, expected {len(labels)} ({', '.join(labels)})")
+            ranks.append((str(path), src, rank_window(src, scene, path)))
+        tmp = stack.enter_context(scratch_path(values_path, "assembly"))
+        dst = stack.enter_context(rasterio.open(tmp, "w", **values_profile(scene, len(labels), block)))
+        dst.update_tags(labels=json.dumps(list(labels)))
+        dst.descriptions = tuple(labels)
+        for window in block_windows(scene.width, scene.height, block):
+            values = assemble_values(ranks, window, len(labels))
+            valid = window_valid_mask(scene, spec, window)
+            if valid is not None:
+                values[:, ~valid] = np.nan
+            known = np.isfinite(values).all(axis=0)
+            count += int(known.sum())
+            nodata += int(known.size - known.sum())
+            sums += np.where(known, values, 0.0).sum(axis=(1, 2), dtype=np.float64)
+            dst.write(np.where(known, values, NODATA_VALUE).astype(np.float32), window=window)
+        dst.close()
+        convert_to_cog(tmp, values_path, block_size=block, overview_resampling="average")
+    means = {label: (float(sums[k] / count) if count else None) for k, label in enumerate(labels)}
+    return {"pixels": count, "nodata_pixels": nodata, "mean": means}
+
+
+def assemble_values(
+    ranks: Sequence[tuple[str, rasterio.io.DatasetReader, Window]], window: Window, bands: int
+) -> np.ndarray:
+    """One block's values (K, h, w) float32, NaN where no rank claims a pixel; a pixel claimed by two rank rasters
+    raises ValueError naming both."""
+    shape = (int(window.height), int(window.width))
+    values = np.full((bands, *shape), np.nan, dtype=np.float32)
+    owner = np.full(shape, -1, dtype=np.int32)
+    for index, (path, src, rank) in enumerate(ranks):
+        common = intersection(window, rank)
+        if common is None:
+            continue
+        inside = Window(common.col_off - rank.col_off, common.row_off - rank.row_off, common.width, common.height)
+        rows = slice(common.row_off - window.row_off, common.row_off - window.row_off + common.height)
+        cols = slice(common.col_off - window.col_off, common.col_off - window.col_off + common.width)
+        data = src.read(window=inside)
+        claimed = np.isfinite(data).any(axis=0)
+        clash = claimed & (owner[rows, cols] >= 0)
+        if clash.any():
+            r, c = (int(v[0]) for v in np.nonzero(clash))
+            other = ranks[owner[rows, cols][r, c]][0]
+            raise ValueError(
+                f"pixel (row {common.row_off + r}, col {common.col_off + c}) claimed by two rank rasters: "
+                f"{other} and {path}"
+            )
+        values[:, rows, cols][:, claimed] = data[:, claimed]
+        owner[rows, cols][claimed] = index
+    return values
+
+
+def read_values(src: rasterio.io.DatasetReader, window: Window | None = None, **read: Any) -> np.ndarray:
+    """A values raster's bands (K, h, w) float32 with NaN where it has no data."""
+    data = src.read(window=window, **read).astype(np.float32)
+    if src.nodata is not None:
+        data[data == src.nodata] = np.nan
+    return data
+
+
+def count_values(values_path: str | Path, labels: Sequence[str], block: int = MERGE_BLOCK) -> dict[str, int]:
+    """The pixels with a value of each label, read block by block (the report's counts)."""
+    counts = np.zeros(len(labels), dtype=np.int64)
+    with rasterio.Env(GDAL_CACHEMAX=CACHE_MB * 2**20), rasterio.open(values_path) as src:
+        for window in block_windows(src.width, src.height, block):
+            counts += np.isfinite(read_values(src, window)).sum(axis=(1, 2))
+    return {label: int(counts[k]) for k, label in enumerate(labels)}

@@ -1,0 +1,125 @@
+"""The regressor: a segmentation-models-pytorch U-Net (ResNet-18 encoder by default) with a linear head of one
+channel per predicted value, built without download.
+
+The module takes tiles as float (N, B, H, W) of its input bands (``RegressorConfig.input``: in [0, 1] when scaled,
+raw values otherwise), normalizes them itself (:class:`~rasterscale.tasks.inputlayer.Normalize`, first), pads them
+to a multiple of 32 (the encoder's stride) and crops the output back. The network predicts standardized values;
+the module returns them in target units (``* std + mean``, the targets' scale measured on the training tiles when
+training starts: :meth:`Regressor.set_target_scale`), so a height of 0-30 m trains as well as one of 0-1. The head
+(a 3x3 convolution, no activation) runs in fp32 under autocast.
+
+Its files: :mod:`rasterscale.tasks.regression.modelfiles` (torch-free), which :func:`load_regressor` and
+:func:`save_regressor` read and write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+
+from rasterscale.errors import InputError
+from rasterscale.runtime.precision import float32_conv
+from rasterscale.tasks.inputlayer import Normalize
+from rasterscale.tasks.modelfiles import save_payload
+from rasterscale.tasks.regression.modelfiles import (
+    REGRESSOR_FORMAT,
+    RegressorConfig,
+    config_of_payload,
+    regressor_payload,
+)
+
+__all__ = ["Regressor", "build_regressor", "load_regressor", "save_regressor"]
+
+STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of it
+
+
+class Regressor(torch.nn.Module):
+    """An smp U-Net (``.net``) behind its input's normalization and padding to a multiple of :data:`STRIDE`, its
+    outputs scaled to target units."""
+
+    target_mean: torch.Tensor  # buffers (registered in __init__; the model file's config records them)
+    target_std: torch.Tensor
+
+    def __init__(self, net: torch.nn.Module, cfg: RegressorConfig) -> None:
+        super().__init__()
+        self.net = net
+        self.normalize = Normalize(cfg.input)
+        self.register_buffer("target_mean", torch.zeros(1, cfg.outputs, 1, 1), persistent=False)
+        self.register_buffer("target_std", torch.ones(1, cfg.outputs, 1, 1), persistent=False)
+        self.set_target_scale(*cfg.scale)
+
+    def set_target_scale(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """The targets' mean and std per output, by which the network's standardized outputs are scaled back."""
+        shape = self.target_mean.shape
+        self.target_mean.copy_(torch.tensor(list(mean), dtype=torch.float32).view(shape))
+        self.target_std.copy_(torch.tensor(list(std), dtype=torch.float32).view(shape))
+
+    @property
+    def target_scale(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        return tuple(self.target_mean.flatten().tolist()), tuple(self.target_std.flatten().tolist())
+
+    def standardized(self, values: torch.Tensor) -> torch.Tensor:
+        """Values in target units (N, K, H, W) in the network's standardized units."""
+        return (values - self.target_mean) / self.target_std
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Float (N, B, H, W) (scaled to [0, 1], or raw values) -> values (N, K, H, W) in target units, float32."""
+        height, width = images.shape[-2:]
+        x = self.normalize(images)
+        pad_h, pad_w = -height % STRIDE, -width % STRIDE
+        if pad_h or pad_w:
+            mode = "reflect" if pad_h < height and pad_w < width else "replicate"
+            x = F.pad(x, (0, pad_w, 0, pad_h), mode=mode)
+        out = self.net(x)[..., :height, :width].float()
+        return out * self.target_std + self.target_mean
+
+
+def build_regressor(cfg: RegressorConfig) -> Regressor:
+    """A freshly initialized regressor (no pretrained weights, nothing downloaded)."""
+    import segmentation_models_pytorch as smp
+
+    net = smp.create_model(
+        "unet",
+        encoder_name=cfg.backbone,
+        encoder_weights=None,
+        classes=cfg.outputs,
+        in_channels=cfg.input.count,
+        decoder_channels=list(cfg.decoder_channels),
+        activation=None,
+    )
+    net.segmentation_head[0] = float32_conv(net.segmentation_head[0])  # fp32 under autocast (runtime.precision)
+    return Regressor(net, cfg)
+
+
+def with_target_scale(model: torch.nn.Module, cfg: RegressorConfig) -> RegressorConfig:
+    """The configuration with the model's target scale (what training measured), as its file records it."""
+    regressor = cast(Regressor, getattr(model, "module", model))
+    mean, std = regressor.target_scale
+    return replace(cfg, target_mean=mean, target_std=std)
+
+
+def save_regressor(model: torch.nn.Module, cfg: RegressorConfig, path: str | Path, **meta: Any) -> RegressorConfig:
+    """Write a regressor file atomically (a DDP wrapper's ``.module`` is saved, not the wrapper), its config with
+    the model's target scale; returns that config."""
+    cfg = with_target_scale(model, cfg)
+    save_payload(path, REGRESSOR_FORMAT, cfg.to_dict(), model, task="regression", meta=meta)
+    return cfg
+
+
+def load_regressor(path: str | Path) -> tuple[Regressor, RegressorConfig, dict[str, Any]]:
+    """The regressor of a file, its configuration and its metadata."""
+    payload = regressor_payload(path)
+    cfg = config_of_payload(path, payload)
+    model = build_regressor(cfg)
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as err:
+        lines = str(err).splitlines()
+        detail = (lines[1] if len(lines) > 1 else lines[0]).strip()[:160]
+        raise InputError(f"{path}: weights do not fit {cfg.describe()} ({detail})") from None
+    return model, cfg, dict(payload.get("meta", {}))

@@ -1,0 +1,160 @@
+"""Regressor files without torch: what a regressor is (:class:`RegressorConfig`), what a file records and what a
+config asks for (:func:`regressor_of_config`), read at dry run. The network itself lives in
+:mod:`rasterscale.tasks.regression.model`.
+
+A regressor file (``.pt``) is ``torch.save`` of ``{"format": REGRESSOR_FORMAT, "task": "regression", "model":
+config, "state_dict": weights, "meta": training figures}``; the config records the input bands and the targets'
+mean and std (the training tiles', measured when training starts), by which the network's outputs are scaled back
+to target units. Anything else is refused with one line naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rasterscale.errors import ConfigError, InputError
+from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
+from rasterscale.tasks.modelinput import model_input
+
+REGRESSOR_FORMAT = "rasterscale-regressor/1"
+LOSSES: tuple[str, ...] = ("l1", "mse", "huber")  # the schema's model.loss takes them from here
+DEFAULT_LOSS = "l1"
+DEFAULT_LABELS = ("height",)
+DEFAULT_BACKBONE = "resnet18"
+UNET_DECODER = (128, 64, 32, 16, 8)  # segmentation's lighter U-Net decoder (smp's default is twice as wide)
+NOT_A_REGRESSOR = f"not a rasterscale regressor (a .pt file of format {REGRESSOR_FORMAT})"
+
+
+@dataclass(frozen=True)
+class RegressorConfig:
+    """What builds a regressor: a U-Net on ``backbone`` with one output per ``labels`` (the values it predicts),
+    trained with ``loss``; ``input``: the bands it takes; ``target_mean``/``target_std``: per output, the scale of
+    the targets (empty until training measures them: the network then predicts the values as they are)."""
+
+    labels: tuple[str, ...] = DEFAULT_LABELS
+    backbone: str = DEFAULT_BACKBONE
+    patch_size: int = 400
+    decoder_channels: tuple[int, ...] = UNET_DECODER
+    loss: str = DEFAULT_LOSS
+    input: InputBands = field(default_factory=InputBands)
+    target_mean: tuple[float, ...] = ()
+    target_std: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ValueError("a regressor predicts at least one value (model.labels)")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r} (one of {', '.join(LOSSES)})")
+        if len(self.target_mean) != len(self.target_std) or len(self.target_mean) not in (0, len(self.labels)):
+            raise ValueError(
+                f"{len(self.labels)} values but {len(self.target_mean)} target means, {len(self.target_std)} stds"
+            )
+        if any(not std > 0 for std in self.target_std):
+            raise ValueError(f"target std {list(self.target_std)}: each must be positive")
+
+    @property
+    def outputs(self) -> int:
+        return len(self.labels)
+
+    @property
+    def scale(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(mean, std) per output that the network's outputs are scaled back by (0, 1 before training)."""
+        if self.target_mean:
+            return self.target_mean, self.target_std
+        return (0.0,) * self.outputs, (1.0,) * self.outputs
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("labels", "decoder_channels", "target_mean", "target_std"):
+            data[key] = list(getattr(self, key))
+        data["input"] = self.input.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RegressorConfig:
+        data = dict(data)
+        for key in ("labels", "decoder_channels"):
+            data[key] = tuple(data[key])
+        for key in ("target_mean", "target_std"):
+            data[key] = tuple(float(v) for v in data.get(key) or ())
+        data["input"] = InputBands.from_dict(data.get("input"))
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for the logs."""
+        mean, std = self.scale
+        scale = ", ".join(f"{label} {m:.4g} ± {s:.4g}" for label, m, s in zip(self.labels, mean, std, strict=True))
+        targets = f"targets {scale}" if self.target_mean else "targets' scale measured when training starts"
+        return (
+            f"unet on {self.backbone}, decoder {list(self.decoder_channels)}, {self.outputs} value(s) "
+            f"({', '.join(self.labels)}), loss {self.loss}, {targets}, {self.patch_size} px tiles, "
+            f"{self.input.describe()}"
+        )
+
+
+def regressor_payload(path: str | Path) -> dict[str, Any]:
+    """The payload of a regressor file (tensors memory-mapped); one-line InputError naming the file otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: regression model file not found")
+    if path.is_dir():
+        raise InputError(f"{path}: {other_tasks_model(path, None, 'regression') or 'a folder, ' + NOT_A_REGRESSOR}")
+    try:
+        payload = torch_payload(path)
+    except InputError:
+        raise InputError(f"{path}: {NOT_A_REGRESSOR}") from None
+    if isinstance(payload, Mapping) and payload.get("format") == REGRESSOR_FORMAT:
+        if not isinstance(payload.get("model"), Mapping) or not isinstance(payload.get("state_dict"), Mapping):
+            raise InputError(f"{path}: a {REGRESSOR_FORMAT} file without its model or state_dict")
+        return dict(payload)
+    raise InputError(f"{path}: {other_tasks_model(path, payload, 'regression') or NOT_A_REGRESSOR}")
+
+
+def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> RegressorConfig:
+    try:
+        return RegressorConfig.from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: bad regressor configuration ({err})") from None
+
+
+def read_regressor_header(path: str | Path) -> RegressorConfig:
+    """The configuration a regressor file records (its weights are memory-mapped, not read)."""
+    return config_of_payload(path, regressor_payload(path))
+
+
+def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
+    """The effective regressor of a validated config: each ``model.*`` key set, else what the model file
+    (``model.file``, else ``train.init``) records, else the defaults (one value, ``height``; a U-Net on ResNet-18;
+    loss l1); tiles of ``tiling.patch_size``. Predicting with a file, its values, network and target scale are the
+    file's: keys that contradict them fail with one line naming the file (at dry run)."""
+    model = config.get("model", {})
+    path, new_head = model_file(config)
+    header = read_regressor_header(path) if path else None
+    labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
+    if header is not None and not new_head and [x.casefold() for x in labels] != [x.casefold() for x in header.labels]:
+        raise InputError(
+            f"{path}: the regressor predicts [{', '.join(header.labels)}] but model.labels is [{', '.join(labels)}]; "
+            "leave model.labels out to use the file's"
+        )
+    backbone = model.get("backbone") or (header.backbone if header else DEFAULT_BACKBONE)
+    if header is not None and backbone != header.backbone:
+        raise InputError(f"{path}: a unet on {header.backbone}, but model.backbone asks for {backbone}")
+    loss = model.get("loss") or (header.loss if header else DEFAULT_LOSS)
+    if loss not in LOSSES:
+        raise ConfigError(f"config: key 'model.loss' is {loss!r} (one of {', '.join(LOSSES)})")
+    if header is not None and not new_head and loss != header.loss:
+        raise ConfigError(
+            f"config: key 'model.loss' is {loss} but {path} was trained with {header.loss}, and a loss applies to "
+            "training only: leave it out (or give the file as train.init to train on)"
+        )
+    patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
+    decoder = header.decoder_channels if header else UNET_DECODER
+    bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
+    keeps_scale = header is not None and not new_head  # predicting with the file: its targets' scale
+    mean = header.target_mean if keeps_scale and header is not None else ()
+    std = header.target_std if keeps_scale and header is not None else ()
+    return RegressorConfig(labels, backbone, int(patch_size), tuple(decoder), loss, bands, mean, std)

@@ -1,0 +1,120 @@
+"""Regression's spec (torch-free): one value (or K values, ``model.labels``) per pixel, e.g. canopy height, into a
+float32 COG per scene (``values.tif``), scored with MAE, RMSE, bias and R², overall and by range of the true value.
+
+A scene's ground truth (``scenes.X.annotations``) is a float raster of the values (:mod:`.targets`); rank outputs
+are blended value rasters (:mod:`.blend`), merged into ``values.tif`` (:mod:`.merge`, nodata
+:data:`~rasterscale.tasks.regression.merge.NODATA_VALUE`); the project's layer is a VRT over the scenes' (and seams')
+``values.tif``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rasterscale.atomic import write_json
+from rasterscale.errors import InputError
+from rasterscale.grid.project import is_seam
+from rasterscale.raster.bands import InputBands
+from rasterscale.raster.headers import RasterInfo
+from rasterscale.raster.imagery import read_spec
+from rasterscale.raster.mosaic import write_mosaic
+from rasterscale.raster.remote import file_name, shown
+from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
+from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
+from rasterscale.tasks.regression.modelfiles import LOSSES, regressor_of_config
+from rasterscale.tasks.regression.targets import check_targets, read_targets
+from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
+
+VALUES = "values.tif"  # a scene's merged values (every label a band of it)
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def summarize(metrics: Mapping[str, Any]) -> str:
+    first = metrics["labels"][0]
+    scores = " ".join(f"{key}={_number(metrics[key])}" for key in ("mae", "rmse", "bias", "r2"))
+    return f"{first}: {scores} ({metrics['pixels']} px)"
+
+
+def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    labels = config["labels"]
+    summary = merge_value_rasters(list(outputs), scene["raster"], read_spec(scene["manifest"]), scene["values"], labels)
+    means = ", ".join(f"mean {label} {_number(mean)}" for label, mean in summary["mean"].items())
+    return f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
+
+
+def evaluate(
+    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+) -> dict[str, Any]:
+    targets = read_targets(scene["annotations"], scene["raster"], list(labels))
+    metrics, histograms = evaluate_values(scene["values"], targets, list(labels))
+    metrics["scene_raster"] = shown(scene["raster"])
+    write_json(metrics, out)
+    title = f"{file_name(scene['raster'])}: {summarize(metrics)}"
+    render_density_plot(histograms, list(labels), quicklook, title=title)
+    return metrics
+
+
+def merge_project(job: Mapping[str, Any]) -> str:
+    """The project's values: a VRT over the scenes' values COGs, then the seams' (drawn over the scenes' where they
+    predicted, their nodata left out)."""
+    crs = {source["crs"] for source in job["sources"] if "crs" in source}
+    if len(crs) > 1:
+        raise InputError(f"project: the scenes are in {len(crs)} CRSs; a regression project's VRT needs one")
+    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
+    outputs = job["outputs"]
+    write_mosaic(outputs["values"], [source["values"] for source in ordered])
+    return f"{outputs['values']} over {len(ordered)} value rasters"
+
+
+def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+    render_values_quicklook(scene["values"], png, title=title)
+
+
+def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
+    return count_values(scene["values"], list(labels))
+
+
+def labels(config: Mapping[str, Any]) -> list[str]:
+    return list(regressor_of_config(config).labels)
+
+
+def model_input(config: Mapping[str, Any]) -> InputBands:
+    return regressor_of_config(config).input
+
+
+def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
+    if label_column:
+        raise InputError(
+            f"{path}: label_column is set ({label_column}) but a regression target is a raster of values, one band "
+            "per model.labels: leave label_column out"
+        )
+    check_targets(path, raster, labels)
+
+
+REGRESSION = TaskSpec(
+    name="regression",
+    rank_suffix=".tif",
+    scene_outputs=lambda config: {"values": VALUES},
+    evaluated_output="values",
+    model_files=MODEL_FILES,
+    default_model_name="regressor",
+    labels=labels,
+    check_annotations=check_annotations,
+    merge=merge,
+    evaluate=evaluate,
+    summarize=summarize,
+    project_outputs=lambda config: {"values": "values.vrt"},
+    merge_project=merge_project,
+    quicklook=quicklook,
+    counts=counts,
+    count_unit="pixels",
+    implementation="rasterscale.tasks.regression.task:RegressionTask",
+    model_input=model_input,
+    config_keys={"model": ("loss",)},
+    schema_enums={"model.loss": LOSSES},
+)

@@ -1,0 +1,266 @@
+"""Regression: a value per pixel (or K values, ``model.labels``) with a segmentation-models-pytorch U-Net, one
+float32 COG of values per scene.
+
+Training minimizes ``model.loss`` (l1, mse or huber) between the network's standardized outputs and the targets
+standardized by the training tiles' mean and std (measured when training starts, stored in the model file), left
+out where the target has no data or the imagery is masked. Each rank blends its tiles' values with weights that
+taper toward inner tile edges and writes the values of its own tiles' cores (:mod:`.blend`, memory flat however
+large the raster); the merge assembles the cores into ``values.tif`` (:mod:`.merge`). The library is
+:mod:`rasterscale.tasks.regression`; this module is what the core asks of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from rasterscale.datasets.sampling import FlippableSamples
+from rasterscale.grid.tile import Tile
+from rasterscale.raster.imagery import ImageSpec
+from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
+from rasterscale.scene import Scene
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.blending import halo_tiles, tile_cores
+from rasterscale.tasks.inputlayer import adapt_state_dict
+from rasterscale.tasks.regression.blend import ValueBlender
+from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
+from rasterscale.tasks.regression.metrics import ErrorSums
+from rasterscale.tasks.regression.model import Regressor, build_regressor, load_regressor, save_regressor
+from rasterscale.tasks.regression.modelfiles import RegressorConfig, regressor_of_config
+from rasterscale.tasks.regression.spec import REGRESSION
+from rasterscale.tasks.regression.targets import read_targets
+from rasterscale.tasks.spec import Part
+
+HUBER_DELTA = 1.0  # in standardized units: one std of the targets
+TRAIN_LOGGER = "rasterscale.train"  # the training job's log
+
+
+def masked_loss(predicted: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
+    """``kind`` (l1, mse, huber) of ``predicted`` against ``targets`` (N, K, H, W), averaged over the pixels whose
+    target is known (NaN: no data, left out); 0 (with a gradient) when none is."""
+    known = torch.isfinite(targets)
+    if not bool(known.any()):
+        return predicted.sum() * 0.0
+    diff = predicted[known].float() - targets[known].float()
+    if kind == "l1":
+        return diff.abs().mean()
+    if kind == "mse":
+        return (diff**2).mean()
+    if kind == "huber":
+        return torch.nn.functional.huber_loss(diff, torch.zeros_like(diff), delta=HUBER_DELTA)
+    raise ValueError(f"unknown loss {kind!r}")
+
+
+def regressor_of(model: torch.nn.Module) -> Regressor:
+    """The task's model, typed (a DDP wrapper's ``.module``)."""
+    return cast(Regressor, getattr(model, "module", model))
+
+
+class RegressionTrainingModule(TrainingModule):
+    """The regressor trained on standardized targets; the targets' scale is measured on the training tiles when
+    training starts (every rank the same, from the same tiles)."""
+
+    loss_kind = "l1"  # model.loss, and the values' names: set by RegressionTask.training_module
+    labels: tuple[str, ...] = ()
+
+    def on_fit_start(self) -> None:
+        datamodule = cast(Any, self.trainer).datamodule
+        datasets = [d for d in datamodule.train_sets if isinstance(d, RegressionTileDataset)]
+        regressor = regressor_of(self.model)
+        regressor.set_target_scale(*target_scale(datasets, self.labels))
+        if self.trainer.is_global_zero:
+            mean, std = regressor.target_scale
+            scale = ", ".join(f"{m:.4g} ± {s:.4g}" for m, s in zip(mean, std, strict=True))
+            logging.getLogger(TRAIN_LOGGER).info("targets on the training tiles: %s (the outputs' scale)", scale)
+
+    def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images, targets = batch
+        regressor = regressor_of(self.model)
+        predicted = self.model(images)
+        return {
+            self.loss_kind: masked_loss(
+                regressor.standardized(predicted), regressor.standardized(targets), self.loss_kind
+            )
+        }
+
+
+def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    images, targets = zip(*batch, strict=True)
+    return torch.stack(images), torch.stack(targets)
+
+
+def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+    """MAE, RMSE and R² of the first value on the validation tiles, in target units (rank 0 only: no collectives)."""
+    was_training = model.training
+    model.eval()
+    sums = ErrorSums()
+    with torch.inference_mode():
+        for dataset in datasets:
+            for start in range(0, len(dataset), batch_size):
+                images, targets = collate_stack(
+                    [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
+                )
+                predicted = model(images)[:, 0].float().numpy()
+                true = targets[:, 0].numpy()
+                known = np.isfinite(predicted) & np.isfinite(true)
+                sums.add(predicted[known], true[known])
+    model.train(was_training)
+    scores = sums.scores()
+    if not scores["pixels"]:
+        return {}
+    found = {"val_mae": scores["mae"], "val_rmse": scores["rmse"], "val_r2": scores["r2"]}
+    return {key: float(value) for key, value in found.items() if value is not None}
+
+
+def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
+    """The regressor's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
+    weights and inputs (its head is in fp32 under autocast as built)."""
+    model.eval()
+    fuse_conv_bn(model)
+    if channels_last:
+        to_channels_last(model, regressor_of(model).net)
+    return model
+
+
+class RegressionRankOutput(RankOutput):
+    """A rank's value raster of one scene: the blended values of its own tiles' cores (a part: the blocks of it
+    written since the previous one)."""
+
+    def __init__(self, blender: ValueBlender, path: str | Path) -> None:
+        self.blender, self.path = blender, path
+
+    def add(self, tile: Tile, result: np.ndarray) -> None:
+        self.blender.add(tile.tile_id, result)
+
+    def save_part(self, path: Path) -> Part | None:
+        written = self.blender.save_part(path)
+        if written is None:
+            return None
+        tiles, blocks = written
+        return Part(path, tiles, {"blocks": blocks})
+
+    def unsaved_bytes(self) -> int:
+        return self.blender.unsaved_bytes()
+
+    def write(self) -> str:
+        written = self.blender.close()
+        parts = self.blender.raster.parts
+        resumed = f" ({len(parts)} part(s) of an earlier run)" if parts else ""
+        return f"values of {len(written)} tile cores{resumed} -> {self.path}"
+
+
+class RegressionTask(Task):
+    spec = REGRESSION
+    training_module_class = RegressionTrainingModule
+
+    def __init__(self) -> None:
+        self.cores: dict[str, dict[int, Any]] = {}  # scene name -> its tiles' cores (a rank needs them twice)
+
+    def cores_of(self, scene: PredictScene) -> dict[int, Any]:
+        """The cores of a scene's tiles (:func:`tile_cores`), computed once per scene of the job."""
+        if scene.name not in self.cores:
+            self.cores[scene.name] = tile_cores(scene.tiles, scene.width, scene.height)
+        return self.cores[scene.name]
+
+    def model_config(self, config: Mapping[str, Any]) -> RegressorConfig:
+        return regressor_of_config(config)
+
+    def describe(self, model_cfg: RegressorConfig) -> str:
+        return model_cfg.describe()
+
+    def build_model(self, model_cfg: RegressorConfig) -> torch.nn.Module:
+        return build_regressor(model_cfg)
+
+    def training_module(self, model_cfg: RegressorConfig, plan: Any, train_cfg: Mapping[str, Any]) -> TrainingModule:
+        module = super().training_module(model_cfg, plan, train_cfg)
+        regression = cast(RegressionTrainingModule, module)
+        regression.loss_kind, regression.labels = model_cfg.loss, model_cfg.labels
+        return module
+
+    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, RegressorConfig]:
+        model, cfg, _ = load_regressor(path)
+        return model, cfg
+
+    def initial_weights(self, model: torch.nn.Module, model_cfg: RegressorConfig, config: Mapping[str, Any]) -> str:
+        """Start from ``train.init`` (a rasterscale regressor on the same encoder; its head too when it predicts as
+        many values), or from scratch."""
+        init = config["train"]["init"]
+        if not init:
+            return "no weights: training from scratch (random initialization)"
+        start, start_cfg, _ = load_regressor(init)
+        state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
+        own = model.state_dict()
+        kept = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
+        model.load_state_dict(kept, strict=False)
+        head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
+        return f"weights from {init} ({start_cfg.describe()}); {adapted}{head}"
+
+    def training_datasets(
+        self,
+        scene: Scene,
+        model_cfg: RegressorConfig,
+        train: Sequence[Tile],
+        validation: Sequence[Tile],
+        spec: ImageSpec,
+        train_cfg: Mapping[str, Any],
+    ) -> tuple[FlippableSamples, SizedDataset | None]:
+        targets = read_targets(scene.annotations, scene.raster, model_cfg.labels)
+        train_set = RegressionTileDataset(scene.raster, train, spec, targets)
+        val_set = RegressionTileDataset(scene.raster, validation, spec, targets) if validation else None
+        return train_set, val_set
+
+    def collate(self, batch: list[Any]) -> Any:
+        return collate_stack(batch)
+
+    def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
+        return validate_regressor(model, datasets, batch_size)
+
+    def save_model(
+        self, model: torch.nn.Module, model_cfg: RegressorConfig, model_path: str | Path, **meta: Any
+    ) -> list[Path]:
+        save_regressor(model, model_cfg, model_path, **meta)
+        return [Path(model_path)]
+
+    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+
+    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
+        values = model(torch.stack(images)).float()
+        return list(values.cpu().numpy())
+
+    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
+        """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
+        if not own:
+            return []
+        return halo_tiles(scene.tiles, {t.tile_id for t in own}, self.cores_of(scene))
+
+    def rank_output(
+        self,
+        scene: PredictScene,
+        own: Sequence[Tile],
+        predicted: Sequence[Tile],
+        path: str | Path,
+        model_cfg: RegressorConfig,
+        config: Mapping[str, Any],
+        parts: Sequence[Part] | None = None,
+    ) -> RankOutput:
+        blender = ValueBlender(
+            list(predicted),
+            {t.tile_id for t in own},
+            self.cores_of(scene),
+            scene.width,
+            scene.height,
+            model_cfg.labels,
+            scene.grid.overlap,
+            path,
+            scene.transform,
+            scene.crs,
+            parts=[part.path for part in parts or ()],
+            keep_unsaved=parts is not None,
+        )
+        return RegressionRankOutput(blender, path)
