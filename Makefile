@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation demo-instances demo-height test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -35,6 +35,9 @@ demo-segmentation: $(STAMP)
 
 demo-instances: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/instances.yaml
+
+demo-height: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/height.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -436,3 +436,47 @@ def test_bands_and_normalization_that_cannot_work_stop_the_plan_in_one_line(data
         with pytest.raises(error) as raised:
             build_plan(config, tmp_path)
         assert str(raised.value) == message
+
+
+def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_line(data, tmp_path):
+    """Regression's dry-run checks through build_plan: a target whose extent misses the scene, an all-nodata target,
+    classes (an integer raster) given as a target, tree tops asked of a height with no minimum height."""
+    heights = np.linspace(0, 30, 512 * 512, dtype=np.float32).reshape(1, 512, 512)
+    targets = {
+        "far.tif": dict(data=heights, transform=rasterio.Affine(0.1, 0, 500000.0, 0, -0.1, 3285000.0)),
+        "nodata.tif": dict(data=np.full_like(heights, -1.0), transform=TRANSFORM, nodata=-1.0),
+        "classes.tif": dict(data=(heights > 10).astype(np.uint8), transform=TRANSFORM),
+        "heights.tif": dict(data=heights, transform=TRANSFORM),
+    }
+    for name, kwargs in targets.items():
+        write_raster(tmp_path / name, 512, 512, count=1, **kwargs)
+
+    def config(target: str, **sections: dict) -> dict:
+        scenes = {"train": {"path": str(data / "train.tif"), "annotations": str(tmp_path / target)}}
+        return {
+            "task": "regression",
+            "scenes": scenes,
+            "tiling": {"patch_size": PATCH, "overlap": OVERLAP},
+            "train": {"scenes": ["train"], "devices": 1, "validation_fraction": 0.3},
+            **sections,
+        }
+
+    cases = [
+        (
+            config("far.tif"),
+            InputError,
+            rf"^{re.escape(str(tmp_path / 'far.tif'))}: target raster \(EPSG:32617\) does not overlap the scene ",
+        ),
+        (config("nodata.tif"), InputError, "nodata.tif: target raster holds no data over the scene .*train.tif"),
+        (config("classes.tif"), InputError, "classes.tif: .*uint8; regression needs a float raster of values"),
+        (
+            config("heights.tif", merge={"tree_tops": {"slope": 0.2}}),
+            ConfigError,
+            "^config: merge.tree_tops: 'min_height' is a required property$",
+        ),
+    ]
+    for raw, error, pattern in cases:
+        with pytest.raises(error) as raised:
+            build_plan(raw, tmp_path / "run")
+        assert re.search(pattern, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
+    build_plan(config("heights.tif", merge={"tree_tops": {"min_height": 2}}), tmp_path / "run")  # all well

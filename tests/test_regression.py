@@ -24,9 +24,10 @@ from rasterscale.tasks.blending import edge_weights, halo_tiles, tile_cores
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.merge import NODATA_VALUE, merge_value_rasters
 from rasterscale.tasks.regression.metrics import ValueScores, evaluate_values, range_names
-from rasterscale.tasks.regression.spec import check_annotations, merge_project
+from rasterscale.tasks.regression.spec import TREE_TOPS, check_annotations, merge_project, tree_top_rule, write_tops
 from rasterscale.tasks.regression.targets import read_targets
 from rasterscale.tasks.regression.task import masked_loss
+from rasterscale.tasks.regression.treetops import read_tree_tops
 from segmentation_tiles import split_contiguous
 
 PATCH, OVERLAP = 128, 32
@@ -356,3 +357,47 @@ def test_a_regressor_file_keeps_its_target_scale_and_refuses_keys_that_contradic
         regressor_of_config({"model": {"file": str(path), "loss": "l1"}})
     start = regressor_of_config({"model": {"labels": ["height"]}, "train": {"init": str(path)}})
     assert start.target_mean == () and start.labels == ("height",)  # training measures its own scale
+
+
+def domes(height: int, width: int, apexes: list[tuple[float, float, float, float]]) -> np.ndarray:
+    """A canopy height field: each (row, col, height, radius px) a dome, 0 on the ground."""
+    rows, cols = np.mgrid[0:height, 0:width].astype(np.float32)
+    field = np.zeros((height, width), np.float32)
+    for row, col, top, radius in apexes:
+        d2 = ((rows - row) ** 2 + (cols - col) ** 2) / radius**2
+        field = np.maximum(field, top * np.sqrt(np.clip(1 - d2, 0, None)))
+    return field
+
+
+def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
+    """Two abutting scenes' heights (0.5 m pixels) with a crown across their border: each scene's merge finds a top
+    at its edge of the cut crown, the project's tops (on its mosaic) hold every crown's top once, at its apex."""
+    apexes = [(20.0, 20.0, 18.0, 8.0), (60.0, 100.0, 22.0, 9.0), (35.0, 150.0, 12.0, 6.0), (80.0, 40.0, 9.0, 5.0)]
+    field = domes(100, 200, apexes)  # the crown at column 100 lies across the border
+    left = write_target(tmp_path / "left.tif", field[:, :100], TRANSFORM, nodata=NODATA_VALUE)
+    right_transform = Affine(0.5, 0, 404050.0, 0, -0.5, 3285000.0)
+    right = write_target(tmp_path / "right.tif", field[:, 100:], right_transform, nodata=NODATA_VALUE)
+    config = {"merge": {"tree_tops": {"min_height": 5.0}}}
+    sources = [
+        {"name": "left", "values": str(left), "crs": UTM17N},
+        {"name": "right", "values": str(right), "crs": UTM17N},
+    ]
+    outputs = {
+        "values": str(tmp_path / "project/values.vrt"),
+        **{k: str(tmp_path / "project" / v) for k, v in TREE_TOPS.items()},
+    }
+    line = merge_project({**config, "sources": sources, "outputs": outputs})
+    assert "4 tree tops ->" in line
+    tops = read_tree_tops(outputs["tops_gpkg"])
+    found = sorted((round(p.y, 2), round(p.x, 2), h) for p, h in zip(tops.geometry, tops["height"], strict=True))
+    expected = sorted(
+        (3285000.0 - 0.5 * (row + 0.5), 404000.0 + 0.5 * (col + 0.5), float(field[int(row), int(col)]))
+        for row, col, _, _ in apexes
+    )
+    np.testing.assert_allclose(np.array(found), np.array(expected), atol=1e-3)
+    per_scene = 0
+    for name, values in (("left", left), ("right", right)):
+        scene = {"values": str(values), **{k: str(tmp_path / name / v) for k, v in TREE_TOPS.items()}}
+        write_tops(values, tree_top_rule(config), scene)
+        per_scene += len(read_tree_tops(scene["tops"]))
+    assert per_scene == 5  # the cut crown seen twice, once from each side: the project's layer holds it once

@@ -1,11 +1,13 @@
 """The regression task end to end through the real workflow (2 CPU ranks over gloo): a regressor trained on a tiny
 synthetic scene whose target (canopy height, m) is a simple function of its pixels, the held-out scene's values.tif
-a float32 COG with nodata and overviews on the raster's grid, and evaluation.json with its metrics."""
+a float32 COG with nodata and overviews on the raster's grid, its tree tops (each once across the tiles' borders),
+and evaluation.json with its metrics and the tree tops' scores against the true height's tops."""
 
 from __future__ import annotations
 
 import json
 
+import geopandas as gpd
 import numpy as np
 import pytest
 import rasterio
@@ -14,6 +16,7 @@ from affine import Affine
 
 from conftest import REPO, UTM17N, report
 from rasterscale.tasks.regression.merge import NODATA_VALUE
+from rasterscale.tasks.regression.treetops import TreeTopRule, find_tree_tops, local_maxima, write_tree_tops
 from workflow import run_workflow
 
 pytestmark = pytest.mark.slow
@@ -51,7 +54,13 @@ def write_scene(folder, name: str, width: int, height: int, seed: int) -> None:
 def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
     write_scene(tmp_path / "data", "tiny_train", 384, 384, seed=1)
     write_scene(tmp_path / "data", "tiny_test", 640, 576, seed=2)  # wider than a COG block: overviews
+    rule = {"min_height": 5.0, "intercept": 6.0, "min_diameter": 6.0}  # 0.5 m pixels: windows of 6 m and more
+    truth = tmp_path / "data/tiny_test.tops.gpkg"
+    true_tops = find_tree_tops(tmp_path / "data/tiny_test.height.tif", TreeTopRule(**rule))
+    write_tree_tops(true_tops, truth, truth.with_suffix(".parquet"))
     config = yaml.safe_load(TINY.read_text())
+    config["scenes"]["tiny_test"]["tree_tops"] = str(truth)
+    config["merge"] = {"tree_tops": rule}
     result = run_workflow(tmp_path, config)
     values = tmp_path / "results/tiny_test/values.tif"
     from rio_cogeo.cogeo import cog_validate
@@ -62,13 +71,23 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
         assert (out.crs, out.transform, out.width, out.height) == (src.crs, src.transform, src.width, src.height)
         assert out.dtypes == ("float32",) and out.nodata == NODATA_VALUE and out.overviews(1)
         assert out.descriptions == ("height",)
-        predicted = out.read(1)
+        predicted, transform = out.read(1), out.transform
     assert np.isfinite(predicted).all() and (predicted != NODATA_VALUE).all()  # every pixel predicted
     evaluation = json.loads((tmp_path / "results/tiny_test/evaluation.json").read_text())
     for key in ("mae", "rmse", "bias", "r2"):
         assert isinstance(evaluation[key], float), key
     assert evaluation["pixels"] == 640 * 576 - 64 and set(evaluation["values"]["height"]["by_range"])
     assert (tmp_path / "results/tiny_test/quicklook.png").stat().st_size > 1000
+    tops = gpd.read_parquet(tmp_path / "results/tiny_test/tree_tops.parquet")
+    valid = predicted != NODATA_VALUE
+    rows, cols, heights = local_maxima(predicted, valid, 0.5, TreeTopRule(**rule))  # the whole raster at once
+    assert len(tops) == len(rows) > 0  # each top once, whatever tile or rank predicted it
+    xs, ys = rasterio.transform.xy(transform, rows, cols, offset="center")
+    expected = sorted(zip(np.round(xs, 3), np.round(ys, 3), np.round(heights, 4), strict=True))
+    found = zip(np.round(tops.geometry.x, 3), np.round(tops.geometry.y, 3), np.round(tops["height"], 4), strict=True)
+    assert sorted(found) == expected
+    scores = evaluation["tree_tops"]
+    assert scores["true"] == len(true_tops) and scores["predicted"] == len(tops) and 0 <= scores["f1"] <= 1
     model = tmp_path / "results/models/tiny_height.pt"
     assert model.exists()
     import torch
@@ -79,6 +98,7 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
     assert "val_mae" in (tmp_path / "results/models/tiny_height.metrics.csv").read_text()
     report(
         f"\n[regression] tiny scene after {config['train']['max_steps']} steps: MAE {evaluation['mae']:.2f} m, "
-        f"RMSE {evaluation['rmse']:.2f} m, bias {evaluation['bias']:.2f} m, R² {evaluation['r2']:.3f}"
+        f"RMSE {evaluation['rmse']:.2f} m, bias {evaluation['bias']:.2f} m, R² {evaluation['r2']:.3f}; "
+        f"tree tops F1 {evaluation['tree_tops']['f1']:.3f} ({len(tops)} found, {len(true_tops)} true)"
     )
     assert "rasterscale evaluation (regression)" in result.stdout + result.stderr

@@ -49,6 +49,8 @@ def test_each_spec_loads_its_torch_half_which_points_back_to_it(name):
         ("regression", "model", "architecture", "fpn", "segmentation"),
         ("regression", "predict", "probabilities", True, "segmentation"),
         ("regression", "model", "fpn_channels", 128, "detection and instances"),
+        ("detection", "merge", "tree_tops", {"min_height": 2}, "regression"),
+        ("segmentation", "evaluate", "tree_top_distance", 0.5, "regression"),
     ],
 )
 def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key, value, owner):
@@ -57,6 +59,16 @@ def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key
         validate_config({"task": name, section: {key: value}})  # and valid there
     with pytest.raises(ConfigError, match=f"'{section}.{key}' applies to task {owner} only, and task is {task}"):
         validate_config({"task": task, section: {key: value}})
+
+
+def test_a_scene_key_only_another_task_reads_is_refused_naming_both():
+    assert task_spec("regression").scene_keys == ("tree_tops",)
+    scenes = {"a": {"path": "a.tif", "tree_tops": "tops.gpkg"}}
+    validate_config({"task": "regression", "scenes": scenes})
+    with pytest.raises(
+        ConfigError, match=r"'scenes\.a\.tree_tops' applies to task regression only, and task is detection"
+    ):
+        validate_config({"task": "detection", "scenes": scenes})
 
 
 def task_names_in_python(path) -> list[str]:

@@ -41,6 +41,7 @@ _SCENE_FIELDS = (
     "rank_files",
     "mosaic",
     "core",
+    "tree_tops",
 )
 
 
@@ -63,6 +64,7 @@ class Scene:
     outputs: dict[str, str] = field(default_factory=dict)
     mosaic: tuple[str, ...] = ()  # a seam's: the rasters its raster (a VRT) mosaics
     core: str = ""  # a seam's: where the project keeps its objects
+    tree_tops: str = ""  # true tree tops (points) a height model's tops are scored against (regression)
 
     @property
     def rasters(self) -> tuple[str, ...]:
@@ -80,6 +82,8 @@ class Scene:
             data["rank_files"] = list(self.rank_files)
         if self.mosaic:
             data.update(mosaic=list(self.mosaic), core=self.core)
+        if self.tree_tops:
+            data["tree_tops"] = self.tree_tops
         return {**data, **self.outputs}
 
     @classmethod
@@ -97,6 +101,7 @@ class Scene:
             outputs={key: value for key, value in data.items() if key not in _SCENE_FIELDS},
             mosaic=tuple(data.get("mosaic", ())),
             core=data.get("core", ""),
+            tree_tops=data.get("tree_tops", ""),
         )
 
     def as_mapping(self) -> dict[str, Any]:
@@ -109,5 +114,6 @@ class Scene:
             "label_column": self.label_column,
             "image_path": self.image_path,
             "rank_files": list(self.rank_files),
+            "tree_tops": self.tree_tops,
             **self.outputs,
         }

@@ -116,6 +116,15 @@ def check_task_keys(raw: Mapping[str, Any], default_task: str) -> None:
         if (section, key) not in own and isinstance(values, dict) and values.get(key) is not None:
             which = " and ".join(tasks)
             raise ConfigError(f"config: key '{section}.{key}' applies to task {which} only, and task is {task}")
+    own_scene_keys = set(TASKS[task].scene_keys) if task in TASKS else set()
+    scenes = raw.get("scenes")
+    for name, spec in TASKS.items():
+        for key in set(spec.scene_keys) - own_scene_keys:
+            for scene, values in scenes.items() if isinstance(scenes, dict) else ():
+                if isinstance(values, dict) and values.get(key) is not None:
+                    raise ConfigError(
+                        f"config: key 'scenes.{scene}.{key}' applies to task {name} only, and task is {task}"
+                    )
 
 
 def validate_part(value: Any, schema: dict[str, Any], key: str) -> None:

@@ -35,6 +35,7 @@ class TaskSpec:
     - ``model_files``: what training writes, ``{key: file under results/models/}`` with ``{name}`` for the model's;
     - ``default_model_name``: ``model.name`` when the config leaves it null;
     - ``config_keys``: keys (by section) that only this task reads: set under another task, they are an error;
+      ``scene_keys``: keys of a scene (``scenes.X.*``) that only this task reads, the same;
     - ``schema_enums``: the allowed values of this task's keys (``"section.key"``), which the schema takes from here;
     - ``labels(config)``: the effective class names (``model.labels`` over the model file's header, else the
       task's default), cheap enough for a dry run; ``model_input(config)``: the bands the model takes (its file's
@@ -74,6 +75,7 @@ class TaskSpec:
     implementation: str
     model_input: Callable[[Mapping[str, Any]], InputBands]
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    scene_keys: tuple[str, ...] = ()
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def load(self) -> Task:

@@ -135,6 +135,10 @@ class Plan:
     def scene_annotations(self, name: str) -> str:
         return str(self.scenes[name].get("annotations") or "")
 
+    def scene_tree_tops(self, name: str) -> str:
+        """A scene's true tree tops (scenes.X.tree_tops), which a height model's tops are scored against."""
+        return str(self.scenes[name].get("tree_tops") or "")
+
     def scene_image_name(self, name: str) -> str:
         """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
         return str(self.scenes[name].get("image_path") or file_name(self.scene_source(name)))
@@ -374,6 +378,7 @@ class Plan:
             label_column=self.scenes[name].get("label_column"),
             image_path=self.scene_image_name(name),
             outputs=outputs or {},
+            tree_tops=self.scene_tree_tops(name),
         )
 
     def final_targets(self) -> list[str]:
@@ -549,6 +554,9 @@ def _check_scene(
             check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], train["validation_fraction"])
         striped = striped_sources(path)
         check_tiled(path, striped)
+        tops = scene.get("tree_tops")
+        if tops and not demo and not is_remote(tops) and not Path(tops).exists():
+            raise InputError(f"{tops}: tree tops not found (scenes.{name}.tree_tops)")
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
             image_name = plan.scene_image_name(name)

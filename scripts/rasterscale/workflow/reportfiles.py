@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rasterscale.raster.remote import local_files
 from rasterscale.scene import Scene
 from rasterscale.workflow import paths
 from rasterscale.workflow.batches import recorded_targets
@@ -172,8 +173,10 @@ def score_inputs(plan: Plan, batch: int) -> list[str]:
     """A batch's scoring job's inputs: its merge record (the scenes' merged outputs; their rasters come before
     them) and its scenes' annotations."""
     names = scored_scenes(plan, batch)
-    annotations = [plan.scene_annotations(name) for name in names if plan.is_evaluated(name)]
-    return [paths.batch_record("merged", batch), *annotations]
+    evaluated = [name for name in names if plan.is_evaluated(name)]
+    truth = [plan.scene_annotations(name) for name in evaluated]
+    truth += local_files(plan.scene_tree_tops(name) for name in evaluated if plan.scene_tree_tops(name))
+    return [paths.batch_record("merged", batch), *truth]
 
 
 # -- the project map --------------------------------------------------------------------------------------------

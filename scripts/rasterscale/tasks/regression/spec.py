@@ -4,7 +4,9 @@ float32 COG per scene (``values.tif``), scored with MAE, RMSE, bias and R², ove
 A scene's ground truth (``scenes.X.annotations``) is a float raster of the values (:mod:`.targets`); rank outputs
 are blended value rasters (:mod:`.blend`), merged into ``values.tif`` (:mod:`.merge`, nodata
 :data:`~rasterscale.tasks.regression.merge.NODATA_VALUE`); the project's layer is a VRT over the scenes' (and seams')
-``values.tif``.
+``values.tif``. With ``merge.tree_tops`` the merge also finds the tree tops of the height (the first value) in the
+scene's ``values.tif`` and the project's mosaic (:mod:`.treetops`), each top once, and the evaluation scores them
+against a scene's true tops (``scenes.X.tree_tops``).
 """
 
 from __future__ import annotations
@@ -25,9 +27,34 @@ from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
 from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
 from rasterscale.tasks.regression.modelfiles import LOSSES, regressor_of_config
 from rasterscale.tasks.regression.targets import check_targets, read_targets
+from rasterscale.tasks.regression.treetops import (
+    TreeTopRule,
+    find_tree_tops,
+    read_tree_tops,
+    score_tree_tops,
+    write_tree_tops,
+)
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
 VALUES = "values.tif"  # a scene's merged values (every label a band of it)
+TREE_TOPS = {"tops": "tree_tops.parquet", "tops_gpkg": "tree_tops.gpkg"}  # with merge.tree_tops
+
+
+def tree_top_rule(config: Mapping[str, Any]) -> TreeTopRule | None:
+    """The tree-top rule of ``merge.tree_tops`` (None: no tree tops)."""
+    settings = config.get("merge", {}).get("tree_tops")
+    return TreeTopRule(**settings) if settings else None
+
+
+def tree_top_outputs(config: Mapping[str, Any]) -> dict[str, str]:
+    return dict(TREE_TOPS) if config.get("merge", {}).get("tree_tops") else {}
+
+
+def write_tops(values: str | Path, rule: TreeTopRule, outputs: Mapping[str, str]) -> str:
+    """The tree tops of a height raster (its first band) written to ``outputs``; a line for the log."""
+    tops = find_tree_tops(values, rule)
+    write_tree_tops(tops, outputs["tops_gpkg"], outputs["tops"])
+    return f"{len(tops)} tree tops -> {outputs['tops']}"
 
 
 def _number(value: float | None) -> str:
@@ -37,14 +64,23 @@ def _number(value: float | None) -> str:
 def summarize(metrics: Mapping[str, Any]) -> str:
     first = metrics["labels"][0]
     scores = " ".join(f"{key}={_number(metrics[key])}" for key in ("mae", "rmse", "bias", "r2"))
-    return f"{first}: {scores} ({metrics['pixels']} px)"
+    line = f"{first}: {scores} ({metrics['pixels']} px)"
+    tops = metrics.get("tree_tops")
+    if tops:
+        line += (
+            f"; tree tops precision={tops['precision']:.3f} recall={tops['recall']:.3f} f1={tops['f1']:.3f} "
+            f"({tops['matched']} of {tops['true']} matched)"
+        )
+    return line
 
 
 def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
     labels = config["labels"]
     summary = merge_value_rasters(list(outputs), scene["raster"], read_spec(scene["manifest"]), scene["values"], labels)
     means = ", ".join(f"mean {label} {_number(mean)}" for label, mean in summary["mean"].items())
-    return f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
+    line = f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
+    rule = tree_top_rule(config)
+    return line if rule is None else f"{line}; {write_tops(scene['values'], rule, scene)}"
 
 
 def evaluate(
@@ -53,6 +89,11 @@ def evaluate(
     targets = read_targets(scene["annotations"], scene["raster"], list(labels))
     metrics, histograms = evaluate_values(scene["values"], targets, list(labels))
     metrics["scene_raster"] = shown(scene["raster"])
+    if scene.get("tree_tops") and scene.get("tops"):  # true tops, and the tops merge.tree_tops found
+        truth = read_tree_tops(scene["tree_tops"])
+        metrics["tree_tops"] = score_tree_tops(
+            read_tree_tops(scene["tops"]), truth, config["evaluate"]["tree_top_distance"]
+        )
     write_json(metrics, out)
     title = f"{file_name(scene['raster'])}: {summarize(metrics)}"
     render_density_plot(histograms, list(labels), quicklook, title=title)
@@ -68,7 +109,9 @@ def merge_project(job: Mapping[str, Any]) -> str:
     ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
     outputs = job["outputs"]
     write_mosaic(outputs["values"], [source["values"] for source in ordered])
-    return f"{outputs['values']} over {len(ordered)} value rasters"
+    line = f"{outputs['values']} over {len(ordered)} value rasters"
+    rule = tree_top_rule(job)
+    return line if rule is None else f"{line}; {write_tops(outputs['values'], rule, outputs)}"
 
 
 def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
@@ -99,7 +142,7 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
 REGRESSION = TaskSpec(
     name="regression",
     rank_suffix=".tif",
-    scene_outputs=lambda config: {"values": VALUES},
+    scene_outputs=lambda config: {"values": VALUES, **tree_top_outputs(config)},
     evaluated_output="values",
     model_files=MODEL_FILES,
     default_model_name="regressor",
@@ -108,13 +151,14 @@ REGRESSION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
-    project_outputs=lambda config: {"values": "values.vrt"},
+    project_outputs=lambda config: {"values": "values.vrt", **tree_top_outputs(config)},
     merge_project=merge_project,
     quicklook=quicklook,
     counts=counts,
     count_unit="pixels",
     implementation="rasterscale.tasks.regression.task:RegressionTask",
     model_input=model_input,
-    config_keys={"model": ("loss",)},
+    config_keys={"model": ("loss",), "merge": ("tree_tops",), "evaluate": ("tree_top_distance",)},
+    scene_keys=("tree_tops",),
     schema_enums={"model.loss": LOSSES},
 )

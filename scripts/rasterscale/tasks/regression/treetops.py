@@ -420,3 +420,14 @@ def score_tree_tops(
         "true": len(true_xy),
         "mean_distance_m": float(distances.mean()) if distances is not None else None,
     }
+
+
+def read_tree_tops(path: str | Path) -> gpd.GeoDataFrame:
+    """Tree tops from any OGR file (or GeoParquet) of points; one line naming the file when it holds other
+    geometries."""
+    path = str(path)
+    frame = gpd.read_parquet(path) if path.endswith(".parquet") else gpd.read_file(path)
+    kinds = set(frame.geometry.geom_type.dropna())
+    if kinds - {"Point"}:
+        raise InputError(f"{path}: tree tops are points, but the file holds {', '.join(sorted(kinds))}")
+    return frame
