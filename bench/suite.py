@@ -10,6 +10,7 @@ from typing import Any
 
 from hardware import header, machine
 from instances import measure_instances_merge, measure_instances_rank_rss
+from many_bands import measure_bands
 from measures import (
     PATCH,
     measure_agreement,
@@ -69,6 +70,9 @@ class Sizes:
     instances_crowns: int = 650_000  # about 1M instances once tile overlaps are counted
     instances_rss_sides: tuple[int, ...] = (4096, 16384, 32768)
     instances_rss_crowns: int = 15_000  # on every side: a 4k scene at 0.1 m of dense forest (about 900 a hectare)
+    bands_tiles: int = 4  # tiles predicted at 3, 4 and 13 bands in each round (one batch)
+    bands_rounds: int = 4  # rounds of every band count in turn (each part's fastest is the figure)
+    interleave_side: int = 2048  # the 13-band raster read pixel- and band-interleaved (49 tiles)
 
 
 QUICK = Sizes(
@@ -82,6 +86,9 @@ QUICK = Sizes(
     instances_crowns=20_000,
     instances_rss_sides=(1024, 4096),
     instances_rss_crowns=1_000,
+    bands_tiles=2,
+    bands_rounds=1,
+    interleave_side=1024,
 )
 
 TARGETS = {  # figure: (comparison, target)
@@ -98,6 +105,14 @@ TARGETS = {  # figure: (comparison, target)
     "instances_merge_1m_s": ("<=", 60.0),
     "instances_rank_rss_growth": ("<=", 1.05),  # an instances rank's peak on the largest raster over the smallest
     "instances_merge_rss_growth": ("<=", 1.10),  # the same crowns on the largest raster over the smallest
+    # tiles/s of the same segmenter reading and predicting at 4 and 13 bands over 3 bands': only the read, the
+    # input (normalization, padding, channels_last copy) and the first convolution grow with the bands (2 idle
+    # cores: 13 raw uint16 bands add 0.035 s a tile to 0.115, 0.74x; busy cores slow the rest, the ratio nears 0.9)
+    "bands4_throughput_vs_3": (">=", 0.90),
+    "bands13_throughput_vs_3": (">=", 0.70),
+    "bands13_rest_vs_3": ("<=", 1.10),  # the network past the first convolution: the same work at any band count
+    # reading 4 of 13 bands band-interleaved over pixel-interleaved: the reader skips the other bands' blocks
+    "interleave_4of13_band_vs_pixel": ("<=", 0.50),
 }
 
 
@@ -152,6 +167,9 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
             sizes.instances_rss_crowns,
         )
     )
+    details["bands"] = timed(
+        partial(measure_bands, workdir, sizes.bands_tiles, sizes.batch_size, sizes.interleave_side, sizes.bands_rounds)
+    )
 
     figures = {
         "efficiency": details["efficiency"]["efficiency"],
@@ -169,6 +187,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "instances_rank_rss_growth": growth(
             {side: r for side, r in details["instances_rank"].items() if isinstance(r, dict)}, "rss_peak_mb"
         ),
+        **bands_figures(details["bands"]),
     }
     return {
         **figures,
@@ -271,6 +290,7 @@ def format_table(result: dict[str, Any]) -> str:
                 )
             )
     rows += instances_rows(result)
+    rows += bands_rows(result)
     table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
@@ -312,6 +332,72 @@ def instances_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, s
         ),
         instances_rank_row(result),
     ]
+
+
+def bands_figures(bands: dict[str, Any]) -> dict[str, float]:
+    """The targeted figures of many bands (bench/many_bands.py): throughput against 3 bands, interleave's reads."""
+    throughput = bands["throughput"]["bands"]
+    return {
+        "bands4_throughput_vs_3": throughput["4"]["throughput_vs_3"],
+        "bands13_throughput_vs_3": throughput["13"]["throughput_vs_3"],
+        "bands13_rest_vs_3": throughput["13"]["rest_vs_3"],
+        "interleave_4of13_band_vs_pixel": bands["interleave"]["four"]["band_over_pixel"],
+    }
+
+
+def bands_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """The rows of many bands: tiles/s at 4 and 13 bands against 3, where the time goes; reads by interleave."""
+    throughput, interleave = result["details"]["bands"]["throughput"], result["details"]["bands"]["interleave"]
+    base = throughput["bands"]["3"]
+    rows: list[tuple[str, str, str | None, str]] = []
+    for count in ("4", "13"):
+        run = throughput["bands"][count]
+        key = f"bands{count}_throughput_vs_3"
+        parts = ", ".join(
+            f"{name} {base[f'{part}_s_per_tile']:.3f} -> {run[f'{part}_s_per_tile']:.3f}"
+            for name, part in (("read", "read"), ("input", "input"), ("first conv", "first_conv"), ("rest", "rest"))
+        )
+        rows.append(
+            (
+                f"throughput {count} / 3 bands",
+                f"{result[key]:.2f}x",
+                key,
+                f"{base['tiles_per_s']:.2f} -> {run['tiles_per_s']:.2f} tiles/s ({run['dtype']}), read in line;"
+                f" s/tile {parts}; {throughput['model']}, {throughput['tiles']} tiles b{throughput['batch_size']},"
+                f" {throughput['threads']} threads, each part's fastest of {throughput['rounds']} rounds",
+            )
+        )
+    run = throughput["bands"]["13"]
+    extra = {part: run[f"{part}_s_per_tile"] - base[f"{part}_s_per_tile"] for part in ("read", "input", "first_conv")}
+    rows.append(
+        (
+            "rest of the network 13 / 3 bands",
+            f"{result['bands13_rest_vs_3']:.3f}x",
+            "bands13_rest_vs_3",
+            f"s/tile past the first convolution {base['rest_s_per_tile']:.3f} -> {run['rest_s_per_tile']:.3f}, GFLOP"
+            f" {base['gflop_per_tile'] - base['first_conv_gflop_per_tile']:.2f} ->"
+            f" {run['gflop_per_tile'] - run['first_conv_gflop_per_tile']:.2f}; what 13 bands add a tile: read"
+            f" {extra['read']:+.3f} s, input {extra['input']:+.3f} s, first conv {extra['first_conv']:+.3f} s"
+            f" ({base['first_conv_gflop_per_tile']:.2f} -> {run['first_conv_gflop_per_tile']:.2f} GFLOP)",
+        )
+    )
+    k = f"{interleave['side'] // 1024}k^2" if interleave["side"] % 1024 == 0 else f"{interleave['side']}^2"
+    for what, key in (("four", "interleave_4of13_band_vs_pixel"), ("all", None)):
+        read = interleave[what]
+        bands = "all bands" if read["bands"] == list(range(1, 14)) else f"bands {read['bands']}"
+        rows.append(
+            (
+                f"read {len(read['bands'])} of 13 bands, band / pixel interleave",
+                f"{read['band_over_pixel']:.2f}x",
+                key,
+                f"read_tile over a {k} uint16 raster ({interleave['tiles']} tiles of {PATCH} px, {bands} raw):"
+                f" pixel {read['pixel_s']:.3f} s ({read['pixel_mb_per_s']:.0f} MB/s), band {read['band_s']:.3f} s"
+                f" ({read['band_mb_per_s']:.0f} MB/s) a raster; {interleave['block']} px blocks, deflate, files"
+                f" {interleave['pixel_file_mb']:.0f} and {interleave['band_file_mb']:.0f} MB; block cache"
+                f" {interleave['read_cache_mb']} MB (the rank's); fastest of {interleave['rounds']} passes",
+            )
+        )
+    return rows
 
 
 def instances_rank_row(result: dict[str, Any]) -> tuple[str, str, str | None, str]:

@@ -13,7 +13,7 @@ sys.path.append(str(REPO / "bench"))  # the bench's modules import each other by
 
 from hardware import describe, header
 from measures import autocast, autocast_dtype
-from suite import TARGETS, Sizes, format_table, met
+from suite import TARGETS, Sizes, bands_figures, format_table, met
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
 SAPPHIRE_RAPIDS_FLAGS = AVX2_FLAGS | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
@@ -145,6 +145,7 @@ def bench_result(machine: dict) -> dict:
             },
         },
     }
+    details["bands"] = bands_details()
     for section in details.values():
         section["load_1min"] = [1.0, 1.5]
     figures = {
@@ -161,6 +162,7 @@ def bench_result(machine: dict) -> dict:
         "instances_merge_1m_s": 40.0,
         "instances_merge_rss_growth": 1.033,
         "instances_rank_rss_growth": 1.01,
+        **bands_figures(details["bands"]),
     }
     agreement = {
         "model_file": "crowns.pt",
@@ -187,6 +189,51 @@ def bench_result(machine: dict) -> dict:
     }
 
 
+def bands_details() -> dict:
+    """bench/many_bands.py's result, with made-up figures."""
+
+    def run(tiles_per_s: float, read: float, first_conv: float, rest: float, gflop: float, conv: float) -> dict:
+        return {
+            "tiles_per_s": tiles_per_s,
+            "read_s_per_tile": read,
+            "input_s_per_tile": 0.01,
+            "first_conv_s_per_tile": first_conv,
+            "rest_s_per_tile": rest,
+            "gflop_per_tile": gflop,
+            "first_conv_gflop_per_tile": conv,
+            "dtype": "float32 raw" if conv > 3 else "uint8 scaled",
+            "throughput_vs_3": round(tiles_per_s / 2.5, 3),
+            "rest_vs_3": round(rest / 0.37, 3),
+        }
+
+    read = {"pixel_s": 0.6, "pixel_mb_per_s": 58.2, "band_mb_per_s": 342.6}
+    return {
+        "throughput": {
+            "bands": {
+                "3": run(2.5, 0.003, 0.013, 0.37, 17.94, 0.81),
+                "4": run(2.45, 0.003, 0.015, 0.37, 18.21, 1.09),
+                "13": run(2.15, 0.013, 0.038, 0.376, 20.66, 3.53),
+            },
+            "model": "untrained U-Net ResNet-18, 400 px, fp32, batch norms folded, channels_last",
+            "tiles": 4,
+            "batch_size": 4,
+            "threads": 2,
+            "rounds": 4,
+        },
+        "interleave": {
+            "four": {**read, "bands": [4, 3, 2, 8], "band_s": 0.1, "band_over_pixel": 0.167},
+            "all": {**read, "bands": list(range(1, 14)), "band_s": 0.66, "band_over_pixel": 1.1},
+            "side": 2048,
+            "tiles": 49,
+            "block": 256,
+            "pixel_file_mb": 95.8,
+            "band_file_mb": 90.7,
+            "read_cache_mb": 16,
+            "rounds": 3,
+        },
+    }
+
+
 def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row():
     lines = format_table(bench_result(avx2_machine())).splitlines()
     assert lines[0].startswith("rasterscale bench: AMD EPYC, 2 cores") and "precision auto picks 32-true" in lines[1]
@@ -203,3 +250,14 @@ def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row()
     assert "30.0 s on 2 cores" in crowns
     assert any(line.startswith("instances merge RSS 32k^2/4k^2") and "1.033x" in line for line in lines)
     assert any(line.startswith("instances rank RSS 32k^2/4k^2") and "1.010x" in line for line in lines)
+    thirteen = next(line for line in lines if line.startswith("throughput 13 / 3 bands"))
+    assert "0.86x" in thirteen and ">= 0.7" in thirteen and " yes " in thirteen
+    assert "2.50 -> 2.15 tiles/s (float32 raw)" in thirteen and "first conv 0.013 -> 0.038" in thirteen
+    rest = next(line for line in lines if line.startswith("rest of the network 13 / 3 bands"))
+    assert "1.016x" in rest and "<= 1.1" in rest and "GFLOP 17.13 -> 17.13" in rest
+    assert "read +0.010 s, input +0.000 s, first conv +0.025 s (0.81 -> 3.53 GFLOP)" in rest
+    assert any(line.startswith("throughput 4 / 3 bands") and "0.98x" in line for line in lines)
+    four = next(line for line in lines if line.startswith("read 4 of 13 bands, band / pixel interleave"))
+    assert "0.17x" in four and "<= 0.5" in four and "over a 2k^2 uint16 raster (49 tiles" in four
+    every = next(line for line in lines if line.startswith("read 13 of 13 bands, band / pixel interleave"))
+    assert "1.10x" in every and " - " in every
