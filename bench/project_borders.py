@@ -21,6 +21,7 @@ import pandas as pd
 import rasterio
 import shapely
 import yaml
+from rasterio.enums import ColorInterp
 from rasterio.windows import Window
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,10 +57,11 @@ def cut(source: Path, rows: int, columns: int, folder: Path) -> dict[str, dict]:
             for column in range(columns):
                 window = Window(column * width, row * height, width, height)
                 profile = {**src.profile, "width": width, "height": height, "transform": src.window_transform(window)}
+                if src.count > 3 and ColorInterp.alpha not in src.colorinterp:  # GDAL would make a 4th byte band alpha
+                    profile.update(photometric="RGB", alpha="UNSPECIFIED")
                 path = folder / f"part_{row}{column}.tif"
                 with rasterio.open(path, "w", **profile) as dst:
                     dst.write(src.read(window=window))
-                    dst.colorinterp = src.colorinterp  # a 4th band of near infrared stays one (not alpha)
                 scenes[path.stem] = {"path": str(path)}
     return scenes
 

@@ -32,6 +32,7 @@ from rasterscale.tasks.modelinput import configured_input
 from rasterscale.tasks.segmentation.model import build_segmenter, load_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
 from rasterscale.tasks.segmentation.task import SegmentationTask
+from rasterscale.workflow.plan import build_plan
 
 RGBN = ("red", "green", "blue", "nir")
 
@@ -106,7 +107,7 @@ def test_the_first_convolution_keeps_the_rgb_filters_for_the_bands_in_those_role
         "blue -> band 4 (blue)); nir, swir from the mean of the RGB filters x 3/5"
     )
     same, text = adapt_first_conv(weight, InputBands())
-    assert same is weight and text == "first convolution as it is (3 bands)"
+    assert same is weight and text == ""  # nothing done, nothing to log
 
 
 def test_an_rgbn_detector_starts_from_an_rgb_model_file_with_its_rgb_filters(tmp_path):
@@ -166,3 +167,29 @@ def test_an_rgbn_segmenter_fine_tunes_from_an_rgb_one(tmp_path):
     assert "first convolution adapted from 3 to 4 bands" in text
     before, after = rgb.net.encoder.conv1.weight, model.net.encoder.conv1.weight
     assert torch.equal(after[:, :3], before) and torch.allclose(after[:, 3], before.mean(1) * 0.75)
+
+
+def test_a_scene_whose_statistics_differ_wildly_from_a_raw_models_gets_a_warning_at_dry_run(tmp_path):
+    """Another bit depth (12-bit values for a model trained on 8-bit ones): the dry run warns with both values;
+    a scene like the model's training scenes passes silently."""
+    bands = InputBands(RGBN, (100.0, 110.0, 90.0, 120.0), (30.0, 30.0, 25.0, 40.0), raw=True)
+    cfg = SegmenterConfig(("background", "tree"), patch_size=64, input=bands)
+    save_segmenter(build_segmenter(cfg), cfg, tmp_path / "seg.pt")
+    rng = np.random.default_rng(3)
+    alike = rng.normal(105, 30, size=(4, 128, 128)).clip(1, 255).astype(np.uint16)
+    write_raster(tmp_path / "alike.tif", 128, 128, count=4, data=alike)
+    write_raster(tmp_path / "deeper.tif", 128, 128, count=4, data=alike * 16)
+    for name, warned in (("alike", False), ("deeper", True)):
+        config = {
+            "task": "segmentation",
+            "scenes": {name: {"path": str(tmp_path / f"{name}.tif"), "bands": [1, 2, 3, 4]}},
+            "tiling": {"patch_size": 64, "overlap": 16},
+            "model": {"file": str(tmp_path / "seg.pt")},
+            "predict": {"scenes": [name]},
+        }
+        lines: list[str] = []
+        build_plan(config, tmp_path / "run", warn=lines.append)
+        found = [line for line in lines if "differ from what the model was trained on" in line]
+        assert bool(found) == warned, lines
+    assert found[0].startswith(f"{tmp_path / 'deeper.tif'}: scene deeper's pixels differ from what the model was")
+    assert "band red: the scene's mean 1" in found[0] and "against the model's mean 100, std 30" in found[0]

@@ -1,6 +1,6 @@
-"""Imagery and annotations as users hold them, through real `snakemake` runs: an RGBA orthomosaic with a masked
-corner and DeepForest CSV boxes to train on, a 16-bit RGBA scene with Pascal VOC boxes to predict and score;
-and the dry run's one-line errors."""
+"""Imagery and annotations as users hold them, through real `snakemake` runs: a multispectral drone's orthomosaic
+(red, green, blue, near infrared and alpha) with a masked corner and DeepForest CSV boxes to train a 4-band
+detector on, a 16-bit one with Pascal VOC boxes to predict and score; and the dry run's one-line errors."""
 
 import json
 import subprocess
@@ -13,8 +13,10 @@ import rasterio
 
 from conftest import write_raster, write_rgba
 from rasterscale.grid.manifest import tile_grid
+from rasterscale.raster.bands import scaled_input
 from rasterscale.raster.geo import geometries_to_pixel_boxes
 from rasterscale.raster.imagery import SPEC_KEY
+from rasterscale.tasks.detection.modelfiles import read_header
 from rasterscale.tools.synth import synthesize_scene
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
@@ -22,21 +24,25 @@ pytestmark = pytest.mark.slow
 
 CORNER = 300  # the masked top-left square (alpha 0), in pixels
 PATCH, OVERLAP = 256, 64
+BANDS = [1, 2, 3, 4]  # red, green, blue, near infrared (band 5: alpha)
 
 
 def masked_scene(directory, name, width, height, seed, dtype="uint8", boxes_in_corner=False):
-    """A synthetic canopy scene as an RGBA orthomosaic whose top-left corner is masked (RGB there: white, as
-    some tools write), and its crown boxes in pixels (outside the corner unless asked: training drops them)."""
-    synthesize_scene(directory / f"{name}.rgb.tif", directory / f"{name}.gpkg", width=width, height=height, seed=seed)
-    with rasterio.open(directory / f"{name}.rgb.tif") as src:
+    """A synthetic canopy scene as an RGBN + alpha orthomosaic whose top-left corner is masked (the bands there:
+    white, as some tools write), and its crown boxes in pixels (outside the corner unless asked: training drops
+    them)."""
+    synthesize_scene(
+        directory / f"{name}.rgbn.tif", directory / f"{name}.gpkg", width=width, height=height, seed=seed, nir=True
+    )
+    with rasterio.open(directory / f"{name}.rgbn.tif") as src:
         rgb, transform = src.read(), src.transform
     boxes = geometries_to_pixel_boxes(gpd.read_file(directory / f"{name}.gpkg").geometry.to_numpy(), transform)
     centres = (boxes[:, :2] + boxes[:, 2:]) / 2
     if not boxes_in_corner:
         boxes = boxes[(centres >= CORNER).any(axis=1)]
     data = np.concatenate([rgb, np.full((1, height, width), 255, np.uint8)])
-    data[:3, :CORNER, :CORNER] = 255
-    data[3, :CORNER, :CORNER] = 0
+    data[:4, :CORNER, :CORNER] = 255
+    data[4, :CORNER, :CORNER] = 0
     if dtype == "uint16":
         data = data.astype(np.uint16) * 257
     path = write_rgba(directory / f"{name}.tif", data, transform=transform)
@@ -66,14 +72,20 @@ def user_config(directory):
     train, train_boxes = masked_scene(data, "odm_train", 768, 768, seed=11, boxes_in_corner=True)
     test, test_boxes = masked_scene(data, "ortho16", 900, 700, seed=12, dtype="uint16")
     scenes = {
-        "odm_train": {"path": str(train), "annotations": str(write_csv(data / "boxes.csv", train.name, train_boxes))},
+        "odm_train": {
+            "path": str(train),
+            "annotations": str(write_csv(data / "boxes.csv", train.name, train_boxes)),
+            "bands": BANDS,
+        },
         "ortho16": {
             "path": str(test),
             "annotations": str(write_voc(data / "ortho16.xml", test.name, test_boxes)),
             "scale": {"min": 0, "max": 65535},
+            "bands": BANDS,
         },
     }
-    config = tiny_config(model={"labels": ["Tree"]}, train={"scenes": ["odm_train"]}, predict={"scenes": ["ortho16"]})
+    model = {"labels": ["Tree"], "band_names": ["red", "green", "blue", "nir"]}
+    config = tiny_config(model=model, train={"scenes": ["odm_train"]}, predict={"scenes": ["ortho16"]})
     return config | {"scenes": scenes, "demo": {}}
 
 
@@ -94,8 +106,9 @@ def test_manifests_skip_wholly_masked_tiles_and_hold_the_spec(user_run):
     assert inside.sum() == 1 and len(tiles) == len(grid) - 1  # the (0, 0) tile is wholly masked
     assert not ((tiles.col_off == 0) & (tiles.row_off == 0)).any()
     spec = json.loads(pq.read_schema(manifest).metadata[SPEC_KEY])
-    assert (spec["mask"], spec["alpha"], spec["low"], spec["high"]) == ("alpha", 4, [0, 0, 0], [65535] * 3)
-    assert "mask alpha (band 4), scale declared" in (workdir / "logs/tile_manifest/batch-0.log").read_text()
+    assert (spec["mask"], spec["alpha"], spec["low"], spec["high"]) == ("alpha", 5, [0] * 4, [65535] * 4)
+    assert spec["bands"] == BANDS and not spec["raw"]
+    assert "mask alpha (band 5), scale declared" in (workdir / "logs/tile_manifest/batch-0.log").read_text()
 
 
 def test_the_masked_corner_gets_no_detections(user_run):
@@ -116,6 +129,7 @@ def test_csv_rows_of_other_images_are_counted_in_the_log_and_voc_scores(user_run
     workdir, _ = user_run
     log = (workdir / "logs/train/tiny.log").read_text()
     assert "boxes.csv: 3 box(es) of other images than odm_train.tif ignored" in log
+    assert read_header(workdir / "results/models/tiny.pt").input == scaled_input(["red", "green", "blue", "nir"])
     metrics = json.loads((workdir / "results/ortho16/evaluation.json").read_text())
     assert metrics["ground_truth"] > 0 and {"precision", "recall", "f1"} <= set(metrics)
 

@@ -389,7 +389,11 @@ def check_imagery(
             f"{', '.join(map(str, outside))} (bands are 1..{raster.count})"
         )
     if raster.alpha is not None and raster.alpha in bands:
-        raise InputError(f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands")
+        raise InputError(
+            f"{path}: band {raster.alpha} is the alpha band (the mask); leave it out of {key}.bands (a band of data "
+            f"marked alpha, e.g. near infrared written as GDAL's default RGBA: gdal_edit.py -colorinterp_"
+            f"{raster.alpha} undefined)"
+        )
     if raw and scale:
         raise InputError(
             f"{path}: {key}.scale maps bands to 0-255 but the model normalizes raw values (normalize); drop one"

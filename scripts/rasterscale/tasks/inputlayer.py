@@ -38,12 +38,13 @@ def adapt_first_conv(
     weight: torch.Tensor, bands: InputBands, source: InputBands | None = None
 ) -> tuple[torch.Tensor, str]:
     """A first convolution's RGB ``weight`` (out, 3, k, k) adapted to ``bands``; and what was done, for the log.
-    ``source``: the start's bands (None: red, green, blue). An input that is the start's is returned as is."""
+    ``source``: the start's bands (None: red, green, blue). An input that is the start's is returned as is (and
+    nothing to log: an empty text)."""
     source_names = source.names if source is not None else RGB_NAMES
     if weight.shape[1] != len(source_names):
         raise ValueError(f"the first convolution takes {weight.shape[1]} bands, its model {len(source_names)}")
     if [n.casefold() for n in source_names] == [n.casefold() for n in bands.names]:
-        return weight, f"first convolution as it is ({bands.count} bands)"
+        return weight, ""
     source_roles = rgb_roles(source_names)
     if set(source_roles) != set(RGB_NAMES):
         raise ValueError(f"the start's bands [{', '.join(source_names)}] have no red, green and blue to adapt from")
@@ -79,3 +80,8 @@ def adapt_state_dict(
     key = key or first_conv_key(state)
     state[key], text = adapt_first_conv(state[key], bands, source)
     return state, text
+
+
+def and_then(text: str) -> str:
+    """``"; text"`` to append what an adaptation did to a log line, nothing when it did nothing."""
+    return f"; {text}" if text else ""

@@ -21,7 +21,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
-from rasterscale.tasks.inputlayer import adapt_state_dict
+from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
@@ -111,7 +111,7 @@ def load_backbone_weights(
     weights = {k: v for k, v in state.items() if not k.startswith("fc.")}
     weights, adapted = adapt_state_dict(weights, bands, None, key="conv1.weight")
     load_weights(model.backbone.body, weights, path, what=what)
-    return f"backbone from the ImageNet weights {path} ({len(weights)} tensors; {adapted})"
+    return f"backbone from the ImageNet weights {path} ({len(weights)} tensors{and_then(adapted)})"
 
 
 def adapt_backbone_input(state: Mapping[str, torch.Tensor], bands: InputBands, source: InputBands) -> tuple[dict, str]:

@@ -29,6 +29,7 @@ from rasterscale.tasks.detection.modelfiles import (
     read_model_file,
     resolve_detector,
 )
+from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.resnet_fpn import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 
@@ -94,9 +95,9 @@ def init_from_model_file(model: RetinaNet, cfg: DetectorConfig, path: str | Path
     state, adapted = adapt_backbone_input(state, cfg.input, header.input)
     load_weights(model, state, path, skip="" if keep_head else CLASS_LOGITS)
     if keep_head:
-        return f"all weights from {header.describe()}; {adapted}"
+        return f"all weights from {header.describe()}{and_then(adapted)}"
     reset_class_logits(model)
     return (
         f"weights from {header.describe()}, except the class head's last layer, new for "
-        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}; {adapted}"
+        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}{and_then(adapted)}"
     )

@@ -31,6 +31,7 @@ from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredic
 
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.instances.modelfiles import (
     BOX_HEAD_WIDTH,
     CLASS_LAYERS,
@@ -148,10 +149,10 @@ def init_from_model_file(model: InstanceSegmenter, cfg: InstanceConfig, path: st
     state, adapted = adapt_backbone_input(state, cfg.input, header.input)
     load_weights(model, state, path, skip=() if keep_head else CLASS_LAYERS, what="the instance model")
     if keep_head:
-        return f"all weights from {header.describe()}; {adapted}"
+        return f"all weights from {header.describe()}{and_then(adapted)}"
     return (
         f"weights from {header.describe()}, except the box and mask predictors' class layers, new for "
-        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}; {adapted}"
+        f"{len(cfg.labels)} class(es) {', '.join(cfg.labels)}{and_then(adapted)}"
     )
 
 

@@ -26,7 +26,7 @@ from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.blending import halo_tiles, tile_cores
-from rasterscale.tasks.inputlayer import adapt_state_dict
+from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
 from rasterscale.tasks.regression.metrics import ErrorSums
@@ -198,7 +198,7 @@ class RegressionTask(Task):
         kept = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
         model.load_state_dict(kept, strict=False)
         head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
-        return f"weights from {init} ({start_cfg.describe()}); {adapted}{head}"
+        return f"weights from {init} ({start_cfg.describe()}){and_then(adapted)}{head}"
 
     def training_datasets(
         self,

@@ -22,7 +22,7 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
-from rasterscale.tasks.inputlayer import adapt_state_dict
+from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
@@ -138,7 +138,7 @@ class SegmentationTask(Task):
         start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
         state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
         model.load_state_dict(state)
-        return f"all weights from {init} ({start_cfg.describe()}); {adapted}"
+        return f"all weights from {init} ({start_cfg.describe()}){and_then(adapted)}"
 
     def training_datasets(
         self,
