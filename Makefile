@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances demo-height test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation demo-instances demo-height test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -75,6 +75,10 @@ bench-scenes: $(STAMP)
 # (bench/project_borders.py: trains a detector first, about 10 min on 2 cores)
 bench-project: $(STAMP)
 	$(BIN)/python bench/project_borders.py
+
+# a DeepForest RGB model folder fine-tuned on RGBN against scratch, same steps, and at step 0 (bench/rgbn_start.py)
+bench-rgbn: $(STAMP)
+	$(BIN)/python bench/rgbn_start.py
 
 # how long Snakemake parses the workflow with 1000 scenes: dry run, a job's re-parse (bench/parse_time.py; --scenes N)
 bench-parse: $(STAMP)
