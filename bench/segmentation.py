@@ -1,16 +1,18 @@
-"""Segmentation's memory at scale: peak RSS of a prediction rank and of the merge on rasters of 4k to 32k a side.
+"""Memory at scale of the tasks that blend rasters (segmentation, regression): peak RSS of a prediction rank and of
+the merge on rasters of 4k to 32k a side.
 
 Each raster gets the manifest of a band of full-width tile rows across its middle, as many rows as make about
 :data:`TILES` tiles (the whole 4k raster, 4 rows of the 16k one, 2 of the 32k one): every rank does the same work,
 so what differs is the raster's size, and on the widest the blend's pieces wait for the row of tiles below across
 32k px (they wait on disk, and the rank raster is written block by block). The rank runs :data:`RUNS` times per
 raster and the median peak is the figure: the peak varies from run to run with the allocator, by up to 70 MB on
-the same raster, and one run in ten or so is 100 MB above the others (4 runs each: 1125-1192 MB on 4k, 1130-1148
-MB on 32k; the highest of 2 runs once made 32k look 8% above 4k).
-The merge then writes the whole classes.tif and probabilities.tif COGs and classes.gpkg of the raster, block by
-block. The model is an untrained segmenter, seeded: the rank's memory does not depend on its weights, but the
-merge's does, through classes.gpkg: an untrained model's noisy class map is a worst case of many polygons and one
-region with thousands of holes across the band.
+the same raster, and one run in ten or so is 100 MB above the others (segmentation, 4 runs each: 1125-1192 MB on
+4k, 1130-1148 MB on 32k; the highest of 2 runs once made 32k look 8% above 4k).
+The merge then writes the task's scene outputs of the whole raster block by block: segmentation's classes.tif and
+probabilities.tif COGs and classes.gpkg, regression's values.tif float32 COG. The model is an untrained network,
+seeded (:data:`DENSE_TASKS`): the rank's memory does not depend on its weights, but segmentation's merge's does,
+through classes.gpkg: an untrained model's noisy class map is a worst case of many polygons and one region with
+thousands of holes across the band.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import json
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,9 @@ from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.tasks.registry import task_spec
+from rasterscale.tasks.regression.model import build_regressor, save_regressor
+from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from rasterscale.workflow.paths import rank_stem
@@ -36,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 PATCH, OVERLAP = 400, 80
 TILES = 200  # tiles per raster (about): the same work on every raster
 RUNS = 3  # rank runs per raster (the median peak is the figure)
-LABELS = ("background", "tree")
+LABELS = ("background", "tree")  # the segmenter's classes
 # runs a command and prints the peak RSS (KB) of its process tree's largest process: the merge's
 PEAK_OF = (
     "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
@@ -44,20 +52,47 @@ PEAK_OF = (
 )
 
 
-def write_segmenter(path: Path) -> Path:
+def write_segmenter(path: Path, labels: tuple[str, ...]) -> Path:
     """An untrained segmenter, the same in every run (its class map, noisy, decides the merge's polygons)."""
     import torch
 
     torch.manual_seed(0)
-    cfg = SegmenterConfig(LABELS, patch_size=PATCH)
+    cfg = SegmenterConfig(labels, patch_size=PATCH)
     save_segmenter(build_segmenter(cfg), cfg, path)
     return path
 
 
-def segmentation_config() -> dict[str, Any]:
+def write_regressor(path: Path, labels: tuple[str, ...]) -> Path:
+    """An untrained U-Net regressor, the same in every run (no target scale: it predicts its raw outputs)."""
+    import torch
+
+    torch.manual_seed(0)
+    cfg = RegressorConfig(labels, patch_size=PATCH)
+    save_regressor(build_regressor(cfg), cfg, path)
+    return path
+
+
+@dataclass(frozen=True)
+class DenseTask:
+    """What the measure needs of a task whose ranks write blended rasters: the values it predicts (``labels``, as
+    the merge's config names them) and how to write its untrained model file. The merge's outputs are the task's
+    own (its spec's ``scene_outputs``)."""
+
+    labels: tuple[str, ...]
+    write_model: Callable[[Path, tuple[str, ...]], Path]
+
+
+DENSE_TASKS: dict[str, DenseTask] = {
+    "segmentation": DenseTask(LABELS, write_segmenter),
+    "regression": DenseTask(("height",), write_regressor),
+}
+
+
+def task_config(task: str) -> dict[str, Any]:
+    """The task, model, tiling and predict sections of a validated config of ``task``: one CPU rank, workers 0."""
     config = validate_config(
         {
-            "task": "segmentation",
+            "task": task,
             "tiling": {"patch_size": PATCH, "overlap": OVERLAP},
             "predict": {"accelerator": "cpu", "devices": 1, "workers": 0},
         }
@@ -75,36 +110,39 @@ def band_of_rows(side: int, tiles: int = TILES) -> Any:
     return manifest[manifest["row_off"].isin(offsets[start : start + rows])]
 
 
-def merge_peak_rss_mb(directory: Path, raster: Path, manifest: Path, stem: str) -> tuple[float, float]:
-    """Run the merge entry on the rank's files in its own process; its peak RSS (MB) and wall time (s)."""
-    import time
-
+def merge_peak_rss_mb(
+    directory: Path, raster: Path, manifest: Path, stem: str, config: dict[str, Any]
+) -> tuple[float, float]:
+    """Run the merge entry of ``config``'s task on the rank's files in its own process, writing the task's scene
+    outputs into ``directory``; its peak RSS (MB) and wall time (s)."""
+    task = config["task"]
+    outputs = {key: str(directory / name) for key, name in task_spec(task).scene_outputs(config).items()}
     scene = {
         "name": "scene",
         "raster": str(raster),
         "manifest": str(manifest),
         "rank_files": [stem],
-        "classes": str(directory / "classes.tif"),
-        "probabilities": str(directory / "probabilities.tif"),
-        "gpkg": str(directory / "classes.gpkg"),
+        **outputs,
         "profile": str(directory / "predict_profile.json"),
     }
     job = directory / "merge-job.json"
     job.write_text(json.dumps({"scenes": [scene]}))
-    config = {"task": "segmentation", "labels": list(LABELS), "merge": {}, "predict": {}}
-    command = [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)]
+    merge_config = {"task": task, "labels": list(DENSE_TASKS[task].labels), "merge": {}, "predict": {}}
+    command = [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(merge_config)]
     command += ["--record", str(directory / "merged.json")]
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", PEAK_OF, *command], capture_output=True, text=True, check=True)
     return int(result.stdout.split()[-1]) / 1024, time.perf_counter() - started
 
 
-def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
-    model_file = write_segmenter(workdir / "segmenter.pt")
-    config = segmentation_config()
+def measure_dense_rss(workdir: Path, task: str, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
+    """``task``'s (a key of :data:`DENSE_TASKS`) rank and merge peak RSS on each side x side raster, by side."""
+    dense = DENSE_TASKS[task]
+    model_file = dense.write_model(workdir / f"{task}.pt", dense.labels)
+    config = task_config(task)
     result: dict[str, Any] = {}
     for side in sides:
-        directory = workdir / f"seg-rss-{side}"
+        directory = workdir / f"{task}-rss-{side}"
         directory.mkdir(parents=True, exist_ok=True)
         chosen = band_of_rows(side, tiles)
         raster = write_raster(directory / "raster.tif", side, only=tile_windows(tiles_from_frame(chosen)))
@@ -115,7 +153,7 @@ def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int =
             for k in range(RUNS)
         ]
         stem = rank_stem(directory / f"run-{RUNS - 1}" / "predict", "scene", 0)
-        merge_mb, merge_s = merge_peak_rss_mb(directory, raster, manifest, stem)
+        merge_mb, merge_s = merge_peak_rss_mb(directory, raster, manifest, stem, config)
         raster.unlink()
         peaks = [job.profiles[0]["host_rss_peak_mb"] for job in jobs]
         result[str(side)] = {
@@ -128,3 +166,13 @@ def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int =
             "merge_wall_s": round(merge_s, 2),
         }
     return result
+
+
+def measure_segmentation_rss(workdir: Path, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
+    """Segmentation's rank and merge peak RSS by side (:func:`measure_dense_rss`)."""
+    return measure_dense_rss(workdir, "segmentation", sides, tiles)
+
+
+def measure_regression_rss(workdir: Path, sides: tuple[int, ...], tiles: int = TILES) -> dict[str, Any]:
+    """Regression's rank and merge peak RSS by side (:func:`measure_dense_rss`)."""
+    return measure_dense_rss(workdir, "regression", sides, tiles)

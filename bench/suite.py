@@ -28,7 +28,7 @@ from measures import (
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
-from segmentation import measure_segmentation_rss
+from segmentation import measure_regression_rss, measure_segmentation_rss
 from synthetic import write_detector, write_raster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +67,7 @@ class Sizes:
     merge_objects: int = 640_000  # about 1M boxes once tile overlaps are counted
     manifest_side: int = 100_000
     seg_rss_sides: tuple[int, ...] = (4096, 16384, 32768)  # segmentation: full-width tile rows, ~200 tiles each
+    regression_rss_sides: tuple[int, ...] = (4096, 16384, 32768)  # regression: the same rows
     instances_crowns: int = 650_000  # about 1M instances once tile overlaps are counted
     instances_rss_sides: tuple[int, ...] = (4096, 16384, 32768)
     instances_rss_crowns: int = 15_000  # on every side: a 4k scene at 0.1 m of dense forest (about 900 a hectare)
@@ -83,6 +84,7 @@ QUICK = Sizes(
     agreement_tiles=8,
     merge_objects=20_000,
     seg_rss_sides=(1024, 4096),
+    regression_rss_sides=(1024, 4096),
     instances_crowns=20_000,
     instances_rss_sides=(1024, 4096),
     instances_rss_crowns=1_000,
@@ -102,6 +104,10 @@ TARGETS = {  # figure: (comparison, target)
     "seg_merge_rss_mb": ("<=", 1024.0),
     "seg_rank_rss_growth": ("<=", 1.05),  # the largest raster's peak over the smallest's
     "seg_merge_rss_growth": ("<=", 1.05),
+    "regression_rank_rss_mb": ("<=", 1536.0),  # a U-Net regressor blending float values: segmentation's targets
+    "regression_merge_rss_mb": ("<=", 1024.0),
+    "regression_rank_rss_growth": ("<=", 1.05),
+    "regression_merge_rss_growth": ("<=", 1.05),
     "instances_merge_1m_s": ("<=", 60.0),
     "instances_rank_rss_growth": ("<=", 1.05),  # an instances rank's peak on the largest raster over the smallest
     "instances_merge_rss_growth": ("<=", 1.10),  # the same crowns on the largest raster over the smallest
@@ -120,6 +126,14 @@ def met(figure: str, value: Any) -> bool:
     comparison, target = TARGETS[figure]
     values = list(value.values()) if isinstance(value, dict) else [value]
     return all(v <= target if comparison == "<=" else v >= target for v in values)
+
+
+# the tasks whose ranks write blended rasters (bench/segmentation.py): the prefix of their figures, what the merge
+# writes
+DENSE = {
+    "segmentation": ("seg", "classes.tif + probabilities.tif COGs of the whole raster and classes.gpkg"),
+    "regression": ("regression", "values.tif float32 COG of the whole raster"),
+}
 
 
 def growth(by_side: dict[str, dict[str, Any]], key: str) -> float:
@@ -156,7 +170,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details["merge"] = timed(partial(measure_merge, sizes.merge_objects))
     details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
     details["segmentation"] = timed(partial(measure_segmentation_rss, workdir, sizes.seg_rss_sides))
-    seg = {side: r for side, r in details["segmentation"].items() if isinstance(r, dict)}
+    details["regression"] = timed(partial(measure_regression_rss, workdir, sizes.regression_rss_sides))
     details["instances_rank"] = timed(partial(measure_instances_rank_rss, workdir, sizes.rss_sides, sizes.rss_tiles))
     details["instances"] = timed(
         partial(
@@ -178,10 +192,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "rss_mb": {side: r["rss_peak_mb"] for side, r in details["rss"].items() if isinstance(r, dict)},
         "merge_1m_s": details["merge"]["seconds"],
         "manifest_100k_s": details["manifest"]["seconds"],
-        "seg_rank_rss_mb": {side: r["rank_rss_peak_mb"] for side, r in seg.items()},
-        "seg_merge_rss_mb": {side: r["merge_rss_peak_mb"] for side, r in seg.items()},
-        "seg_rank_rss_growth": growth(seg, "rank_rss_peak_mb"),
-        "seg_merge_rss_growth": growth(seg, "merge_rss_peak_mb"),
+        **dense_figures(details, "segmentation"),
+        **dense_figures(details, "regression"),
         "instances_merge_1m_s": details["instances"]["merge"]["seconds"],
         "instances_merge_rss_growth": growth(details["instances"]["rss"], "rss_peak_mb"),
         "instances_rank_rss_growth": growth(
@@ -256,39 +268,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{d['manifest']['tiles']} tiles, build_manifest + GeoParquet",
         ),
     ]
-    for side, r in d["segmentation"].items():
-        if not isinstance(r, dict):
-            continue
-        k = f"{int(side) // 1024}k^2"
-        rows.append(
-            (
-                f"segmentation rank RSS {k}",
-                f"{r['rank_rss_peak_mb']:.0f} MB",
-                "seg_rank_rss_mb",
-                f"{r['predicted_tiles']} tiles: {r['tile_rows']} full-width tile rows; median of runs "
-                f"{', '.join(f'{v:.0f}' for v in r['rank_rss_peaks_mb'])} MB; job {r['job_wall_s']:.0f} s",
-            )
-        )
-        rows.append(
-            (
-                f"segmentation merge RSS {k}",
-                f"{r['merge_rss_peak_mb']:.0f} MB",
-                "seg_merge_rss_mb",
-                f"classes.tif + probabilities.tif COGs of the whole raster and classes.gpkg, {r['merge_wall_s']:.0f} s",
-            )
-        )
-    seg_sides = sorted((side for side, r in d["segmentation"].items() if isinstance(r, dict)), key=int)
-    if seg_sides:
-        first, last = (f"{int(seg_sides[k]) // 1024}k^2" for k in (0, -1))
-        for what, key in (("rank", "seg_rank_rss_growth"), ("merge", "seg_merge_rss_growth")):
-            rows.append(
-                (
-                    f"segmentation {what} RSS {last}/{first}",
-                    f"{result[key]:.3f}x",
-                    key,
-                    f"peak RSS on the {last} raster over the {first} one's, measured in this run (1.0: flat)",
-                )
-            )
+    rows += dense_rows(result, "segmentation") + dense_rows(result, "regression")
     rows += instances_rows(result)
     rows += bands_rows(result)
     table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
@@ -305,6 +285,59 @@ def format_table(result: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v['load_1min']}" for k, v in d.items() if "load_1min" in v),
     ]
     return "\n".join(lines)
+
+
+def dense_figures(details: dict[str, Any], task: str) -> dict[str, Any]:
+    """The targeted figures of a task of :data:`DENSE`: its rank's and merge's peak RSS by side, and their growth."""
+    prefix = DENSE[task][0]
+    by_side = {side: r for side, r in details[task].items() if isinstance(r, dict)}
+    return {
+        f"{prefix}_rank_rss_mb": {side: r["rank_rss_peak_mb"] for side, r in by_side.items()},
+        f"{prefix}_merge_rss_mb": {side: r["merge_rss_peak_mb"] for side, r in by_side.items()},
+        f"{prefix}_rank_rss_growth": growth(by_side, "rank_rss_peak_mb"),
+        f"{prefix}_merge_rss_growth": growth(by_side, "merge_rss_peak_mb"),
+    }
+
+
+def dense_rows(result: dict[str, Any], task: str) -> list[tuple[str, str, str | None, str]]:
+    """The rows of a task of :data:`DENSE`: its rank's and merge's peak RSS on each raster, and their growth from the
+    smallest raster to the largest."""
+    prefix, writes = DENSE[task]
+    by_side = {side: r for side, r in result["details"][task].items() if isinstance(r, dict)}
+    rows: list[tuple[str, str, str | None, str]] = []
+    for side, r in by_side.items():
+        k = f"{int(side) // 1024}k^2"
+        rows.append(
+            (
+                f"{task} rank RSS {k}",
+                f"{r['rank_rss_peak_mb']:.0f} MB",
+                f"{prefix}_rank_rss_mb",
+                f"{r['predicted_tiles']} tiles: {r['tile_rows']} full-width tile rows; median of runs "
+                f"{', '.join(f'{v:.0f}' for v in r['rank_rss_peaks_mb'])} MB; job {r['job_wall_s']:.0f} s",
+            )
+        )
+        rows.append(
+            (
+                f"{task} merge RSS {k}",
+                f"{r['merge_rss_peak_mb']:.0f} MB",
+                f"{prefix}_merge_rss_mb",
+                f"{writes}, {r['merge_wall_s']:.0f} s",
+            )
+        )
+    sides = sorted(by_side, key=int)
+    if sides:
+        first, last = (f"{int(sides[k]) // 1024}k^2" for k in (0, -1))
+        for what in ("rank", "merge"):
+            key = f"{prefix}_{what}_rss_growth"
+            rows.append(
+                (
+                    f"{task} {what} RSS {last}/{first}",
+                    f"{result[key]:.3f}x",
+                    key,
+                    f"peak RSS on the {last} raster over the {first} one's, measured in this run (1.0: flat)",
+                )
+            )
+    return rows
 
 
 def instances_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
@@ -437,7 +470,7 @@ def target_cells(result: dict[str, Any], row: tuple[str, str, str | None, str]) 
 
 
 def _value(result: dict[str, Any], key: str, name: str) -> Any:
-    if key in ("rss_mb", "seg_rank_rss_mb", "seg_merge_rss_mb"):
+    if isinstance(result[key], dict):  # a figure by side (rss_mb, the dense tasks' RSS): this row's side
         side = next(s for s in result[key] if f" {int(s) // 1024}k^2" in name)
         return result[key][side]
     return result[key]

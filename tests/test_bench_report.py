@@ -121,6 +121,10 @@ def bench_result(machine: dict) -> dict:
         "merge": {"seconds": 6.0, "boxes": 998_836, "tiles": 15_625, "kept": 640_000},
         "manifest": {"seconds": 0.2, "tiles": 97_969},
         "segmentation": {"4096": seg, "32768": {**seg, "rank_rss_peak_mb": 1140.0, "merge_rss_peak_mb": 315.0}},
+        "regression": {
+            "4096": {**seg, "rank_rss_peak_mb": 1100.0, "merge_rss_peak_mb": 250.0},
+            "32768": {**seg, "rank_rss_peak_mb": 1110.0, "merge_rss_peak_mb": 270.0, "merge_wall_s": 70.0},
+        },
         "instances_rank": {
             side: {"rss_peak_mb": mb, "tiles": 24, "instances": 2400, "job_wall_s": 30.0}
             for side, mb in (("4096", 1450.0), ("32768", 1465.0))
@@ -159,6 +163,10 @@ def bench_result(machine: dict) -> dict:
         "seg_merge_rss_mb": {"4096": 330.0, "32768": 315.0},
         "seg_rank_rss_growth": 0.991,
         "seg_merge_rss_growth": 0.955,
+        "regression_rank_rss_mb": {"4096": 1100.0, "32768": 1110.0},
+        "regression_merge_rss_mb": {"4096": 250.0, "32768": 270.0},
+        "regression_rank_rss_growth": 1.009,
+        "regression_merge_rss_growth": 1.08,
         "instances_merge_1m_s": 40.0,
         "instances_merge_rss_growth": 1.033,
         "instances_rank_rss_growth": 1.01,
@@ -261,3 +269,18 @@ def test_the_table_names_the_hardware_the_auto_fast_path_and_the_precision_row()
     assert "0.17x" in four and "<= 0.5" in four and "over a 2k^2 uint16 raster (49 tiles" in four
     every = next(line for line in lines if line.startswith("read 13 of 13 bands, band / pixel interleave"))
     assert "1.10x" in every and " - " in every
+
+
+def test_the_table_has_the_rank_and_merge_rss_of_segmentation_and_regression_by_side_and_their_growth():
+    lines = format_table(bench_result(avx2_machine())).splitlines()
+    seg = next(line for line in lines if line.startswith("segmentation merge RSS 32k^2 "))
+    assert "315 MB" in seg and "<= 1024.0" in seg and "classes.tif + probabilities.tif COGs" in seg
+    assert any(line.startswith("segmentation rank RSS 32k^2/4k^2") and "0.991x" in line for line in lines)
+    rank = next(line for line in lines if line.startswith("regression rank RSS 32k^2 "))
+    assert "1110 MB" in rank and "<= 1536.0" in rank and " yes " in rank and "median of runs 1140, 1150, 1160" in rank
+    merge = next(line for line in lines if line.startswith("regression merge RSS 32k^2 "))
+    assert "270 MB" in merge and "values.tif float32 COG of the whole raster, 70 s" in merge
+    growth = next(line for line in lines if line.startswith("regression rank RSS 32k^2/4k^2"))
+    assert "1.009x" in growth and "<= 1.05" in growth and " yes " in growth
+    growth = next(line for line in lines if line.startswith("regression merge RSS 32k^2/4k^2"))
+    assert "1.080x" in growth and "<= 1.05" in growth and " NO " in growth
