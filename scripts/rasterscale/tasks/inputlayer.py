@@ -1,5 +1,6 @@
 """The torch side of a model's input bands (:class:`~rasterscale.raster.bands.InputBands`): the normalization every
-model applies first, on the device, and the first convolution of a network adapted to N bands from an RGB start.
+model applies first, on the device, the first convolution of a network adapted to N bands from an RGB start, and a
+dense network's input padded to its encoder's stride (:func:`run_padded`).
 
 Adapting a first convolution (``weight`` of shape (out, 3, k, k)) to N bands keeps the RGB filters for the bands
 whose names give them a role (red, green, blue) unchanged; every other band starts from the mean of the RGB filters
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 
 from rasterscale.raster.bands import RGB_NAMES, InputBands, rgb_roles
 
@@ -85,3 +87,17 @@ def adapt_state_dict(
 def and_then(text: str) -> str:
     """``"; text"`` to append what an adaptation did to a log line, nothing when it did nothing."""
     return f"; {text}" if text else ""
+
+
+STRIDE = 32  # a dense network's encoder's output stride: its inputs are padded to a multiple of it
+
+
+def run_padded(net: torch.nn.Module, x: torch.Tensor, stride: int = STRIDE) -> torch.Tensor:
+    """``net`` over ``x`` (N, B, H, W) padded on its bottom and right to a multiple of ``stride`` (reflected, or
+    replicated where the tile is smaller than the padding), its output cropped back to (H, W)."""
+    height, width = x.shape[-2:]
+    pad_h, pad_w = -height % stride, -width % stride
+    if pad_h or pad_w:
+        mode = "reflect" if pad_h < height and pad_w < width else "replicate"
+        x = F.pad(x, (0, pad_w, 0, pad_h), mode=mode)
+    return net(x)[..., :height, :width]

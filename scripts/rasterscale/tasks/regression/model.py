@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
-from rasterscale.tasks.inputlayer import Normalize
+from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.regression.modelfiles import (
     REGRESSOR_FORMAT,
@@ -35,11 +34,10 @@ from rasterscale.tasks.regression.modelfiles import (
 
 __all__ = ["Regressor", "build_regressor", "load_regressor", "save_regressor"]
 
-STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of it
-
 
 class Regressor(torch.nn.Module):
-    """An smp U-Net (``.net``) behind its input's normalization and padding to a multiple of :data:`STRIDE`, its
+    """An smp U-Net (``.net``) behind its input's normalization and padding to a multiple of the encoder's stride
+    (:func:`~rasterscale.tasks.inputlayer.run_padded`), its
     outputs scaled to target units."""
 
     target_mean: torch.Tensor  # buffers (registered in __init__; the model file's config records them)
@@ -69,13 +67,7 @@ class Regressor(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Float (N, B, H, W) (scaled to [0, 1], or raw values) -> values (N, K, H, W) in target units, float32."""
-        height, width = images.shape[-2:]
-        x = self.normalize(images)
-        pad_h, pad_w = -height % STRIDE, -width % STRIDE
-        if pad_h or pad_w:
-            mode = "reflect" if pad_h < height and pad_w < width else "replicate"
-            x = F.pad(x, (0, pad_w, 0, pad_h), mode=mode)
-        out = self.net(x)[..., :height, :width].float()
+        out = run_padded(self.net, self.normalize(images)).float()
         return out * self.target_std + self.target_mean
 
 

@@ -22,10 +22,9 @@ import torch
 from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
-from rasterscale.tasks.blending import halo_tiles, tile_cores
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
+from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
@@ -89,11 +88,6 @@ class RegressionTrainingModule(TrainingModule):
         }
 
 
-def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images, targets = zip(*batch, strict=True)
-    return torch.stack(images), torch.stack(targets)
-
-
 def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
     """MAE, RMSE and R² of the first value on the validation tiles, in target units (rank 0 only: no collectives)."""
     was_training = model.training
@@ -117,55 +111,9 @@ def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset],
     return {key: float(value) for key, value in found.items() if value is not None}
 
 
-def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
-    """The regressor's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
-    weights and inputs (its head is in fp32 under autocast as built)."""
-    model.eval()
-    fuse_conv_bn(model)
-    if channels_last:
-        to_channels_last(model, regressor_of(model).net)
-    return model
-
-
-class RegressionRankOutput(RankOutput):
-    """A rank's value raster of one scene: the blended values of its own tiles' cores (a part: the blocks of it
-    written since the previous one)."""
-
-    def __init__(self, blender: ValueBlender, path: str | Path) -> None:
-        self.blender, self.path = blender, path
-
-    def add(self, tile: Tile, result: np.ndarray) -> None:
-        self.blender.add(tile.tile_id, result)
-
-    def save_part(self, path: Path) -> Part | None:
-        written = self.blender.save_part(path)
-        if written is None:
-            return None
-        tiles, blocks = written
-        return Part(path, tiles, {"blocks": blocks})
-
-    def unsaved_bytes(self) -> int:
-        return self.blender.unsaved_bytes()
-
-    def write(self) -> str:
-        written = self.blender.close()
-        parts = self.blender.raster.parts
-        resumed = f" ({len(parts)} part(s) of an earlier run)" if parts else ""
-        return f"values of {len(written)} tile cores{resumed} -> {self.path}"
-
-
-class RegressionTask(Task):
+class RegressionTask(DenseTask):
     spec = REGRESSION
     training_module_class = RegressionTrainingModule
-
-    def __init__(self) -> None:
-        self.cores: dict[str, dict[int, Any]] = {}  # scene name -> its tiles' cores (a rank needs them twice)
-
-    def cores_of(self, scene: PredictScene) -> dict[int, Any]:
-        """The cores of a scene's tiles (:func:`tile_cores`), computed once per scene of the job."""
-        if scene.name not in self.cores:
-            self.cores[scene.name] = tile_cores(scene.tiles, scene.width, scene.height)
-        return self.cores[scene.name]
 
     def model_config(self, config: Mapping[str, Any]) -> RegressorConfig:
         return regressor_of_config(config)
@@ -227,17 +175,11 @@ class RegressionTask(Task):
         return [Path(model_path)]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+        return prepare_dense_for_inference(model, regressor_of(model).net, predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
         values = model(torch.stack(images)).float()
         return list(values.cpu().numpy())
-
-    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
-        """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
-        if not own:
-            return []
-        return halo_tiles(scene.tiles, {t.tile_id for t in own}, self.cores_of(scene))
 
     def rank_output(
         self,
@@ -263,4 +205,4 @@ class RegressionTask(Task):
             parts=[part.path for part in parts or ()],
             keep_unsaved=parts is not None,
         )
-        return RegressionRankOutput(blender, path)
+        return BlendedRankOutput(blender, path, "values")

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.precision import float32_conv
-from rasterscale.tasks.inputlayer import Normalize
+from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.segmentation.modelfiles import (
     SEGMENTER_FORMAT,
@@ -36,11 +35,10 @@ from rasterscale.tasks.segmentation.modelfiles import (
 
 __all__ = ["Segmenter", "build_segmenter", "load_segmenter", "save_segmenter"]
 
-STRIDE = 32  # the encoder's output stride: inputs are padded to a multiple of it
-
 
 class Segmenter(torch.nn.Module):
-    """An smp network (``.net``) behind its input's normalization and padding to a multiple of :data:`STRIDE`."""
+    """An smp network (``.net``) behind its input's normalization and padding to a multiple of the encoder's stride
+    (:func:`~rasterscale.tasks.inputlayer.run_padded`)."""
 
     def __init__(self, net: torch.nn.Module, bands: InputBands | None = None) -> None:
         super().__init__()
@@ -49,14 +47,7 @@ class Segmenter(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Float (N, B, H, W) (scaled to [0, 1], or raw values) -> logits (N, C, H, W)."""
-        height, width = images.shape[-2:]
-        x = self.normalize(images)
-        pad_h, pad_w = -height % STRIDE, -width % STRIDE
-        if pad_h or pad_w:
-            mode = "reflect" if pad_h < height and pad_w < width else "replicate"
-            x = F.pad(x, (0, pad_w, 0, pad_h), mode=mode)
-        logits = self.net(x)
-        return logits[..., :height, :width]
+        return run_padded(self.net, self.normalize(images))
 
 
 def build_segmenter(cfg: SegmenterConfig) -> Segmenter:

@@ -19,12 +19,12 @@ import torch
 from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
+from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.segmentation import NODATA_CLASS
-from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
+from rasterscale.tasks.segmentation.blend import TileBlender
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
 from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.tasks.segmentation.metrics import confusion_matrix, iou_scores
@@ -39,11 +39,6 @@ class SegmentationTrainingModule(TrainingModule):
         images, masks = batch
         logits = self.model(images)
         return {"cross_entropy": torch.nn.functional.cross_entropy(logits, masks, ignore_index=NODATA_CLASS)}
-
-
-def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images, masks = zip(*batch, strict=True)
-    return torch.stack(images), torch.stack(masks)
 
 
 def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
@@ -66,56 +61,9 @@ def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset],
     return {"val_miou": float(scores["miou"]), "val_pixel_accuracy": float(scores["pixel_accuracy"])}
 
 
-def prepare_for_inference(model: torch.nn.Module, channels_last: bool = True) -> torch.nn.Module:
-    """The segmenter's fast path: eval mode, batch norms folded into convolutions, and (when asked) channels_last
-    weights and inputs (its last layer, the class logits, is in fp32 under autocast as built)."""
-    model.eval()
-    fuse_conv_bn(model)
-    if channels_last:
-        net = cast(Segmenter, model).net  # the task's model (build_segmenter), typed as any Module
-        to_channels_last(model, net)
-    return model
-
-
-class SegmentationRankOutput(RankOutput):
-    """A rank's class raster of one scene: the blended classes of its own tiles' cores (a part: the blocks of it
-    written since the previous one)."""
-
-    def __init__(self, blender: TileBlender, path: str | Path) -> None:
-        self.blender, self.path = blender, path
-
-    def add(self, tile: Tile, result: np.ndarray) -> None:
-        self.blender.add(tile.tile_id, result)
-
-    def save_part(self, path: Path) -> Part | None:
-        written = self.blender.save_part(path)
-        if written is None:
-            return None
-        tiles, blocks = written
-        return Part(path, tiles, {"blocks": blocks})
-
-    def unsaved_bytes(self) -> int:
-        return self.blender.unsaved_bytes()
-
-    def write(self) -> str:
-        written = self.blender.close()
-        parts = self.blender.raster.parts
-        resumed = f" ({len(parts)} part(s) of an earlier run)" if parts else ""
-        return f"classes of {len(written)} tile cores{resumed} -> {self.path}"
-
-
-class SegmentationTask(Task):
+class SegmentationTask(DenseTask):
     spec = SEGMENTATION
     training_module_class = SegmentationTrainingModule
-
-    def __init__(self) -> None:
-        self.cores: dict[str, dict[int, Any]] = {}  # scene name -> its tiles' cores (a rank needs them twice)
-
-    def cores_of(self, scene: PredictScene) -> dict[int, Any]:
-        """The cores of a scene's tiles (:func:`tile_cores`), computed once per scene of the job."""
-        if scene.name not in self.cores:
-            self.cores[scene.name] = tile_cores(scene.tiles, scene.width, scene.height)
-        return self.cores[scene.name]
 
     def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig:
         return segmenter_of_config(config)
@@ -169,17 +117,11 @@ class SegmentationTask(Task):
         return [Path(model_path)]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+        return prepare_dense_for_inference(model, cast(Segmenter, model).net, predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
         probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
         return list(probabilities.cpu().numpy())
-
-    def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
-        """The rank's own tiles and every tile overlapping one of their cores (their blend needs them)."""
-        if not own:
-            return []
-        return halo_tiles(scene.tiles, {t.tile_id for t in own}, self.cores_of(scene))
 
     def rank_output(
         self,
@@ -206,4 +148,4 @@ class SegmentationTask(Task):
             parts=[part.path for part in parts or ()],
             keep_unsaved=parts is not None,
         )
-        return SegmentationRankOutput(blender, path)
+        return BlendedRankOutput(blender, path, "classes")
