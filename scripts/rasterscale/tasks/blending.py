@@ -47,7 +47,7 @@ import shutil
 import warnings
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -714,6 +714,37 @@ def window_valid_mask(src: rasterio.io.DatasetReader, spec: ImageSpec, window: W
         if spec.mask == "dataset" and not floats:
             return src.dataset_mask(window=window) > 0
     return read_masked(src, spec, window=window)[1]
+
+
+def claimed_pieces(
+    ranks: Sequence[tuple[str, rasterio.io.DatasetReader, Window]],
+    window: Window,
+    claims: Callable[[np.ndarray], np.ndarray],
+    **read: Any,
+) -> Iterator[tuple[rasterio.io.DatasetReader, Window, slice, slice, np.ndarray, np.ndarray]]:
+    """Each rank raster's piece of a merge block ``window``: (its reader, the piece's window in it, the block's rows
+    and columns it covers, its pixels read with ``read``, the pixels it claims by ``claims(pixels)``). A pixel two
+    rank rasters claim raises ValueError naming both."""
+    owner = np.full((int(window.height), int(window.width)), -1, dtype=np.int32)
+    for index, (path, src, rank) in enumerate(ranks):
+        common = intersection(window, rank)
+        if common is None:
+            continue
+        inside = Window(common.col_off - rank.col_off, common.row_off - rank.row_off, common.width, common.height)
+        rows = slice(common.row_off - window.row_off, common.row_off - window.row_off + common.height)
+        cols = slice(common.col_off - window.col_off, common.col_off - window.col_off + common.width)
+        data = src.read(window=inside, **read)
+        claimed = claims(data)
+        clash = claimed & (owner[rows, cols] >= 0)
+        if clash.any():
+            r, c = (int(v[0]) for v in np.nonzero(clash))
+            other = ranks[owner[rows, cols][r, c]][0]
+            raise ValueError(
+                f"pixel (row {common.row_off + r}, col {common.col_off + c}) claimed by two rank rasters: "
+                f"{other} and {path}"
+            )
+        owner[rows, cols][claimed] = index
+        yield src, inside, rows, cols, data, claimed
 
 
 def block_windows(width: int, height: int, block: int) -> list[Window]:

@@ -22,8 +22,7 @@ from rasterio.windows import Window
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.raster.remote import open_raster
-from rasterscale.raster.windows import intersection
-from rasterscale.tasks.blending import block_windows, rank_window, scratch_path, window_valid_mask
+from rasterscale.tasks.blending import block_windows, claimed_pieces, rank_window, scratch_path, window_valid_mask
 
 NODATA_VALUE = -9999.0  # no data in values.tif (a value no height, or other target, takes)
 MERGE_BLOCK = 512
@@ -96,28 +95,9 @@ def assemble_values(
 ) -> np.ndarray:
     """One block's values (K, h, w) float32, NaN where no rank claims a pixel; a pixel claimed by two rank rasters
     raises ValueError naming both."""
-    shape = (int(window.height), int(window.width))
-    values = np.full((bands, *shape), np.nan, dtype=np.float32)
-    owner = np.full(shape, -1, dtype=np.int32)
-    for index, (path, src, rank) in enumerate(ranks):
-        common = intersection(window, rank)
-        if common is None:
-            continue
-        inside = Window(common.col_off - rank.col_off, common.row_off - rank.row_off, common.width, common.height)
-        rows = slice(common.row_off - window.row_off, common.row_off - window.row_off + common.height)
-        cols = slice(common.col_off - window.col_off, common.col_off - window.col_off + common.width)
-        data = src.read(window=inside)
-        claimed = np.isfinite(data).any(axis=0)
-        clash = claimed & (owner[rows, cols] >= 0)
-        if clash.any():
-            r, c = (int(v[0]) for v in np.nonzero(clash))
-            other = ranks[owner[rows, cols][r, c]][0]
-            raise ValueError(
-                f"pixel (row {common.row_off + r}, col {common.col_off + c}) claimed by two rank rasters: "
-                f"{other} and {path}"
-            )
+    values = np.full((bands, int(window.height), int(window.width)), np.nan, dtype=np.float32)
+    for _, _, rows, cols, data, claimed in claimed_pieces(ranks, window, lambda data: np.isfinite(data).any(axis=0)):
         values[:, rows, cols][:, claimed] = data[:, claimed]
-        owner[rows, cols][claimed] = index
     return values
 
 

@@ -21,8 +21,7 @@ from rasterio.windows import Window
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.raster.remote import open_raster
-from rasterscale.raster.windows import intersection
-from rasterscale.tasks.blending import block_windows, rank_window, scratch_path, window_valid_mask
+from rasterscale.tasks.blending import block_windows, claimed_pieces, rank_window, scratch_path, window_valid_mask
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.rankraster import PROBABILITY_SCALE
 
@@ -129,31 +128,18 @@ def assemble_block(
     (C, h, w); a pixel claimed by two rank rasters raises ValueError naming both."""
     shape = (int(window.height), int(window.width))
     classes = np.full(shape, NODATA_CLASS, dtype=np.uint8)
-    owner = np.full(shape, -1, dtype=np.int32)
     probs = np.zeros((num_probabilities, *shape), dtype=np.uint8) if num_probabilities else None
-    for index, (path, src, rank) in enumerate(ranks):
-        common = intersection(window, rank)
-        if common is None:
-            continue
-        inside = Window(common.col_off - rank.col_off, common.row_off - rank.row_off, common.width, common.height)
-        rows = slice(common.row_off - window.row_off, common.row_off - window.row_off + common.height)
-        cols = slice(common.col_off - window.col_off, common.col_off - window.col_off + common.width)
-        data = src.read(1, window=inside)
-        claimed = data != NODATA_CLASS
-        clash = claimed & (owner[rows, cols] >= 0)
-        if clash.any():
-            r, c = (int(v[0]) for v in np.nonzero(clash))
-            other = ranks[owner[rows, cols][r, c]][0]
-            raise ValueError(
-                f"pixel (row {common.row_off + r}, col {common.col_off + c}) claimed by two rank rasters: "
-                f"{other} and {path}"
-            )
+    for src, inside, rows, cols, data, claimed in claimed_pieces(ranks, window, _classified, indexes=1):
         classes[rows, cols][claimed] = data[claimed]
-        owner[rows, cols][claimed] = index
         if probs is not None:
             values = src.read(list(range(2, 2 + num_probabilities)), window=inside)
             probs[:, rows, cols][:, claimed] = values[:, claimed]
     return classes, probs
+
+
+def _classified(classes: np.ndarray) -> np.ndarray:
+    """The pixels a rank raster claims: those it gave a class."""
+    return classes != NODATA_CLASS
 
 
 def class_summary(counts: np.ndarray, labels: Sequence[str]) -> dict:
