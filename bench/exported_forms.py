@@ -101,14 +101,25 @@ def onnx_forward(session: Any, device: torch.device, dtype: torch.dtype) -> Forw
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path) -> str:
     try:
         torch.onnx.export(
-            model, (example,), str(path), input_names=["image"], output_names=["logits"], dynamo=True,
+            model,
+            (example,),
+            str(path),
+            input_names=["image"],
+            output_names=["logits"],
+            dynamo=True,
             dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
         )
         return "dynamo"
-    except Exception:  # noqa: BLE001 - the legacy exporter as the fallback
+    except Exception:
         torch.onnx.export(
-            model, (example,), str(path), input_names=["image"], output_names=["logits"], dynamo=False,
-            dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
+            model,
+            (example,),
+            str(path),
+            input_names=["image"],
+            output_names=["logits"],
+            dynamo=False,
+            dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
         )
         return "torchscript"
 
@@ -120,9 +131,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = build_unet(args.encoder, args.bands, args.classes).to(device)
     batches = [torch.rand(args.batch, args.bands, args.tile, args.tile, device=device) for _ in range(args.batches)]
     example = batches[0]
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                              "torch": torch.__version__, "encoder": args.encoder, "tile": args.tile,
-                              "batch": args.batch, "low": str(low).split(".")[-1], "forms": {}}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "encoder": args.encoder,
+        "tile": args.tile,
+        "batch": args.batch,
+        "low": str(low).split(".")[-1],
+        "forms": {},
+    }
     with torch.inference_mode():
         reference = classes_of(model, example)
     work = Path(tempfile.mkdtemp(prefix="forms-"))
@@ -134,7 +151,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tiles_s = rate(forward, batches, device, args.rounds)
             agree = float((classes_of(forward, example) == reference).mean())
             result["forms"][key] = {"tiles_s": round(tiles_s, 1), "agreement": round(agree, 5)}
-        except Exception as err:  # noqa: BLE001 - a form that fails is reported, the others still run
+        except Exception as err:
             result["forms"][key] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
             traceback.print_exc()
         print(key, result["forms"][key], flush=True)
@@ -158,8 +175,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     def exported() -> Forward:
         path = work / "model.pt2"
         with torch.inference_mode(False), torch.no_grad():
-            program = torch.export.export(model, (example[:2].clone(),),
-                                          dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=1024)}})
+            program = torch.export.export(
+                model, (example[:2].clone(),), dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=1024)}}
+            )
         torch.export.save(program, str(path))
         return torch.export.load(str(path)).module()
 

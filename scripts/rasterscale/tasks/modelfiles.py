@@ -114,7 +114,7 @@ def other_tasks_model(path: Path, payload: Any, task: str) -> str | None:
         return None
     found = payload.get("model")
     model: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    details = " on ".join(str(model[key]) for key in ("architecture", "backbone") if model.get(key))
+    details = " on ".join(str(model[key]) for key in ("architecture", "encoder", "backbone") if model.get(key))
     return (
         f"{_a(payload['task'])} model ({details or payload.get('format')}), but task is {task} "
         f"(set task: {payload['task']}, or give {_a(task)} model)"

@@ -53,7 +53,9 @@ class TaskSpec:
       scene without annotations (no ground truth drawn);
     - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
       tables and project map);
-    - ``implementation``: ``"module:Class"`` of the torch half.
+    - ``implementation``: ``"module:Class"`` of the torch half;
+    - ``exported_outputs``: the output layouts an exported model file of this task may give (its model card's
+      ``output``; the first is what the task's own models give), empty when the task takes no exported files.
     """
 
     name: str
@@ -77,6 +79,7 @@ class TaskSpec:
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scene_keys: tuple[str, ...] = ()
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    exported_outputs: tuple[str, ...] = ()
 
     def load(self) -> Task:
         """The task's torch half. The one import of a task's torch side, done here (lazily) so that the workflow,

@@ -1,12 +1,14 @@
-"""The regressor: a segmentation-models-pytorch U-Net (ResNet-18 encoder by default) with a linear head of one
-channel per predicted value, built without download.
+"""The regressor: a segmentation-models-pytorch network (a U-Net on ResNet-18 by default; any architecture and
+encoder of :mod:`rasterscale.tasks.encoders`) with a linear head of one channel per predicted value, built without
+download (:mod:`rasterscale.tasks.smpnet`).
 
 The module takes tiles as float (N, B, H, W) of its input bands (``RegressorConfig.input``: in [0, 1] when scaled,
 raw values otherwise), normalizes them itself (:class:`~rasterscale.tasks.inputlayer.Normalize`, first), pads them
 to a multiple of 32 (the encoder's stride) and crops the output back. The network predicts standardized values;
 the module returns them in target units (``* std + mean``, the targets' scale measured on the training tiles when
 training starts: :meth:`Regressor.set_target_scale`), so a height of 0-30 m trains as well as one of 0-1. The head
-(a 3x3 convolution, no activation) runs in fp32 under autocast.
+(smp's segmentation head: a convolution, then the architecture's upsampling, no activation) runs in fp32 under
+autocast, whatever the architecture.
 
 Its files: :mod:`rasterscale.tasks.regression.modelfiles` (torch-free), which :func:`load_regressor` and
 :func:`save_regressor` read and write.
@@ -22,7 +24,6 @@ from typing import Any, cast
 import torch
 
 from rasterscale.errors import InputError
-from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.regression.modelfiles import (
@@ -31,12 +32,13 @@ from rasterscale.tasks.regression.modelfiles import (
     config_of_payload,
     regressor_payload,
 )
+from rasterscale.tasks.smpnet import build_network, load_encoder_weights
 
-__all__ = ["Regressor", "build_regressor", "load_regressor", "save_regressor"]
+__all__ = ["Regressor", "build_regressor", "load_regressor", "save_regressor", "start_encoder"]
 
 
 class Regressor(torch.nn.Module):
-    """An smp U-Net (``.net``) behind its input's normalization and padding to a multiple of the encoder's stride
+    """An smp network (``.net``) behind its input's normalization and padding to a multiple of the encoder's stride
     (:func:`~rasterscale.tasks.inputlayer.run_padded`), its
     outputs scaled to target units."""
 
@@ -72,20 +74,15 @@ class Regressor(torch.nn.Module):
 
 
 def build_regressor(cfg: RegressorConfig) -> Regressor:
-    """A freshly initialized regressor (no pretrained weights, nothing downloaded)."""
-    import segmentation_models_pytorch as smp
-
-    net = smp.create_model(
-        "unet",
-        encoder_name=cfg.backbone,
-        encoder_weights=None,
-        classes=cfg.outputs,
-        in_channels=cfg.input.count,
-        decoder_channels=list(cfg.decoder_channels),
-        activation=None,
-    )
-    net.segmentation_head[0] = float32_conv(net.segmentation_head[0])  # fp32 under autocast (runtime.precision)
+    """A freshly initialized regressor (no pretrained weights, nothing downloaded), its linear head in fp32 under
+    autocast."""
+    net = build_network(cfg.architecture, cfg.encoder, cfg.input.count, cfg.outputs, cfg.decoder_channels)
     return Regressor(net, cfg)
+
+
+def start_encoder(model: torch.nn.Module, cfg: RegressorConfig, path: str | Path) -> str:
+    """Start the regressor's encoder from a local weights file (``model.encoder_weights``); a line for the log."""
+    return load_encoder_weights(model.get_submodule("net.encoder"), path, cfg.encoder)
 
 
 def with_target_scale(model: torch.nn.Module, cfg: RegressorConfig) -> RegressorConfig:

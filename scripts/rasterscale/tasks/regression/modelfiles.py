@@ -17,6 +17,14 @@ from typing import Any
 
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.encoders import (
+    ARCHITECTURES,
+    DEFAULT_ARCHITECTURE,
+    DEFAULT_ENCODER,
+    checked_encoder_weights,
+    default_decoder,
+    dense_network,
+)
 from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
 from rasterscale.tasks.modelinput import model_input
 
@@ -24,27 +32,33 @@ REGRESSOR_FORMAT = "rasterscale-regressor/1"
 LOSSES: tuple[str, ...] = ("l1", "mse", "huber")  # the schema's model.loss takes them from here
 DEFAULT_LOSS = "l1"
 DEFAULT_LABELS = ("height",)
-DEFAULT_BACKBONE = "resnet18"
-UNET_DECODER = (128, 64, 32, 16, 8)  # segmentation's lighter U-Net decoder (smp's default is twice as wide)
 NOT_A_REGRESSOR = f"not a rasterscale regressor (a .pt file of format {REGRESSOR_FORMAT})"
 
 
 @dataclass(frozen=True)
 class RegressorConfig:
-    """What builds a regressor: a U-Net on ``backbone`` with one output per ``labels`` (the values it predicts),
-    trained with ``loss``; ``input``: the bands it takes; ``target_mean``/``target_std``: per output, the scale of
-    the targets (empty until training measures them: the network then predicts the values as they are)."""
+    """What builds a regressor: an smp ``architecture`` (a U-Net by default) on ``encoder`` (a name of
+    :mod:`rasterscale.tasks.encoders`, resolved) with one linear output per ``labels`` (the values it predicts),
+    trained with ``loss``; ``decoder_channels`` None: the architecture's default (a U-Net's
+    :data:`~rasterscale.tasks.encoders.UNET_DECODER`, smp's otherwise); ``input``: the bands it takes;
+    ``target_mean``/``target_std``: per output, the scale of the targets (empty until training measures them: the
+    network then predicts the values as they are)."""
 
     labels: tuple[str, ...] = DEFAULT_LABELS
-    backbone: str = DEFAULT_BACKBONE
+    encoder: str = DEFAULT_ENCODER
     patch_size: int = 400
-    decoder_channels: tuple[int, ...] = UNET_DECODER
+    decoder_channels: tuple[int, ...] | None = None
     loss: str = DEFAULT_LOSS
     input: InputBands = field(default_factory=InputBands)
     target_mean: tuple[float, ...] = ()
     target_std: tuple[float, ...] = ()
+    architecture: str = DEFAULT_ARCHITECTURE
 
     def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {self.architecture!r} (one of {', '.join(ARCHITECTURES)})")
+        if self.decoder_channels is None:
+            object.__setattr__(self, "decoder_channels", default_decoder(self.architecture))
         if not self.labels:
             raise ValueError("a regressor predicts at least one value (model.labels)")
         if self.loss not in LOSSES:
@@ -69,16 +83,21 @@ class RegressorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("labels", "decoder_channels", "target_mean", "target_std"):
+        for key in ("labels", "target_mean", "target_std"):
             data[key] = list(getattr(self, key))
+        data["decoder_channels"] = list(self.decoder_channels) if self.decoder_channels else None
         data["input"] = self.input.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RegressorConfig:
+        """A file's record (files of before model.encoder record a U-Net's encoder as ``backbone``)."""
         data = dict(data)
-        for key in ("labels", "decoder_channels"):
-            data[key] = tuple(data[key])
+        if "backbone" in data and "encoder" not in data:
+            data["encoder"] = data.pop("backbone")
+        data["labels"] = tuple(data["labels"])
+        if data.get("decoder_channels") is not None:
+            data["decoder_channels"] = tuple(data["decoder_channels"])
         for key in ("target_mean", "target_std"):
             data[key] = tuple(float(v) for v in data.get(key) or ())
         data["input"] = InputBands.from_dict(data.get("input"))
@@ -89,8 +108,9 @@ class RegressorConfig:
         mean, std = self.scale
         scale = ", ".join(f"{label} {m:.4g} ± {s:.4g}" for label, m, s in zip(self.labels, mean, std, strict=True))
         targets = f"targets {scale}" if self.target_mean else "targets' scale measured when training starts"
+        decoder = f", decoder {list(self.decoder_channels)}" if self.decoder_channels else ""
         return (
-            f"unet on {self.backbone}, decoder {list(self.decoder_channels)}, {self.outputs} value(s) "
+            f"{self.architecture} on {self.encoder}{decoder}, {self.outputs} value(s) "
             f"({', '.join(self.labels)}), loss {self.loss}, {targets}, {self.patch_size} px tiles, "
             f"{self.input.describe()}"
         )
@@ -130,7 +150,8 @@ def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
     """The effective regressor of a validated config: each ``model.*`` key set, else what the model file
     (``model.file``, else ``train.init``) records, else the defaults (one value, ``height``; a U-Net on ResNet-18;
     loss l1); tiles of ``tiling.patch_size``. Predicting with a file, its values, network and target scale are the
-    file's: keys that contradict them fail with one line naming the file (at dry run)."""
+    file's: keys that contradict them fail with one line naming the file (at dry run), as do encoder weights that
+    cannot start the network (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`)."""
     model = config.get("model", {})
     path, new_head = model_file(config)
     header = read_regressor_header(path) if path else None
@@ -140,9 +161,8 @@ def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
             f"{path}: the regressor predicts [{', '.join(header.labels)}] but model.labels is [{', '.join(labels)}]; "
             "leave model.labels out to use the file's"
         )
-    backbone = model.get("backbone") or (header.backbone if header else DEFAULT_BACKBONE)
-    if header is not None and backbone != header.backbone:
-        raise InputError(f"{path}: a unet on {header.backbone}, but model.backbone asks for {backbone}")
+    recorded = (header.architecture, header.encoder) if header else None
+    architecture, encoder = dense_network(model, path, recorded, "regression")
     loss = model.get("loss") or (header.loss if header else DEFAULT_LOSS)
     if loss not in LOSSES:
         raise ConfigError(f"config: key 'model.loss' is {loss!r} (one of {', '.join(LOSSES)})")
@@ -152,9 +172,10 @@ def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
             "training only: leave it out (or give the file as train.init to train on)"
         )
     patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
-    decoder = header.decoder_channels if header else UNET_DECODER
+    decoder = header.decoder_channels if header else None
     bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
+    checked_encoder_weights(model, path, new_head, bands.count)
     keeps_scale = header is not None and not new_head  # predicting with the file: its targets' scale
     mean = header.target_mean if keeps_scale and header is not None else ()
     std = header.target_std if keeps_scale and header is not None else ()
-    return RegressorConfig(labels, backbone, int(patch_size), tuple(decoder), loss, bands, mean, std)
+    return RegressorConfig(labels, encoder, int(patch_size), decoder, loss, bands, mean, std, architecture)

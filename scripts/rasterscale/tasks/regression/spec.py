@@ -23,9 +23,11 @@ from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.tasks.encoders import ARCHITECTURES
+from rasterscale.tasks.exported.card import CardRules, ModelCard, exported_card
 from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
 from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
-from rasterscale.tasks.regression.modelfiles import LOSSES, regressor_of_config
+from rasterscale.tasks.regression.modelfiles import LOSSES, RegressorConfig, regressor_of_config
 from rasterscale.tasks.regression.targets import check_targets, read_targets
 from rasterscale.tasks.regression.treetops import (
     TreeTopRule,
@@ -122,12 +124,22 @@ def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
     return count_values(scene["values"], list(labels))
 
 
+# an exported regression model gives a channel per value, in the values' own units
+CARD = CardRules("regression", ("values",))
+
+
+def regression_model(config: Mapping[str, Any], check: bool = True) -> RegressorConfig | ModelCard:
+    """The config's regression model: an exported file's card (checked against the file when ``check``), else
+    the regressor that the keys and the model file make."""
+    return exported_card(config, CARD, check) or regressor_of_config(config)
+
+
 def labels(config: Mapping[str, Any]) -> list[str]:
-    return list(regressor_of_config(config).labels)
+    return list(regression_model(config).labels)
 
 
 def model_input(config: Mapping[str, Any]) -> InputBands:
-    return regressor_of_config(config).input
+    return regression_model(config).input
 
 
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
@@ -158,7 +170,12 @@ REGRESSION = TaskSpec(
     count_unit="pixels",
     implementation="rasterscale.tasks.regression.task:RegressionTask",
     model_input=model_input,
-    config_keys={"model": ("loss",), "merge": ("tree_tops",), "evaluate": ("tree_top_distance",)},
+    config_keys={
+        "model": ("loss", "architecture", "encoder", "encoder_weights", "card"),
+        "merge": ("tree_tops",),
+        "evaluate": ("tree_top_distance",),
+    },
     scene_keys=("tree_tops",),
-    schema_enums={"model.loss": LOSSES},
+    schema_enums={"model.loss": LOSSES, "model.architecture": ARCHITECTURES},
+    exported_outputs=CARD.outputs,
 )

@@ -25,13 +25,21 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
 from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.exported.card import ModelCard
+from rasterscale.tasks.exported.runtime import ExportedDense, exported_model
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
 from rasterscale.tasks.regression.metrics import ErrorSums
-from rasterscale.tasks.regression.model import Regressor, build_regressor, load_regressor, save_regressor
-from rasterscale.tasks.regression.modelfiles import RegressorConfig, regressor_of_config
-from rasterscale.tasks.regression.spec import REGRESSION
+from rasterscale.tasks.regression.model import (
+    Regressor,
+    build_regressor,
+    load_regressor,
+    save_regressor,
+    start_encoder,
+)
+from rasterscale.tasks.regression.modelfiles import RegressorConfig
+from rasterscale.tasks.regression.spec import CARD, REGRESSION, regression_model
 from rasterscale.tasks.regression.targets import read_targets
 from rasterscale.tasks.spec import Part
 
@@ -115,10 +123,10 @@ class RegressionTask(DenseTask):
     spec = REGRESSION
     training_module_class = RegressionTrainingModule
 
-    def model_config(self, config: Mapping[str, Any]) -> RegressorConfig:
-        return regressor_of_config(config)
+    def model_config(self, config: Mapping[str, Any]) -> RegressorConfig | ModelCard:
+        return regression_model(config, check=False)
 
-    def describe(self, model_cfg: RegressorConfig) -> str:
+    def describe(self, model_cfg: RegressorConfig | ModelCard) -> str:
         return model_cfg.describe()
 
     def build_model(self, model_cfg: RegressorConfig) -> torch.nn.Module:
@@ -130,14 +138,21 @@ class RegressionTask(DenseTask):
         regression.loss_kind, regression.labels = model_cfg.loss, model_cfg.labels
         return module
 
-    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, RegressorConfig]:
+    def load_model(
+        self, path: str | Path, config: Mapping[str, Any]
+    ) -> tuple[torch.nn.Module, RegressorConfig | ModelCard]:
+        exported = exported_model(path, config, CARD)
+        if exported is not None:
+            return exported
         model, cfg, _ = load_regressor(path)
         return model, cfg
 
     def initial_weights(self, model: torch.nn.Module, model_cfg: RegressorConfig, config: Mapping[str, Any]) -> str:
         """Start from ``train.init`` (a rasterscale regressor on the same encoder; its head too when it predicts as
-        many values), or from scratch."""
-        init = config["train"]["init"]
+        many values), or its encoder from ``model.encoder_weights``, or from scratch."""
+        init, encoder_weights = config["train"]["init"], config["model"]["encoder_weights"]
+        if encoder_weights:  # the dry run refuses it beside train.init
+            return start_encoder(model, model_cfg, encoder_weights)
         if not init:
             return "no weights: training from scratch (random initialization)"
         start, start_cfg, _ = load_regressor(init)
@@ -175,6 +190,8 @@ class RegressionTask(DenseTask):
         return [Path(model_path)]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        if isinstance(model, ExportedDense):
+            return model.eval()
         return prepare_dense_for_inference(model, regressor_of(model).net, predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
@@ -187,7 +204,7 @@ class RegressionTask(DenseTask):
         own: Sequence[Tile],
         predicted: Sequence[Tile],
         path: str | Path,
-        model_cfg: RegressorConfig,
+        model_cfg: RegressorConfig | ModelCard,
         config: Mapping[str, Any],
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:

@@ -1,4 +1,5 @@
-"""The segmenter: a segmentation_models_pytorch network (U-Net on a ResNet-18 by default), built without download.
+"""The segmenter: a segmentation_models_pytorch network (U-Net on a ResNet-18 by default; any architecture and
+encoder of :mod:`rasterscale.tasks.encoders`), built without download (:mod:`rasterscale.tasks.smpnet`).
 
 The module takes tiles as float (N, B, H, W) of its input bands (``SegmenterConfig.input``: in [0, 1] when scaled,
 raw values otherwise), normalizes them itself (ImageNet's statistics for RGB, the input's own otherwise), pads them
@@ -23,7 +24,6 @@ import torch
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
-from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.segmentation.modelfiles import (
@@ -32,8 +32,9 @@ from rasterscale.tasks.segmentation.modelfiles import (
     config_of_payload,
     segmenter_payload,
 )
+from rasterscale.tasks.smpnet import build_network, load_encoder_weights
 
-__all__ = ["Segmenter", "build_segmenter", "load_segmenter", "save_segmenter"]
+__all__ = ["Segmenter", "build_segmenter", "load_segmenter", "save_segmenter", "start_encoder"]
 
 
 class Segmenter(torch.nn.Module):
@@ -51,24 +52,15 @@ class Segmenter(torch.nn.Module):
 
 
 def build_segmenter(cfg: SegmenterConfig) -> Segmenter:
-    """A freshly initialized segmenter (no pretrained weights, nothing downloaded)."""
-    import segmentation_models_pytorch as smp
-
-    kwargs: dict[str, Any] = {}
-    if cfg.decoder_channels is not None:
-        kwargs["decoder_channels"] = list(cfg.decoder_channels)
-    net = smp.create_model(
-        cfg.architecture,
-        encoder_name=cfg.backbone,
-        encoder_weights=None,
-        classes=cfg.num_classes,
-        in_channels=cfg.input.count,
-        **kwargs,
-    )
-    net.segmentation_head[0] = float32_conv(
-        net.segmentation_head[0]
-    )  # in fp32 under autocast (rasterscale.runtime.precision)
+    """A freshly initialized segmenter (no pretrained weights, nothing downloaded), its head in fp32 under
+    autocast."""
+    net = build_network(cfg.architecture, cfg.encoder, cfg.input.count, cfg.num_classes, cfg.decoder_channels)
     return Segmenter(net, cfg.input)
+
+
+def start_encoder(model: torch.nn.Module, cfg: SegmenterConfig, path: str | Path) -> str:
+    """Start the segmenter's encoder from a local weights file (``model.encoder_weights``); a line for the log."""
+    return load_encoder_weights(model.get_submodule("net.encoder"), path, cfg.encoder)
 
 
 def save_segmenter(model: torch.nn.Module, cfg: SegmenterConfig, path: str | Path, **meta: Any) -> None:

@@ -16,24 +16,34 @@ from typing import Any
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.encoders import (
+    ARCHITECTURES,
+    DEFAULT_ARCHITECTURE,
+    DEFAULT_ENCODER,
+    UNET_DECODER,
+    checked_encoder_weights,
+    default_decoder,
+    dense_network,
+)
 from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
 from rasterscale.tasks.modelinput import model_input
 
+__all__ = ["ARCHITECTURES", "UNET_DECODER", "SegmenterConfig", "segmenter_of_config"]
+
 SEGMENTER_FORMAT = "rasterscale-segmenter/1"
-# the segmentation-models-pytorch networks a config may name (the schema's model.architecture takes them from here)
-ARCHITECTURES: tuple[str, ...] = ("unet", "fpn", "deeplabv3plus")
-UNET_DECODER = (128, 64, 32, 16, 8)  # smp's default is (256, 128, 64, 32, 16)
 NOT_A_SEGMENTER = f"not a rasterscale segmenter (a .pt file of format {SEGMENTER_FORMAT})"
 
 
 @dataclass(frozen=True)
 class SegmenterConfig:
-    """What builds a segmenter. ``decoder_channels`` None: the architecture's default (:data:`UNET_DECODER` for a
-    U-Net, smp's otherwise); ``input``: the bands it takes (a file that records none: RGB, scaled)."""
+    """What builds a segmenter: an smp ``architecture`` on ``encoder`` (a name of
+    :mod:`rasterscale.tasks.encoders`, resolved). ``decoder_channels`` None: the architecture's default
+    (:data:`UNET_DECODER` for a U-Net, smp's otherwise); ``input``: the bands it takes (a file that records none:
+    RGB, scaled)."""
 
     labels: tuple[str, ...]
-    architecture: str = "unet"
-    backbone: str = "resnet18"
+    architecture: str = DEFAULT_ARCHITECTURE
+    encoder: str = DEFAULT_ENCODER
     patch_size: int = 400
     decoder_channels: tuple[int, ...] | None = None
     input: InputBands = field(default_factory=InputBands)
@@ -43,8 +53,8 @@ class SegmenterConfig:
             raise ValueError(f"a segmenter needs at least 2 classes, got labels {list(self.labels)}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.architecture!r} (one of {', '.join(ARCHITECTURES)})")
-        if self.decoder_channels is None and self.architecture == "unet":
-            object.__setattr__(self, "decoder_channels", UNET_DECODER)
+        if self.decoder_channels is None:
+            object.__setattr__(self, "decoder_channels", default_decoder(self.architecture))
 
     @property
     def num_classes(self) -> int:
@@ -59,7 +69,10 @@ class SegmenterConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SegmenterConfig:
+        """A file's record (files of before model.encoder record the encoder as ``backbone``)."""
         data = dict(data)
+        if "backbone" in data and "encoder" not in data:
+            data["encoder"] = data.pop("backbone")
         data["labels"] = tuple(data["labels"])
         if data.get("decoder_channels") is not None:
             data["decoder_channels"] = tuple(data["decoder_channels"])
@@ -70,7 +83,7 @@ class SegmenterConfig:
         """One line for the logs."""
         decoder = f", decoder {list(self.decoder_channels)}" if self.decoder_channels else ""
         return (
-            f"{self.architecture} on {self.backbone}{decoder}, {self.num_classes} classes "
+            f"{self.architecture} on {self.encoder}{decoder}, {self.num_classes} classes "
             f"({', '.join(self.labels)}), {self.patch_size} px tiles"
         ) + ("" if self.input.is_default else f", {self.input.describe()}")
 
@@ -111,8 +124,9 @@ DEFAULT_LABELS = ("background", "tree")
 def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
     """The effective segmenter of a validated config: each ``model.*`` key set, else what the model file
     (``model.file``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
-    ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes the config's
-    labels contradict, raises a one-line InputError naming it (at dry run)."""
+    ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes or network the
+    config's keys contradict, and encoder weights that cannot start the network
+    (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`) raise a one-line error naming it (at dry run)."""
     model = config.get("model", {})
     path, new_head = model_file(config)
     header = read_segmenter_header(path) if path else None
@@ -129,14 +143,10 @@ def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
         )
     if len(labels) < 2:
         raise InputError(f"model.labels: a segmenter needs at least 2 classes (e.g. [background, tree]), got {labels}")
-    architecture = model.get("architecture") or (header.architecture if header else "unet")
-    backbone = model.get("backbone") or (header.backbone if header else "resnet18")
-    if header is not None and (architecture, backbone) != (header.architecture, header.backbone):
-        raise InputError(
-            f"{path}: a {header.architecture} on {header.backbone}, but model.architecture/model.backbone ask for "
-            f"a {architecture} on {backbone}"
-        )
+    recorded = (header.architecture, header.encoder) if header else None
+    architecture, encoder = dense_network(model, path, recorded, "segmentation")
     patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
     decoder = header.decoder_channels if header else None
     bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
-    return SegmenterConfig(labels, architecture, backbone, int(patch_size), decoder, bands)
+    checked_encoder_weights(model, path, new_head, bands.count)
+    return SegmenterConfig(labels, architecture, encoder, int(patch_size), decoder, bands)

@@ -15,10 +15,11 @@ from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.tasks.exported.card import CardRules, ModelCard, exported_card
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
-from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, segmenter_of_config
+from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, SegmenterConfig, segmenter_of_config
 from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
@@ -76,12 +77,22 @@ def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
     return count_classes(scene["classes"], list(labels))
 
 
+# an exported segmentation model gives a channel per class: logits, or probabilities
+CARD = CardRules("segmentation", ("logits", "probabilities"), min_labels=2)
+
+
+def segmentation_model(config: Mapping[str, Any], check: bool = True) -> SegmenterConfig | ModelCard:
+    """The config's segmentation model: an exported file's card (checked against the file when ``check``), else
+    the segmenter that the keys and the model file make."""
+    return exported_card(config, CARD, check) or segmenter_of_config(config)
+
+
 def labels(config: Mapping[str, Any]) -> list[str]:
-    return list(segmenter_of_config(config).labels)
+    return list(segmentation_model(config).labels)
 
 
 def model_input(config: Mapping[str, Any]) -> InputBands:
-    return segmenter_of_config(config).input
+    return segmentation_model(config).input
 
 
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
@@ -111,6 +122,7 @@ SEGMENTATION = TaskSpec(
     count_unit="pixels",
     implementation="rasterscale.tasks.segmentation.task:SegmentationTask",
     model_input=model_input,
-    config_keys={"model": ("architecture",), "predict": ("probabilities",)},
+    config_keys={"model": ("architecture", "encoder", "encoder_weights", "card"), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},
+    exported_outputs=CARD.outputs,
 )

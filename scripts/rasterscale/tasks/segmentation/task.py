@@ -22,15 +22,23 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
 from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.exported.card import ModelCard
+from rasterscale.tasks.exported.runtime import ExportedDense, exported_model
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender
 from rasterscale.tasks.segmentation.dataset import SegmentationTileDataset
 from rasterscale.tasks.segmentation.groundtruth import read_segmentation_truth
 from rasterscale.tasks.segmentation.metrics import confusion_matrix, iou_scores
-from rasterscale.tasks.segmentation.model import Segmenter, build_segmenter, load_segmenter, save_segmenter
-from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
-from rasterscale.tasks.segmentation.spec import SEGMENTATION
+from rasterscale.tasks.segmentation.model import (
+    Segmenter,
+    build_segmenter,
+    load_segmenter,
+    save_segmenter,
+    start_encoder,
+)
+from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+from rasterscale.tasks.segmentation.spec import CARD, SEGMENTATION, segmentation_model
 from rasterscale.tasks.spec import Part
 
 
@@ -65,22 +73,30 @@ class SegmentationTask(DenseTask):
     spec = SEGMENTATION
     training_module_class = SegmentationTrainingModule
 
-    def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig:
-        return segmenter_of_config(config)
+    def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig | ModelCard:
+        return segmentation_model(config, check=False)
 
-    def describe(self, model_cfg: SegmenterConfig) -> str:
+    def describe(self, model_cfg: SegmenterConfig | ModelCard) -> str:
         return model_cfg.describe()
 
     def build_model(self, model_cfg: SegmenterConfig) -> torch.nn.Module:
         return build_segmenter(model_cfg)
 
-    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, SegmenterConfig]:
+    def load_model(
+        self, path: str | Path, config: Mapping[str, Any]
+    ) -> tuple[torch.nn.Module, SegmenterConfig | ModelCard]:
+        exported = exported_model(path, config, CARD)
+        if exported is not None:
+            return exported
         model, cfg, _ = load_segmenter(path, config.get("model", {}).get("labels"))
         return model, cfg
 
     def initial_weights(self, model: torch.nn.Module, model_cfg: SegmenterConfig, config: Mapping[str, Any]) -> str:
-        """Start from ``train.init`` (a rasterscale segmenter of the same classes and network), or from scratch."""
-        init = config["train"]["init"]
+        """Start from ``train.init`` (a rasterscale segmenter of the same classes and network), or its encoder from
+        ``model.encoder_weights``, or from scratch."""
+        init, encoder_weights = config["train"]["init"], config["model"]["encoder_weights"]
+        if encoder_weights:  # the dry run refuses it beside train.init
+            return start_encoder(model, model_cfg, encoder_weights)
         if not init:
             return "no weights: training from scratch (random initialization)"
         start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
@@ -117,6 +133,8 @@ class SegmentationTask(DenseTask):
         return [Path(model_path)]
 
     def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+        if isinstance(model, ExportedDense):
+            return model.eval()
         return prepare_dense_for_inference(model, cast(Segmenter, model).net, predict_cfg["channels_last"])
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
@@ -129,7 +147,7 @@ class SegmentationTask(DenseTask):
         own: Sequence[Tile],
         predicted: Sequence[Tile],
         path: str | Path,
-        model_cfg: SegmenterConfig,
+        model_cfg: SegmenterConfig | ModelCard,
         config: Mapping[str, Any],
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
