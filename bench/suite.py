@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from exported import measure_exported
 from hardware import header, machine
 from instances import measure_instances_merge, measure_instances_rank_rss
 from many_bands import measure_bands
@@ -74,6 +75,7 @@ class Sizes:
     bands_tiles: int = 4  # tiles predicted at 3, 4 and 13 bands in each round (one batch)
     bands_rounds: int = 4  # rounds of every band count in turn (each part's fastest is the figure)
     interleave_side: int = 2048  # the 13-band raster read pixel- and band-interleaved (49 tiles)
+    exported_side: int = 7168  # the scene each exported form predicts (1024 tiles of 256 px)
 
 
 QUICK = Sizes(
@@ -91,6 +93,7 @@ QUICK = Sizes(
     bands_tiles=2,
     bands_rounds=1,
     interleave_side=1024,
+    exported_side=1024,
 )
 
 TARGETS = {  # figure: (comparison, target)
@@ -119,6 +122,9 @@ TARGETS = {  # figure: (comparison, target)
     "bands13_rest_vs_3": ("<=", 1.10),  # the network past the first convolution: the same work at any band count
     # reading 4 of 13 bands band-interleaved over pixel-interleaved: the reader skips the other bands' blocks
     "interleave_4of13_band_vs_pixel": ("<=", 0.50),
+    # the same U-Net as rasterscale's file, TorchScript, torch.export and ONNX (bench/exported.py): each form's
+    # pure forward over its prediction job's wall
+    "exported_efficiency": (">=", 0.90),
 }
 
 
@@ -185,6 +191,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         partial(measure_bands, workdir, sizes.bands_tiles, sizes.batch_size, sizes.interleave_side, sizes.bands_rounds)
     )
 
+    details["exported"] = timed(partial(measure_exported, workdir / "exported", sizes.exported_side))
+
     figures = {
         "efficiency": details["efficiency"]["efficiency"],
         "fastpath_speedup": details["fastpath"]["speedup"],
@@ -200,6 +208,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
             {side: r for side, r in details["instances_rank"].items() if isinstance(r, dict)}, "rss_peak_mb"
         ),
         **bands_figures(details["bands"]),
+        "exported_efficiency": {form: run["efficiency"] for form, run in details["exported"]["forms"].items()},
     }
     return {
         **figures,
@@ -271,6 +280,7 @@ def format_table(result: dict[str, Any]) -> str:
     rows += dense_rows(result, "segmentation") + dense_rows(result, "regression")
     rows += instances_rows(result)
     rows += bands_rows(result)
+    rows += exported_rows(result)
     table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
@@ -470,7 +480,27 @@ def target_cells(result: dict[str, Any], row: tuple[str, str, str | None, str]) 
 
 
 def _value(result: dict[str, Any], key: str, name: str) -> Any:
+    if key == "exported_efficiency":  # by form: this row's ("exported: <form>")
+        return result[key][name.split(": ", 1)[1]]
     if isinstance(result[key], dict):  # a figure by side (rss_mb, the dense tasks' RSS): this row's side
         side = next(s for s in result[key] if f" {int(s) // 1024}k^2" in name)
         return result[key][side]
     return result[key]
+
+
+def exported_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """One row per form of the same U-Net: its job's tiles/s, and its efficiency against the target."""
+    exported = result["details"]["exported"]
+    rows: list[tuple[str, str, str | None, str]] = []
+    for form, run in exported["forms"].items():
+        fastest = " (fastest)" if form == exported["fastest"] else ""
+        rows.append(
+            (
+                f"exported: {form}",
+                f"{run['efficiency']:.3f}",
+                "exported_efficiency",
+                f"{run['tiles_per_s']:.2f} tiles/s{fastest}, {run['precision']}; pure forward {run['forward_s']:.1f} s"
+                f" / job {run['job_wall_s']:.1f} s; {exported['model']}, {run['tiles']} tiles",
+            )
+        )
+    return rows

@@ -1,6 +1,7 @@
 """make bench's report, without running the bench: the hardware header (from rasterscale.runtime.precision's capability
 of a CPU or GPU), the autocast each precision value runs under, and the table of a whole result."""
 
+import re
 import sys
 
 import pytest
@@ -150,6 +151,7 @@ def bench_result(machine: dict) -> dict:
         },
     }
     details["bands"] = bands_details()
+    details["exported"] = exported_details()
     for section in details.values():
         section["load_1min"] = [1.0, 1.5]
     figures = {
@@ -171,6 +173,7 @@ def bench_result(machine: dict) -> dict:
         "instances_merge_rss_growth": 1.033,
         "instances_rank_rss_growth": 1.01,
         **bands_figures(details["bands"]),
+        "exported_efficiency": {form: run["efficiency"] for form, run in details["exported"]["forms"].items()},
     }
     agreement = {
         "model_file": "crowns.pt",
@@ -194,6 +197,33 @@ def bench_result(machine: dict) -> dict:
         "machine": machine,
         "sizes": {"batch_size": Sizes().batch_size},
         "bench_wall_s": 812.4,
+    }
+
+
+def exported_details() -> dict:
+    """bench/exported.py's result, with made-up figures: ONNX fastest, torch.export below the target."""
+
+    def run(tiles_per_s: float, efficiency: float, precision: str) -> dict:
+        return {
+            "tiles_per_s": tiles_per_s,
+            "job_wall_s": 100.0,
+            "forward_s": efficiency * 100,
+            "efficiency": efficiency,
+            "precision": precision,
+            "tiles": 1024,
+        }
+
+    return {
+        "forms": {
+            "eager": run(10.2, 0.93, "bf16-mixed"),
+            "onnx": run(11.5, 0.94, "32-true (its own dtype)"),
+            "torch.export": run(4.1, 0.88, "32-true (its own dtype)"),
+            "torchscript": run(9.9, 0.92, "bf16-mixed"),
+        },
+        "fastest": "onnx",
+        "auto": "bf16-mixed",
+        "model": "U-Net on resnet18 (segmentation), 256 px tiles, batch 4, 1 rank",
+        "side": 7168,
     }
 
 
@@ -284,3 +314,14 @@ def test_the_table_has_the_rank_and_merge_rss_of_segmentation_and_regression_by_
     assert "1.009x" in growth and "<= 1.05" in growth and " yes " in growth
     growth = next(line for line in lines if line.startswith("regression merge RSS 32k^2/4k^2"))
     assert "1.080x" in growth and "<= 1.05" in growth and " NO " in growth
+
+
+def test_the_table_has_a_row_per_exported_form_with_its_efficiency_against_the_target():
+    """make bench's row of the same U-Net in each form (bench/exported.py): tiles/s, which is fastest, and each
+    form's pipeline efficiency against 0.90, met or not per form."""
+    table = format_table(bench_result(avx2_machine()))
+    rows = {line.split("  ")[0]: line for line in table.splitlines() if line.startswith("exported: ")}
+    assert list(rows) == ["exported: eager", "exported: onnx", "exported: torch.export", "exported: torchscript"]
+    assert re.search(r"0\.940\s+>= 0\.9\s+yes\s+11\.50 tiles/s \(fastest\), 32-true", rows["exported: onnx"])
+    assert re.search(r"0\.880\s+>= 0\.9\s+NO\s+4\.10 tiles/s, 32-true", rows["exported: torch.export"])
+    assert "pure forward 93.0 s / job 100.0 s; U-Net on resnet18 (segmentation)" in rows["exported: eager"]

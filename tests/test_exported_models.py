@@ -391,3 +391,46 @@ def test_an_exported_file_cannot_start_training(data, tmp_path):
     config["scenes"]["scene"]["annotations"] = str(data / "none.gpkg")
     with pytest.raises(InputError, match=r"train.init is an exported model: exported files .* predict only"):
         regression_or_segmentation_card(config)
+
+
+def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
+    """scripts/export_model.py (rasterscale.tools.export): a segmenter to ONNX and a regressor to torch.export,
+    each with a card that the dry run accepts and with the file's outputs (the exported network normalizes its
+    input itself); a file that is no rasterscale model is refused in one line."""
+    from rasterscale.raster.bands import InputBands
+    from rasterscale.tasks.regression.model import build_regressor, save_regressor
+    from rasterscale.tasks.regression.modelfiles import RegressorConfig
+    from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
+    from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+    from rasterscale.tasks.registry import task_spec
+    from rasterscale.tasks.segmentation.spec import segmentation_model
+    from rasterscale.tools.export import export_model
+
+    torch.manual_seed(0)
+    bands = InputBands(tuple(BANDS), tuple(MEAN), tuple(STD), raw=True)
+    segmenter = SegmenterConfig(("background", "tree"), patch_size=PATCH, input=bands)
+    regressor = RegressorConfig(("height",), patch_size=PATCH, input=bands, target_mean=(12.0,), target_std=(4.0,))
+    save_segmenter(build_segmenter(segmenter), segmenter, tmp_path / "seg.pt")
+    save_regressor(build_regressor(regressor), regressor, tmp_path / "reg.pt")
+    tiles = torch.rand(3, 4, PATCH, PATCH) * 255
+    for task, native, exported, find in (
+        ("segmentation", "seg.pt", "seg.onnx", segmentation_model),
+        ("regression", "reg.pt", "reg.pt2", regression_model),
+    ):
+        card_file = export_model(tmp_path / native, tmp_path / exported)
+        assert yaml.safe_load(card_file.read_text()) == {
+            "task": task,
+            "labels": ["background", "tree"] if task == "segmentation" else ["height"],
+            "bands": BANDS,
+            "input": "raw",
+            "tile_size": PATCH,
+            "output": "logits" if task == "segmentation" else "values",
+        }
+        config = {"task": task, "model": {"file": str(tmp_path / exported)}, "tiling": {"patch_size": PATCH}}
+        model_card = find(config)  # the dry run's check of the card against the file
+        reference = task_spec(task).load().load_model(tmp_path / native, {"task": task, "model": {}})[0].eval()
+        with torch.inference_mode():
+            expected, got = reference(tiles), load_exported(model_card)(tiles)
+        assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-3), task
+    with pytest.raises(InputError, match="not a rasterscale model file"):
+        export_model(tmp_path / "seg.onnx", tmp_path / "again.onnx")

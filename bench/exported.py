@@ -1,0 +1,108 @@
+"""One segmentation U-Net in each form a user brings it: rasterscale's own file (eager), TorchScript, a
+torch.export program and ONNX (ONNX Runtime), each exported by ``scripts/export_model.py`` from the same file.
+
+For each form, the real prediction job (one rank, its reading worker, ``precision: auto``) over the same scene,
+and the form's pure forward over the job's tiles (preloaded, in the job's batches, at what ``auto`` gives here:
+autocast for eager and TorchScript; a torch.export program and ONNX Runtime run in fp32 whatever the precision, as
+the job runs them). The figures: the job's tiles/s (its rank's, from its profile), and the pipeline efficiency,
+pure forward / job wall. ONNX Runtime's fp16 is measured where a GPU runs it (CUDA provider); on a CPU its fp16 and
+bf16 kernels are too sparse to be worth a row.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jobs import run_predict_job
+from measures import autocast, read_tiles
+from rasterscale.config.schema import validate_config
+from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
+from rasterscale.grid.tile import TileGrid
+from rasterscale.raster.imagery import resolve_spec
+from rasterscale.runtime.precision import choose, probe
+from rasterscale.tasks.exported.card import FORMS
+from rasterscale.tasks.registry import task_spec
+from rasterscale.tools.export import export_model
+from synthetic import write_raster
+
+PATCH, OVERLAP = 256, 32
+SUFFIXES = {"torchscript": "torchscript.pt", "torch.export": "pt2", "onnx": "onnx"}
+TASK = "segmentation"
+
+
+def write_unet(path: Path) -> Path:
+    """rasterscale's U-Net segmenter (ResNet-18 encoder, RGB), untrained and seeded: speed does not depend on
+    weights."""
+    spec = task_spec(TASK).load()
+    config = validate_config({"task": TASK, "tiling": {"patch_size": PATCH}})
+    torch.manual_seed(0)
+    model_cfg = spec.model_config(config)
+    spec.save_model(spec.build_model(model_cfg), model_cfg, path)
+    return path
+
+
+def job_config(model_file: Path, batch: int) -> dict[str, Any]:
+    config = validate_config(
+        {
+            "task": TASK,
+            "model": {"file": str(model_file)},
+            "tiling": {"patch_size": PATCH, "overlap": OVERLAP},
+            "predict": {"accelerator": "cpu", "devices": 1, "workers": 1, "batch_size": batch},
+        }
+    )
+    return {key: config[key] for key in ("task", "model", "tiling", "predict")}
+
+
+def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch: int, precision: str) -> float:
+    """Seconds of the model's forward over every tile in the job's batches, after one untimed batch."""
+    with torch.inference_mode(), autocast(precision):
+        model(torch.stack(images[:batch]))
+        started = time.perf_counter()
+        for start in range(0, len(images), batch):
+            model(torch.stack(images[start : start + batch]))
+        return time.perf_counter() - started
+
+
+def measure_exported(workdir: Path, side: int, batch: int = 4) -> dict[str, Any]:
+    """Each form's job and pure forward over one ``side`` x ``side`` scene (tiles of :data:`PATCH`)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    raster = write_raster(workdir / "scene.tif", side)
+    frame = build_manifest(raster, PATCH, OVERLAP)
+    manifest = workdir / "tiles.parquet"
+    write_manifest(frame, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
+    native = write_unet(workdir / "unet.pt")
+    files = {"eager": native}
+    for form in FORMS:
+        files[form] = workdir / f"unet.{SUFFIXES[form]}"
+        export_model(native, files[form], form)
+    task = task_spec(TASK).load()
+    images = read_tiles(raster, tiles_from_frame(frame))
+    forms: dict[str, Any] = {}
+    for form, path in files.items():
+        config = job_config(path, batch)
+        job = run_predict_job(workdir / f"job-{form.replace('.', '_')}", raster, manifest, path, {}, config=config)
+        profile = job.profiles[0]
+        precision = profile["precision"]
+        torch.set_num_threads(profile["threads"])
+        model = task.prepare_for_inference(task.load_model(path, config)[0], config["predict"])
+        forward = forward_seconds(model, images, batch, precision)
+        forms[form] = {
+            "tiles_per_s": round(profile["tiles_per_s"], 2),
+            "job_wall_s": round(job.wall_s, 2),
+            "forward_s": round(forward, 2),
+            "efficiency": round(forward / job.wall_s, 4),
+            "precision": precision if form in ("eager", "torchscript") else "32-true (its own dtype)",
+            "tiles": job.tiles,
+        }
+    fastest = max(forms, key=lambda form: forms[form]["tiles_per_s"])
+    return {
+        "forms": forms,
+        "fastest": fastest,
+        "auto": choose(probe("cpu")),
+        "model": f"U-Net on resnet18 ({TASK}), {PATCH} px tiles, batch {batch}, 1 rank",
+        "side": side,
+    }

@@ -1,0 +1,76 @@
+"""``make demo-byom``: bring your own model, shown with the segmentation demo's. Its trained model
+(``results/models/crowns_segmenter.pt``, from ``make demo-segmentation``) is exported to ONNX, TorchScript and a
+torch.export program (:mod:`rasterscale.tools.export`), and each file predicts the held-out scene through the
+workflow as a user's exported model would (``model.file`` and the card beside it), as scene ``byom_<form>``. Each
+form's mIoU must be the native model's within :data:`TOLERANCE`; a table is printed and written to
+``results/byom/summary.json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rasterscale.atomic import write_json
+from rasterscale.tools.export import export_model
+
+TOLERANCE = 0.005  # mIoU, against the native model's
+FORMS = {"onnx": "onnx", "torchscript": "torchscript.pt", "torch.export": "pt2"}
+
+
+def form_config(base: dict[str, Any], scene: str, name: str, model_file: Path) -> dict[str, Any]:
+    """The demo's config predicting its held-out scene under the name ``name`` with ``model_file``."""
+    held_out = base["scenes"][scene]
+    return {
+        **base,
+        "scenes": {name: held_out},
+        "model": {"name": base["model"]["name"], "file": str(model_file)},
+        "train": {**base["train"], "scenes": []},
+        "predict": {**base["predict"], "scenes": [name]},
+        "demo": {"scenes": {}},
+    }
+
+
+def miou(scene: str) -> float:
+    return float(json.loads(Path(f"results/{scene}/evaluation.json").read_text())["miou"])
+
+
+def run(config_file: Path, cores: int, forms: list[str]) -> dict[str, Any]:
+    base = yaml.safe_load(config_file.read_text())
+    scene = base["predict"]["scenes"][0]
+    native_model = Path(f"results/models/{base['model']['name']}.pt")
+    rows: dict[str, Any] = {"native": {"miou": miou(scene), "scene": scene}}
+    for form in forms:
+        exported = Path(f"results/byom/{native_model.stem}.{FORMS[form]}")
+        export_model(native_model, exported, form)
+        name = f"byom_{form.replace('.', '_')}"
+        config = Path(f"results/byom/{name}.yaml")
+        config.write_text(yaml.safe_dump(form_config(base, scene, name, exported), sort_keys=False))
+        subprocess.run(
+            [sys.executable, "-m", "snakemake", "--cores", str(cores), "--configfile", str(config)], check=True
+        )
+        rows[form] = {"miou": miou(name), "scene": name, "file": str(exported)}
+    for row in rows.values():
+        row["difference"] = round(row["miou"] - rows["native"]["miou"], 4)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("config/segmentation.yaml"))
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
+    args = parser.parse_args()
+    rows = run(args.config, args.cores, args.forms)
+    write_json(rows, "results/byom/summary.json")
+    print(f"{'model':<14}{'mIoU':>8}{'difference':>12}")
+    for form, row in rows.items():
+        print(f"{form:<14}{row['miou']:>8.4f}{row['difference']:>+12.4f}")
+    worst = max(abs(row["difference"]) for row in rows.values())
+    if worst > TOLERANCE:
+        sys.exit(f"demo-byom: an exported form's mIoU differs from the native model's by {worst:.4f} (> {TOLERANCE})")
