@@ -398,11 +398,11 @@ def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
     each with a card that the dry run accepts and with the file's outputs (the exported network normalizes its
     input itself); a file that is no rasterscale model is refused in one line."""
     from rasterscale.raster.bands import InputBands
+    from rasterscale.tasks.registry import task_spec
     from rasterscale.tasks.regression.model import build_regressor, save_regressor
     from rasterscale.tasks.regression.modelfiles import RegressorConfig
     from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
     from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
-    from rasterscale.tasks.registry import task_spec
     from rasterscale.tasks.segmentation.spec import segmentation_model
     from rasterscale.tools.export import export_model
 
