@@ -20,6 +20,7 @@ from rasterscale.raster.bands import (
     InputBands,
     default_band_names,
     differs_wildly,
+    input_of_keys,
     pooled_statistics,
     rgb_roles,
     scaled_input,
@@ -51,6 +52,8 @@ def test_band_names_roles_and_the_default_input():
         InputBands(RGBN[:3], (1.0, 1.0, 1.0), (1.0, 0.0, 1.0), raw=True)
     with pytest.raises(ValueError, match="band names repeat"):
         InputBands(("red", "Red", "blue"))
+    given = input_of_keys(RGBN, {"mean": [90, 80, 70, 120], "std": [30, 25, 20, 40]})  # 4 bands: was refused
+    assert given == InputBands(RGBN, (90.0, 80.0, 70.0, 120.0), (30.0, 25.0, 20.0, 40.0), raw=True)
 
 
 def test_pooled_statistics_are_those_of_the_scenes_pixels_together():

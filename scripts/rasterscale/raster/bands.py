@@ -176,7 +176,8 @@ def input_of_keys(names: Sequence[str], normalize: Any) -> InputBands:
         return scaled_input(names)
     if normalize == AUTO:
         return InputBands(tuple(names), (), (), raw=True)
-    return InputBands(tuple(names), raw=True).with_statistics(normalize["mean"], normalize["std"])
+    mean, std = tuple(float(m) for m in normalize["mean"]), tuple(float(s) for s in normalize["std"])
+    return InputBands(tuple(names), mean, std, raw=True)
 
 
 @dataclass(frozen=True)
