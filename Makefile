@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances demo-height test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest clean
+.PHONY: demo demo-segmentation demo-instances demo-height demo-byom test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -38,6 +38,11 @@ demo-instances: $(STAMP)
 
 demo-height: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/height.yaml
+
+# bring your own model: the segmentation demo's model exported to ONNX, TorchScript and torch.export, each form
+# predicting the held-out scene as model.file with its card (scripts/rasterscale/tools/byom.py): mIoU within 0.005
+demo-byom: demo-segmentation
+	$(BIN)/python scripts/demo_byom.py --cores $(CORES)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -100,6 +105,21 @@ bench-deepforest: $(STAMP) $(DF_STAMP)
 
 test-deepforest: $(STAMP) $(DF_STAMP)
 	$(DF_VENV)/bin/python -m pytest -p no:cacheprovider -c /dev/null --rootdir . bench/deepforest -q
+
+# TorchGeo 0.8.1, ONNX and ONNX Runtime in an environment of their own (not runtime dependencies), for the test that
+# a TorchGeo model exported as TorchScript, torch.export and ONNX predicts a raster through the workflow as TorchGeo
+# does, and that TorchGeo-style encoder weights load into rasterscale's training (bench/peers; not part of `make test`).
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/peers/requirements.txt
+	rm -rf $(PEERS_VENV)
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --prefer-binary -r bench/peers/requirements.txt
+	touch $(PEERS_STAMP)
+
+test-peers: $(STAMP) $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python -m pytest -p no:cacheprovider -c /dev/null --rootdir . bench/peers -q
 
 clean:
 	rm -rf results logs benchmarks .snakemake
