@@ -1,7 +1,7 @@
 """``make demo-byom``: bring your own model, shown with the segmentation demo's. Its trained model
 (``results/models/crowns_segmenter.pt``, from ``make demo-segmentation``) is exported to ONNX, TorchScript and a
 torch.export program (:mod:`rasterscale.tools.export`), and each file predicts the held-out scene through the
-workflow as a user's exported model would (``model.file`` and the card beside it), as scene ``byom_<form>``. Each
+workflow as a user's exported model would (``model.file`` and the card beside it), in ``results/byom/<form>/``. Each
 form's mIoU must be the native model's within :data:`TOLERANCE`; a table is printed and written to
 ``results/byom/summary.json``."""
 
@@ -23,38 +23,43 @@ TOLERANCE = 0.005  # mIoU, against the native model's
 FORMS = {"onnx": "onnx", "torchscript": "torchscript.pt", "torch.export": "pt2"}
 
 
-def form_config(base: dict[str, Any], scene: str, name: str, model_file: Path) -> dict[str, Any]:
-    """The demo's config predicting its held-out scene under the name ``name`` with ``model_file``."""
-    held_out = base["scenes"][scene]
+def form_config(base: dict[str, Any], scene: str, model_file: Path) -> dict[str, Any]:
+    """The demo's config predicting its held-out scene with ``model_file``, every path absolute (the form's run
+    has a working folder of its own)."""
+    held_out = dict(base["scenes"][scene])
+    for key in ("path", "annotations"):
+        if held_out.get(key):
+            held_out[key] = str(Path(held_out[key]).resolve())
     return {
         **base,
-        "scenes": {name: held_out},
-        "model": {"name": base["model"]["name"], "file": str(model_file)},
+        "scenes": {scene: held_out},
+        "model": {"name": base["model"]["name"], "file": str(model_file.resolve())},
         "train": {**base["train"], "scenes": []},
-        "predict": {**base["predict"], "scenes": [name]},
+        "predict": {**base["predict"], "scenes": [scene]},
         "demo": {"scenes": {}},
     }
 
 
-def miou(scene: str) -> float:
-    return float(json.loads(Path(f"results/{scene}/evaluation.json").read_text())["miou"])
+def miou(workdir: Path, scene: str) -> float:
+    return float(json.loads((workdir / f"results/{scene}/evaluation.json").read_text())["miou"])
 
 
 def run(config_file: Path, cores: int, forms: list[str]) -> dict[str, Any]:
+    """Each form exported and run in ``results/byom/<form>/`` (its own results, batches and logs: the demo's are
+    left as they are); the mIoUs beside the native model's."""
     base = yaml.safe_load(config_file.read_text())
     scene = base["predict"]["scenes"][0]
     native_model = Path(f"results/models/{base['model']['name']}.pt")
-    rows: dict[str, Any] = {"native": {"miou": miou(scene), "scene": scene}}
+    rows: dict[str, Any] = {"native": {"miou": miou(Path("."), scene), "file": str(native_model)}}
     for form in forms:
-        exported = Path(f"results/byom/{native_model.stem}.{FORMS[form]}")
+        workdir = Path("results/byom") / form.replace(".", "_")
+        exported = workdir / f"{native_model.stem}.{FORMS[form]}"
         export_model(native_model, exported, form)
-        name = f"byom_{form.replace('.', '_')}"
-        config = Path(f"results/byom/{name}.yaml")
-        config.write_text(yaml.safe_dump(form_config(base, scene, name, exported), sort_keys=False))
-        subprocess.run(
-            [sys.executable, "-m", "snakemake", "--cores", str(cores), "--configfile", str(config)], check=True
-        )
-        rows[form] = {"miou": miou(name), "scene": name, "file": str(exported)}
+        config = workdir / "config.yaml"
+        config.write_text(yaml.safe_dump(form_config(base, scene, exported), sort_keys=False))
+        command = ["--cores", str(cores), "--directory", str(workdir), "--configfile", str(config.resolve())]
+        subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", "Snakefile", *command], check=True)
+        rows[form] = {"miou": miou(workdir, scene), "file": str(exported)}
     for row in rows.values():
         row["difference"] = round(row["miou"] - rows["native"]["miou"], 4)
     return rows
