@@ -6,10 +6,12 @@ bad fail the predicting rank with one line naming the raster and the tile (a rea
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import geopandas as gpd
@@ -23,7 +25,10 @@ from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
+from rasterscale.tasks.detection.annotations import read_annotations
 from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
+from rasterscale.tasks.labels import label_indexes
+from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
 from rasterscale.workflow.plan import build_plan
 from workflow import workflow_command
@@ -480,3 +485,217 @@ def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_
             build_plan(raw, tmp_path / "run")
         assert re.search(pattern, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
     build_plan(config("heights.tif", merge={"tree_tops": {"min_height": 2}}), tmp_path / "run")  # all well
+
+
+PEER_RANKS = """
+import sys
+sys.path.insert(0, {scripts!r})
+from rasterscale.runtime.launch import start_local_ranks
+ranks = start_local_ranks({{"predict": {{"devices": 2, "shards": 1}}}}, "predict")  # rank 0 starts rank 1
+import torch.distributed as dist
+from rasterscale.errors import InputError
+from rasterscale.runtime.ranks import current_rank, setup_rank_logging
+rank = current_rank()
+setup_rank_logging(rank, sys.argv[1])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+if rank == 1:
+    raise InputError("https://host/scene.tif?sig=x: tile 7 could not be read; run the same command again")
+dist.all_gather_object([None, None], rank)  # rank 0 waits here, as in prediction's final gather
+"""
+
+
+def test_a_rank_whose_peer_failed_ends_with_one_line(tmp_path):
+    """Rank 1 fails with its one line while rank 0 waits in a collective (prediction's final gather; a training
+    step's all-reduce breaks alike, and every rank's exception hook is the same): the job's log holds rank 1's line
+    and rank 0's one-line ending, no traceback (the ranks' own logs keep theirs). Rank 0 started rank 1, as a local
+    job does: its watch of rank 1 and its broken gather say the same line, once."""
+    script = tmp_path / "ranks.py"
+    script.write_text(PEER_RANKS.format(scripts=str(REPO / "scripts")))
+    logs = tmp_path / "logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("LOCAL_RANK", "RANK")}
+    result = subprocess.run([sys.executable, str(script), str(logs)], env=env, capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and 'File "' not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "rasterscale:" in line]
+    assert lines == [
+        "rasterscale: rank 1: https://host/scene.tif?sig=***: tile 7 could not be read; run the same command "
+        f"again (traceback in {logs / 'rank-1.log'})",
+        "rasterscale: rank 0: ending: rank 1 failed (see its line above)",
+    ], result.stderr
+    assert "Traceback" in (logs / "rank-1.log").read_text()
+
+
+def test_annotation_labels_match_model_labels_whatever_their_case(data, tmp_path, caplog):
+    """DeepForest's CSVs say `Tree`, the default model.labels `[tree]`: the dry run passes, the boxes are class
+    `tree` (the model's spelling, which the outputs keep), the mapping is logged once; labels of one name in two
+    cases stop the dry run with one line; a label of no case of model.labels still does."""
+    rows = "".join(f"train.tif,{20 + 30 * k},100,{40 + 30 * k},120,Tree\n" for k in range(5))
+    (tmp_path / "tree.csv").write_text("image_path,xmin,ymin,xmax,ymax,label\n" + rows)
+    base = config_of(data)
+    scenes = {**base["scenes"], "train": {**base["scenes"]["train"], "annotations": str(tmp_path / "tree.csv")}}
+    plan = build_plan({**base, "scenes": scenes}, tmp_path / "run")
+    assert plan.labels == ("tree",)
+    raster = check_raster(data / "train.tif")
+    assert read_annotations(tmp_path / "tree.csv", raster, ["tree"]).labels.tolist() == [0] * 5
+    with caplog.at_level(logging.INFO, logger="rasterscale.tasks.labels"):
+        for _ in range(2):
+            assert label_indexes("a.csv", np.array(["TREE", "shrub", "TREE"]), ["tree", "shrub"]).tolist() == [0, 1, 0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "a.csv: label(s) matched to model.labels regardless of case: TREE -> tree (outputs name them so)"
+    ]
+    assert label_indexes("b.csv", np.array(["Tree", "tree"]), ["Tree", "tree"]).tolist() == [0, 1]  # exact first
+    with pytest.raises(InputError, match=r"^c.csv: label\(s\) Oak are not in model.labels \(tree\)$"):
+        label_indexes("c.csv", np.array(["Tree", "Oak"]), ["tree"])
+    with pytest.raises(ConfigError) as raised:
+        build_plan({**base, "scenes": scenes, "model": {**base["model"], "labels": ["Tree", "tree"]}}, tmp_path)
+    assert str(raised.value) == "config: key 'model.labels' names class 'Tree' twice (Tree, tree)"
+
+
+FORMATS = ["boxes.gpkg", "crowns.gpkg", "crowns.geojson", "crowns.parquet", "boxes.csv", "boxes.xml", "coco.json"]
+FORMATS += ["classes.tif", "heights.tif"]
+
+
+def write_every_format(data: Path, folder: Path) -> list[str]:
+    """The annotation formats the tasks read, each of train.tif: box and crown polygons (GeoPackage, GeoJSON,
+    GeoParquet), a DeepForest CSV, a Pascal VOC file, a COCO file, a class raster and a height raster."""
+    x, y = 404002, 3284990
+    crowns = [shapely.Point(x + 1 + 3 * k, y + 1).buffer(1) for k in range(5)]
+    write_boxes(folder / "boxes.gpkg")
+    frame = gpd.GeoDataFrame({"label": ["tree"] * 5}, geometry=crowns, crs="EPSG:32617")
+    frame.to_file(folder / "crowns.gpkg")
+    frame.to_file(folder / "crowns.geojson")
+    frame.to_parquet(folder / "crowns.parquet")
+    boxes = [(20 + 30 * k, 100, 40 + 30 * k, 120) for k in range(5)]
+    rows = "".join(f"train.tif,{a},{b},{c},{d},Tree\n" for a, b, c, d in boxes)
+    (folder / "boxes.csv").write_text("image_path,xmin,ymin,xmax,ymax,label\n" + rows)
+    objects = "".join(
+        f"<object><name>Tree</name><bndbox><xmin>{a}</xmin><ymin>{b}</ymin><xmax>{c}</xmax><ymax>{d}</ymax>"
+        "</bndbox></object>"
+        for a, b, c, d in boxes
+    )
+    (folder / "boxes.xml").write_text(f"<annotation><filename>train.tif</filename>{objects}</annotation>")
+    coco = {
+        "images": [{"id": 1, "file_name": "train.tif", "width": 512, "height": 512}],
+        "categories": [{"id": 1, "name": "Tree"}],
+        "annotations": [
+            {"id": k, "image_id": 1, "category_id": 1, "segmentation": [[a, b, c, b + 2, a + 5, d]]}
+            for k, (a, b, c, d) in enumerate(boxes)
+        ],
+    }
+    (folder / "coco.json").write_text(json.dumps(coco))
+    ones = np.ones((1, 512, 512))
+    write_raster(folder / "classes.tif", 512, 512, count=1, data=ones.astype(np.uint8), transform=TRANSFORM)
+    write_raster(folder / "heights.tif", 512, 512, count=1, data=ones.astype(np.float32), transform=TRANSFORM)
+    return FORMATS
+
+
+BOX_FILES = {
+    "boxes.csv": "a CSV of boxes in pixels \\(DeepForest's\\), no outlines and no CRS",
+    "boxes.xml": "a Pascal VOC XML file of boxes in pixels, no outlines and no CRS",
+}
+OUTLINES = "crowns need outlines: a COCO JSON file \\(polygons or masks\\) or polygons in a vector file"
+SEGMENTS = "segmentation needs polygons in a vector file with a CRS, or a class raster on the scene's grid"
+DETECTS = "detection boxes come as polygons in a vector file \\(boxes or outlines\\), a DeepForest CSV or a Pascal"
+REGRESSES = "regression needs a float raster of target values"
+RASTER = "a raster, not a vector file"
+COCO = "a COCO instances file \\(outlines in an image's pixels, no CRS\\)"
+# task -> (its labels, {file: the start of its one line after "<file>: "; a file not named passes})
+EVERY_FORMAT = {
+    "detection": (
+        ["tree"],
+        {
+            "coco.json": f"{COCO}; {DETECTS}",
+            "classes.tif": f"{RASTER}; {DETECTS}",
+            "heights.tif": f"{RASTER}; {DETECTS}",
+        },
+    ),
+    "instances": (
+        ["tree"],
+        {**{f: f"{k}; {OUTLINES}" for f, k in BOX_FILES.items()}, "classes.tif": f"{RASTER}; {OUTLINES}"}
+        | {"heights.tif": f"{RASTER}; {OUTLINES}"},
+    ),
+    "segmentation": (
+        ["background", "tree"],
+        {**{f: f"{k}; {SEGMENTS}" for f, k in BOX_FILES.items()}, "coco.json": f"{COCO}; {SEGMENTS}"}
+        | {"heights.tif": "class raster band 1 is float32, not integer class ids"},
+    ),
+    "regression": (
+        ["height"],
+        {f: REGRESSES for f in FORMATS[:7]}
+        | {"classes.tif": "target raster is uint8; regression needs a float raster"},
+    ),
+}
+
+
+def test_every_annotation_format_meets_every_task_in_one_line(data, tmp_path):
+    """Every format any task reads, given to every task's ground-truth check (what the dry run runs): read, or
+    refused with one line naming the file, what it is and what the task needs (was: a traceback of instances given
+    a DeepForest CSV; "no CRS" of segmentation given one)."""
+    files = write_every_format(data, tmp_path)
+    raster = check_raster(data / "train.tif")
+    outcomes = {}
+    for task, (labels, refused) in EVERY_FORMAT.items():
+        for name in files:
+            path = str(tmp_path / name)
+            try:
+                task_spec(task).check_annotations(path, raster, labels, None, "train.tif")
+            except InputError as err:
+                outcomes[task, name] = str(err)
+                assert name in refused and "\n" not in str(err), (task, str(err))
+                assert re.match(f"{re.escape(path)}: {refused[name]}", str(err)), (task, str(err))
+            else:
+                assert name not in refused, (task, name)
+    assert len(outcomes) == sum(len(refused) for _, refused in EVERY_FORMAT.values())
+
+
+def test_crowns_that_are_all_rectangles_warn_at_the_dry_run(data, tmp_path):
+    """Crown polygons that are (nearly) all axis-aligned rectangles are a box file given by mistake: one warning
+    line at the dry run (a real one: its wiring), which scenes.X.rectangles_ok silences; outlines, or fewer than
+    9 in 10 rectangles, pass quietly; the key is instances' only."""
+    result = dry_run(tmp_path / "run", crowns_config(data, "train.gpkg"))
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")] == [
+        f"rasterscale: warning: {data / 'train.gpkg'}: 5 of 5 polygons are axis-aligned rectangles: boxes, not "
+        "crowns' outlines? Mask R-CNN would learn rectangular crowns; give outlines (a COCO JSON file or polygons), "
+        "or set scenes.train.rectangles_ok: true if they are meant"
+    ]
+    x, y = 404002, 3284990
+    tilted = shapely.affinity.rotate(shapely.box(x, y - 9, x + 2, y - 7), 30)
+    for rectangles, outlines, warned in [(9, 1, True), (8, 2, False), (0, 3, False)]:
+        boxes = [shapely.box(x + 3 * k, y, x + 2 + 3 * k, y + 2) for k in range(rectangles)]
+        crowns = [shapely.Point(x + 1 + 3 * k, y - 3).buffer(1) for k in range(outlines - 1)]
+        write_crowns(tmp_path / "mixed.gpkg", [*boxes, *crowns, tilted])  # a rotated box is an outline
+        config = crowns_config(data, "train.gpkg")
+        config["scenes"]["train"]["annotations"] = str(tmp_path / "mixed.gpkg")
+        for silenced in (False, True):
+            config["scenes"]["train"]["rectangles_ok"] = silenced
+            lines: list[str] = []
+            build_plan(config, tmp_path / "run", warn=lines.append)
+            assert len(lines) == (warned and not silenced), (rectangles, lines)
+            assert all(f"{rectangles} of {rectangles + outlines} polygons are axis-aligned" in line for line in lines)
+    detection = config_of(data)
+    detection["scenes"]["train"]["rectangles_ok"] = True
+    with pytest.raises(ConfigError) as raised:
+        build_plan(detection, tmp_path / "run")
+    assert (
+        str(raised.value)
+        == "config: key 'scenes.train.rectangles_ok' applies to task instances only, and task is detection"
+    )
+
+
+def test_a_failure_marker_counts_for_its_own_launch_only(tmp_path, monkeypatch):
+    """A marker that a failed run left in the log folder is not this run's (another rendezvous port), and a rank
+    that starts again removes its own."""
+    from rasterscale.runtime import peers
+
+    monkeypatch.setattr(peers, "_folder", None)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    peers.start(tmp_path, 0)
+    peers.mark_failed(2, "the last run's")
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    assert peers.failed_peers(0) == []
+    peers.mark_failed(1, "this run's")
+    assert peers.failed_peers(0) == [1] and peers.failed_peers(1) == []
+    peers.start(tmp_path, 1)
+    assert peers.failed_peers(0) == []
+    assert peers.ending_line(0, [1, 3]) == "rasterscale: rank 0: ending: ranks 1, 3 failed (see their lines above)"

@@ -84,7 +84,8 @@ def user_config(directory):
             "bands": BANDS,
         },
     }
-    model = {"labels": ["Tree"], "band_names": ["red", "green", "blue", "nir"]}
+    # DeepForest's CSV and VOC say Tree; model.labels is left at its default, [tree]: matched whatever the case
+    model = {"band_names": ["red", "green", "blue", "nir"]}
     config = tiny_config(model=model, train={"scenes": ["odm_train"]}, predict={"scenes": ["ortho16"]})
     return config | {"scenes": scenes, "demo": {}}
 
@@ -126,10 +127,14 @@ def test_the_masked_corner_gets_no_detections(user_run):
 
 
 def test_csv_rows_of_other_images_are_counted_in_the_log_and_voc_scores(user_run):
+    """DeepForest's CSV (and VOC) label, Tree, trains and scores the default model.labels, [tree]: the model keeps
+    its own spelling."""
     workdir, _ = user_run
     log = (workdir / "logs/train/tiny.log").read_text()
     assert "boxes.csv: 3 box(es) of other images than odm_train.tif ignored" in log
-    assert read_header(workdir / "results/models/tiny.pt").input == scaled_input(["red", "green", "blue", "nir"])
+    assert "Tree -> tree" in log
+    header = read_header(workdir / "results/models/tiny.pt")
+    assert header.input == scaled_input(["red", "green", "blue", "nir"]) and header.labels == ("tree",)
     metrics = json.loads((workdir / "results/ortho16/evaluation.json").read_text())
     assert metrics["ground_truth"] > 0 and {"precision", "recall", "f1"} <= set(metrics)
 

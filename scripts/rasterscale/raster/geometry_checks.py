@@ -1,20 +1,25 @@
 """Checks of ground-truth geometries, each failing with one line that names the file and the feature (an OGR
 feature id, a GeoParquet row, a COCO annotation id): what the tasks that read vector ground truth share.
 
-- :func:`read_features`: an OGR vector file or GeoParquet, with its features' names;
+- :func:`read_features`: an OGR vector file or GeoParquet, with its features' names (a file of another kind, a
+  CSV or VOC file of pixel boxes, a COCO file, a raster, named as such: :func:`file_kind`);
 - :func:`check_polygonal`: every geometry is there and is a polygon (detection's boxes and instances' crowns are
   areas; a point or a line is a tree top or a transect, not an object's extent);
 - :func:`mend_polygons`: invalid polygons (a ring crossing itself) mended with ``shapely.make_valid`` where the
   result is one polygon, else an error;
 - :func:`single_polygons`: one polygon each (a multipolygon of several parts is several objects);
-- :func:`clip_to_frame`: polygons clipped to a raster's pixel frame, the ones wholly outside it told apart.
+- :func:`clip_to_frame`: polygons clipped to a raster's pixel frame, the ones wholly outside it told apart;
+- :func:`count_rectangles`: how many polygons are axis-aligned rectangles (boxes given as outlines).
 
 Torch-free: it runs at plan time (``snakemake -n``) and in the evaluation job.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
@@ -23,6 +28,8 @@ import shapely
 from rasterscale.errors import InputError
 
 POLYGON, MULTIPOLYGON = shapely.GeometryType.POLYGON, shapely.GeometryType.MULTIPOLYGON
+RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
+RECTANGLE_TOLERANCE = 1e-6  # a rectangle's area is its envelope's within this share
 MENDED_SHARE = 0.99  # a mended polygon's largest part must hold this share of its area (slivers go)
 
 
@@ -123,14 +130,60 @@ def clip_to_frame(geometries: np.ndarray, width: int, height: int) -> tuple[np.n
     return geometries, shapely.area(geometries) <= 0
 
 
-def read_features(path: str) -> tuple[gpd.GeoDataFrame, list[str]]:
+def count_rectangles(geometries: np.ndarray, tolerance: float = RECTANGLE_TOLERANCE) -> int:
+    """How many of the polygons are axis-aligned rectangles: one ring of 4 corners (5 coordinates, or 4 with the
+    ring not closed by repeating its start) whose area is its envelope's, within ``tolerance`` (a share)."""
+    geometries = np.asarray(geometries, dtype=object)
+    if not len(geometries):
+        return 0
+    polygons = shapely.get_type_id(geometries) == POLYGON
+    simple = polygons & (shapely.get_num_interior_rings(geometries) == 0)
+    corners = np.zeros(len(geometries), dtype=bool)
+    corners[simple] = shapely.get_num_coordinates(shapely.get_exterior_ring(geometries[simple])) == 5
+    area, envelope = shapely.area(geometries), shapely.area(shapely.envelope(geometries))
+    return int((corners & (envelope > 0) & (np.abs(envelope - area) <= tolerance * envelope)).sum())
+
+
+def read_features(path: str, needs: str = "needs geometries") -> tuple[gpd.GeoDataFrame, list[str]]:
     """An OGR vector file or GeoParquet as a frame, and its features' names for messages: ``feature <fid>`` (the
-    id QGIS shows) or, for GeoParquet, ``row <n>`` (from 0). One line naming the file when it cannot be read."""
+    id QGIS shows) or, for GeoParquet, ``row <n>`` (from 0). One line naming the file when it cannot be read, or
+    holds no geometries (a CSV of pixel boxes, a COCO file, a raster: :func:`file_kind`), with what the task
+    ``needs``."""
     try:
         if path.endswith(".parquet"):
             frame = gpd.read_parquet(path)
             return frame, [f"row {n}" for n in range(len(frame))]
         frame = gpd.read_file(path, fid_as_index=True)
     except Exception as err:  # pyogrio and pyarrow raise many types
-        raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from err
+        raise unreadable(path, err, needs) from err
+    if not isinstance(frame, gpd.GeoDataFrame) or frame.geometry.name not in frame.columns:
+        raise InputError(f"{path}: {file_kind(path) or 'a table without geometries'}; {needs}")
     return frame, [f"feature {fid}" for fid in frame.index]
+
+
+def unreadable(path: str, error: BaseException, needs: str) -> InputError:
+    """The one line of a file that OGR will not read as a vector file: what it is where its name says
+    (:func:`file_kind`) and what the task needs, else OGR's reason."""
+    kind = file_kind(path)
+    if kind is not None:
+        return InputError(f"{path}: {kind}; {needs}")
+    return InputError(f"{path}: not a readable vector file ({str(error).splitlines()[0]})")
+
+
+def file_kind(path: str) -> str | None:
+    """What an annotation file that is no vector file of geometries in a CRS is, told by its name (a ``.json`` by
+    its keys): a DeepForest CSV or Pascal VOC file of pixel boxes, a COCO instances file, a raster; None for
+    anything else."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return "a CSV of boxes in pixels (DeepForest's), no outlines and no CRS"
+    if suffix == ".xml":
+        return "a Pascal VOC XML file of boxes in pixels, no outlines and no CRS"
+    if suffix in RASTER_SUFFIXES:
+        return "a raster, not a vector file"
+    if suffix == ".json":
+        with contextlib.suppress(OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if isinstance(data, dict) and {"images", "annotations"} <= set(data):
+                return "a COCO instances file (outlines in an image's pixels, no CRS)"
+    return None

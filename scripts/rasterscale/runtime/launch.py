@@ -10,11 +10,12 @@ Slurm allocation that srun did not start is refused by the pre-flight checks: no
 case, nor for a one-rank job.
 
 Rank 0 watches the ranks it started (:class:`LocalRanks`): when one exits with an error, it kills the others and
-exits with one line. One that exits with the code of a stop on SIGTERM (143: a training job stops on all its ranks
-at the same step, once its checkpoint is written) leaves rank 0 :data:`STOP_GRACE_SECONDS` to stop on its own; the
-job then exits with 143, not as a failure. A rank started here dies with rank 0 (:mod:`rasterscale.runtime.lifetime`,
-which reads :data:`~rasterscale.runtime.lifetime.RANK_LAUNCHER`). This module imports no torch: entry scripts call
-:func:`start_local_ranks` before they import the rest of the package.
+exits with one line (``rank 0: ending: rank 1 failed (see its line above)`` where that rank said why:
+:mod:`rasterscale.runtime.peers`). One that exits with the code of a stop on SIGTERM (143: a training job stops on
+all its ranks at the same step, once its checkpoint is written) leaves rank 0 :data:`STOP_GRACE_SECONDS` to stop on
+its own; the job then exits with 143, not as a failure. A rank started here dies with rank 0
+(:mod:`rasterscale.runtime.lifetime`, which reads :data:`~rasterscale.runtime.lifetime.RANK_LAUNCHER`). This
+module imports no torch: entry scripts call :func:`start_local_ranks` before they import the rest of the package.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from rasterscale.runtime import peers
 from rasterscale.runtime.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
 from rasterscale.runtime.preflight import launch_geometry, slurm_job_id
 
@@ -95,10 +97,11 @@ class LocalRanks:
         pid = self.processes[local_rank - 1].pid
         if code == SIGTERM_EXIT_CODE:
             line = f"local rank {local_rank} (pid {pid}) stopped on SIGTERM and rank 0 did not: ending the job"
+        elif local_rank in peers.failed_peers(0):  # it said why: one node, so its local rank is its rank
+            line = peers.ending_line(0, [local_rank]).removeprefix("rasterscale: ")
         else:
             line = f"local rank {local_rank} (pid {pid}) exited with code {code}: ending the job's other ranks"
-        sys.stderr.write(f"rasterscale: {line}\n")
-        sys.stderr.flush()
+        peers.say_once(f"rasterscale: {line}")
         kill_children()
         os._exit(SIGTERM_EXIT_CODE if code == SIGTERM_EXIT_CODE else 1)
 

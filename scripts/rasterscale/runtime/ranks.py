@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy
 
 from rasterscale.errors import InputError, one_line
+from rasterscale.runtime import peers
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.lifetime import bind_rank
 from rasterscale.runtime.preflight import (
@@ -37,6 +38,7 @@ from rasterscale.runtime.preflight import (
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
 RUNTIME_LOGGER = "rasterscale.runtime"
+TASKS_LOGGER = "rasterscale.tasks"  # what a task says while a rank reads its data (e.g. labels matched by case)
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 
 
@@ -217,8 +219,9 @@ def log_placement(trainer: L.Trainer, step: Any = None) -> None:
 def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str = "rasterscale") -> logging.Logger:
     """Rank 0 logs progress to stderr (the rule's log); every rank also keeps its full log in its own file.
 
-    The rank's file (``<log_dir>/rank-<rank>.log``) also gets the runtime's placement and pre-flight lines,
-    Lightning's messages and, should the rank die of an exception, its traceback.
+    The rank's file (``<log_dir>/rank-<rank>.log``) also gets the runtime's placement and pre-flight lines, what
+    the task says while reading its data, Lightning's messages and, should the rank die of an exception, its
+    traceback.
     """
     formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
     file_handler = None
@@ -227,7 +230,7 @@ def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str =
         file_handler = logging.FileHandler(Path(log_dir) / f"rank-{rank}.log", mode="w")
         file_handler.setFormatter(formatter)
     loggers = []
-    for logger_name in (name, RUNTIME_LOGGER):
+    for logger_name in (name, RUNTIME_LOGGER, TASKS_LOGGER):
         logger = logging.getLogger(logger_name)
         logger.handlers.clear()
         logger.setLevel(logging.INFO)
@@ -248,6 +251,7 @@ def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str =
             file_handler._rasterscale_rank_file = True  # type: ignore[attr-defined]
             lightning_logger.addHandler(file_handler)
     if file_handler is not None:
+        peers.start(Path(file_handler.baseFilename).parent, rank)
         _log_uncaught_exceptions(loggers[0])
     return loggers[0]
 
@@ -255,7 +259,8 @@ def setup_rank_logging(rank: int, log_dir: str | Path | None = None, name: str =
 def _log_uncaught_exceptions(logger: logging.Logger) -> None:
     """A rank that dies of an exception leaves its traceback in its own log file, too. An input error (a raster
     whose tile will not decode, a bad input file) is the user's to fix: the rule's log gets its one line, naming
-    the file and the tile, and where the traceback is; other exceptions print their traceback there as well."""
+    the file and the tile, and where the traceback is; other exceptions print their traceback there as well. A rank
+    whose collective broke because a peer failed (:mod:`rasterscale.runtime.peers`) ends with one line saying so."""
 
     def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
         files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
@@ -266,11 +271,21 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
                         logger.name, logging.ERROR, __file__, 0, "rank failed", (), (kind, value, traceback)
                     )
                 )
+        rank = current_rank()
         if issubclass(kind, InputError) and files:
-            sys.stderr.write(
-                f"rasterscale: rank {current_rank()}: {one_line(value)} (traceback in {files[0].baseFilename})\n"
-            )
+            line = f"rasterscale: rank {rank}: {one_line(value)} (traceback in {files[0].baseFilename})"
+            peers.mark_failed(rank, line)
+            peers.say_once(line)
             return
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and peers.is_peer_error(value):
+            failed = peers.failed_peers(rank, wait=peers.PEER_WAIT_SECONDS)
+            log_dir = Path(files[0].baseFilename).parent if files else None
+            peers.say_once(peers.ending_line(rank, failed, log_dir))
+            for handler in files:
+                handler.flush()
+            os._exit(1)  # no teardown: the process group's threads wait on the peer that is gone
+        if not issubclass(kind, KeyboardInterrupt):
+            peers.mark_failed(rank, f"{kind.__name__}: {value}")
         sys.__excepthook__(kind, value, traceback)
 
     sys.excepthook = hook

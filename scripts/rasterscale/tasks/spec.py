@@ -42,7 +42,9 @@ class TaskSpec:
       when predicting with one, else the training scenes' and ``model.band_names``/``normalize``:
       :func:`rasterscale.tasks.modelinput.model_input`);
     - ``check_annotations(path, raster, labels, label_column, image_name)``: header checks of a scene's ground
-      truth, one-line :class:`~rasterscale.errors.InputError` naming the file;
+      truth, one-line :class:`~rasterscale.errors.InputError` naming the file; its warnings (a file that is likely
+      a mistake), each ``(scene key, line)``: the dry run says the line (``{scene}`` the scene's name) unless the
+      scene sets that key true;
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
@@ -65,7 +67,7 @@ class TaskSpec:
     model_files: dict[str, str]
     default_model_name: str
     labels: Callable[[Mapping[str, Any]], list[str]]
-    check_annotations: Callable[[str, RasterInfo, list[str], str | None, str], None]
+    check_annotations: Callable[[str, RasterInfo, list[str], str | None, str], Sequence[tuple[str, str]] | None]
     merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]

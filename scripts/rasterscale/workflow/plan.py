@@ -560,7 +560,11 @@ def _check_scene(
         annotations = scene.get("annotations")
         if annotations and (Path(annotations).exists() or not demo):
             image_name = plan.scene_image_name(name)
-            plan.task.check_annotations(annotations, raster, list(plan.labels), scene.get("label_column"), image_name)
+            column = scene.get("label_column")
+            warnings = plan.task.check_annotations(annotations, raster, list(plan.labels), column, image_name)
+            for key, line in warnings or ():
+                if not scene.get(key):
+                    say(line.replace("{scene}", name))
     except InputError as err:
         if name in plan.origins:
             raise InputError(f"{err} ({plan.origins[name]})") from err

@@ -33,6 +33,7 @@ from rasterscale.tasks.labels import label_indexes
 
 CSV_COLUMNS = ["image_path", "xmin", "ymin", "xmax", "ymax", "label"]
 BOX_KEYS = ("xmin", "ymin", "xmax", "ymax")
+BOXES = "detection boxes come as polygons in a vector file (boxes or outlines), a DeepForest CSV or a Pascal VOC file"
 LOGGER = logging.getLogger(__name__)
 
 
@@ -87,7 +88,7 @@ def read_vector_boxes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Boxes (pixels of the raster) and label indexes of an OGR vector file or GeoParquet: each feature a polygon
     (its bounds are the box); an empty geometry, a point (a tree top) or a line fails with one line naming it."""
-    frame, names = read_features(path)
+    frame, names = read_features(path, BOXES)
     if len(frame) == 0:
         raise InputError(f"{path}: annotation file holds no boxes")
     check_polygonal(path, frame.geometry.to_numpy(), names, "detection boxes need polygons (a box or an outline)")

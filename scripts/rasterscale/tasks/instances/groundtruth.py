@@ -49,6 +49,10 @@ from rasterscale.tasks.labels import label_indexes
 LOGGER = logging.getLogger(__name__)
 COCO_SUFFIX = ".json"
 NEEDS = "crowns need polygons (a crown's outline)"
+OUTLINES = (
+    "crowns need outlines: a COCO JSON file (polygons or masks) or polygons in a vector file (GeoPackage, GeoJSON, "
+    "Shapefile, GeoParquet)"
+)
 SHOWN_NAMES = 5  # image names a COCO error lists
 
 
@@ -92,10 +96,10 @@ def read_ground_truth(
 
 def check_ground_truth(
     path: str | Path, raster: RasterInfo, labels: list[str], label_column: str | None, image_name: str | None
-) -> None:
+) -> GroundTruth:
     """The dry run's check of a scene's ground truth: all of :func:`read_ground_truth`'s (a few thousand polygons
-    read and checked in tens of milliseconds)."""
-    read_ground_truth(path, raster, labels, label_column, image_name)
+    read and checked in tens of milliseconds); the ground truth."""
+    return read_ground_truth(path, raster, labels, label_column, image_name)
 
 
 # --- OGR vector files, GeoParquet -------------------------------------------------------------------------------
@@ -105,7 +109,7 @@ def read_vector_polygons(
     path: str, raster: RasterInfo, labels: list[str], label_column: str | None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Polygons (pixels of the raster), label indexes and feature names of an OGR vector file or GeoParquet."""
-    frame, names = read_features(path)
+    frame, names = read_features(path, OUTLINES)
     if len(frame) == 0:
         raise InputError(f"{path}: ground truth holds no polygons")
     if label_column and label_column not in frame.columns:

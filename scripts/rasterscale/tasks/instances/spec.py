@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.raster.bands import InputBands
+from rasterscale.raster.geometry_checks import count_rectangles
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.tasks.instances.evaluate import evaluate_scene
 from rasterscale.tasks.instances.groundtruth import check_ground_truth, read_ground_truth
@@ -17,6 +18,8 @@ from rasterscale.tasks.instances.modelfiles import instances_of_config
 from rasterscale.tasks.instances.project import merge_project
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
 from rasterscale.tasks.spec import MODEL_FILES_WITH_DEEPFOREST, TaskSpec
+
+RECTANGLES_WARNED = 0.9  # the share of a file's polygons that are rectangles from which the dry run warns
 
 
 def summarize(metrics: Mapping[str, Any]) -> str:
@@ -76,8 +79,21 @@ def model_input(config: Mapping[str, Any]) -> InputBands:
     return instances_of_config(config)[0].input
 
 
-def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
-    check_ground_truth(path, raster, labels, label_column, image)
+def check_annotations(
+    path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str
+) -> list[tuple[str, str]]:
+    """The ground truth's checks; a warning when its polygons are (nearly) all axis-aligned rectangles: a box file
+    given by mistake, on which Mask R-CNN learns rectangular crowns (``scenes.X.rectangles_ok`` silences it)."""
+    truth = check_ground_truth(path, raster, labels, label_column, image)
+    rectangles, total = count_rectangles(truth.polygons), len(truth.polygons)
+    if total and rectangles >= RECTANGLES_WARNED * total:
+        line = (
+            f"{path}: {rectangles} of {total} polygons are axis-aligned rectangles: boxes, not crowns' outlines? "
+            "Mask R-CNN would learn rectangular crowns; give outlines (a COCO JSON file or polygons), or set "
+            "scenes.{scene}.rectangles_ok: true if they are meant"
+        )
+        return [("rectangles_ok", line)]
+    return []
 
 
 INSTANCES = TaskSpec(
@@ -99,6 +115,7 @@ INSTANCES = TaskSpec(
     counts=counts,
     count_unit="crowns",
     implementation="rasterscale.tasks.instances.task:InstancesTask",
+    scene_keys=("rectangles_ok",),
     config_keys={
         "model": (
             "score_threshold",

@@ -30,12 +30,14 @@ from rasterio.windows import transform as window_transform
 
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import GeometryIndex
+from rasterscale.raster.geometry_checks import file_kind, unreadable
 from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
 from rasterscale.tasks.labels import label_indexes
 from rasterscale.tasks.segmentation import NODATA_CLASS
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
+NEEDS = "segmentation needs polygons in a vector file with a CRS, or a class raster on the scene's grid"
 
 
 def default_class(labels: Sequence[str]) -> int:
@@ -140,7 +142,10 @@ def _check_class_raster(path: str, raster: RasterInfo) -> RasterInfo:
     if info.crs is None:
         raise InputError(f"{path}: class raster has no CRS")
     if not info.dtypes[0].startswith(("uint", "int")):
-        raise InputError(f"{path}: class raster band 1 is {info.dtypes[0]}, not integer class ids")
+        raise InputError(
+            f"{path}: class raster band 1 is {info.dtypes[0]}, not integer class ids (a raster of values, e.g. "
+            "heights, is a target of task: regression)"
+        )
     grid = (info.crs, info.width, info.height)
     if grid != (raster.crs, raster.width, raster.height) or not info.transform.almost_equals(raster.transform):
         raise InputError(
@@ -202,7 +207,7 @@ def _vector_header(path: str) -> tuple[int, Any, Any]:
         info = pyogrio.read_info(path, force_total_bounds=True)
         return int(info["features"]), info["crs"], info["total_bounds"]
     except Exception as err:  # pyogrio and pyarrow raise many types
-        raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from None
+        raise unreadable(path, err, NEEDS) from None
 
 
 def _overlaps_raster(crs: Any, bounds: Any, raster: RasterInfo) -> bool:
@@ -230,6 +235,9 @@ def check_segmentation_truth(
     if is_class_raster(path):
         _check_class_raster(path, raster)
         return
+    kind = file_kind(path) if Path(path).suffix.lower() in (".csv", ".xml") else None
+    if kind is not None:  # OGR reads a CSV as a table: its lack of a CRS is beside the point
+        raise InputError(f"{path}: {kind}; {NEEDS}")
     count, crs, bounds = _vector_header(path)
     if count == 0:
         raise InputError(f"{path}: ground truth holds no polygons")
