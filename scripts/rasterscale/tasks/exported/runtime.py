@@ -43,6 +43,7 @@ class LoadedNet:
     module: torch.nn.Module
     fixed_batch: int | None
     input_shape: tuple[int | None, ...] | None
+    program: Any = None  # a torch.export program (its module is for the CPU: moved by ExportedDense)
 
 
 def archive_names(card: ModelCard) -> list[str]:
@@ -98,7 +99,7 @@ def load_torch_export(card: ModelCard) -> LoadedNet:
     except Exception as err:  # torch raises many kinds on a damaged archive
         raise file_error(card, f"torch.export cannot load it ({first_line(err)})") from None
     shape = export_input_shape(program)
-    return LoadedNet(program.module(), shape[0] if shape else None, shape)
+    return LoadedNet(program.module(), shape[0] if shape else None, shape, program)
 
 
 def export_input_shape(program: Any) -> tuple[int | None, ...] | None:
@@ -260,6 +261,17 @@ class ExportedDense(torch.nn.Module):
         self.net = loaded.module
         self.fixed_batch = loaded.fixed_batch
         self.normalize = Normalize(card.input)
+        self.program, self.program_device = loaded.program, torch.device("cpu")
+
+    def on_device_of(self, images: torch.Tensor) -> None:
+        """A torch.export program asserts the device it was loaded on: moved (its graph rewritten by
+        ``move_to_device_pass``, not only its tensors) to the device of the first batch on another."""
+        if self.program is None or images.device == self.program_device:
+            return
+        from torch.export.passes import move_to_device_pass
+
+        self.net = move_to_device_pass(self.program, images.device).module()
+        self.program_device = images.device
 
     def train(self, mode: bool = True) -> ExportedDense:
         """Only this wrapper's flag: an exported network's mode was fixed when it was exported (a torch.export
@@ -269,6 +281,7 @@ class ExportedDense(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.card.form == "torch.export":  # its graph asserts the dtypes it was exported with: no autocast
+            self.on_device_of(images)
             with torch.autocast(images.device.type, enabled=False):
                 out = run_in_batches(self.net, self.normalize(images), self.fixed_batch)
         else:
