@@ -11,11 +11,14 @@ bf16 kernels are too sparse to be worth a row.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # run alone: python bench/exported.py
 
 from jobs import run_predict_job
 from measures import autocast, read_tiles
@@ -45,30 +48,75 @@ def write_unet(path: Path) -> Path:
     return path
 
 
-def job_config(model_file: Path, batch: int) -> dict[str, Any]:
+def job_config(model_file: Path, batch: int, accelerator: str) -> dict[str, Any]:
+    workers = 1 if accelerator == "cpu" else 4
     config = validate_config(
         {
             "task": TASK,
             "model": {"file": str(model_file)},
             "tiling": {"patch_size": PATCH, "overlap": OVERLAP},
-            "predict": {"accelerator": "cpu", "devices": 1, "workers": 1, "batch_size": batch},
+            "predict": {"accelerator": accelerator, "devices": 1, "workers": workers, "batch_size": batch},
         }
     )
     return {key: config[key] for key in ("task", "model", "tiling", "predict")}
 
 
-def forward_seconds(model: torch.nn.Module, images: list[torch.Tensor], batch: int, precision: str) -> float:
-    """Seconds of the model's forward over every tile in the job's batches, after one untimed batch."""
-    with torch.inference_mode(), autocast(precision):
-        model(torch.stack(images[:batch]))
+def forward_seconds(
+    model: torch.nn.Module, images: list[torch.Tensor], batch: int, precision: str, device: torch.device
+) -> float:
+    """Seconds of the model's forward over every tile in the job's batches (already on ``device``), after one
+    untimed batch."""
+    batches = [torch.stack(images[start : start + batch]).to(device) for start in range(0, len(images), batch)]
+    with torch.inference_mode(), autocast(precision, device.type):
+        model(batches[0])
+        synchronize(device)
         started = time.perf_counter()
-        for start in range(0, len(images), batch):
-            model(torch.stack(images[start : start + batch]))
+        for tiles in batches:
+            model(tiles)
+        synchronize(device)
         return time.perf_counter() - started
 
 
-def measure_exported(workdir: Path, side: int, batch: int = 4) -> dict[str, Any]:
-    """Each form's job and pure forward over one ``side`` x ``side`` scene (tiles of :data:`PATCH`)."""
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_form(
+    form: str,
+    path: Path,
+    workdir: Path,
+    raster: Path,
+    manifest: Path,
+    images: list[torch.Tensor],
+    batch: int,
+    accelerator: str,
+) -> dict[str, Any]:
+    """One form's prediction job and pure forward."""
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
+    config = job_config(path, batch, accelerator)
+    job = run_predict_job(workdir / f"job-{form.replace('.', '_')}", raster, manifest, path, {}, config=config)
+    profile = job.profiles[0]
+    precision = profile["precision"]
+    if device.type == "cpu":
+        torch.set_num_threads(profile["threads"])
+    task = task_spec(TASK).load()
+    model = task.prepare_for_inference(task.load_model(path, config)[0], config["predict"]).to(device)
+    forward = forward_seconds(model, images, batch, precision, device)
+    return {
+        "tiles_per_s": round(profile["tiles_per_s"], 2),
+        "job_wall_s": round(job.wall_s, 2),
+        "forward_s": round(forward, 2),
+        "efficiency": round(forward / job.wall_s, 4),
+        "precision": precision if form in ("eager", "torchscript") else "32-true (its own dtype)",
+        "tiles": job.tiles,
+    }
+
+
+def measure_exported(workdir: Path, side: int, batch: int = 4, accelerator: str = "cpu") -> dict[str, Any]:
+    """Each form's job and pure forward over one ``side`` x ``side`` scene (tiles of :data:`PATCH`), on one CPU
+    rank or one GPU (``accelerator: gpu``)."""
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
     workdir.mkdir(parents=True, exist_ok=True)
     raster = write_raster(workdir / "scene.tif", side)
     frame = build_manifest(raster, PATCH, OVERLAP)
@@ -79,30 +127,38 @@ def measure_exported(workdir: Path, side: int, batch: int = 4) -> dict[str, Any]
     for form in FORMS:
         files[form] = workdir / f"unet.{SUFFIXES[form]}"
         export_model(native, files[form], form)
-    task = task_spec(TASK).load()
     images = read_tiles(raster, tiles_from_frame(frame))
     forms: dict[str, Any] = {}
     for form, path in files.items():
-        config = job_config(path, batch)
-        job = run_predict_job(workdir / f"job-{form.replace('.', '_')}", raster, manifest, path, {}, config=config)
-        profile = job.profiles[0]
-        precision = profile["precision"]
-        torch.set_num_threads(profile["threads"])
-        model = task.prepare_for_inference(task.load_model(path, config)[0], config["predict"])
-        forward = forward_seconds(model, images, batch, precision)
-        forms[form] = {
-            "tiles_per_s": round(profile["tiles_per_s"], 2),
-            "job_wall_s": round(job.wall_s, 2),
-            "forward_s": round(forward, 2),
-            "efficiency": round(forward / job.wall_s, 4),
-            "precision": precision if form in ("eager", "torchscript") else "32-true (its own dtype)",
-            "tiles": job.tiles,
-        }
-    fastest = max(forms, key=lambda form: forms[form]["tiles_per_s"])
+        try:
+            forms[form] = measure_form(form, path, workdir, raster, manifest, images, batch, accelerator)
+        except Exception as err:  # a form that fails is its row's error; the others are still measured
+            forms[form] = {"error": f"{type(err).__name__}: {str(err)[-600:]}"}
+    fastest = max((form for form in forms if "error" not in forms[form]), key=lambda f: forms[f]["tiles_per_s"])
     return {
         "forms": forms,
         "fastest": fastest,
-        "auto": choose(probe("cpu")),
-        "model": f"U-Net on resnet18 ({TASK}), {PATCH} px tiles, batch {batch}, 1 rank",
+        "auto": choose(probe(accelerator)),
+        "model": f"U-Net on resnet18 ({TASK}), {PATCH} px tiles, batch {batch}, 1 rank ({device.type})",
         "side": side,
     }
+
+
+def main() -> None:
+    """The measure alone (``make bench`` runs it within the whole bench): JSON to stdout."""
+    import argparse
+    import json
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--gpu", action="store_true", help="one GPU rank instead of one CPU rank")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="exported-") as workdir:
+        result = measure_exported(Path(workdir), args.side, args.batch, "gpu" if args.gpu else "cpu")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -208,7 +208,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
             {side: r for side, r in details["instances_rank"].items() if isinstance(r, dict)}, "rss_peak_mb"
         ),
         **bands_figures(details["bands"]),
-        "exported_efficiency": {form: run["efficiency"] for form, run in details["exported"]["forms"].items()},
+        # a form that failed counts as 0: the target is not met
+        "exported_efficiency": {form: run.get("efficiency", 0.0) for form, run in details["exported"]["forms"].items()},
     }
     return {
         **figures,
@@ -493,6 +494,9 @@ def exported_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, st
     exported = result["details"]["exported"]
     rows: list[tuple[str, str, str | None, str]] = []
     for form, run in exported["forms"].items():
+        if "error" in run:
+            rows.append((f"exported: {form}", "failed", "exported_efficiency", run["error"]))
+            continue
         fastest = " (fastest)" if form == exported["fastest"] else ""
         rows.append(
             (
