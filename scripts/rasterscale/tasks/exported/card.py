@@ -19,7 +19,6 @@ a TorchScript file (``torch.jit.save``) is any other name with a card. Exported 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ import yaml
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
-from rasterscale.tasks.modelfiles import model_file
 
 FORMS = ("onnx", "torch.export", "torchscript")
 SUFFIX_FORMS = {".onnx": "onnx", ".pt2": "torch.export"}
@@ -201,58 +199,3 @@ def read_card(path: str | Path, model: Mapping[str, Any], rules: CardRules, patc
     return ModelCard(
         str(path), form_of(path), task, labels, card_input(data, source), tile_size, output, stride, source, size
     )
-
-
-def exported_card(config: Mapping[str, Any], rules: CardRules, check: bool = True) -> ModelCard | None:
-    """The card of the config's exported model file (``model.file``), None when it names none. ``check``: the dry
-    run's check of the card against the file (:func:`rasterscale.tasks.exported.runtime.check_exported`, run once
-    per file state). An exported file as ``train.init``: one line (exported files predict only)."""
-    model = config.get("model", {})
-    path, new_head = model_file(config)
-    if not path or not is_exported(path, model):
-        if model.get("card"):
-            raise card_error("model.card", "set, but model.file names no exported model (.onnx, .pt2, TorchScript)")
-        return None
-    if new_head:
-        raise card_error(
-            str(path),
-            "train.init is an exported model: exported files (ONNX, torch.export, TorchScript) predict only "
-            "(model.file); train from a rasterscale model file or from scratch",
-        )
-    card = read_card(path, model, rules, config.get("tiling", {}).get("patch_size"))
-    check_model_keys(card, model)
-    if check:
-        stat = Path(path).stat()
-        checked(card, stat.st_size, stat.st_mtime_ns)
-    return card
-
-
-# model.* keys that build or train a network: an exported file's card says what it is instead
-NETWORK_KEYS = ("architecture", "encoder", "encoder_weights", "backbone", "loss", "band_names", "normalize")
-
-
-def check_model_keys(card: ModelCard, model: Mapping[str, Any]) -> None:
-    """``model.*`` keys beside an exported file: those that build a network are refused (the card says what the
-    file is), ``model.labels`` must be the card's (compared without regard to case)."""
-    for key in NETWORK_KEYS:
-        if model.get(key):
-            raise card_error(
-                f"model.{key}",
-                f"does not apply to an exported model ({card.path}): its card ({card.source}) says what it takes "
-                "and gives; leave the key out",
-            )
-    labels = model.get("labels")
-    if labels and [x.casefold() for x in labels] != [x.casefold() for x in card.labels]:
-        raise card_error(
-            "model.labels",
-            f"[{', '.join(labels)}] but the card of {card.path} gives [{', '.join(card.labels)}]; leave it out",
-        )
-
-
-@functools.lru_cache(maxsize=16)
-def checked(card: ModelCard, size: int, mtime_ns: int) -> None:
-    """The card checked against its file (torch, and onnxruntime for ONNX, imported only here), once per file
-    state: loading it, its declared input, a dummy tile's output shape."""
-    from rasterscale.tasks.exported.runtime import check_exported
-
-    check_exported(card)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rasterscale.errors import InputError
-from rasterscale.tasks.exported.card import CardRules, ModelCard, exported_card
+from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.inputlayer import Normalize
 
 ONNX_TYPES = {"tensor(float)": (np.float32, torch.float32), "tensor(float16)": (np.float16, torch.float16)}
@@ -304,13 +303,3 @@ def check_exported(card: ModelCard) -> tuple[int, ...]:
     """The dry run's check of a card against its file: the file loads in its form, its declared input is the
     card's, and one dummy tile's output has the card's shape. The output shape."""
     return check_output(card, load_net(card))
-
-
-def exported_model(
-    path: str | Path, config: Mapping[str, Any], rules: CardRules
-) -> tuple[ExportedDense, ModelCard] | None:
-    """The prediction job's model when ``path`` is an exported file (its card from the config or beside it),
-    loaded and checked; None for a rasterscale model file."""
-    model = {**config.get("model", {}), "file": str(path)}
-    card = exported_card({**config, "model": model, "train": {}}, rules, check=False)
-    return None if card is None else (load_exported(card), card)

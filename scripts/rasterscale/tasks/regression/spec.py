@@ -24,7 +24,8 @@ from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
 from rasterscale.tasks.encoders import ARCHITECTURES
-from rasterscale.tasks.exported.card import CardRules, ModelCard, exported_card
+from rasterscale.tasks.exported.card import CardRules, ModelCard
+from rasterscale.tasks.exported.resolve import exported_card
 from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
 from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
 from rasterscale.tasks.regression.modelfiles import LOSSES, RegressorConfig, regressor_of_config

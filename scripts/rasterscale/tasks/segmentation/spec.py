@@ -15,7 +15,8 @@ from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
-from rasterscale.tasks.exported.card import CardRules, ModelCard, exported_card
+from rasterscale.tasks.exported.card import CardRules, ModelCard
+from rasterscale.tasks.exported.resolve import exported_card
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook

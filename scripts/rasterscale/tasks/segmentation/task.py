@@ -23,7 +23,8 @@ from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
 from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
-from rasterscale.tasks.exported.runtime import ExportedDense, exported_model
+from rasterscale.tasks.exported.resolve import exported_model
+from rasterscale.tasks.exported.runtime import ExportedDense
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import TileBlender
