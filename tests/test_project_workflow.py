@@ -17,15 +17,19 @@ from prediction import PredictScene
 from workflow import run_workflow, workflow_command
 
 SIDE = 48  # px a scene: one tile each (the model's patch is 128 px)
-COLUMNS = 20
+COLUMNS = 10
+SURVEYED = 20  # the survey's first scenes: 2 rows a scene's height apart (no seams)
+ADDED = 5  # then a row of 5, each abutting the scene above it (5 seams)
 
 
 def survey_scene(root: Path, index: int) -> list[str]:
-    """Scene ``index`` of the survey: 48 px scenes at 0.1 m, 20 a row, a scene's width apart; the rows from the
-    11th on abut the row above them (each scene a seam with the one above); its scene table row."""
+    """Scene ``index`` of the survey: 48 px scenes at 0.1 m, 10 a row, a scene's width apart; the first 2 rows a
+    scene's height apart, the rows from the 3rd on abut the row above them (each scene a seam with the one above);
+    its scene table row."""
     row, column = divmod(index, COLUMNS)
     name = f"s{index:03d}"
-    top = 2 * min(row, 9) + max(0, row - 9)  # in scene heights
+    last = SURVEYED // COLUMNS - 1  # the last row apart from the others
+    top = 2 * min(row, last) + max(0, row - last)  # in scene heights
     transform = Affine(0.1, 0, 404000.0 + 2 * column * SIDE * 0.1, 0, -0.1, 3285000.0 - top * SIDE * 0.1)
     data = np.random.default_rng(index).integers(0, 255, (3, SIDE, SIDE), dtype=np.uint8)
     write_raster(root / f"rasters/{name}.tif", SIDE, SIDE, transform=transform, data=data)
@@ -70,19 +74,19 @@ def survey(tmp_path_factory):
     root = tmp_path_factory.mktemp("survey")
     (root / "rasters").mkdir()
     model = PredictScene.make(root / "model")
-    rows = [survey_scene(root, index) for index in range(210)]
+    rows = [survey_scene(root, index) for index in range(SURVEYED + ADDED)]
     return root, model, rows
 
 
 def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reordering_redoes_nothing(survey):
     root, model, rows = survey
     config = project_config(model)
-    write_table(root / "scenes.tsv", rows[:200])
+    write_table(root / "scenes.tsv", rows[:SURVEYED])
     run_workflow(root, config, LAYER)
     before = output_times(root)
-    assert sum(path.endswith("/detections.parquet") for path in before) == 200  # no seams yet
+    assert sum(path.endswith("/detections.parquet") for path in before) == SURVEYED  # no seams yet
 
-    write_table(root / "scenes.tsv", rows)  # 10 more, each abutting one of the last row: 10 scenes, 10 seams
+    write_table(root / "scenes.tsv", rows)  # 5 more, each abutting one of the last row: 5 scenes, 5 seams
     jobs = planned_jobs(root, config)
     assert jobs == {
         "scene_batch": 1,
@@ -99,29 +103,32 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     added = sorted(set(after) - set(before))
     new_seams = {path.split("/")[2] for path in added if path.startswith("results/seams/")}
     assert {path.split("/")[1] for path in added if re.match(r"results/s\d+/", path)} == {
-        f"s{index:03d}" for index in range(200, 210)
+        f"s{index:03d}" for index in range(SURVEYED, SURVEYED + ADDED)
     }
-    assert new_seams == {f"s{180 + k:03d}+s{200 + k:03d}" for k in range(10)}
+    above = SURVEYED - COLUMNS  # the first scene of the last row of the survey
+    assert new_seams == {f"s{above + k:03d}+s{SURVEYED + k:03d}" for k in range(ADDED)}
     project = gpd.read_parquet(root / "results/project/detections.parquet")
-    assert set(project["scene"]) == {f"s{index:03d}" for index in range(210)}
-    report(f"project: 200 scenes + 10 added: {len(added)} new outputs, {len(before)} kept with their mtimes")
+    assert set(project["scene"]) == {f"s{index:03d}" for index in range(SURVEYED + ADDED)}
+    report(
+        f"project: {SURVEYED} scenes + {ADDED} added: {len(added)} new outputs, {len(before)} kept with their mtimes"
+    )
 
     reordered = rows[::-1]
     write_table(root / "scenes.tsv", reordered)
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
-    write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s105"])
+    write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s003"])
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
 
     # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
     # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
     # reads that batch's record)
-    (root / "results/s050/detections.gpkg").unlink()
+    (root / "results/s006/detections.gpkg").unlink()
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
     assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything
     # a deleted manifest: its batch's manifests again, and its prediction and merge since they are newer
-    (root / "results/s051/tiles.parquet").unlink()
+    (root / "results/s007/tiles.parquet").unlink()
     everything = planned_jobs(root, config, target="")
     assert {name: everything.get(name) for name in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == {
         "tile_manifests_batch_0": 1,

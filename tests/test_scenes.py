@@ -177,15 +177,15 @@ def table_config(model: PredictScene, **predict) -> dict:
     }
 
 
-def dry_run(workdir: Path, config: dict) -> subprocess.CompletedProcess:
-    command = workflow_command(workdir, config, "-n")
+def dry_run(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+    command = workflow_command(workdir, config, "-n", *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     root, model = project
     # predict.nodes: the old name of predict.shards, still read, with a warning
-    result = dry_run(root, table_config(model, devices=2, nodes=2, scenes_per_job=2))
+    result = dry_run(root, table_config(model, devices=2, nodes=2, scenes_per_job=2), "-p")  # -p: the commands
     assert result.returncode == 0, result.stderr[-3000:]
     assert "key 'predict.nodes' is deprecated: it is now 'predict.shards'" in result.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
@@ -197,16 +197,12 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
         "merge_batch_0": "1",
         "merge_batch_1": "1",
     }
+    predict_jobs = [job for job in result.stdout.split("rule ") if job.startswith("predict:")]
     for batch in (0, 1):
         for shard in (0, 1):
-            assert f"wildcards: batch={batch}, shard={shard}" in result.stdout
+            job = next(job for job in predict_jobs if f"wildcards: batch={batch}, shard={shard}\n" in job)
+            assert f"--job results/batches/batch-{batch}.json " in job and f" --shard {shard} " in job, job
     assert "convert_to_cog" not in jobs  # the VRT's sources are tiled
-    assert "--job results/batches/batch-0.json" in dry_run_commands(root, table_config(model, scenes_per_job=2))
-
-
-def dry_run_commands(workdir: Path, config: dict) -> str:
-    command = workflow_command(workdir, config, "-n", "-p")
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
 
 
 @pytest.mark.parametrize(
@@ -231,6 +227,12 @@ def test_scene_table_errors_are_one_line_at_dry_run(project, tmp_path, rows, mes
     assert "Traceback" not in result.stderr
 
 
+# the targets: each scene's merged layer and prediction profile (the scoring, report and project jobs left out)
+LAYERS = [
+    f"results/{name}/{file}" for name in ("a", "b", "mosaic") for file in ("detections.parquet", "predict_profile.json")
+]
+
+
 @pytest.mark.slow
 def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(project, tmp_path):
     """3 scenes in one batch, 2 shards x 2 ranks: per-scene rank files (empty where a rank got none of a
@@ -242,7 +244,7 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(proje
         for name in ("rasters", "config"):
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
             (workdir / name).symlink_to(root / name)
-    result = run_workflow(batched, table_config(model, devices=2, shards=2, scenes_per_job=3))
+    result = run_workflow(batched, table_config(model, devices=2, shards=2, scenes_per_job=3), *LAYERS)
     assert re.search(r"^predict\s+2$", result.stdout + result.stderr, flags=re.M)
     empty = 0
     for name in ("a", "b", "mosaic"):
@@ -253,7 +255,7 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(proje
         empty += sum(len(ids) == 0 for ids in processed)
         assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
     assert empty > 0  # ranks own contiguous runs of the batch's tiles: some got none of a scene
-    run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=3))
+    run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=3), *LAYERS)
     for name in ("a", "b", "mosaic"):
         one = gpd.read_parquet(single / f"results/{name}/detections.parquet")
         many = gpd.read_parquet(batched / f"results/{name}/detections.parquet")

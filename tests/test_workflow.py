@@ -149,7 +149,7 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     workdir, _ = tiny_run
     model = workdir / "results/models/tiny.pt"
     config = tiny_config(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 1})
-    run_workflow(tmp_path, config)
+    run_workflow(tmp_path, config, "results/tiny_test/detections.parquet")  # its layer: no scoring, no report
     two = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
     one = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
     assert len(rank_tile_ids(tmp_path, "tiny_test")[0]) == len(
@@ -160,19 +160,27 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     assert matched_fraction(one, two, 0.99) == 1.0 and matched_fraction(two, one, 0.99) == 1.0
 
 
-def test_more_ranks_than_tiles_still_accounts_for_every_tile(tiny_run, tmp_path):
+@pytest.fixture(scope="module")
+def bare_run(tiny_run, tmp_path_factory):
+    """A prediction-only run with the tiny model of one unannotated scene of one tile on 2 ranks, and its report:
+    the run's folder and the report (unzipped)."""
     workdir, _ = tiny_run
     config = {
-        "scenes": {"small": {"path": "resources/demo/small.tif", "annotations": "resources/demo/small.gpkg"}},
-        "demo": {"scenes": {"small": {"width": 200, "height": 150, "seed": 5}}},
+        "scenes": {"bare": {"path": "resources/demo/bare.tif"}},
+        "demo": {"scenes": {"bare": {"width": 200, "height": 150, "seed": 7}}},
         "tiling": {"patch_size": 256, "overlap": 64},
         "model": {"file": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
-        "predict": {"scenes": ["small"], "devices": 2, "workers": 0},
+        "predict": {"scenes": ["bare"], "devices": 2, "workers": 0},
     }
-    run_workflow(tmp_path, config)
-    ranks = rank_tile_ids(tmp_path, "small")
+    out = tmp_path_factory.mktemp("bare")
+    return out / "run", build_report(out / "run", config, out)
+
+
+def test_more_ranks_than_tiles_still_accounts_for_every_tile(bare_run):
+    run, _ = bare_run
+    ranks = rank_tile_ids(run, "bare")
     assert ranks == [[0], []]
-    assert gpd.read_parquet(tmp_path / "results/small/detections.parquet").crs.to_epsg() == 32617
+    assert gpd.read_parquet(run / "results/bare/detections.parquet").crs.to_epsg() == 32617
 
 
 def test_environment_check_runs_ranks_on_random_tiles_without_any_raster(tmp_path):
@@ -272,23 +280,15 @@ def test_report_renders_in_a_headless_browser_with_its_categories_and_a_scenes_i
     assert listed == ["prediction profile", "prediction profile (plot)", "quicklook", "scores"]
 
 
-def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_annotations(tiny_run, tmp_path):
+def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_annotations(tiny_run, bare_run):
     """A run that predicts with the tiny model an unannotated scene: its batch's scoring job draws its quicklook, its
     scores page says it is not scored, the run page names model.file, and there is no training category."""
     workdir, _ = tiny_run
-    config = {
-        "scenes": {"bare": {"path": "resources/demo/bare.tif"}},
-        "demo": {"scenes": {"bare": {"width": 300, "height": 240, "seed": 7}}},
-        "tiling": {"patch_size": 256, "overlap": 64},
-        "model": {"file": str(workdir / "results/models/tiny.pt"), "score_threshold": 0.05},
-        "predict": {"scenes": ["bare"], "devices": 1, "workers": 0},
-    }
-    run = tmp_path / "run"
-    report = build_report(run, config, tmp_path)
+    run, report = bare_run
     assert sorted(report.categories) == ["1. Run", "2. Scenes", "4. Project"]
     scene = report.items("2. Scenes", "bare")
     assert scene["quicklook"]["job_properties"]["rule"] == "score_batch_0"
-    assert decoded(report.file(scene["quicklook"])) == (800, 640)  # a small scene enlarged to a legible size
+    assert decoded(report.file(scene["quicklook"])) == (800, 600)  # 200 x 150 px enlarged to a legible size
     assert "Not scored: the scene has no annotations" in report.file(scene["scores"]).read_text()
     detections = len(pd.read_parquet(run / "results/bare/detections.parquet", columns=["label"]))
     assert ["all", f"{detections:,}"] in table_rows(report.file(scene["scores"]).read_text())
