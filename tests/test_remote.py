@@ -374,54 +374,75 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
     )
 
 
+@dataclass
+class RemotePrediction:
+    """One prediction job over the same COG as a local file and three remote scenes, and what the servers served."""
+
+    workdir: Path
+    result: subprocess.CompletedProcess
+    seconds: float
+    fetched: dict[str, int]  # the bytes each remote scene's server served in that job, by the scene's name
+
+
+@pytest.fixture(scope="module")
+def remote_prediction(site, tmp_path_factory) -> RemotePrediction:
+    """One prediction job over the same COG as a local file, over HTTP (a signed URL), on S3 and as a STAC item's
+    asset (the scenes' layers asked for, not the report's quicklooks, which read a raster without overviews whole);
+    the bytes served counted from a reset to the job's end. Its local scene's detections are also the reference of
+    an uninterrupted local prediction for the stopping server's test."""
+    workdir = tmp_path_factory.mktemp("remote-prediction")
+    scenes = all_scenes(site)[0]
+    site.reset()
+    started = time.monotonic()
+    layers = [f"results/{name}/detections.parquet" for name in ("local", "web", "bucket", "item")]
+    result = run_workflow(workdir, predict_config(site, scenes), *layers)  # not the report's quicklooks
+    seconds = time.monotonic() - started
+    paths = {"web": "/a.tif", "bucket": "/scenes/ortho/a.tif", "item": "/stac/item.tif"}
+    return RemotePrediction(workdir, result, seconds, {name: site.fetched(path) for name, path in paths.items()})
+
+
 @pytest.mark.slow
-def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(site, tmp_path):
+def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(site, remote_prediction):
     """One prediction job over the same COG as a local file, over HTTP (a signed URL), on S3 and as a STAC item's
     asset (the scenes' layers asked for, not the report's quicklooks, which read a raster without overviews
     whole): every scene's detections are the local scene's, and each remote scene fetched its full-resolution
     blocks about once and its header once per process that opened it, never its overviews: less than the file.
     No log or output shows the URL's signature or the profile's secret key."""
-    scenes = all_scenes(site)[0]
-    site.reset()
-    started = time.monotonic()
-    layers = [f"results/{name}/detections.parquet" for name in ("local", "web", "bucket", "item")]
-    result = run_workflow(tmp_path, predict_config(site, scenes), *layers)  # not the report's quicklooks
-    seconds = time.monotonic() - started
-    local = gpd.read_parquet(tmp_path / "results/local/detections.parquet")
+    run = remote_prediction.workdir
+    local = gpd.read_parquet(run / "results/local/detections.parquet")
     assert len(local) > 100
     for name in ("web", "bucket", "item"):
-        assert gpd.read_parquet(tmp_path / f"results/{name}/detections.parquet").equals(local), name
-    tiles = len(gpd.read_parquet(tmp_path / "results/local/tiles.parquet"))
+        assert gpd.read_parquet(run / f"results/{name}/detections.parquet").equals(local), name
+    tiles = len(gpd.read_parquet(run / "results/local/tiles.parquet"))
     with rasterio.open(site.cog) as src:  # the full-resolution blocks' bytes, what a prediction needs
         blocks = [(x, y) for x in range(-(-src.width // 128)) for y in range(-(-src.height // 128))]
         full = sum(int(src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=1)) for x, y in blocks)
     lines = []
-    for name, path in (("web", "/a.tif"), ("bucket", "/scenes/ortho/a.tif"), ("item", "/stac/item.tif")):
-        fetched = site.fetched(path)
+    for name, fetched in remote_prediction.fetched.items():
         assert full <= fetched < site.size, (name, fetched, full, site.size)
         lines.append(f"{name} fetched {fetched} of {site.size} bytes ({fetched / site.size:.0%}; blocks {full})")
     report(
-        f"remote prediction ({seconds:.0f} s; 4 scenes of {tiles} tiles, detections identical to the local "
-        "scene's): " + "; ".join(lines)
+        f"remote prediction ({remote_prediction.seconds:.0f} s; 4 scenes of {tiles} tiles, detections identical to "
+        "the local scene's): " + "; ".join(lines)
     )
     # the URLs' secrets are in the jobs' inputs (the job file, results/batches/), and in no log nor output
-    logged = [
-        tmp_path / "logs",
-        tmp_path / ".snakemake/log",
-        *(p for p in (tmp_path / "results").iterdir() if p.name != "batches"),
-    ]
+    logged = [run / "logs", run / ".snakemake/log", *(p for p in (run / "results").iterdir() if p.name != "batches")]
+    result = remote_prediction.result
     text = result.stdout + result.stderr + files_text(*logged)
     assert SECRET not in text and KEY_SECRET not in text
-    assert SECRET in (tmp_path / "results/batches/batch-0.json").read_text()
+    assert SECRET in (run / "results/batches/batch-0.json").read_text()
 
 
 @pytest.mark.slow
-def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_resumes(site, tmp_path):
+def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_resumes(
+    site, remote_prediction, tmp_path
+):
     """The HTTP server stops right after its second answer beyond the raster's header (the rank's second range of
     pixels: GDAL reads ahead, doubling the range while reads are sequential, so the third would hold the rest of
     this small raster): the prediction job fails with one line naming the URL (its signature redacted) and the tile;
     with the server back (same port), the rerun predicts only the tiles that were not finished and merges the layer
-    of an uninterrupted local prediction."""
+    of an uninterrupted local prediction (the local scene's of ``remote_prediction``: same model, tiling and
+    prediction settings). Both runs ask for the scene's layer alone (no scores, quicklooks or report pages)."""
     www = tmp_path / "www"
     www.mkdir()
     shutil.copy(site.cog, www / "scene.tif")
@@ -432,8 +453,10 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     config = predict_config(site, scenes)
     config["predict"]["scenes"] = ["web"]
     server.stop_when = lambda ranges: sum(not header.startswith("bytes=0-") for _, header in ranges) >= 2
-    run = tmp_path / "run"
-    failed = subprocess.run(workflow_command(run, config, "--cores", "2"), capture_output=True, text=True, timeout=600)
+    run, layer = tmp_path / "run", "results/web/detections.parquet"
+    failed = subprocess.run(
+        workflow_command(run, config, "--cores", "2", layer), capture_output=True, text=True, timeout=600
+    )
     assert failed.returncode != 0
     assert server.stop_when is None  # it stopped
     served = sum(server.counter.bytes.values())
@@ -449,7 +472,7 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     )
     server.start()
     try:
-        run_workflow(run, config)
+        run_workflow(run, config, layer)
     finally:
         server.stop()
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
@@ -459,13 +482,9 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     redone = sum(r["profile"]["tiles"] for r in records)
     assert 0 < saved_tiles < total and sum(r["resumed"] for r in records) == saved_tiles
     assert redone == total - saved_tiles
-    reference = tmp_path / "reference"
-    run_workflow(
-        reference,
-        {**config, "scenes": {"local": scenes["local"]}, "predict": {**config["predict"], "scenes": ["local"]}},
-    )
-    resumed = gpd.read_parquet(run / "results/web/detections.parquet")
-    assert len(resumed) > 100 and resumed.equals(gpd.read_parquet(reference / "results/local/detections.parquet"))
+    resumed = gpd.read_parquet(run / layer)
+    reference = gpd.read_parquet(remote_prediction.workdir / "results/local/detections.parquet")
+    assert len(resumed) > 100 and resumed.equals(reference)
     text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
     assert SECRET not in text
     report(

@@ -1,6 +1,7 @@
 """The segmentation task end to end through the real workflow (2 CPU ranks over gloo): a trained segmenter, its
-class map as a COG on the raster's grid, no seams at tile edges, the same class map from 1, 2 and 3 ranks and
-from 2 shards x 2 ranks, and a merge that refuses a doubled tile naming it."""
+class map as a COG on the raster's grid, no seams at tile edges, the same class map from 2 and 3 ranks and from 2
+shards x 2 ranks (1 rank against 2: tests/test_exported_models.py), and a merge that refuses a doubled tile naming
+it."""
 
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ def seg_config(**overrides: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def seg_run(tmp_path_factory):
-    """Train long enough for a useful class map (about a minute on 2 cores; validated every 5th of its 20 epochs
-    of 2 steps), predict with 2 ranks."""
+    """Train long enough for a useful class map (30 steps: 15 epochs of 2 steps, validated every 5th; half a minute
+    on 2 cores, and pixel accuracy about 0.98 away from tile edges), predict with 2 ranks."""
     workdir = tmp_path_factory.mktemp("seg")
-    train = {"max_steps": 60, "epochs": 20, "lr": 0.003, "warmup_steps": 5, "batch_size": 4, "val_every_n_epochs": 5}
+    train = {"max_steps": 30, "epochs": 15, "lr": 0.003, "warmup_steps": 5, "batch_size": 4, "val_every_n_epochs": 5}
     config = seg_config(train=train)
     result = run_workflow(workdir, config)
     return workdir, result
@@ -132,11 +133,14 @@ def test_no_seams_at_inner_tile_edges(seg_run):
     assert abs(at_edges - away) <= 0.005
 
 
-def test_one_two_three_ranks_and_two_shards_give_the_same_class_map(seg_run, tmp_path):
+def test_three_ranks_and_two_shards_give_the_two_rank_class_map(seg_run, tmp_path):
+    """The trained segmenter's class map of the test scene from 3 ranks and from 2 shards x 2 ranks is the 2-rank
+    run's (its tiles' scores blended across ranks and shards alike). One rank against two is
+    tests/test_exported_models.py's (the same blending, from a TorchScript file on 1 rank and an ONNX file on 2)."""
     workdir, _ = seg_run
     two = classes_of(workdir)
     model = workdir / "results/models/tiny_seg.pt"
-    for name, predict in [("one", {"devices": 1}), ("three", {"devices": 3}), ("shards", {"devices": 2, "shards": 2})]:
+    for name, predict in [("three", {"devices": 3}), ("shards", {"devices": 2, "shards": 2})]:
         run = tmp_path / name
         shutil.copytree(workdir / "resources", run / "resources")
         config = seg_config(model={"file": str(model)}, train={"scenes": []}, predict=predict)
