@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# The suite's 2 workers share 2 cores: OpenMP threads that spin while they wait (the default policy) take the core
+# the other worker's process needs, which slows a rank or job several times over; waiting passively keeps a busy
+# machine's torch processes (in process, ranks, jobs: they inherit it) near their speed alone. Before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
