@@ -10,7 +10,6 @@ takes tiles of the model's ``patch_size`` (its ``tile_size``), any batch size.
 from __future__ import annotations
 
 import argparse
-import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 import yaml
 
+from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.tasks.exported.card import FORMS, card_path, form_of
 from rasterscale.tasks.modelfiles import NotATorchFile, torch_payload
@@ -76,7 +76,7 @@ def write_form(model: torch.nn.Module, example: torch.Tensor, path: Path, form: 
 
 def export_model(model_file: str | Path, out: str | Path, form: str | None = None) -> Path:
     """Export ``model_file`` to ``out`` (its form from ``form``, else the name: .onnx, .pt2, else TorchScript) and
-    write its card beside it; both written atomically (a temporary name, then renamed). The card's path."""
+    write its card beside it, both atomically. The card's path."""
     out = Path(out)
     form = form or form_of(out)
     if form not in FORMS:
@@ -88,17 +88,11 @@ def export_model(model_file: str | Path, out: str | Path, form: str | None = Non
     model, cfg = spec.load().load_model(model_file, {"task": task, "model": {}})
     model.eval()
     example = torch.rand(2, cfg.input.count, cfg.patch_size, cfg.patch_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp{os.getpid()}.{out.name}")  # the same suffix: torch.export.save wants .pt2
-    try:
+    with atomic_path(out) as tmp:  # a sibling of the same suffix: torch.export.save wants .pt2
         write_form(model, example, tmp, form)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     card = card_path(out)
-    tmp_card = card.with_name(f".{card.name}.tmp{os.getpid()}")
-    tmp_card.write_text(yaml.safe_dump(card_of(task, cfg, spec.exported_outputs[0]), sort_keys=False))
-    os.replace(tmp_card, card)
+    with atomic_path(card) as tmp:
+        tmp.write_text(yaml.safe_dump(card_of(task, cfg, spec.exported_outputs[0]), sort_keys=False))
     return card
 
 
