@@ -27,7 +27,7 @@ workflow has none (its ``shell:`` and ``script:`` jobs run from the main process
 re-parses the workflow.
 
 Where the parse goes: ``job_dry`` once more under cProfile (``python -m cProfile -m snakemake``): the cumulative
-seconds of ``build_plan`` (rasterscale/workflow/plan.py: every scene's header checks) and of the checks inside it,
+seconds of ``build_plan`` (rasterscale/workflow/checks.py: every scene's header checks) and of the checks inside it,
 or of ``load_plan`` where a job loads the plan the main process stored,
 and of the config validation and model header, against the profiled run's total. The profiler slows Python calls
 more than GDAL's and the imports' C code, so its seconds are not the unprofiled ones and its shares are estimates.
@@ -81,14 +81,14 @@ exec "$@"
 """
 # the functions whose cumulative time the profile reports: (label, file suffix, function name)
 PROFILED = (
-    ("build_plan", "rasterscale/workflow/plan.py", "build_plan"),  # the main process's: every check
-    ("load_plan", "rasterscale/workflow/plan.py", "load_plan"),  # a job's: the stored plan
+    ("build_plan", "rasterscale/workflow/checks.py", "build_plan"),  # the main process's: every check
+    ("load_plan", "rasterscale/workflow/storage.py", "load_plan"),  # a job's: the stored plan
     ("check_raster", "rasterscale/raster/headers.py", "check_raster"),
     ("check_imagery", "rasterscale/raster/imagery.py", "check_imagery"),
     ("striped_sources", "rasterscale/raster/cog.py", "striped_sources"),
     ("check_annotations", "rasterscale/tasks/detection/spec.py", "check_annotations"),
     ("validate_config", "rasterscale/config/schema.py", "validate_config"),
-    ("labels", "rasterscale/tasks/detection/spec.py", "labels"),
+    ("labels", "rasterscale/tasks/detectors/spec.py", "labels"),
     ("import torch", "torch/__init__.py", "<module>"),  # inside labels: a .pt model file's header
 )
 

@@ -14,7 +14,7 @@ from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.workflow import batches, paths, reportfiles, reports, slurm  # noqa: E402
-from rasterscale.workflow.plan import fingerprint, workflow_plan  # noqa: E402
+from rasterscale.workflow.storage import fingerprint, workflow_plan  # noqa: E402
 
 
 def fail(message):

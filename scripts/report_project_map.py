@@ -6,8 +6,8 @@ from pathlib import Path
 from rasterscale.errors import run_entry
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tools.report import render_project_map
-from rasterscale.workflow.plan import workflow_plan
 from rasterscale.workflow.reportfiles import project_scenes
+from rasterscale.workflow.storage import workflow_plan
 
 snakemake = globals()["snakemake"]  # set by Snakemake's script preamble
 

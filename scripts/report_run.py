@@ -6,8 +6,8 @@ from pathlib import Path
 from rasterscale.errors import run_entry
 from rasterscale.tasks.modelfiles import training_meta
 from rasterscale.tools.report import read_json, run_page, write_text
-from rasterscale.workflow.plan import workflow_plan
 from rasterscale.workflow.reportfiles import run_facts
+from rasterscale.workflow.storage import workflow_plan
 
 snakemake = globals()["snakemake"]  # set by Snakemake's script preamble
 

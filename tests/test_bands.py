@@ -33,7 +33,7 @@ from rasterscale.tasks.modelinput import configured_input
 from rasterscale.tasks.segmentation.model import build_segmenter, load_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
 from rasterscale.tasks.segmentation.task import SegmentationTask
-from rasterscale.workflow.plan import build_plan
+from rasterscale.workflow.checks import build_plan
 
 RGBN = ("red", "green", "blue", "nir")
 

@@ -21,7 +21,7 @@ from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.segmentation.model import build_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig, segmenter_of_config
 from rasterscale.tasks.segmentation.task import SegmentationTask
-from rasterscale.workflow.plan import build_plan
+from rasterscale.workflow.checks import build_plan
 
 SENTINEL2 = 13  # TorchGeo's Sentinel-2 weights take 13 bands
 

@@ -23,7 +23,7 @@ from rasterscale.tasks.exported.card import ModelCard, card_path
 from rasterscale.tasks.exported.runtime import load_exported
 from rasterscale.tasks.regression.spec import CARD as REGRESSION_CARD
 from rasterscale.tasks.regression.spec import regression_model
-from rasterscale.workflow.plan import build_plan
+from rasterscale.workflow.checks import build_plan
 from workflow import rank_stems, run_workflow, workflow_command
 
 PATCH, OVERLAP = 64, 16

@@ -30,7 +30,7 @@ from rasterscale.tasks.detection.modelfiles import detector_of_config, read_head
 from rasterscale.tasks.labels import label_indexes
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth
-from rasterscale.workflow.plan import build_plan
+from rasterscale.workflow.checks import build_plan
 from workflow import workflow_command
 
 PATCH, OVERLAP = 128, 32

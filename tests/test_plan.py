@@ -16,15 +16,25 @@ from affine import Affine
 
 from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import SlurmSettings, section_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.predict.profile import format_profile_table
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
 from rasterscale.scene import Imagery, Scene
 from rasterscale.workflow import paths, reports
-from rasterscale.workflow import plan as plan_module
+from rasterscale.workflow import storage as plan_storage
+from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
-from rasterscale.workflow.plan import Plan, build_plan, fingerprint, load_plan, store_plan, workflow_plan
-from rasterscale.workflow.slurm import SlurmSettings, ddp_resources, launcher_prefix
+from rasterscale.workflow.plan import Plan
+from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
+from rasterscale.workflow.storage import (
+    fingerprint,
+    load_plan,
+    plan_from_json,
+    plan_to_json,
+    store_plan,
+    workflow_plan,
+)
 
 
 @pytest.fixture
@@ -91,8 +101,8 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
 
 def test_sections_are_named_by_strings(workdir):
     plan = build_plan(table_config(workdir))
-    assert plan.section("predict") is plan.config["predict"]
-    assert plan.rank_threads("predict") == 2 * (plan.config["predict"]["workers"] + 1)
+    assert plan.section("predict") is plan.settings.predict
+    assert plan.rank_threads("predict") == 2 * (plan.settings.predict.workers + 1)
     with pytest.raises(ValueError, match="no run section 'scenes'"):
         plan.section("scenes")
 
@@ -242,9 +252,13 @@ def slurm_plan(workdir: Path, **slurm) -> Plan:
 
 
 def test_slurm_settings_read_numbers_given_as_strings():
-    settings = SlurmSettings.of({"launcher": "srun", "gres": "gpu", "mem_mb": "16000", "train_runtime": "60"})
-    assert settings == SlurmSettings("srun", None, "gpu", 0, 16000, 60, 0, 0)
+    given = {"launcher": "srun", "gres": "gpu", "mem_mb": "16000", "train_runtime": "60", "predict_runtime": 0}
+    given |= {"gpus_per_node": 0, "partition": "", "train_stop_before_s": "120"}
+    settings = section_of(SlurmSettings, given, "slurm")
+    assert settings == SlurmSettings("srun", "gpu", 0, "", 16000, 60, 120, 0)
     assert settings.runtime("train") == 60 and settings.runtime("predict") == 0
+    with pytest.raises(ValueError, match=r"slurm\.mem_mb: '16G' is not a whole number"):
+        section_of(SlurmSettings, {**given, "mem_mb": "16G"}, "slurm")
 
 
 def test_ddp_resources_of_each_section(workdir):
@@ -308,8 +322,8 @@ def test_the_launcher_prefix_checks_the_final_resources(workdir):
 
 
 def counting_raster_checks(monkeypatch) -> list[str]:
-    """Record every raster header the plan's checks read (through the plan module's check_raster)."""
-    from rasterscale.workflow import plan
+    """Record every raster header the plan's checks read (through the checks module's check_raster)."""
+    from rasterscale.workflow import checks as plan
 
     read: list[str] = []
     original = plan.check_raster
@@ -333,7 +347,7 @@ def test_the_main_process_stores_the_plan_and_a_job_loads_it_without_reading_hea
     job = workflow_plan(config, main_process=False)
     assert len(read) == headers  # no header read again
     assert job == main
-    assert Plan.from_json(main.to_json()) == main
+    assert plan_from_json(plan_to_json(main)) == main
 
 
 def test_a_job_builds_the_plan_when_none_is_stored_or_it_is_stale(workdir, monkeypatch):
@@ -361,9 +375,9 @@ def test_a_plan_of_another_config_or_format_or_unreadable_is_not_loaded(workdir)
     other = table_config(workdir, scenes_per_job=1)
     assert fingerprint(other) != key and load_plan(fingerprint(other)) is None
     path = workdir / paths.stored_plan(key)
-    path.write_text(plan.to_json().replace(f'"format":{plan_module.FORMAT}', '"format":0'))
+    path.write_text(plan_to_json(plan).replace(f'"format":{plan_storage.FORMAT}', '"format":0'))
     assert load_plan(key) is None
-    path.write_text(plan.to_json()[:100])
+    path.write_text(plan_to_json(plan)[:100])
     assert load_plan(key) is None
 
 
@@ -409,7 +423,7 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
 
 
 def test_the_workflow_package_imports_no_torch():
-    modules = "plan, paths, jobfiles, slurm, reports, checks"
+    modules = "plan, checks, storage, paths, jobfiles, slurm, reports"
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"from rasterscale.workflow import {modules}"],
         capture_output=True,
@@ -449,14 +463,14 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
 
 
 def test_storing_a_plan_keeps_the_newest_stored_plans_only(workdir):
-    from rasterscale.workflow.plan import KEPT_PLANS
+    from rasterscale.workflow.storage import KEPT_PLANS
 
     plan = build_plan(table_config(workdir))
     folder = workdir / ".snakemake/rasterscale"
     folder.mkdir(parents=True)
     older = [folder / f"plan-old{k:02d}.json" for k in range(KEPT_PLANS + 3)]  # old00 the oldest
     for k, path in enumerate(older):
-        path.write_text(plan.to_json())
+        path.write_text(plan_to_json(plan))
         os.utime(path, (1e9 + 10 * k, 1e9 + 10 * k))
     newest = store_plan(plan, "latest")
     left = sorted(p.name for p in folder.glob("plan-*.json"))

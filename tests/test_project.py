@@ -38,8 +38,8 @@ from rasterscale.workflow.batches import (
     recorded_targets,
     rule_batches,
 )
+from rasterscale.workflow.checks import build_plan, footprint_of
 from rasterscale.workflow.jobfiles import PredictionBatch, ProjectJob
-from rasterscale.workflow.plan import build_plan, footprint_of
 
 X0, Y0 = 404000.0, 3285000.0  # the project's lower left corner (EPSG:32617)
 PX = 0.1  # pixel size, m

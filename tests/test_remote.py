@@ -34,8 +34,8 @@ from rasterscale.errors import ConfigError, InputError, redact
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
+from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.paths import resume_dir
-from rasterscale.workflow.plan import build_plan
 from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
 

@@ -1,12 +1,224 @@
-"""Checks of the working directory the workflow writes into."""
+"""What the dry run verifies: :func:`build_plan` validates the raw config, checks every scene's existing inputs
+(raster, imagery keys, annotations, the validation band of a training scene) and the model file's labels, and
+returns the frozen :class:`rasterscale.workflow.plan.Plan`; and the working directory the workflow writes into
+(:func:`unwritable_folder`). Problems raise :class:`ConfigError` or :class:`InputError` (one line, naming the key or
+file, and a scene table's line).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from rasterio.crs import CRS
+from rasterio.errors import CRSError
+
+from rasterscale.config.scenes import scene_key
+from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import SceneSettings, Settings, settings_of
+from rasterscale.errors import ConfigError, InputError
+from rasterscale.grid.project import Footprint, find_seams
+from rasterscale.grid.split import check_validation_band
+from rasterscale.raster.bands import differs_wildly
+from rasterscale.raster.cog import striped_sources
+from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
+from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
+from rasterscale.raster.remote import check_tiled, is_remote, local_files
+from rasterscale.runtime.preflight import launch_geometry
+from rasterscale.tasks.registry import task_spec
+from rasterscale.workflow.batches import form_batches, read_recorded
+from rasterscale.workflow.jobfiles import PredictionBatch
+from rasterscale.workflow.plan import SECTIONS, Plan
+
+STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)
 WORKFLOW_FOLDERS = ("results", "results/models", "logs", "benchmarks", ".snakemake")
+
+
+def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[[str], None] | None = None) -> Plan:
+    """Validate the raw config, check every scene's existing inputs (so also on ``snakemake -n``) and return the
+    plan. ``warn`` gets each notice as soon as the config is validated (so before a later error) and each striped
+    scene's warning. Raises ConfigError or InputError; an error of a scene from a scene table names its line."""
+    origins: dict[str, str] = {}
+    notices: list[str] = []
+    default_bands: set[str] = set()
+    config = validate_config(raw, origins=origins, notices=notices, default_bands=default_bands)
+    say = warn if warn is not None else _silent
+    for notice in notices:
+        say(notice)
+    settings = settings_of(config)
+    demo = settings.demo
+    unwritable = unwritable_folder(workdir, [demo.directory] if demo.scenes else [])
+    if unwritable is not None:
+        raise InputError(
+            f"{Path(unwritable).resolve()}: folder is not writable, and the workflow writes into it; make it "
+            "writable (chmod u+w), or run in a folder you can write (--directory)"
+        )
+    geometry = {section: launch_geometry(config, section) for section in SECTIONS}
+    task = task_spec(settings.task)
+    labels = tuple(task.labels(config))  # use these, never model.labels
+    model_input = task.model_input(config)
+    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input)
+    untiled = {}
+    footprints = {}
+    predicted = set(plan.predict_scenes)
+    for name, scene in settings.scenes.items():
+        striped, raster = _check_scene(plan, name, scene, default_bands, say)
+        if striped:
+            untiled[name] = tuple(striped)
+        if raster is not None and name in predicted:
+            footprints[name] = footprint_of(raster)
+    inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(settings)}
+    plan = replace(plan, untiled=untiled, inputs=inputs, footprints=footprints)
+    if plan.has_project():
+        check_project_crs(plan)
+        if settings.project.seams:
+            plan = replace(plan, seams=tuple(find_seams(footprints, settings.tiling.overlap)))
+    plan = replace(plan, batches=_batches(plan, workdir))
+    for line in plan.striped_warnings():
+        say(line)
+    return plan
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+def footprint_of(raster: RasterInfo) -> Footprint:
+    """A scene's footprint from its header: CRS (its EPSG code where it has one), bounds, pixel size."""
+    t = raster.transform
+    xs, ys = (t.c, t.c + t.a * raster.width), (t.f, t.f + t.e * raster.height)
+    crs = raster.crs.to_string() if raster.crs is not None else ""
+    dtype = raster.dtypes[0] if raster.dtypes else ""
+    return Footprint(crs, (min(xs), min(ys), max(xs), max(ys)), (abs(t.a), abs(t.e)), raster.count, dtype)
+
+
+def check_project_crs(plan: Plan) -> None:
+    """The project's layers need one CRS: the scenes' own, or project.crs (one line naming both otherwise)."""
+    by_crs: dict[str, list[str]] = {}
+    for name, footprint in plan.footprints.items():
+        by_crs.setdefault(footprint.crs, []).append(name)
+    listed = "; ".join(f"{crs}: {_some(names)}" for crs, names in by_crs.items())
+    crs = plan.settings.project.crs
+    if crs:
+        try:
+            CRS.from_user_input(crs)
+        except CRSError as err:
+            raise ConfigError(f"project.crs: {crs!r} is not a CRS ({err})") from err
+    if len(by_crs) > 1 and not crs:
+        raise ConfigError(
+            f"predict.scenes: the scenes are in {len(by_crs)} CRSs ({listed}); set project.crs to the CRS of the "
+            "project's layers (e.g. project: {crs: EPSG:32618})"
+        )
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
+    """The prediction batches: the recorded ones that still hold, then the new scenes and seams."""
+    members = plan.project_sources() if plan.has_project() else plan.predict_scenes
+    size = plan.settings.predict.scenes_per_job
+    base = Path(workdir)
+    batches = form_batches(members, plan.batch_entry, size, read_recorded(workdir), lambda r: (base / r).exists())
+    return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
+
+
+def _check_scene(
+    plan: Plan, name: str, scene: SceneSettings, default_bands: set[str], say: Callable[[str], None] = print
+) -> tuple[list[str], RasterInfo | None]:
+    """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent) and its
+    header (none when absent)."""
+    settings = plan.settings
+    path = scene.path
+    demo = name in settings.demo.scenes
+    if demo and path != plan.demo_raster(name):
+        raise ConfigError(f"scenes.{name}: a demo scene's path must be {plan.demo_raster(name)}")
+    if not is_remote(path) and not Path(path).exists():
+        if demo:
+            return [], None
+        raise InputError(f"{path}: raster not found ({scene_key(name, 'path', plan.origins)})")
+    try:
+        raster = check_raster(path)
+        bands = None if name in default_bands else scene.bands
+        check_imagery(raster, bands, scene.scale, f"scenes.{name}", plan.model_input.raw)
+        if name in plan.predict_scenes:
+            check_scene_input(plan, name, scene, say)
+        if name in settings.train.scenes and not settings.model.file:
+            tiling, train = settings.tiling, settings.train
+            check_validation_band(raster, name, tiling.patch_size, tiling.overlap, train.validation_fraction)
+        striped = striped_sources(path)
+        check_tiled(path, striped)
+        tops = scene.tree_tops
+        if tops and not demo and not is_remote(tops) and not Path(tops).exists():
+            raise InputError(f"{tops}: tree tops not found (scenes.{name}.tree_tops)")
+        annotations = scene.annotations
+        if annotations and (Path(annotations).exists() or not demo):
+            image_name = plan.scene_image_name(name)
+            column = scene.label_column
+            warnings = plan.task.check_annotations(annotations, raster, list(plan.labels), column, image_name)
+            for key, line in warnings or ():
+                if not getattr(scene, key):
+                    say(line.replace("{scene}", name))
+    except InputError as err:
+        if name in plan.origins:
+            raise InputError(f"{err} ({plan.origins[name]})") from err
+        raise
+    return striped, raster
+
+
+def check_scene_input(plan: Plan, name: str, scene: SceneSettings, say: Callable[[str], None]) -> None:
+    """A predicted scene's bands against the model's: as many, and ``normalize`` only on training scenes (the
+    model's statistics are used); a scene whose statistics differ wildly from a raw model file's gets a warning."""
+    model = plan.model_input
+    count = len(scene.bands or DEFAULT_BANDS)
+    source = plan.settings.model.file or "the model"
+    if count != model.count:
+        raise InputError(
+            f"{scene.path}: scenes.{name}.bands gives {count} band(s) but {source} takes {model.count} "
+            f"[{', '.join(model.names)}]; set scenes.{name}.bands to {model.count} bands"
+        )
+    if scene.normalize is not None and name not in plan.train_scenes:
+        raise ConfigError(
+            f"config: key 'scenes.{name}.normalize' is set on a scene that is only predicted: the model's own "
+            f"statistics are used ({model.describe()}); normalize: auto computes them from training scenes (set it on "
+            "those, or model.normalize)"
+        )
+    if model.raw and not model.pending and plan.settings.model.file and not is_remote(scene.path):
+        spec = ImageSpec(tuple(scene.bands or DEFAULT_BANDS), *mask_of(check_raster(scene.path)), raw=True)
+        difference = differs_wildly(band_statistics(scene.path, spec, f"scenes.{name}", STATISTICS_SIDE), model)
+        if difference:
+            say(
+                f"{scene.path}: scene {name}'s pixels differ from what the model was trained on ({difference}): "
+                "another sensor or bit depth?"
+            )
+
+
+def checked_files(settings: Settings) -> Iterator[str]:
+    """The local files a plan's checks read: every scene's raster and annotations, the model files, the STAC items
+    scenes came from (a remote one's changes are not watched)."""
+    return iter(local_files(_read_files(settings)))
+
+
+def _read_files(settings: Settings) -> Iterator[str]:
+    for scene in settings.scenes.values():
+        yield scene.path
+        yield from (path for path in (scene.annotations, scene.stac) if path)
+    yield from settings.stac.items
+    model = settings.model
+    yield from (path for path in (model.file, settings.train.init, model.backbone_weights) if path)
+
+
+def file_stat(path: str | Path) -> tuple[int, int] | None:
+    """A file's (size, mtime_ns), None when it does not exist."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns)
 
 
 def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = ()) -> Path | None:

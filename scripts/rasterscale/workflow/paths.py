@@ -15,7 +15,7 @@ from typing import Literal
 from rasterscale.grid.project import is_seam
 
 RESULTS = "results"
-PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.plan)
+PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.storage)
 
 
 def scene_dir(scene: str) -> str:

@@ -1,58 +1,35 @@
-"""The workflow's plan: everything the rules need, computed once from the raw Snakemake config.
+"""The workflow's plan, as the rules read it: :class:`Plan` holds the validated config and what the dry run's checks
+found (:func:`rasterscale.workflow.checks.build_plan` makes it), and answers every query the rules and the jobs'
+files need: the scenes' files, the batches, the project, the model files, the final targets. Paths come from
+:mod:`rasterscale.workflow.paths`, job inputs from :mod:`rasterscale.workflow.jobfiles`.
 
-:func:`build_plan` validates the config, checks every scene's inputs (raster, imagery keys, annotations, the
-validation band of a training scene) and the model file's labels, and returns a frozen :class:`Plan`: the
-validated config, its notices, where each scene came from, the effective labels, the striped scenes, the predicted
-scenes' footprints and the seams between them (:mod:`rasterscale.grid.project`), the batches of scenes and seams
-(:mod:`rasterscale.workflow.batches`: recorded batches are kept) and the launch geometry of each section ("train",
-"predict"). Its methods give the rules' inputs,
-outputs and job inputs (``rasterscale.workflow.jobfiles``), with paths from ``rasterscale.workflow.paths``.
-
-A plan is stored as JSON under ``.snakemake/rasterscale/plan-{fingerprint}.json`` (:func:`store_plan`), the
-fingerprint a hash of the raw config; with it the files its checks read, by size and mtime. The main Snakemake
-process builds and stores it every invocation; a job's re-parse (cluster or subprocess) loads it
-(:func:`load_plan`) instead of reading every header again, and builds it itself when none is stored for its
-config or an input changed since. Problems raise :class:`ConfigError` or :class:`InputError` (one line).
+The plan is built once per invocation by the main Snakemake process and stored
+(:mod:`rasterscale.workflow.storage`); a job's re-parse loads it. The three modules split the plan by what they
+do: queries (here), checks (:mod:`~rasterscale.workflow.checks`), storage (:mod:`~rasterscale.workflow.storage`).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from rasterio.crs import CRS
-from rasterio.errors import CRSError
-
-from rasterscale.atomic import atomic_path
-from rasterscale.config.scenes import scene_key
-from rasterscale.config.schema import nothing_to_do, validate_config
-from rasterscale.errors import ConfigError, InputError
-from rasterscale.grid.project import Footprint, Seam, find_seams, is_seam
-from rasterscale.grid.split import check_validation_band
-from rasterscale.raster.bands import InputBands, differs_wildly
-from rasterscale.raster.cog import striped_sources
-from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
-from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
-from rasterscale.raster.remote import check_tiled, file_name, is_remote, local_files
-from rasterscale.runtime.preflight import Geometry, launch_geometry
+from rasterscale.config.schema import nothing_to_do
+from rasterscale.config.settings import RunSettings, SceneSettings, Settings, json_of, settings_of, to_dict
+from rasterscale.grid.project import Footprint, Seam, is_seam
+from rasterscale.raster.bands import InputBands
+from rasterscale.raster.remote import file_name, local_files
+from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
-from rasterscale.workflow.batches import form_batches, read_recorded, recorded_targets
-from rasterscale.workflow.checks import unwritable_folder
+from rasterscale.workflow.batches import recorded_targets
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
 from rasterscale.workflow.paths import BatchStep
 
 SECTIONS = ("train", "predict")
-FORMAT = 4  # of a stored plan: a plan stored in another format is rebuilt
-STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)
 
 
 @dataclass(frozen=True)
@@ -73,31 +50,34 @@ class Plan:
 
     # -- the config -------------------------------------------------------------------------------------------
 
-    @property
-    def task(self) -> TaskSpec:
-        return task_spec(self.config["task"])
+    @functools.cached_property
+    def settings(self) -> Settings:
+        """The validated config, typed (:mod:`rasterscale.config.settings`)."""
+        return settings_of(self.config)
 
     @property
-    def scenes(self) -> dict[str, Any]:
-        return self.config["scenes"]
+    def task(self) -> TaskSpec:
+        return task_spec(self.settings.task)
+
+    @property
+    def scenes(self) -> dict[str, SceneSettings]:
+        return self.settings.scenes
 
     @property
     def train_scenes(self) -> list[str]:
-        return list(self.config["train"]["scenes"])
+        return list(self.settings.train.scenes)
 
     @property
     def predict_scenes(self) -> list[str]:
-        return list(self.config["predict"]["scenes"])
+        return list(self.settings.predict.scenes)
 
-    def section(self, name: str) -> dict[str, Any]:
-        """The config section of a DDP section by name ("train" or "predict")."""
-        if name not in SECTIONS:
-            raise ValueError(f"no run section '{name}' (train or predict)")
-        return self.config[name]
+    def section(self, name: str) -> RunSettings:
+        """A DDP section's settings by name ("train" or "predict")."""
+        return self.settings.run(name)
 
     def sections(self, *names: str) -> dict[str, Any]:
         """The validated config's given sections (what a job uses: it reruns only when they change)."""
-        return {name: self.config[name] for name in names}
+        return {name: json_of(getattr(self.settings, name)) for name in names}
 
     def world_size(self, section: str) -> int:
         """Ranks of one job of a DDP section (for prediction: of one shard)."""
@@ -109,7 +89,7 @@ class Plan:
 
     def rank_threads(self, section: str) -> int:
         values = self.section(section)
-        return int(values["devices"]) * (int(values["workers"]) + 1)
+        return values.devices * (values.workers + 1)
 
     def nothing_to_do(self) -> str | None:
         return nothing_to_do(self.config)
@@ -118,7 +98,7 @@ class Plan:
 
     def scene_source(self, name: str) -> str:
         """The raster the config names for a scene."""
-        return str(self.scenes[name]["path"])
+        return self.scenes[name].path
 
     def scene_raster(self, name: str) -> str:
         """The raster a scene is read from: its own, or the tiled COG made from it when its own is striped; a
@@ -133,22 +113,24 @@ class Plan:
         return local_files(self.scene_raster(name) for name in names)
 
     def scene_annotations(self, name: str) -> str:
-        return str(self.scenes[name].get("annotations") or "")
+        return self.scenes[name].annotations or ""
 
     def scene_tree_tops(self, name: str) -> str:
         """A scene's true tree tops (scenes.X.tree_tops), which a height model's tops are scored against."""
-        return str(self.scenes[name].get("tree_tops") or "")
+        return self.scenes[name].tree_tops or ""
 
     def scene_image_name(self, name: str) -> str:
         """The image name a scene's CSV/VOC annotations give its boxes under (scenes.X.image_path)."""
-        return str(self.scenes[name].get("image_path") or file_name(self.scene_source(name)))
+        return self.scenes[name].image_path or file_name(self.scene_source(name))
 
     def scene_imagery(self, name: str) -> Imagery:
         """The scene's imagery keys (bands, scale) for its manifest's imagery spec (a seam's: its first scene's)."""
         if is_seam(name):
             name = self.seam(name).a
         scene = self.scenes[name]
-        return Imagery(f"scenes.{name}", scene.get("bands"), scene.get("scale"), self.model_input.raw)
+        bands = list(scene.bands) if scene.bands is not None else None
+        scale = dict(scene.scale) if scene.scale is not None else None
+        return Imagery(f"scenes.{name}", bands, scale, self.model_input.raw)
 
     def scene_outputs(self, name: str) -> dict[str, str]:
         """A scene's merged outputs (the task's, and the gathered profile), by the merge's keys."""
@@ -156,7 +138,7 @@ class Plan:
         return {**files, "profile": paths.scene_profile(name)}
 
     def demo_raster(self, name: str) -> str:
-        return paths.demo_raster(self.config["demo"]["directory"], name)
+        return paths.demo_raster(self.settings.demo.directory, name)
 
     def evaluated_scenes(self) -> list[str]:
         return list(self._evaluated)
@@ -299,11 +281,11 @@ class Plan:
                 entry = {"name": name, **area, **outputs}  # type: ignore[dict-item]
             sources.append(entry)
         return ProjectJob(
-            task=self.config["task"],
+            task=self.settings.task,
             crs=self.project_crs(),
             labels=self.labels,
-            merge=self.config["merge"],
-            project=self.config["project"],
+            merge=to_dict(self.settings.merge),
+            project=to_dict(self.settings.project),
             sources=tuple(sources),
             outputs=self.project_outputs(),
         )
@@ -311,30 +293,30 @@ class Plan:
     def project_crs(self) -> str:
         """project.crs, else the predicted scenes' one CRS (checked when the plan is built)."""
         crs = {footprint.crs for footprint in self.footprints.values()}
-        return str(self.config["project"]["crs"] or (crs.pop() if len(crs) == 1 else ""))
+        return str(self.settings.project.crs or (crs.pop() if len(crs) == 1 else ""))
 
     def predict_config(self) -> dict[str, Any]:
         """The task, model, tiling and predict sections a prediction job uses (not predict.scenes: the job file
         has them)."""
         return {
-            "task": self.config["task"],
-            "model": self.config["model"],
-            "tiling": self.config["tiling"],
+            "task": self.settings.task,
+            "model": to_dict(self.settings.model),
+            "tiling": to_dict(self.settings.tiling),
             "predict": self._predict_section(),
         }
 
     def merge_config(self) -> MergeConfig:
         """What a merge job uses: the task, the resolved class names, the merge and predict sections."""
-        return MergeConfig(self.config["task"], self.labels, self.config["merge"], self._predict_section())
+        return MergeConfig(self.settings.task, self.labels, to_dict(self.settings.merge), self._predict_section())
 
     def _predict_section(self) -> dict[str, Any]:
         """The predict section without predict.scenes (a job's file lists its scenes)."""
-        return {key: value for key, value in self.config["predict"].items() if key != "scenes"}
+        return {key: value for key, value in to_dict(self.settings.predict).items() if key != "scenes"}
 
     def prediction_model(self) -> str:
         """The model file prediction reads: model.file, or the one training writes."""
-        model = self.config["model"]
-        return str(model["file"] or paths.trained_model(model["name"]))
+        model = self.settings.model
+        return str(model.file or paths.trained_model(str(model.name)))
 
     # -- training and evaluation ------------------------------------------------------------------------------
 
@@ -344,7 +326,7 @@ class Plan:
         not the other scenes' (adding a scene to predict does not retrain)."""
         return {
             **self.sections("task", "model", "tiling", "train"),
-            "scenes": {name: self.scenes[name] for name in self.train_scenes},
+            "scenes": {name: to_dict(self.scenes[name]) for name in self.train_scenes},
         }
 
     def training_scenes(self) -> TrainingScenes:
@@ -353,8 +335,8 @@ class Plan:
     def train_start_inputs(self) -> dict[str, str]:
         """The files training starts from (train.init, model.backbone_weights), by rule input name."""
         starts = (
-            ("init", self.config["train"]["init"]),
-            ("backbone_weights", self.config["model"]["backbone_weights"]),
+            ("init", self.settings.train.init),
+            ("backbone_weights", self.settings.model.backbone_weights),
         )
         return {key: path for key, path in starts if path}
 
@@ -367,7 +349,7 @@ class Plan:
         """What a scene's evaluation reads: its raster, its merged outputs, its ground truth; the evaluate
         section and the labels."""
         scene = self._truth_scene(name, outputs=self.scene_outputs(name))
-        return EvaluationJob(scene, self.config["task"], self.config["evaluate"], self.labels)
+        return EvaluationJob(scene, self.settings.task, to_dict(self.settings.evaluate), self.labels)
 
     def _truth_scene(self, name: str, outputs: dict[str, str] | None = None) -> Scene:
         return Scene(
@@ -375,7 +357,7 @@ class Plan:
             raster=self.scene_raster(name),
             manifest=paths.scene_manifest(name),
             annotations=self.scene_annotations(name),
-            label_column=self.scenes[name].get("label_column"),
+            label_column=self.scenes[name].label_column,
             image_path=self.scene_image_name(name),
             outputs=outputs or {},
             tree_tops=self.scene_tree_tops(name),
@@ -387,303 +369,11 @@ class Plan:
         project's layers. The scoring jobs' evaluations come with the report's targets
         (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
         targets: list[str] = []
-        if self.train_scenes and not self.config["model"]["file"]:
-            targets += list(self.trained_model_outputs(self.config["model"]["name"]).values())
+        if self.train_scenes and not self.settings.model.file:
+            targets += list(self.trained_model_outputs(str(self.settings.model.name)).values())
         numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
         for step in ("tiled", "merged"):
             targets += recorded_targets({paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
         if self.has_project():
             targets += list(self.project_outputs().values())
         return targets
-
-    # -- storage ----------------------------------------------------------------------------------------------
-
-    def to_json(self) -> str:
-        data = {
-            "format": FORMAT,
-            "config": self.config,
-            "notices": list(self.notices),
-            "origins": self.origins,
-            "labels": list(self.labels),
-            "untiled": {name: list(files) for name, files in self.untiled.items()},
-            "geometry": {s: [g.section, g.devices, g.nodes, g.shards] for s, g in self.geometry.items()},
-            "batches": [[b.batch, [scene.to_dict() for scene in b.scenes]] for b in self.batches],
-            "inputs": {path: list(stat) if stat else None for path, stat in self.inputs.items()},
-            "footprints": {name: footprint.to_list() for name, footprint in self.footprints.items()},
-            "seams": [[seam.a, seam.b, seam.core] for seam in self.seams],
-            "model_input": self.model_input.to_dict(),
-        }
-        return json.dumps(data, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Plan:
-        data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise ValueError(f"stored plan of format {data.get('format')}, not {FORMAT}")
-        return cls(
-            config=data["config"],
-            notices=tuple(data["notices"]),
-            origins=dict(data["origins"]),
-            labels=tuple(data["labels"]),
-            untiled={name: tuple(files) for name, files in data["untiled"].items()},
-            geometry={s: Geometry(g[0], int(g[1]), int(g[2]), int(g[3])) for s, g in data["geometry"].items()},
-            batches=tuple(
-                PredictionBatch(int(number), tuple(Scene.from_dict(s) for s in scenes))
-                for number, scenes in data["batches"]
-            ),
-            inputs={path: (int(s[0]), int(s[1])) if s else None for path, s in data["inputs"].items()},
-            footprints={name: Footprint.from_list(f) for name, f in data["footprints"].items()},
-            seams=tuple(Seam(*seam) for seam in data["seams"]),
-            model_input=InputBands.from_dict(data["model_input"]),
-        )
-
-
-# -- building ---------------------------------------------------------------------------------------------------
-
-
-def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[[str], None] | None = None) -> Plan:
-    """Validate the raw config, check every scene's existing inputs (so also on ``snakemake -n``) and return the
-    plan. ``warn`` gets each notice as soon as the config is validated (so before a later error) and each striped
-    scene's warning. Raises ConfigError or InputError; an error of a scene from a scene table names its line."""
-    origins: dict[str, str] = {}
-    notices: list[str] = []
-    default_bands: set[str] = set()
-    config = validate_config(raw, origins=origins, notices=notices, default_bands=default_bands)
-    say = warn if warn is not None else _silent
-    for notice in notices:
-        say(notice)
-    demo = config["demo"]
-    unwritable = unwritable_folder(workdir, [demo["directory"]] if demo["scenes"] else [])
-    if unwritable is not None:
-        raise InputError(
-            f"{Path(unwritable).resolve()}: folder is not writable, and the workflow writes into it; make it "
-            "writable (chmod u+w), or run in a folder you can write (--directory)"
-        )
-    geometry = {section: launch_geometry(config, section) for section in SECTIONS}
-    labels = tuple(task_spec(config["task"]).labels(config))  # use these, never model.labels
-    model_input = task_spec(config["task"]).model_input(config)
-    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input)
-    untiled = {}
-    footprints = {}
-    predicted = set(plan.predict_scenes)
-    for name, scene in config["scenes"].items():
-        striped, raster = _check_scene(plan, name, scene, default_bands, say)
-        if striped:
-            untiled[name] = tuple(striped)
-        if raster is not None and name in predicted:
-            footprints[name] = footprint_of(raster)
-    inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(config)}
-    plan = replace(plan, untiled=untiled, inputs=inputs, footprints=footprints)
-    if plan.has_project():
-        check_project_crs(plan)
-        if config["project"]["seams"]:
-            plan = replace(plan, seams=tuple(find_seams(footprints, int(config["tiling"]["overlap"]))))
-    plan = replace(plan, batches=_batches(plan, workdir))
-    for line in plan.striped_warnings():
-        say(line)
-    return plan
-
-
-def _silent(line: str) -> None:
-    pass
-
-
-def footprint_of(raster: RasterInfo) -> Footprint:
-    """A scene's footprint from its header: CRS (its EPSG code where it has one), bounds, pixel size."""
-    t = raster.transform
-    xs, ys = (t.c, t.c + t.a * raster.width), (t.f, t.f + t.e * raster.height)
-    crs = raster.crs.to_string() if raster.crs is not None else ""
-    dtype = raster.dtypes[0] if raster.dtypes else ""
-    return Footprint(crs, (min(xs), min(ys), max(xs), max(ys)), (abs(t.a), abs(t.e)), raster.count, dtype)
-
-
-def check_project_crs(plan: Plan) -> None:
-    """The project's layers need one CRS: the scenes' own, or project.crs (one line naming both otherwise)."""
-    by_crs: dict[str, list[str]] = {}
-    for name, footprint in plan.footprints.items():
-        by_crs.setdefault(footprint.crs, []).append(name)
-    listed = "; ".join(f"{crs}: {_some(names)}" for crs, names in by_crs.items())
-    crs = plan.config["project"]["crs"]
-    if crs:
-        try:
-            CRS.from_user_input(crs)
-        except CRSError as err:
-            raise ConfigError(f"project.crs: {crs!r} is not a CRS ({err})") from err
-    if len(by_crs) > 1 and not crs:
-        raise ConfigError(
-            f"predict.scenes: the scenes are in {len(by_crs)} CRSs ({listed}); set project.crs to the CRS of the "
-            "project's layers (e.g. project: {crs: EPSG:32618})"
-        )
-
-
-def _some(names: list[str], shown: int = 3) -> str:
-    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
-
-
-def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
-    """The prediction batches: the recorded ones that still hold, then the new scenes and seams."""
-    members = plan.project_sources() if plan.has_project() else plan.predict_scenes
-    size = int(plan.config["predict"]["scenes_per_job"])
-    base = Path(workdir)
-    batches = form_batches(members, plan.batch_entry, size, read_recorded(workdir), lambda r: (base / r).exists())
-    return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
-
-
-def _check_scene(
-    plan: Plan, name: str, scene: Mapping[str, Any], default_bands: set[str], say: Callable[[str], None] = print
-) -> tuple[list[str], RasterInfo | None]:
-    """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent) and its
-    header (none when absent)."""
-    config = plan.config
-    path = scene["path"]
-    demo = name in config["demo"]["scenes"]
-    if demo and path != plan.demo_raster(name):
-        raise ConfigError(f"scenes.{name}: a demo scene's path must be {plan.demo_raster(name)}")
-    if not is_remote(path) and not Path(path).exists():
-        if demo:
-            return [], None
-        raise InputError(f"{path}: raster not found ({scene_key(name, 'path', plan.origins)})")
-    try:
-        raster = check_raster(path)
-        bands = None if name in default_bands else scene.get("bands")
-        check_imagery(raster, bands, scene.get("scale"), f"scenes.{name}", plan.model_input.raw)
-        if name in plan.predict_scenes:
-            check_scene_input(plan, name, scene, say)
-        if name in config["train"]["scenes"] and not config["model"]["file"]:
-            tiling, train = config["tiling"], config["train"]
-            check_validation_band(raster, name, tiling["patch_size"], tiling["overlap"], train["validation_fraction"])
-        striped = striped_sources(path)
-        check_tiled(path, striped)
-        tops = scene.get("tree_tops")
-        if tops and not demo and not is_remote(tops) and not Path(tops).exists():
-            raise InputError(f"{tops}: tree tops not found (scenes.{name}.tree_tops)")
-        annotations = scene.get("annotations")
-        if annotations and (Path(annotations).exists() or not demo):
-            image_name = plan.scene_image_name(name)
-            column = scene.get("label_column")
-            warnings = plan.task.check_annotations(annotations, raster, list(plan.labels), column, image_name)
-            for key, line in warnings or ():
-                if not scene.get(key):
-                    say(line.replace("{scene}", name))
-    except InputError as err:
-        if name in plan.origins:
-            raise InputError(f"{err} ({plan.origins[name]})") from err
-        raise
-    return striped, raster
-
-
-def check_scene_input(plan: Plan, name: str, scene: Mapping[str, Any], say: Callable[[str], None]) -> None:
-    """A predicted scene's bands against the model's: as many, and ``normalize`` only on training scenes (the
-    model's statistics are used); a scene whose statistics differ wildly from a raw model file's gets a warning."""
-    model = plan.model_input
-    count = len(scene.get("bands") or DEFAULT_BANDS)
-    source = plan.config["model"]["file"] or "the model"
-    if count != model.count:
-        raise InputError(
-            f"{scene['path']}: scenes.{name}.bands gives {count} band(s) but {source} takes {model.count} "
-            f"[{', '.join(model.names)}]; set scenes.{name}.bands to {model.count} bands"
-        )
-    if scene.get("normalize") is not None and name not in plan.train_scenes:
-        raise ConfigError(
-            f"config: key 'scenes.{name}.normalize' is set on a scene that is only predicted: the model's own "
-            f"statistics are used ({model.describe()}); normalize: auto computes them from training scenes (set it on "
-            "those, or model.normalize)"
-        )
-    if model.raw and not model.pending and plan.config["model"]["file"] and not is_remote(scene["path"]):
-        spec = ImageSpec(tuple(scene.get("bands") or DEFAULT_BANDS), *mask_of(check_raster(scene["path"])), raw=True)
-        difference = differs_wildly(band_statistics(scene["path"], spec, f"scenes.{name}", STATISTICS_SIDE), model)
-        if difference:
-            say(
-                f"{scene['path']}: scene {name}'s pixels differ from what the model was trained on ({difference}): "
-                "another sensor or bit depth?"
-            )
-
-
-# -- storing and loading ----------------------------------------------------------------------------------------
-
-
-def fingerprint(raw: Mapping[str, Any]) -> str:
-    """The stored plan's key: a hash of the raw config (and the plan's format)."""
-    text = json.dumps({"format": FORMAT, "config": raw}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def checked_files(config: Mapping[str, Any]) -> Iterator[str]:
-    """The local files a plan's checks read: every scene's raster and annotations, the model files, the STAC items
-    scenes came from (a remote one's changes are not watched)."""
-    return iter(local_files(_read_files(config)))
-
-
-def _read_files(config: Mapping[str, Any]) -> Iterator[str]:
-    for scene in config["scenes"].values():
-        yield str(scene["path"])
-        for key in ("annotations", "stac"):
-            if scene.get(key):
-                yield str(scene[key])
-    yield from config["stac"]["items"]
-    for path in (config["model"]["file"], config["train"]["init"], config["model"]["backbone_weights"]):
-        if path:
-            yield str(path)
-
-
-def file_stat(path: str | Path) -> tuple[int, int] | None:
-    """A file's (size, mtime_ns), None when it does not exist."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return (stat.st_size, stat.st_mtime_ns)
-
-
-KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folder ran with lately
-
-
-def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
-    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
-    :data:`KEPT_PLANS` stored plans (a job that finds its plan gone builds it again); its path."""
-    path = Path(workdir) / paths.stored_plan(key)
-    with atomic_path(path) as tmp:
-        tmp.write_text(plan.to_json())
-    stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
-    for old in stored[KEPT_PLANS:]:
-        if old != path:
-            old.unlink(missing_ok=True)
-    return path
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
-    """The plan stored under ``key``, or None when there is none, it is unreadable or of another format, or a
-    file its checks read changed since (size or mtime; one absent then is the workflow's to make)."""
-    path = Path(workdir) / paths.stored_plan(key)
-    try:
-        plan = Plan.from_json(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-    base = Path(workdir)
-    # a file absent when the plan was built is one the workflow makes (a demo scene): its appearing changes nothing
-    if any(stat is not None and file_stat(base / name) != stat for name, stat in plan.inputs.items()):
-        return None
-    return plan
-
-
-def workflow_plan(
-    raw: Mapping[str, Any], main_process: bool, workdir: str | Path = ".", warn: Callable[[str], None] | None = None
-) -> Plan:
-    """The plan of this parse: the main process builds it with every check and stores it; a job's re-parse loads
-    the stored one, and builds it (without storing) when none is stored for its config or it is stale."""
-    key = fingerprint(raw)
-    if not main_process:
-        stored = load_plan(key, workdir)
-        if stored is not None:
-            return stored
-        return build_plan(raw, workdir, warn)
-    plan = build_plan(raw, workdir, warn)
-    store_plan(plan, key, workdir)
-    return plan

@@ -3,7 +3,7 @@ under ``results/report/`` (paths in :mod:`rasterscale.workflow.paths`), and what
 them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
 :class:`ProjectScenes` (the project map). The rules flag these files, the quicklooks and the training curves with
 Snakemake's ``report()`` (``rules/report.smk``); the renderings are :mod:`rasterscale.tools.report`'s. The jobs
-(Snakemake ``script:`` entries) load the stored plan (:func:`rasterscale.workflow.plan.workflow_plan`) and take what
+(Snakemake ``script:`` entries) load the stored plan (:func:`rasterscale.workflow.storage.workflow_plan`) and take what
 they need from it here: neither a command line nor the report's listing of a job's params grows with the number of
 scenes. No torch, no matplotlib here: the workflow reads this module when it loads.
 """
@@ -58,7 +58,7 @@ def report_targets(plan: Plan) -> list[str]:
 def model_file(plan: Plan) -> str:
     """The model file the run predicts with (trained by it, or model.file); "" when it trains none and
     predicts nothing."""
-    if plan.predict_scenes or (plan.train_scenes and not plan.config["model"]["file"]):
+    if plan.predict_scenes or (plan.train_scenes and not plan.settings.model.file):
         return plan.prediction_model()
     return ""
 
@@ -92,7 +92,7 @@ def run_facts(plan: Plan) -> RunFacts:
         }
         for section in SECTIONS
     }
-    trained = bool(plan.train_scenes) and not plan.config["model"]["file"]
+    trained = bool(plan.train_scenes) and not plan.settings.model.file
     profiles = {name: paths.scene_profile(name) for name in plan.predict_scenes}
     return RunFacts(plan.task.name, plan.labels, plan.config, geometry, model_file(plan), trained, profiles)
 

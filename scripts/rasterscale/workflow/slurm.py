@@ -5,48 +5,15 @@ checks). Locally (``slurm.launcher: local``) a job has no Slurm resources and no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from rasterscale.config.settings import SlurmSettings
 from rasterscale.runtime.preflight import plan_launch
 from rasterscale.workflow.plan import Plan
 
 
-@dataclass(frozen=True)
-class SlurmSettings:
-    """The config's ``slurm`` section, typed (numbers come as strings from a profile's ``config:``)."""
-
-    launcher: str = "local"
-    partition: str | None = None
-    gres: str | None = None
-    gpus_per_node: int = 0
-    mem_mb: int = 0
-    train_runtime: int = 0
-    predict_runtime: int = 0
-    train_stop_before_s: int = 0
-
-    @classmethod
-    def of(cls, slurm: Mapping[str, Any]) -> SlurmSettings:
-        def number(key: str) -> int:
-            return int(slurm.get(key) or 0)
-
-        return cls(
-            launcher=str(slurm.get("launcher", "local")),
-            partition=slurm.get("partition") or None,
-            gres=slurm.get("gres") or None,
-            gpus_per_node=number("gpus_per_node"),
-            mem_mb=number("mem_mb"),
-            train_runtime=number("train_runtime"),
-            predict_runtime=number("predict_runtime"),
-            train_stop_before_s=number("train_stop_before_s"),
-        )
-
-    def runtime(self, section: str) -> int:
-        return self.train_runtime if section == "train" else self.predict_runtime
-
-
 def slurm_settings(plan: Plan) -> SlurmSettings:
-    return SlurmSettings.of(plan.config["slurm"])
+    return plan.settings.slurm
 
 
 def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
@@ -64,7 +31,7 @@ def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
     values = plan.section(section)
     geometry = plan.geometry[section]
     devices, nodes = geometry.devices, geometry.nodes
-    resources: dict[str, Any] = {"nodes": nodes, "cpus_per_task": int(values["workers"]) + 1}  # workers per rank
+    resources: dict[str, Any] = {"nodes": nodes, "cpus_per_task": values.workers + 1}  # workers per rank
     if devices > 1:
         resources.update(mpi="srun", tasks_per_node=devices)
     elif nodes > 1:
@@ -74,12 +41,12 @@ def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
         resources["slurm_extra"] = " ".join(
             filter(None, [resources.get("slurm_extra"), f"--signal=TERM@{stop_before}"])
         )
-    if slurm.gres and values["accelerator"] != "cpu":
+    if slurm.gres and values.accelerator != "cpu":
         resources["gres"] = f"{slurm.gres}:{devices}"
         if "tasks" in resources:
             resources["tasks_per_gpu"] = 0  # or the plugin turns `tasks` into --ntasks-per-gpu
     for key, value in [
-        ("slurm_partition", slurm.partition),
+        ("slurm_partition", slurm.partition or None),
         ("mem_mb", slurm.mem_mb),
         ("runtime", slurm.runtime(section)),
     ]:

@@ -1,0 +1,275 @@
+"""The validated config as typed, frozen settings: one dataclass per section of ``config/schema.yaml``.
+
+:func:`settings_of` builds them once from the config :func:`rasterscale.config.schema.validate_config` returns,
+which has every schema default filled in: the dataclasses restate no default (the schema is the one place), a key
+the schema gives no default and the config leaves unset is ``None``. Code below ``config/`` reads attributes
+(``settings.tiling.patch_size``), never ``config["tiling"]["patch_size"]`` (tests/test_settings.py keeps it so).
+JSON lists become tuples; mappings the schema leaves open (a scene's ``scale``, ``normalize``, ``model.card``,
+``merge.tree_tops``) stay plain values that their own modules read; a number the schema also takes as a string (a
+profile's ``config:`` passes strings) is an int. :meth:`Settings.to_dict` gives the JSON form
+back (jobs receive settings as JSON and rebuild them with :func:`settings_of` / :func:`section_of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SceneSettings:
+    """A scene of ``scenes``: its raster and ground truth, and how its bands feed the model."""
+
+    path: str
+    stac: str | None
+    asset: str | None
+    bands: tuple[int, ...]
+    normalize: Any  # "auto" or {mean, std}; None: bands scaled to 0-255
+    scale: Mapping[str, Any] | None
+    annotations: str | None
+    image_path: str | None
+    tree_tops: str | None
+    rectangles_ok: bool | None
+    label_column: str | None
+
+
+@dataclass(frozen=True)
+class StacSettings:
+    items: tuple[str, ...]
+    asset: str
+    bands: tuple[int, ...] | None
+    normalize: Any
+    scale: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class DemoScene:
+    width: int
+    height: int
+    seed: int
+    nir: bool
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    directory: str
+    crs: str
+    pixel_size: float
+    scenes: dict[str, DemoScene]
+
+
+@dataclass(frozen=True)
+class TilingSettings:
+    patch_size: int
+    overlap: int
+    skip_nodata: bool
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str | None
+    architecture: str | None
+    encoder: str | None
+    encoder_weights: str
+    loss: str | None
+    backbone: str | None
+    labels: tuple[str, ...] | None
+    score_threshold: float | None
+    nms_threshold: float | None
+    detections_per_tile: int | None
+    fpn_channels: int | None
+    mask_threshold: float | None
+    resize: Any
+    band_names: tuple[str, ...] | None
+    normalize: Any
+    file: str
+    card: Mapping[str, Any] | None
+    backbone_weights: str
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    scenes: tuple[str, ...]
+    init: str
+    validation_fraction: float
+    accelerator: str
+    devices: int
+    nodes: int
+    batch_size: int
+    lr: float
+    lr_reference_batch: int
+    lr_scaling: str
+    weight_decay: float
+    epochs: int
+    max_steps: int
+    warmup_steps: int
+    val_every_n_epochs: int
+    precision: str
+    workers: int
+    min_visible_fraction: float
+    seed: int
+    log_every_n_steps: int
+    checkpoint_every_n_steps: int
+
+
+@dataclass(frozen=True)
+class PredictSettings:
+    scenes: tuple[str, ...]
+    scenes_per_job: int
+    accelerator: str
+    devices: int
+    shards: int
+    probabilities: bool
+    batch_size: int
+    workers: int
+    precision: str
+    strategy: str
+    channels_last: bool
+    read_cache_mb: int
+    save_every: float
+
+
+@dataclass(frozen=True)
+class MergeSettings:
+    iou_threshold: float
+    edge_tolerance: float
+    containment_threshold: float
+    tree_tops: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ProjectSettings:
+    crs: str | None
+    seams: bool
+    iou_threshold: float
+
+
+@dataclass(frozen=True)
+class EvaluateSettings:
+    iou_threshold: float
+    mask_iou_threshold: float
+    score_threshold: float
+    tree_top_distance: float
+
+
+@dataclass(frozen=True)
+class DummySettings:
+    count: int
+    size: int
+    delay: float
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The ``slurm`` section; its numbers may come as strings from a profile's ``config:`` and are ints here."""
+
+    launcher: str
+    gres: str
+    gpus_per_node: int
+    partition: str
+    mem_mb: int
+    train_runtime: int
+    train_stop_before_s: int
+    predict_runtime: int
+
+    def runtime(self, section: str) -> int:
+        """The time limit (minutes) of a job of a DDP section; 0: the profile's or the partition's."""
+        return self.train_runtime if section == "train" else self.predict_runtime
+
+
+RunSettings = TrainSettings | PredictSettings  # a DDP section: accelerator, devices, workers, precision
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole validated config, typed."""
+
+    task: str
+    scenes: dict[str, SceneSettings]
+    stac: StacSettings
+    demo: DemoSettings
+    tiling: TilingSettings
+    model: ModelSettings
+    train: TrainSettings
+    predict: PredictSettings
+    merge: MergeSettings
+    project: ProjectSettings
+    evaluate: EvaluateSettings
+    dummy: DummySettings
+    slurm: SlurmSettings
+
+    def run(self, name: str) -> RunSettings:
+        """The DDP section by name: "train" or "predict"."""
+        if name == "train":
+            return self.train
+        if name == "predict":
+            return self.predict
+        raise ValueError(f"no run section '{name}' (train or predict)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def settings_of(config: Mapping[str, Any]) -> Settings:
+    """The typed settings of a validated config (or of :meth:`Settings.to_dict`'s JSON)."""
+    return section_of(Settings, config, "config")
+
+
+def section_of(cls: type[T], values: Mapping[str, Any], key: str) -> T:
+    """A settings dataclass from its section's validated values; a key the dataclass lacks is a schema change the
+    settings missed (a ValueError naming it: every config key takes effect or is rejected)."""
+    names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: a config key the typed settings ({cls.__name__}) do not know")
+    hints = typing.get_type_hints(cls)
+    built = {name: _value(hints[name], values.get(name), f"{key}.{name}") for name in names}
+    return cls(**built)
+
+
+def _value(hint: Any, value: Any, key: str) -> Any:
+    """``value`` as the field's type: a nested section, a mapping of sections, a tuple of a JSON list."""
+    if value is None:
+        return None
+    for kind in _members(hint):
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+            return section_of(kind, value, key)  # type: ignore[arg-type]
+        origin = typing.get_origin(kind)
+        if origin is dict and isinstance(value, Mapping):
+            item = typing.get_args(kind)[1]
+            return {name: _value(item, entry, f"{key}.{name}") for name, entry in value.items()}
+        if origin is tuple and isinstance(value, list | tuple):
+            return tuple(value)
+        if kind is int and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"{key}: {value!r} is not a whole number") from None
+    return value
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    """The types of a union (``X | None``), or the type itself."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def to_dict(section: Any) -> dict[str, Any]:
+    """A settings dataclass as JSON-ready values (tuples become lists when dumped)."""
+    return dataclasses.asdict(section)
+
+
+def json_of(value: Any) -> Any:
+    """A setting's JSON-ready value: a section's dict, a mapping of sections' dicts, a plain value as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {key: json_of(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,184 @@
+"""The typed settings (rasterscale.config.settings): one dataclass per schema section, with the schema's keys and no
+default of its own, and code below config/ that reads them by attribute, never as ``config["…"]``."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rasterscale.config import settings as settings_module
+from rasterscale.config.schema import load_config
+from rasterscale.config.settings import SceneSettings, Settings, section_of, settings_of
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+
+
+def schema_sections() -> Iterator[tuple[str, dict, type]]:
+    """(key, schema object, settings class) of every object the settings type: the top level, each section, a
+    scene entry, a demo scene."""
+    hints = typing.get_type_hints(Settings)
+    yield "config", SCHEMA, Settings
+    for name, prop in SCHEMA["properties"].items():
+        if dataclasses.is_dataclass(hints[name]):
+            yield name, prop, hints[name]
+    yield "scenes.X", SCHEMA["properties"]["scenes"]["additionalProperties"], SceneSettings
+    demo = SCHEMA["properties"]["demo"]["properties"]["scenes"]["additionalProperties"]
+    yield "demo.scenes.X", demo, settings_module.DemoScene
+
+
+@pytest.mark.parametrize(("key", "schema", "cls"), list(schema_sections()), ids=lambda v: getattr(v, "__name__", v))
+def test_each_settings_class_has_exactly_its_schema_sections_keys_and_no_default(key, schema, cls):
+    fields = dataclasses.fields(cls)
+    assert [f.name for f in fields] == list(schema["properties"]), key
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "segmentation.yaml", "instances.yaml", "height.yaml"])
+def test_the_demo_configs_round_trip_through_their_settings(name):
+    config = load_config(REPO / "config" / name)
+    settings = settings_of(config)
+    assert settings.tiling.patch_size == config["tiling"]["patch_size"]
+    assert settings.train.scenes == tuple(config["train"]["scenes"])
+    assert settings_of(settings.to_dict()) == settings  # the JSON form jobs receive
+
+
+def test_a_key_the_settings_do_not_know_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"tiling\.stride: a config key the typed settings"):
+        section_of(
+            settings_module.TilingSettings,
+            {"patch_size": 400, "overlap": 80, "skip_nodata": True, "stride": 2},
+            "tiling",
+        )
+
+
+# -- no config["…"] below config/ ----------------------------------------------------------------------------------
+
+TOP = set(SCHEMA["properties"])
+KEYS = TOP | {key for schema in (s for _, s, _ in schema_sections()) for key in schema.get("properties", {})}
+CONFIG_NAMES = re.compile(r"config|cfg", re.IGNORECASE)
+
+# Modules that still read the validated config as a mapping, and how many such reads each has: the count may only
+# fall (issue 29: the tasks, the engines and the job files take typed settings next); a module reaching 0 leaves the
+# list. Any other module with such a read fails.
+NOT_YET_TYPED = {
+    "scripts/rasterscale/predict/engine.py": 9,
+    "scripts/rasterscale/predict/tile_resume.py": 1,
+    "scripts/rasterscale/runtime/preflight.py": 1,
+    "scripts/rasterscale/runtime/ranks.py": 2,
+    "scripts/rasterscale/tasks/api.py": 2,
+    "scripts/rasterscale/tasks/detection/evaluate.py": 3,
+    "scripts/rasterscale/tasks/detection/modelfiles.py": 1,
+    "scripts/rasterscale/tasks/detection/spec.py": 4,
+    "scripts/rasterscale/tasks/detection/task.py": 1,
+    "scripts/rasterscale/tasks/detectors.py": 5,
+    "scripts/rasterscale/tasks/encoders.py": 5,
+    "scripts/rasterscale/tasks/exported/card.py": 2,
+    "scripts/rasterscale/tasks/exported/resolve.py": 5,
+    "scripts/rasterscale/tasks/instances/evaluate.py": 3,
+    "scripts/rasterscale/tasks/instances/modelfiles.py": 1,
+    "scripts/rasterscale/tasks/instances/spec.py": 7,
+    "scripts/rasterscale/tasks/instances/task.py": 1,
+    "scripts/rasterscale/tasks/modelfiles.py": 12,
+    "scripts/rasterscale/tasks/modelinput.py": 8,
+    "scripts/rasterscale/tasks/objects.py": 3,
+    "scripts/rasterscale/tasks/regression/modelfiles.py": 4,
+    "scripts/rasterscale/tasks/regression/spec.py": 5,
+    "scripts/rasterscale/tasks/regression/task.py": 5,
+    "scripts/rasterscale/tasks/segmentation/modelfiles.py": 3,
+    "scripts/rasterscale/tasks/segmentation/spec.py": 3,
+    "scripts/rasterscale/tasks/segmentation/task.py": 8,
+    "scripts/rasterscale/tools/envcheck.py": 8,
+    "scripts/rasterscale/tools/report.py": 24,
+    "scripts/rasterscale/train/engine.py": 17,
+    "scripts/rasterscale/train/resume.py": 4,
+    "rules/tiles.smk": 6,
+    "rules/common.smk": 1,
+}
+
+
+def _name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def reads_config(node: ast.expr) -> bool:
+    """Whether an expression is the config or one of its sections: a name with "config"/"cfg" in it or a section's
+    name (``config``, ``train_cfg``, ``tiling``), or a section of one (``config["tiling"]``)."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice.value if isinstance(node.slice, ast.Constant) else None
+        return key in TOP and reads_config(node.value)
+    name = _name(node)
+    return name is not None and (bool(CONFIG_NAMES.search(name)) or name in TOP)
+
+
+def _is_config(node: ast.expr) -> bool:
+    name = _name(node)
+    return name is not None and bool(CONFIG_NAMES.search(name))
+
+
+def config_reads(source: str) -> list[str]:
+    """Every ``X["key"]`` or ``X.get("key")`` of a config key on the config or a section of it, and every section
+    taken by a variable (``config[section]``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key: object = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and reads_config(node.value):
+            key = node.slice.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and _is_config(node.value):
+            found.append(f"line {node.lineno}: [{node.slice.id}]")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and reads_config(node.func.value)
+        ):
+            key = node.args[0].value
+        if key in KEYS:
+            found.append(f"line {node.lineno}: [{key!r}]")
+    return sorted(found)
+
+
+def test_the_read_finder_finds_the_forms_of_a_config_read():
+    source = """
+a = config["tiling"]["patch_size"]
+b = train_cfg["lr"]
+c = cfg.get("file")
+d = row["name"]
+e = config[section]
+f = settings.scenes[name]
+"""
+    found = ["line 2: ['patch_size']", "line 2: ['tiling']", "line 3: ['lr']", "line 4: ['file']", "line 6: [section]"]
+    assert config_reads(source) == found
+
+
+def test_no_code_below_config_reads_the_config_as_a_mapping():
+    """Code below config/ reads typed settings; the rules and entry scripts too (Snakemake files by pattern)."""
+    counts: dict[str, int] = {}
+    for path in sorted((REPO / "scripts").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith("scripts/rasterscale/config/"):
+            continue
+        reads = config_reads(path.read_text())
+        if reads:
+            counts[relative] = len(reads)
+    for path in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]:
+        reads = re.findall(r"CONFIG\[|config\[\"", path.read_text())
+        if reads:
+            counts[path.relative_to(REPO).as_posix()] = len(reads)
+    grown = {path: n for path, n in counts.items() if n > NOT_YET_TYPED.get(path, 0)}
+    assert not grown, f"config read as a mapping (read the typed settings instead): {grown}"
+    done = sorted(path for path in NOT_YET_TYPED if path not in counts)
+    assert not done, f"no config read left: remove from NOT_YET_TYPED: {done}"
