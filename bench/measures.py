@@ -40,7 +40,7 @@ from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.precision import BF16, FP16, FP32
 from rasterscale.tasks.detection.merge import merge_detections
 from rasterscale.tasks.detection.model import load_detector
-from rasterscale.tasks.resnet_fpn import prepare_for_inference
+from rasterscale.tasks.detectors.model import prepare_for_inference
 from synthetic import CRS, TRANSFORM, overlapping_detections, tile_windows, write_raster
 
 PATCH, OVERLAP = 400, 80

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
-from rasterscale.tools.report import score_batch
+from rasterscale.tools.evaluate import score_batch
 from rasterscale.workflow.storage import workflow_plan
 
 snakemake = globals()["snakemake"]  # set by Snakemake's script preamble

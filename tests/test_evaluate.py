@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rasterscale.tasks.detection.evaluate import average_precision, evaluate_detections, match_detections
+from rasterscale.tasks.detection.metrics import average_precision, evaluate_detections, match_detections
 
 
 def test_perfect_predictions_score_one():

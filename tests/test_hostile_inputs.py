@@ -25,7 +25,7 @@ from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
-from rasterscale.tasks.detection.annotations import read_annotations
+from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
 from rasterscale.tasks.labels import label_indexes
 from rasterscale.tasks.registry import task_spec

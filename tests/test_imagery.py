@@ -19,7 +19,7 @@ from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_ma
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.imagery import SPEC_KEY, ImageSpec, on_data, read_spec, resolve_spec, valid_at
 from rasterscale.tasks.detection.dataset import TrainTileDataset
-from rasterscale.tasks.objects import drop_masked
+from rasterscale.tasks.detectors.merge import drop_masked
 
 
 def rgba_with_masked_corner(size: int = 512, corner: int = 300) -> np.ndarray:

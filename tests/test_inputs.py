@@ -10,7 +10,7 @@ from conftest import write_rgba
 from rasterscale.errors import InputError
 from rasterscale.raster.headers import check_raster, has_siblings
 from rasterscale.raster.imagery import check_imagery
-from rasterscale.tasks.detection.annotations import read_annotations
+from rasterscale.tasks.detection.groundtruth import read_annotations
 
 
 def test_good_raster_passes(raster_factory):
@@ -140,7 +140,7 @@ def test_deepforest_csv_keeps_the_rows_of_the_scene_image(raster_factory, tmp_pa
     path = tmp_path / "boxes.csv"
     rows = ["OSBS_029.tif,10,20,30,60,Tree", "other.tif,1,1,5,5,Tree", "data/OSBS_029.tif,50,50,90,80,Bird"]
     path.write_text(CSV_HEADER + "\n".join([*rows, "other.tif,2,2,6,6,Tree"]) + "\n")
-    with caplog.at_level("WARNING", logger="rasterscale.tasks.detection.annotations"):
+    with caplog.at_level("WARNING", logger="rasterscale.tasks.detection.groundtruth"):
         truth = read_annotations(path, info, ["Tree", "Bird"], label_column="ignored for CSV")
     assert truth.boxes.tolist() == [[10, 20, 30, 60], [50, 50, 90, 80]]
     assert truth.labels.tolist() == [0, 1] and truth.ignored == 2

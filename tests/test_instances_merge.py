@@ -21,12 +21,13 @@ from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.api import PredictScene
-from rasterscale.tasks.instances.evaluate import crosses_inner_edges, evaluate_instances, evaluate_scene
-from rasterscale.tasks.instances.merge import count_instances, merge_scene, metric_measures
+from rasterscale.tasks.detectors.merge import count_labels as count_instances
+from rasterscale.tasks.detectors.merge import greedy_nms, read_rank_files
+from rasterscale.tasks.instances.merge import merge_scene, metric_measures
+from rasterscale.tasks.instances.metrics import crosses_inner_edges, evaluate_instances, evaluate_scene
 from rasterscale.tasks.instances.polygons import empty_instances, instances_frame, tile_instances
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
-from rasterscale.tasks.objects import greedy_nms, read_rank_files
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 WIDTH, HEIGHT, PATCH, OVERLAP = 700, 400, 400, 100

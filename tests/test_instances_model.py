@@ -22,6 +22,7 @@ from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.model import build_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig
+from rasterscale.tasks.detectors.model import load_backbone_weights
 from rasterscale.tasks.instances.model import (
     build_instance_model,
     init_from_model_file,
@@ -37,7 +38,6 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
     write_deepforest_maskrcnn_folder,
 )
-from rasterscale.tasks.resnet_fpn import load_backbone_weights
 
 TILE = 128  # px: DeepForest's resnet50 compared at this size, min_size = max_size = the tile (no resampling)
 LOSSES = {"loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg"}
@@ -331,8 +331,8 @@ def test_what_is_not_an_instance_model_fails_in_one_line_naming_it(tmp_path, lig
 def test_validation_matches_masks_one_to_one_by_iou():
     """The validation scores' mask IoU: of every predicted mask with every true one; a prediction matches the true
     mask of its class it overlaps most, once (here the better-scoring of two predictions of one crown takes it)."""
+    from rasterscale.tasks.detectors.metrics import greedy_match
     from rasterscale.tasks.instances.task import mask_ious
-    from rasterscale.tasks.objects import greedy_match
 
     truth = np.zeros((2, 8, 8), dtype=np.uint8)
     truth[0, :4, :4] = 1  # 16 px

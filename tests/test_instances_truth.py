@@ -24,7 +24,7 @@ from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks.detection.annotations import read_annotations
+from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.instances.dataset import InstanceTileDataset, flip_image_and_masks
 from rasterscale.tasks.instances.groundtruth import (
     GroundTruth,

@@ -19,7 +19,7 @@ from rasterscale.tasks.detection.merge import (
     merge_detections,
     write_detections_file,
 )
-from rasterscale.tasks.objects import read_rank_files
+from rasterscale.tasks.detectors.merge import read_rank_files
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 CRS = "EPSG:32617"

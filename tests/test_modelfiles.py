@@ -30,7 +30,7 @@ from rasterscale.tasks.detection.modelfiles import (
     resolve_detector,
     write_deepforest_folder,
 )
-from rasterscale.tasks.resnet_fpn import freeze_pretrained_backbone, load_backbone_weights, load_weights
+from rasterscale.tasks.detectors.model import freeze_pretrained_backbone, load_backbone_weights, load_weights
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,7 @@ def test_fingerprint_ignores_the_save_interval_only():
 
 def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
     from rasterscale.tasks.api import PredictScene
-    from rasterscale.tasks.detection.task import DetectionRankOutput, TileDetections
+    from rasterscale.tasks.detection.rankoutput import DetectionRankOutput, TileDetections
 
     tiles = [Tile(k, 100 * k, 0, 128, 128) for k in range(7)]
     scene = PredictScene("scene", "scene.tif", tiles, None, TileGrid(128, 28), 800, 128, TRANSFORM, UTM17N)

@@ -22,10 +22,10 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.blending import edge_weights, halo_tiles, tile_cores
 from rasterscale.tasks.regression.blend import ValueBlender
+from rasterscale.tasks.regression.groundtruth import read_targets
 from rasterscale.tasks.regression.merge import NODATA_VALUE, merge_value_rasters
 from rasterscale.tasks.regression.metrics import ValueScores, evaluate_values, range_names
 from rasterscale.tasks.regression.spec import TREE_TOPS, check_annotations, merge_project, tree_top_rule, write_tops
-from rasterscale.tasks.regression.targets import read_targets
 from rasterscale.tasks.regression.task import masked_loss
 from rasterscale.tasks.regression.treetops import read_tree_tops
 from segmentation_tiles import split_contiguous

@@ -278,8 +278,8 @@ def test_the_plan_skips_remote_rasters_in_inputs_and_staleness(site, tmp_path, m
     scenes, stac = all_scenes(site)
     plan = build_plan(predict_config(site, scenes, stac=stac))
     assert list(plan.scenes) == ["local", "web", "bucket", "item", "c_1", "c_2"]
-    assert plan.scenes["item"]["path"] == site.http.url("stac/item.tif", f"sig={SECRET}")
-    assert plan.scenes["c_1"]["path"] == site.http.url("stac/c1.tif")
+    assert plan.scenes["item"].path == site.http.url("stac/item.tif", f"sig={SECRET}")
+    assert plan.scenes["c_1"].path == site.http.url("stac/c1.tif")
     assert plan.batch_inputs(0)["rasters"] == [str(site.cog)]  # the one local raster: Snakemake waits for no URL
     assert plan.raster_inputs("web", "bucket") == []
     assert set(plan.inputs) == {str(site.cog), str(site.root / "collection.json"), str(site.model.model_file)}

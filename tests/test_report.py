@@ -15,7 +15,7 @@ from PIL import Image
 from rasterio.warp import transform_bounds
 
 from conftest import write_raster
-from rasterscale.tasks.detection.merge import count_detections
+from rasterscale.tasks.detectors.merge import count_labels as count_detections
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.merge import count_classes
 from rasterscale.tasks.segmentation.metrics import iou_scores

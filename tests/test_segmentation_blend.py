@@ -24,7 +24,7 @@ from rasterscale.tasks.segmentation.blend import (
     tile_cores,
 )
 from rasterscale.tasks.segmentation.merge import merge_class_rasters
-from rasterscale.tasks.segmentation.rankraster import BLOCK_COLS, BLOCK_ROWS
+from rasterscale.tasks.segmentation.rankoutput import BLOCK_COLS, BLOCK_ROWS
 from segmentation_tiles import (
     NUM_CLASSES,
     class_map,

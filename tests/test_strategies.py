@@ -23,7 +23,7 @@ from rasterscale.predict.rankfiles import read_tile_ids
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.fastpath import fuse_conv_bn
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector
-from rasterscale.tasks.resnet_fpn import prepare_for_inference
+from rasterscale.tasks.detectors.model import prepare_for_inference
 
 STRATEGIES = ["window", "single", "batch"]
 RGB = ImageSpec()  # bands 1-3 of a uint8 raster without a mask

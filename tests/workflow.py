@@ -19,7 +19,7 @@ import yaml
 
 from conftest import REPO
 from rasterscale.raster.geo import box_pairs, pair_ious
-from rasterscale.tasks.objects import BOX_COLUMNS
+from rasterscale.tasks.detectors.merge import BOX_COLUMNS
 
 TINY = REPO / "tests/configs/tiny.yaml"
 

@@ -27,7 +27,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -109,6 +109,66 @@ class PredictionModule(L.LightningModule):
         return [(int(k[0]), int(k[1]), r) for k, r in zip(keys, results, strict=True)]
 
 
+class RankPlans:
+    """Each rank's :class:`RankPlan` of the job's scenes, made once per (world size, rank) when first asked for
+    (the ranks exist once the trainer runs): its own tiles of the shard and, with a resume folder, its saved parts
+    of each scene, whose tiles it does not predict again."""
+
+    def __init__(
+        self,
+        task: Task,
+        scenes: Sequence[PredictScene],
+        config: Mapping[str, Any],
+        shards: int,
+        shard: int,
+        resume: tuple[str | Path, str] | None,
+        logger: logging.Logger,
+    ) -> None:
+        """``resume``: the resume folder and the model file's digest (None: no resume folder)."""
+        self.task, self.scenes, self.config, self.shards, self.shard = task, list(scenes), config, shards, shard
+        self.resume, self.logger = resume, logger
+        self.plans: dict[tuple[int, int], RankPlan] = {}
+
+    def __call__(self, world: int, rank: int) -> RankPlan:
+        if (world, rank) not in self.plans:
+            self.plans[world, rank] = self.plan(world, rank)
+        return self.plans[world, rank]
+
+    def plan(self, world: int, rank: int) -> RankPlan:
+        own = batch_rank_tiles([scene.tiles for scene in self.scenes], self.shards, self.shard, world, rank)
+        if self.resume is None:
+            return RankPlan(own, self.predicted(own))
+        saves = self.saves(world, rank, *self.resume)
+        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, saves, strict=True)]
+        predicted = self.predicted(remaining)
+        done = sum(len(ranked.resumed) for ranked in saves)
+        if done:
+            self.logger.info(
+                "resuming: %d of %d tiles already done in %s; predicting %d tiles",
+                done,
+                sum(len(tiles) for tiles in own),
+                self.resume[0],
+                sum(len(tiles) for tiles in predicted),
+            )
+        return RankPlan(own, predicted, saves)
+
+    def predicted(self, tiles: Sequence[Sequence[Tile]]) -> list[list[Tile]]:
+        """The tiles the task predicts for these tiles of each scene (:meth:`Task.tiles_to_predict`)."""
+        return [self.task.tiles_to_predict(scene, ts) for scene, ts in zip(self.scenes, tiles, strict=True)]
+
+    def saves(self, world: int, rank: int, resume_dir: str | Path, model_digest: str) -> list[RankSaves]:
+        """The rank's saved parts of each scene in ``resume_dir``, loaded (those of this very prediction only:
+        :func:`~rasterscale.predict.tile_resume.prediction_fingerprint`)."""
+        saves = []
+        for scene in self.scenes:
+            tiles = [t.tile_id for t in scene.tiles]
+            mark = prediction_fingerprint(self.config, model_digest, world, self.shards, self.shard, tiles)
+            index = rank_file_index(self.shard, world, rank)
+            saves.append(RankSaves(resume_dir, scene.name, index, self.task.spec.rank_suffix, mark))
+            saves[-1].load(self.logger)
+        return saves
+
+
 class RankOutputs:
     """Makes a rank's output of a scene (the task's), at ``{out_dir}/{scene}/rank-{i}{suffix}``."""
 
@@ -116,7 +176,7 @@ class RankOutputs:
         self,
         task: Task,
         scenes: Sequence[PredictScene],
-        plan_of_rank: Any,
+        plan_of_rank: Callable[[int, int], RankPlan],
         out_dir: str | Path,
         shard: int,
         model_cfg: Any,
@@ -138,7 +198,26 @@ class RankOutputs:
         )
 
 
-class RankWriter(L.Callback):
+class BatchEndCallback(L.Callback):
+    """A callback told of each predicted batch (Lightning's ``on_predict_batch_end``, narrowed to what it uses)."""
+
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.batch_predicted(trainer, outputs, batch)
+
+    def batch_predicted(self, trainer: L.Trainer, outputs: Any, batch: Any) -> None:
+        """A batch is predicted: ``outputs``, what the module's ``predict_step`` returned of ``batch``."""
+        raise NotImplementedError
+
+
+class RankWriter(BatchEndCallback):
     """Feeds each predicted tile's result to its scene's rank output (in prediction order), then ends the batch
     in the profile with the time that took, and, when prediction ends, writes every scene's output and record (the
     record last: it vouches for a complete output)."""
@@ -165,15 +244,7 @@ class RankWriter(L.Callback):
     def plan(self, trainer: L.Trainer) -> RankPlan:
         return self.outputs.plan_of_rank(trainer.world_size, trainer.global_rank)
 
-    def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def batch_predicted(self, trainer: L.Trainer, outputs: Any, batch: Any) -> None:
         started = time.perf_counter()
         plan = self.plan(trainer)
         if self.seen is None:
@@ -327,6 +398,43 @@ class ScenesDataset(Dataset):
         return image, (scene, position)
 
 
+def rank_dataset(plans: RankPlans, strategy: str, world: int, rank: int, device: torch.device) -> Dataset:
+    """A rank's tiles to predict of every scene of the job, scene after scene (:class:`ScenesDataset`)."""
+    predicted = plans(world, rank).predicted
+    factories = [
+        functools.partial(scene_dataset, strategy, scene.raster, tiles, scene.imagery, device)
+        for scene, tiles in zip(plans.scenes, predicted, strict=True)
+    ]
+    return ScenesDataset(factories, [len(tiles) for tiles in predicted])
+
+
+def log_job(
+    logger: logging.Logger,
+    scenes: Sequence[PredictScene],
+    shards: int,
+    shard: int,
+    spec: RunSpec,
+    strategy: str,
+    batch_size: int,
+    workers: int,
+) -> None:
+    """Rank 0's line of what the job predicts, and how (``strategy``, ``batch_size`` and ``workers``: the
+    ``predict`` section's)."""
+    logger.info(
+        "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
+        "%d worker(s) per rank",
+        len(scenes),
+        ", ".join(scene.name for scene in scenes[:5]) + (", ..." if len(scenes) > 5 else ""),
+        sum(len(scene.tiles) for scene in scenes),
+        shard + 1,
+        shards,
+        spec,
+        strategy,
+        batch_size,
+        workers,
+    )
+
+
 def run_prediction(
     scenes: Sequence[Scene],
     model_file: str | Path,
@@ -351,45 +459,10 @@ def run_prediction(
     loaded = [load_scene(job) for job in scenes]
     strategy = predict_cfg["strategy"]
     workers = loader_workers(strategy, predict_cfg["workers"])
-
-    model_digest = file_digest(model_file) if resume_dir is not None else ""
-
-    @functools.cache
-    def plan_of_rank(world: int, rank: int) -> RankPlan:
-        own = batch_rank_tiles([scene.tiles for scene in loaded], shards, shard, world, rank)
-        if resume_dir is None:
-            predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, own, strict=True)]
-            return RankPlan(own, predicted)
-        saves = []
-        for scene in loaded:
-            tiles = [t.tile_id for t in scene.tiles]
-            mark = prediction_fingerprint(config, model_digest, world, shards, shard, tiles)
-            index = rank_file_index(shard, world, rank)
-            saves.append(RankSaves(resume_dir, scene.name, index, task.spec.rank_suffix, mark))
-            saves[-1].load(logger)
-        remaining = [[t for t in ts if t.tile_id not in c.resumed] for ts, c in zip(own, saves, strict=True)]
-        predicted = [task.tiles_to_predict(scene, tiles) for scene, tiles in zip(loaded, remaining, strict=True)]
-        done = sum(len(ranked.resumed) for ranked in saves)
-        if done:
-            logger.info(
-                "resuming: %d of %d tiles already done in %s; predicting %d tiles",
-                done,
-                sum(len(tiles) for tiles in own),
-                resume_dir,
-                sum(len(tiles) for tiles in predicted),
-            )
-        return RankPlan(own, predicted, saves)
-
-    def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
-        predicted = plan_of_rank(world, rank).predicted
-        factories = [
-            functools.partial(scene_dataset, strategy, scene.raster, tiles, scene.imagery, device)
-            for scene, tiles in zip(loaded, predicted, strict=True)
-        ]
-        return ScenesDataset(factories, [len(tiles) for tiles in predicted])
-
+    resume = (resume_dir, file_digest(model_file)) if resume_dir is not None else None
+    plans = RankPlans(task, loaded, config, shards, shard, resume, logger)
     profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
-    outputs = RankOutputs(task, loaded, plan_of_rank, out_dir, shard, model_cfg, config)
+    outputs = RankOutputs(task, loaded, plans, out_dir, shard, model_cfg, config)
     writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["save_every"])
     trainer = make_trainer(
         spec,
@@ -400,21 +473,9 @@ def run_prediction(
     )
     if trainer.is_global_zero:
         logger.info("model %s: %s", model_file, task.describe(model_cfg))
-        logger.info(
-            "predicting %d scene(s) (%s): %d tiles, shard %d/%d, %s, strategy %s, batch %d per device, "
-            "%d worker(s) per rank",
-            len(loaded),
-            ", ".join(scene.name for scene in loaded[:5]) + (", ..." if len(loaded) > 5 else ""),
-            sum(len(scene.tiles) for scene in loaded),
-            shard + 1,
-            shards,
-            spec,
-            strategy,
-            predict_cfg["batch_size"],
-            workers,
-        )
+        log_job(logger, loaded, shards, shard, spec, strategy, predict_cfg["batch_size"], workers)
     datamodule = PredictionDataModule(
-        dataset_for_rank,
+        functools.partial(rank_dataset, plans, strategy),
         predict_cfg["batch_size"],
         workers,
         pin_memory=spec.accelerator == "gpu" and strategy != "batch",

@@ -113,17 +113,34 @@ def plan_launch(
     ``slurm.launcher`` ("local" or "srun"), ``executor`` the Snakemake executor when known (at plan time of a
     dry run it is not), ``gpus_per_node`` what a node has (0: unknown).
     """
-    g = geometry
-    s = g.section
     if launcher != "srun":
-        if executor in SLURM_EXECUTORS and g.world_size > 1:
-            raise PreflightError(
-                f"{s}: {g.world_size} ranks ({g.describe()}) in a Slurm job, but slurm.launcher is '{launcher}' so "
-                "no srun would start them (Lightning would hang or silently run world size 1): run with "
-                f"{PROFILE_HINT}"
-            )
+        check_local_launch(geometry, launcher, executor)
         return ""
+    nodes = checked_nodes(geometry, resources)
+    tasks = _int(resources.get("tasks"))
+    per_node = checked_tasks_per_node(geometry, resources, nodes, tasks)
+    check_gpus(geometry, resources, gpus_per_node)
+    check_ranks(geometry, resources, tasks)
+    if "mpi" not in resources:
+        return ""  # one task: the executor's jobstep starts it with srun -n1
+    cpus = _int(resources.get("cpus_per_task")) or 1
+    return srun_prefix(nodes, per_node, cpus)
 
+
+def check_local_launch(geometry: Geometry, launcher: str, executor: str | None) -> None:
+    """A launcher other than srun starts no other rank: a Slurm job of several ranks would hang or shrink."""
+    g = geometry
+    if executor in SLURM_EXECUTORS and g.world_size > 1:
+        raise PreflightError(
+            f"{g.section}: {g.world_size} ranks ({g.describe()}) in a Slurm job, but slurm.launcher is '{launcher}' "
+            "so no srun would start them (Lightning would hang or silently run world size 1): run with "
+            f"{PROFILE_HINT}"
+        )
+
+
+def checked_nodes(geometry: Geometry, resources: Mapping[str, Any]) -> int:
+    """The nodes the job asks Slurm for, which must be the geometry's (a prediction shard's: 1)."""
+    g, s = geometry, geometry.section
     nodes = _int(resources.get("nodes")) or 1
     if nodes != g.nodes:
         if s == "predict":
@@ -135,8 +152,13 @@ def plan_launch(
             f"{s}: the job asks Slurm for --nodes={nodes} but {s}.nodes={g.nodes} (Lightning's num_nodes): "
             f"set {s}.nodes: {nodes} or remove the nodes override from the profile"
         )
+    return nodes
 
-    tasks = _int(resources.get("tasks"))
+
+def checked_tasks_per_node(geometry: Geometry, resources: Mapping[str, Any], nodes: int, tasks: int | None) -> int:
+    """The tasks per node the job asks Slurm for (``tasks_per_node``, ``--ntasks-per-node``, ``tasks`` over the
+    nodes, else 1), which must be the geometry's devices: one task per device."""
+    g, s = geometry, geometry.section
     per_node = (
         _int(resources.get("tasks_per_node"))
         or _option(resources.get("slurm_extra"), "ntasks-per-node")
@@ -149,6 +171,13 @@ def plan_launch(
             f"(one task per device): set {s}.devices: {per_node} or remove the tasks_per_node/--ntasks-per-node "
             "override from the profile"
         )
+    return per_node
+
+
+def check_gpus(geometry: Geometry, resources: Mapping[str, Any], gpus_per_node: int) -> None:
+    """The GPUs per node the job asks Slurm for (its gres, when it counts them) must be the geometry's devices,
+    and a node must have as many (``gpus_per_node``, 0: unknown)."""
+    g, s = geometry, geometry.section
     gpus = _gres_count(resources.get("gres"))
     if gpus is not None and gpus != g.devices:
         raise PreflightError(
@@ -162,6 +191,11 @@ def plan_launch(
             f"job would never start: set {s}.devices: {gpus_per_node} or fewer (and {s}.nodes for more nodes)"
         )
 
+
+def check_ranks(geometry: Geometry, resources: Mapping[str, Any], tasks: int | None) -> None:
+    """Several ranks need the ``mpi`` resource (else the executor starts one task), and the job's ``tasks``, when
+    given, must be the world size."""
+    g, s = geometry, geometry.section
     if g.world_size > 1 and "mpi" not in resources:
         raise PreflightError(
             f"{s}: {g.world_size} ranks asked for ({g.describe()}) but the job has no `mpi` resource, so the "
@@ -173,10 +207,6 @@ def plan_launch(
             f"{s}: the job asks Slurm for --ntasks={tasks} but {g.world_size} ranks were asked for "
             f"({g.describe()}): remove the tasks override from the profile"
         )
-    if "mpi" not in resources:
-        return ""  # one task: the executor's jobstep starts it with srun -n1
-    cpus = _int(resources.get("cpus_per_task")) or 1
-    return srun_prefix(nodes, per_node, cpus)
 
 
 # ---------------------------------------------------------------------------------------------------------

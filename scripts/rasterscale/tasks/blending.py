@@ -32,9 +32,10 @@ the edges of unfinished pieces. Blocks no piece covers hold the raster's empty v
 blocks written since the previous part are kept and written as a *part* (:meth:`BlockRaster.save_part`): a small
 GeoTIFF of the blocks stacked one above the other, their places in its ``rasterscale_blocks`` tag.
 
-A scene's merge reads the rank rasters block by block (:func:`block_windows`), each placed on the scene's grid
-(:func:`rank_window`), masked pixels from the scene's imagery (:func:`window_valid_mask`), into a scratch raster
-beside the output (:func:`scratch_path`) that becomes its COG.
+A scene's merge opens the scene's raster and the rank rasters (:func:`open_merge_sources`), each placed on the
+scene's grid (:func:`rank_window`), and reads them block by block (:func:`block_windows`), masked pixels from the
+scene's imagery (:func:`window_valid_mask`), into a scratch raster beside the output (:func:`scratch_path`) that
+becomes its COG. A project's layer is a VRT over its scenes' and seams' merged rasters (:func:`write_project_mosaic`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import warnings
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -58,8 +60,12 @@ from rasterio.errors import NotGeoreferencedWarning
 from rasterio.windows import Window
 
 from rasterscale.atomic import atomic_path
+from rasterscale.errors import InputError
+from rasterscale.grid.project import is_seam
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, decoding, read_masked
+from rasterscale.raster.mosaic import write_mosaic
+from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import bounding_window, intersection, overlap_slices, tile_window, windows_intersect
 
 BLOCK_ROWS = 32  # rows of a block of a rank raster
@@ -111,7 +117,7 @@ def core_pieces(cores: Mapping[int, Window], tiles: Iterable[Tile]) -> list[tupl
     return pieces
 
 
-class TileGrid:
+class TilesByWindow:
     """Tiles looked up by the window they intersect (offsets bisected along each axis)."""
 
     def __init__(self, tiles: Iterable[Tile]) -> None:
@@ -139,7 +145,7 @@ class TileGrid:
 def halo_tiles(all_tiles: Iterable[Tile], own_ids: Iterable[int], cores: Mapping[int, Window]) -> list[Tile]:
     """The tiles a rank predicts: every tile of the manifest whose window intersects the core of an own tile (the
     own tiles among them), in manifest order."""
-    grid = TileGrid(all_tiles)
+    grid = TilesByWindow(all_tiles)
     found: dict[int, Tile] = {}
     for tile_id in own_ids:
         for tile in grid.intersecting(cores[tile_id]):
@@ -213,54 +219,63 @@ class SpilledPieces:
         self.pieces.clear()
 
 
+@dataclass(frozen=True)
+class BlendLayout:
+    """What a rank blends: the tiles it predicts (own and halo tiles, :func:`halo_tiles`, in that order), its own
+    tiles' ids, every tile's core (:func:`tile_cores`), the scene's size in pixels, and the width of the tiles'
+    weights' taper (:func:`edge_weights`)."""
+
+    tiles_to_predict: Iterable[Tile]
+    own_ids: Iterable[int]
+    cores: Mapping[int, Window]
+    width: int
+    height: int
+    taper: int
+
+
+@dataclass(frozen=True)
+class RasterSite:
+    """Where a rank raster is written and how: its path, the georeference of its top-left pixel (``transform``)
+    and ``crs``, the parts of an earlier run it is resumed from, whether it keeps the blocks written since the last
+    part (for the next one), and its blocks' height."""
+
+    path: str | Path
+    transform: Affine
+    crs: object
+    parts: Sequence[str | Path] = ()
+    keep_unsaved: bool = False
+    block_rows: int = BLOCK_ROWS
+
+    def at(self, window: Window) -> RasterSite:
+        """The site of a raster over ``window`` of this one: its transform moved to the window's top-left pixel."""
+        return replace(self, transform=self.transform @ Affine.translation(window.col_off, window.row_off))
+
+
 class Blender(ABC):
-    """One rank's blended raster (see the module docstring). Feed :meth:`add` every tile of ``tiles_to_predict``
-    (own and halo tiles, :func:`halo_tiles`) in that order, then :meth:`close`. A task says what its raster is
-    (:meth:`open_raster`) and what a finished piece's weighted sums become in it (:meth:`finish`).
+    """One rank's blended raster (see the module docstring). Feed :meth:`add` every tile of the layout's
+    ``tiles_to_predict`` (own and halo tiles, :func:`halo_tiles`) in that order, then :meth:`close`. A task says
+    what its raster is (:meth:`open_raster`) and what a finished piece's weighted sums become in it
+    (:meth:`finish`).
 
-    The rank raster (a :class:`BlockRaster`) covers the bounding window of the own cores, and holds the raster's
-    empty value elsewhere. It is written block by block, atomically; GDAL's block cache bound is the caller's
-    (:func:`rasterscale.datasets.tiles.limit_read_cache`). A rank without own tiles writes one empty pixel.
+    The rank raster (a :class:`BlockRaster` at ``site``, whose transform is the scene's) covers the bounding window
+    of the own cores, and holds the raster's empty value elsewhere. It is written block by block, atomically; GDAL's
+    block cache bound is the caller's (:func:`rasterscale.datasets.tiles.limit_read_cache`). A rank without own
+    tiles writes one empty pixel.
 
-    ``channels``: the values per pixel of a tile (C of :meth:`add`). ``parts``: parts an earlier run of the rank
-    wrote (:meth:`save_part`), copied first; the own cores they hold entirely are not blended again.
+    ``channels``: the values per pixel of a tile (C of :meth:`add`). The site's ``parts``: parts an earlier run of
+    the rank wrote (:meth:`save_part`), copied first; the own cores they hold entirely are not blended again. Its
     ``keep_unsaved``: keep the blocks written since the last part, for :meth:`save_part`. ``spill_ahead``: a piece
     whose next contributor is more tiles ahead waits on disk (:class:`SpilledPieces`).
     """
 
-    def __init__(
-        self,
-        tiles_to_predict: Iterable[Tile],
-        own_ids: Iterable[int],
-        cores: Mapping[int, Window],
-        width: int,
-        height: int,
-        channels: int,
-        taper: int,
-        out_path: str | Path,
-        transform: Affine,
-        crs: object,
-        block_rows: int = BLOCK_ROWS,
-        parts: Sequence[str | Path] = (),
-        keep_unsaved: bool = False,
-        spill_ahead: int = SPILL_AHEAD,
-    ) -> None:
-        self.tiles = list(tiles_to_predict)
+    def __init__(self, layout: BlendLayout, channels: int, site: RasterSite, spill_ahead: int = SPILL_AHEAD) -> None:
+        self.tiles = list(layout.tiles_to_predict)
         self.spill_ahead = spill_ahead
-        self.width, self.height, self.channels, self.taper = width, height, channels, taper
-        self.cores = cores
-        self.own_ids = set(own_ids)
+        self.width, self.height, self.channels, self.taper = layout.width, layout.height, channels, layout.taper
+        self.cores = cores = layout.cores
+        self.own_ids = set(layout.own_ids)
         self.window = bounding_window(cores[i] for i in self.own_ids) or Window(0, 0, 1, 1)
-        self.raster = self.open_raster(
-            out_path,
-            self.window.width,
-            self.window.height,
-            transform @ Affine.translation(self.window.col_off, self.window.row_off),
-            crs,
-            parts,
-            keep_unsaved,
-            block_rows,
-        )
+        self.raster = self.open_raster(site.at(self.window), self.window.width, self.window.height)
         self.closed = False
         try:
             # own cores that the parts hold entirely: not blended again
@@ -279,22 +294,12 @@ class Blender(ABC):
         self.next_index = 0
         self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # piece -> (Σ w·v (C,h,w), Σ w (h,w))
         self.slivers: dict[int, list] = {}  # piece -> contributions of earlier tiles, kept until its own tile comes
-        self.spilled = SpilledPieces(spill_folder(out_path))  # pieces waiting for a tile far ahead
+        self.spilled = SpilledPieces(spill_folder(site.path))  # pieces waiting for a tile far ahead
         self.peak_pending_bytes = 0
 
     @abstractmethod
-    def open_raster(
-        self,
-        path: str | Path,
-        width: int,
-        height: int,
-        transform: Affine,
-        crs: object,
-        parts: Sequence[str | Path],
-        keep_unsaved: bool,
-        block_rows: int,
-    ) -> BlockRaster:
-        """The rank raster: ``width`` x ``height`` px at ``transform``, resumed from ``parts``."""
+    def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
+        """The rank raster: ``width`` x ``height`` px at ``site`` (resumed from its parts)."""
 
     @abstractmethod
     def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -310,7 +315,7 @@ class Blender(ABC):
     def _contributors(self) -> tuple[dict[int, int], dict[int, list[int]], dict[int, list[int]]]:
         """Per piece of an own core, how many tiles intersect it, and their places in ``tiles``; per tile, the
         pieces it contributes to."""
-        grid = TileGrid(self.tiles)
+        grid = TilesByWindow(self.tiles)
         place = {tile.tile_id: k for k, tile in enumerate(self.tiles)}
         remaining: dict[int, int] = {}
         places: dict[int, list[int]] = {}
@@ -482,47 +487,42 @@ def covered_pixels(window: Window, shape: tuple[int, int], rows: int, cols: int)
 
 
 class BlockRaster:
-    """A rank's raster of ``count`` bands of ``dtype`` over its ``window`` of the scene, written atomically at
-    ``path`` block by block (see the module docstring). ``empty``: each band's value where no piece brings data;
-    ``nodata``: the dataset's nodata value (None: none); ``scales`` and ``descriptions``: the bands' (None: left
-    out). Call :meth:`expect` once with the windows the pieces will cover, :meth:`put` each finished piece, then
-    :meth:`close`. Windows are in the rank raster's pixels."""
+    """A rank's raster of ``count`` bands of ``dtype``, ``width`` x ``height`` px, written atomically at ``site``
+    block by block (see the module docstring) and resumed from its parts. ``empty``: each band's value where no
+    piece brings data; ``nodata``: the dataset's nodata value (None: none); ``scales`` and ``descriptions``: the
+    bands' (None: left out). Call :meth:`expect` once with the windows the pieces will cover, :meth:`put` each
+    finished piece, then :meth:`close`. Windows are in the rank raster's pixels."""
 
     def __init__(
         self,
-        path: str | Path,
+        site: RasterSite,
         width: int,
         height: int,
-        transform: Affine,
-        crs: object,
         count: int,
         dtype: str,
         empty: Sequence[float],
         nodata: float | None = None,
         scales: Sequence[float] | None = None,
         descriptions: Sequence[str] | None = None,
-        parts: Sequence[str | Path] = (),
-        keep_unsaved: bool = False,
-        block_rows: int = BLOCK_ROWS,
         block_cols: int = BLOCK_COLS,
     ) -> None:
         if len(empty) != count:
             raise ValueError(f"{count} bands but {len(empty)} empty values")
         self.width, self.height, self.count, self.dtype = width, height, count, np.dtype(dtype)
         self.empty, self.nodata = np.asarray(empty, dtype=self.dtype), nodata
-        self.block_rows, self.block_cols = block_rows, block_cols
-        self.shape = (-(-height // block_rows), -(-width // block_cols))  # blocks down, across
+        self.block_rows, self.block_cols = site.block_rows, block_cols
+        self.shape = (-(-height // self.block_rows), -(-width // block_cols))  # blocks down, across
         self.written = np.zeros(self.shape, dtype=bool)
         self.saved = np.zeros(self.shape, dtype=bool)  # written into a part (of this run or an earlier one)
         self.missing = np.zeros(self.shape, dtype=np.int32)  # pixels of a block that pieces still have to bring
         self.buffers: dict[tuple[int, int], np.ndarray] = {}  # blocks partly filled
-        self.keep_unsaved = keep_unsaved
+        self.keep_unsaved = site.keep_unsaved
         self.unsaved: list[tuple[int, int, np.ndarray]] = []  # blocks written since the last part
-        self.parts = [Path(p) for p in parts]
+        self.parts = [Path(p) for p in site.parts]
         self.closed = False
         self._stack = contextlib.ExitStack()
-        self._tmp = self._stack.enter_context(atomic_path(path))
-        self._dst = self._stack.enter_context(rasterio.open(self._tmp, "w", **self._profile(transform, crs)))
+        self._tmp = self._stack.enter_context(atomic_path(site.path))
+        self._dst = self._stack.enter_context(rasterio.open(self._tmp, "w", **self._profile(site.transform, site.crs)))
         if scales is not None:
             self._dst.scales = tuple(scales)
         if descriptions is not None:
@@ -702,6 +702,27 @@ def rank_window(src: rasterio.io.DatasetReader, scene: rasterio.io.DatasetReader
     return window
 
 
+def open_merge_sources(
+    stack: contextlib.ExitStack,
+    raster_path: str | Path,
+    rank_rasters: Sequence[str | Path],
+    cache_mb: int,
+    bands: tuple[int, str] | None,
+) -> tuple[rasterio.io.DatasetReader, list[tuple[str, rasterio.io.DatasetReader, Window]]]:
+    """What a scene's merge reads, opened in ``stack`` under a GDAL block cache of ``cache_mb`` MB: the scene's
+    raster, and each rank raster as (its path, its reader, its window on the scene: :func:`rank_window`).
+    ``bands``: how many bands a rank raster must have, and what they are for the error (None: not checked)."""
+    stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
+    scene = stack.enter_context(open_raster(raster_path))
+    ranks = []
+    for path in rank_rasters:
+        src = stack.enter_context(rasterio.open(path))
+        if bands is not None and src.count != bands[0]:
+            raise ValueError(f"{path}: {src.count} bands, expected {bands[1]}")
+        ranks.append((str(path), src, rank_window(src, scene, path)))
+    return scene, ranks
+
+
 def window_valid_mask(src: rasterio.io.DatasetReader, spec: ImageSpec, window: Window) -> np.ndarray | None:
     """Valid pixels of a window under the spec's mask (None: all valid); reads the mask alone where it is a band
     or GDAL's mask, the bands for a nodata value or float pixels."""
@@ -753,3 +774,15 @@ def block_windows(width: int, height: int, block: int) -> list[Window]:
         for row in range(0, height, block)
         for col in range(0, width, block)
     ]
+
+
+def write_project_mosaic(job: Mapping[str, Any], layer: str, task: str) -> int:
+    """A project's ``layer`` at ``job["outputs"][layer]``: a VRT over the scenes' merged rasters of it, then the
+    seams' (drawn over the scenes' where they predicted, their nodata left out); returns how many rasters it
+    draws. The scenes must share a CRS (a VRT has one; ``task`` names the project's task in the error)."""
+    crs = {source["crs"] for source in job["sources"] if "crs" in source}
+    if len(crs) > 1:
+        raise InputError(f"project: the scenes are in {len(crs)} CRSs; a {task} project's VRT needs one")
+    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
+    write_mosaic(job["outputs"][layer], [source[layer] for source in ordered])
+    return len(ordered)

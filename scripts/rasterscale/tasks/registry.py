@@ -1,7 +1,7 @@
 """The tasks rasterscale knows: one line per task. A task is a folder under ``rasterscale/tasks/`` with a torch-free
 ``spec`` (:class:`~rasterscale.tasks.spec.TaskSpec`) and its torch half (``task``); adding one is its folder and
 its line here. The schema's ``task`` values, the keys only one task reads and the workflow's outputs all come
-from here."""
+from here. What a task folder's modules are called, by role, and what the tasks share: ``tasks/README.md``."""
 
 from __future__ import annotations
 

@@ -17,13 +17,8 @@ if TYPE_CHECKING:
     from rasterscale.tasks.api import Task
 
 
-MODEL_FILES = {"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"}  # every task's
-# and, for a model that DeepForest reads too, its model folder
-MODEL_FILES_WITH_DEEPFOREST = {
-    **MODEL_FILES,
-    "deepforest_config": "{name}/config.json",
-    "deepforest_weights": "{name}/model.safetensors",
-}
+# every task's (a model that DeepForest reads too adds its model folder: rasterscale.tasks.detectors.spec)
+MODEL_FILES = {"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{name}.png"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +52,8 @@ class TaskSpec:
       tables and project map);
     - ``implementation``: ``"module:Class"`` of the torch half;
     - ``exported_outputs``: the output layouts an exported model file of this task may give (its model card's
-      ``output``; the first is what the task's own models give), empty when the task takes no exported files.
+      ``output``; the first is what the task's own models give), empty when the task takes no exported files;
+    - ``outlines``: its objects are outlines (polygons), not boxes (a merge's memory estimate).
     """
 
     name: str
@@ -82,6 +78,7 @@ class TaskSpec:
     scene_keys: tuple[str, ...] = ()
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     exported_outputs: tuple[str, ...] = ()
+    outlines: bool = False
 
     def load(self) -> Task:
         """The task's torch half. The one import of a task's torch side, done here (lazily) so that the workflow,

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from rasterscale.atomic import write_json
 from rasterscale.datasets.tiles import DummyDataset
 from rasterscale.grid.sharding import split_balanced
-from rasterscale.predict.engine import PredictionDataModule, PredictionModule
+from rasterscale.predict.engine import BatchEndCallback, PredictionDataModule, PredictionModule
 from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
 from rasterscale.tasks.registry import task_spec
 
@@ -37,21 +37,13 @@ class RankShare(Dataset):
         return image, (0, position)
 
 
-class ThroughputReport(L.Callback):
+class ThroughputReport(BatchEndCallback):
     """Counts a rank's tiles and writes its throughput."""
 
     def __init__(self, out_dir: str | Path) -> None:
         self.out_dir, self.tiles, self.started = Path(out_dir), 0, time.perf_counter()
 
-    def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def batch_predicted(self, trainer: L.Trainer, outputs: Any, batch: Any) -> None:
         self.tiles += len(batch[0])
 
     def write(self, trainer: L.Trainer) -> None:

@@ -27,17 +27,7 @@ from rasterscale.atomic import atomic_path, save_figure, write_json
 from rasterscale.predict.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow import paths
-from rasterscale.workflow.plan import Plan
-from rasterscale.workflow.reportfiles import (
-    SCENE_FILES,
-    ProjectScenes,
-    RunFacts,
-    SceneReport,
-    scene_files,
-    scene_report,
-    scored_scenes,
-)
+from rasterscale.workflow.reportfiles import SCENE_FILES, ProjectScenes, RunFacts, SceneReport
 
 LISTED_SCENES = 200  # scenes the run's page lists by name; more are counted
 LABELLED_FOOTPRINTS = 30  # footprints the project map names; more get their colour only
@@ -164,39 +154,57 @@ GEOMETRY_COLUMNS = [
 ]
 
 
-def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]]) -> str:
-    """The run's page: task and model, what the model file records of its training (``meta``), precision asked
-    and used per section, launch geometry, scenes, the validated config."""
-    config = facts.config
-    model, train, predict = config["model"], config["train"], config["predict"]
+def overview_rows(
+    facts: RunFacts, model: str, trained: Sequence[str], predicted: Sequence[str]
+) -> list[tuple[str, Any]]:
+    """The run's page's overview: task, model, classes, model file, training and predicted scenes, tiles."""
+    tiling = facts.config["tiling"]
     origin = "trained by this run" if facts.trained else "model.file"
-    overview = [
+    return [
         ("task", facts.task),
-        ("model", model["name"]),
+        ("model", model),
         ("classes", ", ".join(facts.labels)),
         ("model file", f"{facts.model_file} ({origin})" if facts.model_file else "none"),
-        ("training scenes", _names(train["scenes"]) if facts.trained else "none (no training in this run)"),
-        ("predicted scenes", _names(predict["scenes"])),
-        ("tiles", f"{config['tiling']['patch_size']} px, overlap {config['tiling']['overlap']} px"),
+        ("training scenes", _names(trained) if facts.trained else "none (no training in this run)"),
+        ("predicted scenes", _names(predicted)),
+        ("tiles", f"{tiling['patch_size']} px, overlap {tiling['overlap']} px"),
     ]
-    model_rows = [(key, value) for key, value in model.items() if value not in (None, "") and key != "name"]
+
+
+def model_rows(model: Mapping[str, Any], meta: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    """The model's keys (but its name) and what its file records of its training (``meta``)."""
+    rows = [(key, value) for key, value in model.items() if value not in (None, "") and key != "name"]
     if meta:
-        model_rows += [(f"training: {key}", meta[key]) for key in ("steps", "epochs", "seconds") if key in meta]
-        model_rows += [(f"training: {key}", value) for key, value in meta.items() if key in ("batch_plan",)]
+        rows += [(f"training: {key}", meta[key]) for key in ("steps", "epochs", "seconds") if key in meta]
+        rows += [(f"training: {key}", value) for key, value in meta.items() if key in ("batch_plan",)]
         validation = {k: v for k, v in (meta.get("validation") or {}).items() if k != "epoch"}
-        model_rows += [(f"last validation: {key}", value) for key, value in validation.items()]
-    precision = []
+        rows += [(f"last validation: {key}", value) for key, value in validation.items()]
+    return rows
+
+
+def precision_rows(
+    facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]], predicted: bool
+) -> list[tuple[str, Any, Any]]:
+    """The precision each section that ran asked for (config) and ran at (the model file's record, the ranks'
+    profiles)."""
+    train, predict = facts.config["train"], facts.config["predict"]
+    rows = []
     if facts.trained:
-        precision.append(("train", train["precision"], (meta or {}).get("precision", "-")))
-    if predict["scenes"]:
-        precision.append(("predict", predict["precision"], ran_at(profiles)))
-    geometry_rows = []
+        rows.append(("train", train["precision"], (meta or {}).get("precision", "-")))
+    if predicted:
+        rows.append(("predict", predict["precision"], ran_at(profiles)))
+    return rows
+
+
+def geometry_rows(facts: RunFacts, predicted: bool) -> list[tuple[Any, ...]]:
+    """The launch geometry of each section that ran (:data:`GEOMETRY_COLUMNS`)."""
+    rows = []
     for name, values in facts.geometry.items():
-        if (name == "train" and not facts.trained) or (name == "predict" and not predict["scenes"]):
+        if (name == "train" and not facts.trained) or (name == "predict" and not predicted):
             continue
-        section_cfg = config[name]
+        section_cfg = facts.config[name]
         batch = f"{section_cfg['batch_size']} " + ("global" if name == "train" else "per rank")
-        geometry_rows.append(
+        rows.append(
             (
                 name,
                 section_cfg["accelerator"],
@@ -209,29 +217,36 @@ def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[
                 values["threads"],
             )
         )
+    return rows
+
+
+def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    """The run's page: task and model, what the model file records of its training (``meta``), precision asked
+    and used per section, launch geometry, scenes, the validated config."""
+    config = facts.config
+    model, scenes = config["model"], config["scenes"]
+    trained = config["train"]["scenes"] if facts.trained else []
+    predicted = config["predict"]["scenes"]
     shown = {key: value for key, value in config.items() if key != "scenes"}
-    scenes = [
+    listed = [
         (name, scene.get("path", ""), scene.get("annotations") or "-")
-        for name, scene in list(config["scenes"].items())[:LISTED_SCENES]
+        for name, scene in list(scenes.items())[:LISTED_SCENES]
     ]
     return page(
         f"Run: {facts.task}, model {model['name']}",
-        f"{len(predict['scenes'])} scene(s) predicted, {len(train['scenes']) if facts.trained else 0} trained on.",
-        section("Overview", key_values(overview)),
-        section("Model", key_values(model_rows)),
+        f"{len(predicted)} scene(s) predicted, {len(trained)} trained on.",
+        section("Overview", key_values(overview_rows(facts, model["name"], trained, predicted))),
+        section("Model", key_values(model_rows(model, meta))),
         section(
             "Precision",
-            table(["section", "asked (config)", "ran at"], precision),
+            table(["section", "asked (config)", "ran at"], precision_rows(facts, meta, profiles, bool(predicted))),
             note("auto: each rank picks what its device runs natively; the ranks of a job agree on one value."),
         ),
-        section(
-            "Launch geometry",
-            table(GEOMETRY_COLUMNS, geometry_rows),
-        ),
+        section("Launch geometry", table(GEOMETRY_COLUMNS, geometry_rows(facts, bool(predicted)))),
         section(
             "Scenes",
-            table(["scene", "raster", "annotations"], scenes),
-            note(_names(list(config["scenes"]))) if len(config["scenes"]) > LISTED_SCENES else "",
+            table(["scene", "raster", "annotations"], listed),
+            note(_names(list(scenes))) if len(scenes) > LISTED_SCENES else "",
         ),
         section("Config (validated, scenes listed above)", f"<pre>{html.escape(yaml.safe_dump(shown))}</pre>"),
     )
@@ -379,27 +394,6 @@ def render_scene(job: SceneReport, spec: TaskSpec, outputs: Mapping[str, str]) -
     write_text(profile_page(scene.name, profile), outputs["profile"])
     plot_profile(scene.name, profile, outputs["plot"])
     return counts
-
-
-def score_batch(plan: Plan, batch: int) -> list[str]:
-    """Score and render each predicted scene of a batch (:func:`rasterscale.workflow.reportfiles.scored_scenes`):
-    with annotations its evaluation and quicklook, without them its quicklook; then its report pages. A line each
-    for the log."""
-    spec = plan.task
-    lines = []
-    for name in scored_scenes(plan, batch):
-        job = plan.evaluation_job(name)
-        scene = job.scene.as_mapping()
-        if plan.is_evaluated(name):
-            out, look = paths.evaluation_file(name), paths.quicklook_file(name)
-            metrics = spec.evaluate(scene, job.config(), list(job.labels), out, look)
-            lines.append(f"{name}: {spec.summarize(metrics)}")
-        else:
-            spec.quicklook(scene, job.config(), paths.quicklook_file(name), name)
-            lines.append(f"{name}: {paths.quicklook_file(name)} (no annotations)")
-        counts = render_scene(scene_report(plan, name), spec, scene_files(name))
-        lines.append(f"{name}: {counts}")
-    return lines
 
 
 # -- the project map --------------------------------------------------------------------------------------------

@@ -139,6 +139,32 @@ def synthesize_scene(
     (float32, metres) there; ``tops_path``: also write the true tree tops (points with their ``height``) there.
     Files are written atomically (temporary file, then rename).
     """
+    _check_arguments(width, height, pixel_size, crown_diameter_m, crown_cover, block_size)
+    transform = Affine(pixel_size, 0.0, origin[0], 0.0, -pixel_size, origin[1])  # north-up
+    canvas, drawn, pixel_boxes = _paint_scene(seed, width, height, pixel_size, crown_diameter_m, crown_cover, nir)
+    _write_raster(Path(raster_path), canvas, crs, transform, block_size)
+    _write_boxes(Path(boxes_path), pixel_boxes, crs, transform)
+    if crowns_path is not None:
+        _write_crown_polygons(Path(crowns_path), _visible_outlines(drawn, width, height), crs, transform)
+    if height_path is not None or tops_path is not None:
+        tree_heights = _tree_heights(np.random.default_rng([seed, _HEIGHT_STREAM]), drawn, pixel_size, crown_diameter_m)
+        canopy, tops = _paint_canopy_height(drawn, tree_heights, width, height)
+        if height_path is not None:
+            _write_height(Path(height_path), canopy, crs, transform, block_size)
+        if tops_path is not None:
+            _write_tops(Path(tops_path), tops, crs, transform)
+    return len(pixel_boxes)
+
+
+def _check_arguments(
+    width: int,
+    height: int,
+    pixel_size: float,
+    crown_diameter_m: tuple[float, float],
+    crown_cover: float,
+    block_size: int,
+) -> None:
+    """:func:`synthesize_scene`'s arguments that would draw no scene, or a broken one, raise ValueError."""
     if width < 1 or height < 1:
         raise ValueError(f"width and height must be positive, got {width} x {height}")
     if block_size < 16 or block_size % 16:
@@ -151,32 +177,29 @@ def synthesize_scene(
     if not 0 < crown_cover < 1:
         raise ValueError(f"crown_cover must be in (0, 1), got {crown_cover}")
 
+
+def _paint_scene(
+    seed: int,
+    width: int,
+    height: int,
+    pixel_size: float,
+    crown_diameter_m: tuple[float, float],
+    crown_cover: float,
+    nir: bool,
+) -> tuple[np.ndarray, list[_Crown], list[tuple[int, int, int, int]]]:
+    """The scene's pixels (3 or, with ``nir``, 4 bands), the crowns drawn (bottom to top) and the pixel boxes
+    (c0, r0, c1, r1) of those labelled: ground, then each crown's shadow and crown."""
     rng = np.random.default_rng(seed)
-    transform = Affine(pixel_size, 0.0, origin[0], 0.0, -pixel_size, origin[1])  # north-up
-
     nir_rng = np.random.default_rng([seed, _NIR_STREAM]) if nir else None
-
     canvas = np.empty((4 if nir else 3, height, width), dtype=np.uint8)
     _render_ground(rng, canvas, pixel_size, nir_rng)
-    crowns = _place_crowns(rng, width, height, pixel_size, (d_min, d_max), crown_cover)
+    crowns = _place_crowns(rng, width, height, pixel_size, crown_diameter_m, crown_cover)
     drawn, pixel_boxes = _resolve_occlusion(rng, crowns, width, height)
     nir_levels = nir_rng.uniform(*_NIR_CROWN, size=len(drawn)) if nir_rng is not None else [None] * len(drawn)
     for crown, nir_level in zip(drawn, nir_levels, strict=True):  # bottom to top
         _draw_shadow(canvas, crown)
         _draw_crown(rng, canvas, crown, nir_level)
-
-    _write_raster(Path(raster_path), canvas, crs, transform, block_size)
-    _write_boxes(Path(boxes_path), pixel_boxes, crs, transform)
-    if crowns_path is not None:
-        _write_crown_polygons(Path(crowns_path), _visible_outlines(drawn, width, height), crs, transform)
-    if height_path is not None or tops_path is not None:
-        tree_heights = _tree_heights(np.random.default_rng([seed, _HEIGHT_STREAM]), drawn, pixel_size, (d_min, d_max))
-        canopy, tops = _paint_canopy_height(drawn, tree_heights, width, height)
-        if height_path is not None:
-            _write_height(Path(height_path), canopy, crs, transform, block_size)
-        if tops_path is not None:
-            _write_tops(Path(tops_path), tops, crs, transform)
-    return len(pixel_boxes)
+    return canvas, drawn, pixel_boxes
 
 
 # --------------------------------------------------------------------------------------------- noise
@@ -597,26 +620,30 @@ def _apex(crown: _Crown) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------- output
 
 
-def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
-    """Write a (3, H, W) uint8 array as a tiled, deflate-compressed RGB GeoTIFF; a (4, H, W) one as RGB + NIR
-    (the 4th band's colour interpretation undefined), with band descriptions."""
-    count, height, width = canvas.shape
-    profile = {
+def _tiled_profile(bands: np.ndarray, crs: str, transform: Affine, block_size: int, predictor: int) -> dict:
+    """The profile of a tiled, deflate-compressed GeoTIFF of ``bands`` (count, H, W) with ``predictor``."""
+    count, height, width = bands.shape
+    return {
         "driver": "GTiff",
         "width": width,
         "height": height,
         "count": count,
-        "dtype": "uint8",
+        "dtype": bands.dtype.name,
         "crs": crs,
         "transform": transform,
         "tiled": True,
         "blockxsize": block_size,
         "blockysize": block_size,
         "compress": "deflate",
-        "predictor": 2,
-        "interleave": "pixel",
-        "photometric": "RGB",
+        "predictor": predictor,
     }
+
+
+def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
+    """Write a (3, H, W) uint8 array as a tiled, deflate-compressed RGB GeoTIFF; a (4, H, W) one as RGB + NIR
+    (the 4th band's colour interpretation undefined), with band descriptions."""
+    count = canvas.shape[0]
+    profile = {**_tiled_profile(canvas, crs, transform, block_size, 2), "interleave": "pixel", "photometric": "RGB"}
     with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
         dst.write(canvas)
         if count == 4:
@@ -626,21 +653,7 @@ def _write_raster(path: Path, canvas: np.ndarray, crs: str, transform: Affine, b
 
 def _write_height(path: Path, canopy: np.ndarray, crs: str, transform: Affine, block_size: int) -> None:
     """Write the (H, W) float32 canopy height (metres) as a tiled, deflate-compressed GeoTIFF, no nodata."""
-    height, width = canopy.shape
-    profile = {
-        "driver": "GTiff",
-        "width": width,
-        "height": height,
-        "count": 1,
-        "dtype": "float32",
-        "crs": crs,
-        "transform": transform,
-        "tiled": True,
-        "blockxsize": block_size,
-        "blockysize": block_size,
-        "compress": "deflate",
-        "predictor": 3,
-    }
+    profile = _tiled_profile(canopy[None], crs, transform, block_size, 3)
     with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
         dst.write(canopy, 1)
         dst.set_band_description(1, "canopy_height_m")

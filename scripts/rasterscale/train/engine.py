@@ -217,6 +217,82 @@ def with_input_statistics(model_cfg: Any, scenes: Sequence[Scene]) -> Any:
         raise InputError(f"normalize: auto over {', '.join(s.name for s in scenes)}: {err}") from None
 
 
+def batch_plan(train_cfg: Mapping[str, Any], world_size: int) -> BatchPlan:
+    """The batch plan of the ``train`` section's batch size and learning rate over ``world_size`` ranks."""
+    return plan_batches(
+        train_cfg["batch_size"],
+        world_size,
+        train_cfg["lr"],
+        train_cfg["lr_reference_batch"],
+        train_cfg["lr_scaling"],
+    )
+
+
+def training_trainer(
+    spec: RunSpec, train_cfg: Mapping[str, Any], csv_logger: CSVLogger, callbacks: list[L.Callback]
+) -> L.Trainer:
+    """The trainer of the run: the ``train`` section's epochs, steps and logging, the run's ranks."""
+    return make_trainer(
+        spec,
+        max_epochs=train_cfg["epochs"],
+        max_steps=train_cfg["max_steps"],
+        logger=csv_logger,
+        log_every_n_steps=train_cfg["log_every_n_steps"],
+        callbacks=callbacks,
+        use_distributed_sampler=False,  # each rank's share is the EpochSampler's
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        gradient_clip_val=10.0,
+    )
+
+
+def fit(
+    trainer: L.Trainer,
+    module: TrainingModule,
+    datamodule: TrainingDataModule,
+    checkpoint: Path | None,
+    logger: logging.Logger,
+) -> float:
+    """Train (from ``checkpoint`` when resuming); the seconds it took. A stop by signal ends the rank at once
+    (with the checkpoint it left, a rerun resumes)."""
+    # Lightning warns of a resume within an epoch unless the dataloader itself is resumable; the samples are
+    # (EpochSampler, told by the checkpoint how many batches of the epoch were taken)
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    started = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint)
+    except StoppedBySignal as stop:
+        if trainer.is_global_zero:
+            logger.error("%s", stop)
+        end_rank()
+        exit_stopped()
+    return time.perf_counter() - started
+
+
+def save_trained(
+    task: Task,
+    module: TrainingModule,
+    model_cfg: Any,
+    model_path: str | Path,
+    plan: BatchPlan,
+    trainer: L.Trainer,
+    seconds: float,
+    validation: Mapping[str, float],
+) -> list[Path]:
+    """Write the trained model with what its training was (the task's files); returns the files."""
+    return task.save_model(
+        module.model,
+        model_cfg,
+        model_path,
+        batch_plan=plan.describe(),
+        steps=int(trainer.global_step),
+        epochs=int(trainer.current_epoch),
+        seconds=round(seconds, 1),
+        precision=str(trainer.precision),
+        validation=validation,
+    )
+
+
 def run_training(
     scenes: list[Scene],
     config: Mapping[str, Any],
@@ -233,13 +309,7 @@ def run_training(
     logger = start_rank(spec, log_dir, LOGGER_NAME)
     task = task_spec(config["task"]).load()
     model_cfg = with_input_statistics(task.model_config(config), scenes)
-    plan = plan_batches(
-        train_cfg["batch_size"],
-        spec.world_size,
-        train_cfg["lr"],
-        train_cfg["lr_reference_batch"],
-        train_cfg["lr_scaling"],
-    )
+    plan = batch_plan(train_cfg, spec.world_size)
     L.seed_everything(train_cfg["seed"], workers=True, verbose=False)
     datamodule = TrainingDataModule(task, scenes, model_cfg, plan, train_cfg)
     module = task.training_module(model_cfg, plan, train_cfg)
@@ -254,51 +324,20 @@ def run_training(
     checkpoints = ResumeCheckpoints(
         folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged), datamodule.resume_at
     )
-    trainer = make_trainer(
-        spec,
-        max_epochs=train_cfg["epochs"],
-        max_steps=train_cfg["max_steps"],
-        logger=csv_logger,
-        log_every_n_steps=train_cfg["log_every_n_steps"],
-        callbacks=[RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints],
-        use_distributed_sampler=False,  # each rank's share is the EpochSampler's
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        gradient_clip_val=10.0,
-    )
+    callbacks = [RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints]
+    trainer = training_trainer(spec, train_cfg, csv_logger, callbacks)
     if trainer.is_global_zero:
         logger.info("batch plan: %s", plan.describe())
         logger.info("run: %s", spec)
         logger.info("start: %s", loaded)
         logger.info("%s: %s", task.spec.name, task.describe(model_cfg))
         logger.info("%s", resume.why)
-    # Lightning warns of a resume within an epoch unless the dataloader itself is resumable; the samples are
-    # (EpochSampler, told by the checkpoint how many batches of the epoch were taken)
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-    started = time.perf_counter()
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.checkpoint)
-    except StoppedBySignal as stop:
-        if trainer.is_global_zero:
-            logger.error("%s", stop)
-        end_rank()
-        exit_stopped()
+    seconds = fit(trainer, module, datamodule, resume.checkpoint, logger)
     if not trainer.is_global_zero:
         end_rank()
         return
-    seconds = time.perf_counter() - started
     csv_logger.finalize("success")
-    written = task.save_model(
-        module.model,
-        model_cfg,
-        model_path,
-        batch_plan=plan.describe(),
-        steps=int(trainer.global_step),
-        epochs=int(trainer.current_epoch),
-        seconds=round(seconds, 1),
-        precision=str(trainer.precision),
-        validation=validation.last,
-    )
+    written = save_trained(task, module, model_cfg, model_path, plan, trainer, seconds, validation.last)
     write_metrics(checkpoints.metrics(), metrics_path)
     plot_curves(metrics_path, plot_path)
     logger.info(

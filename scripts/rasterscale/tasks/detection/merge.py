@@ -12,23 +12,22 @@ merge removes the duplicates that tile overlaps create:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
 import pandas as pd
 
-from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
-from rasterscale.tasks.objects import (
+from rasterscale.tasks.detectors.merge import (
     BOX_COLUMNS,
-    count_labels,
-    cut_by_inner_edge,
+    SceneLayer,
     greedy_nms,
-    merge_rank_files,
+    merge_across_tiles,
     write_objects_file,
 )
+from rasterscale.tasks.detectors.merge import merge_scene as merge_objects
 
 DETECTION_COLUMNS = ["tile_id", "label", "score", *BOX_COLUMNS, "geometry"]
 
@@ -86,65 +85,33 @@ def cross_tile_nms(
     return np.flatnonzero(greedy_nms(np.asarray(scores, dtype=np.float64), i[suppressing], j[suppressing]))
 
 
-def merge_detections(
-    detections: gpd.GeoDataFrame,
-    manifest: gpd.GeoDataFrame,
-    raster_width: int,
-    raster_height: int,
-    iou_threshold: float,
-    edge_tolerance: float,
-    containment_threshold: float,
-) -> gpd.GeoDataFrame:
-    """One layer without the duplicates created by tile overlaps, sorted by score."""
-    if len(detections) == 0:
-        return detections.reset_index(drop=True)
-    windows = manifest.set_index("tile_id").loc[detections["tile_id"], ["col_off", "row_off", "width", "height"]]
-    boxes = detections[BOX_COLUMNS].to_numpy(dtype=np.float64)
+def keep_detections(
+    detections: gpd.GeoDataFrame, boxes: np.ndarray, cut: np.ndarray, iou_threshold: float, containment_threshold: float
+) -> np.ndarray:
+    """The indexes of the detections kept across tile overlaps (steps 1 and 2 of the module docstring)."""
     labels = pd.factorize(detections["label"])[0]
     scores = detections["score"].to_numpy(dtype=np.float64)
-    cut = cut_by_inner_edge(boxes, windows.to_numpy(), raster_width, raster_height, edge_tolerance)
     i, j = box_pairs(boxes)  # once: both steps only look at intersecting boxes
     keep = drop_contained_cut_boxes(boxes, labels, cut, containment_threshold, (i, j))
     both = keep[i] & keep[j]
     local = np.cumsum(keep) - 1
-    keep = np.flatnonzero(keep)
+    kept = np.flatnonzero(keep)
     pairs = (local[i[both]], local[j[both]])
-    kept = keep[cross_tile_nms(boxes[keep], scores[keep], labels[keep], iou_threshold, pairs)]
-    merged = detections.iloc[kept].sort_values("score", ascending=False, kind="stable")
-    return merged.reset_index(drop=True)
+    return kept[cross_tile_nms(boxes[kept], scores[kept], labels[kept], iou_threshold, pairs)]
 
 
-def merge_scene(
-    rank_files: Sequence[str | Path],
-    manifest_path: str | Path,
-    raster_path: str | Path,
-    gpkg_path: str | Path,
-    parquet_path: str | Path,
-    merge_cfg: Mapping[str, float],
-    layer: str = "detections",
-) -> gpd.GeoDataFrame:
-    """Merge a scene's rank detection files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across
-    tile overlaps; write GeoPackage and GeoParquet."""
-
-    merged, raster = merge_rank_files(
-        rank_files, manifest_path, raster_path, merge_cfg, empty_detections, merge_detections
-    )
-    merged = merged.set_crs(raster.crs, allow_override=True)
-    write_gpkg(merged, gpkg_path, layer=layer)
-    write_geoparquet(merged, parquet_path)
-    return merged
+# (detections, manifest, raster width, raster height, iou_threshold, edge_tolerance, containment_threshold) -> one
+# layer without the duplicates created by tile overlaps, sorted by score
+merge_detections = partial(merge_across_tiles, keep_detections)
 
 
-# -- reading a merged layer back (the report) ------------------------------------------------------------------
+def in_crs(merged: gpd.GeoDataFrame, crs: object) -> gpd.GeoDataFrame:
+    """The merged detections as the scene's layer: its rows, in the raster's CRS."""
+    return merged.set_crs(crs, allow_override=True)
 
 
-def count_detections(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
-    """A merged layer's detections per label: each of ``labels`` (0 when it has none), then any other label the
-    layer holds. Only its label column is read."""
-    return count_labels(path, labels)
+DETECTIONS = SceneLayer(empty_detections, merge_detections, in_crs, "detections")
 
-
-def scored_boxes(path: str | Path, min_score: float) -> np.ndarray:
-    """A merged layer's boxes in raster pixels, (N, 4), of the detections scoring at least ``min_score``."""
-    frame = pd.read_parquet(path, columns=[*BOX_COLUMNS, "score"])
-    return frame.loc[frame["score"] >= min_score, BOX_COLUMNS].to_numpy(dtype=np.float64)
+# (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge section) -> the scene's detections, written
+# (their records already checked: rasterscale.predict.rankfiles)
+merge_scene = partial(merge_objects, DETECTIONS)

@@ -29,9 +29,9 @@ from rasterscale.tasks.detection.modelfiles import (
     read_model_file,
     resolve_detector,
 )
+from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.modelfiles import save_payload
-from rasterscale.tasks.resnet_fpn import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
 

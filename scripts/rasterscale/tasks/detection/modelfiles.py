@@ -25,26 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rasterscale.tasks.modelfiles import (
+from rasterscale.tasks.detectors.modelfiles import (
     DEEPFOREST_RESIZE,
     DetectorHeader,
-    NotATorchFile,
     ResNetFPNConfig,
-    detector_model_file,
+    effective_model,
     existing_model_path,
-    hub_config,
-    hub_metadata,
-    is_state_dict,
     labels_from_dict,
-    model_file_error,
-    other_tasks_model,
     read_hub_folder,
+    read_payload,
     resnet_of_weights,
     resolve_detector_keys,
-    shapes_of,
     write_hub_folder,
 )
-from rasterscale.tasks.modelfiles import torch_payload as payload_of_file
+from rasterscale.tasks.modelfiles import is_state_dict, model_file_error, other_tasks_model, shapes_of
 
 DETECTOR_FORMAT = "rasterscale-detector/1"
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
@@ -105,14 +99,6 @@ def _folder_header(path: Path) -> ModelHeader:
     return ModelHeader.of_hub_folder(path, folder, architecture(path, folder.shapes), "detections_per_img")
 
 
-def torch_payload(path: Path) -> Any:
-    """A torch-saved file's payload; one line naming the model formats rasterscale reads otherwise."""
-    try:
-        return payload_of_file(path)
-    except NotATorchFile:
-        raise model_file_error(path, NOT_A_MODEL) from None
-
-
 def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str, Any]]:
     """The header of a torch-saved file and its state dict (keys without the ``model.`` prefix)."""
     other = other_tasks_model(path, payload, "detection")
@@ -160,7 +146,7 @@ def read_header(path: str | Path) -> ModelHeader:
     path = existing_model_path(path)
     if path.is_dir():
         return _folder_header(path)
-    return _header_of_payload(path, torch_payload(path))[0]
+    return _header_of_payload(path, read_payload(path, NOT_A_MODEL))[0]
 
 
 def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
@@ -170,7 +156,7 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
         from safetensors.torch import load_file
 
         return _folder_header(path), _strip_prefix(load_file(str(path / "model.safetensors"), device="cpu"))
-    return _header_of_payload(path, torch_payload(path))
+    return _header_of_payload(path, read_payload(path, NOT_A_MODEL))
 
 
 # --- resolving ------------------------------------------------------------------------------------------------
@@ -180,16 +166,14 @@ def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_
     """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
     default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
     otherwise (prediction) the labels must number the file's classes
-    (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`).
+    (:func:`rasterscale.tasks.detectors.modelfiles.resolve_detector_keys`).
     """
     return DetectorConfig(**resolve_detector_keys(config, header, new_head, DetectorConfig))
 
 
 def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
     """The effective detector of a validated config, reading the header of the model file it names."""
-    path, new_head = detector_model_file(config)
-    header = read_header(path) if path else None
-    return resolve_detector(config, header, new_head=new_head), header
+    return effective_model(config, read_header, resolve_detector)
 
 
 # --- writing --------------------------------------------------------------------------------------------------
@@ -197,6 +181,6 @@ def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, Model
 
 def write_deepforest_folder(state_dict: Mapping[str, Any], cfg: DetectorConfig, folder: str | Path) -> Path:
     """Write ``folder/config.json`` + ``folder/model.safetensors`` atomically, keys as DeepForest 2.1.0 writes
-    them (:func:`rasterscale.tasks.modelfiles.write_hub_folder`). What config.json cannot hold for DeepForest
-    (backbone, native scale, patch size) goes into the safetensors metadata."""
-    return write_hub_folder(folder, hub_config(cfg, "detections_per_img"), state_dict, hub_metadata(cfg))
+    them (:func:`rasterscale.tasks.detectors.modelfiles.write_hub_folder`). What config.json cannot hold for
+    DeepForest (backbone, native scale, patch size) goes into the safetensors metadata."""
+    return write_hub_folder(folder, cfg, "detections_per_img", state_dict)

@@ -1,4 +1,4 @@
-"""Detection's project layer (:mod:`rasterscale.tasks.projectlayer`): every source's owned boxes, then the
+"""Detection's project layer (:mod:`rasterscale.tasks.detectors.project`): every source's owned boxes, then the
 duplicates left where two owners meet removed by greedy NMS over pairs of boxes *from different sources or
 scenes*: a pair is a duplicate above ``project.iou_threshold``, or when ``merge.containment_threshold`` of the
 smaller box lies inside the other.
@@ -14,8 +14,8 @@ import numpy as np
 
 from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
-from rasterscale.tasks.objects import greedy_nms
-from rasterscale.tasks.projectlayer import PROJECT_COLUMNS, apart, owned_layer, summary
+from rasterscale.tasks.detectors.merge import greedy_nms
+from rasterscale.tasks.detectors.project import PROJECT_COLUMNS, apart, owned_layer, summary
 
 __all__ = ["PROJECT_COLUMNS", "cross_source_duplicates", "merge_project"]
 

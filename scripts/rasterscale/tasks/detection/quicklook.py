@@ -1,12 +1,15 @@
-"""A downsampled picture of a scene with predicted and true boxes."""
+"""A downsampled picture of a scene with predicted and true boxes (:mod:`rasterscale.tasks.detectors.quicklook`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from rasterscale.tasks.quicklook import render_outlines
+from rasterscale.tasks.detectors.merge import BOX_COLUMNS
+from rasterscale.tasks.detectors.quicklook import render_quicklook
 
 
 def box_outlines(boxes: np.ndarray) -> list[np.ndarray]:
@@ -14,14 +17,11 @@ def box_outlines(boxes: np.ndarray) -> list[np.ndarray]:
     return [np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]) for x0, y0, x1, y1 in boxes]
 
 
-def render_quicklook(
-    raster_path: str | Path,
-    pred_boxes: np.ndarray,
-    true_boxes: np.ndarray | None,
-    png_path: str | Path,
-    max_side: int = 1600,
-    title: str = "",
-) -> None:
-    """Decimated read (overviews when present) with boxes in pixel units drawn on top."""
-    true = box_outlines(true_boxes) if true_boxes is not None else None
-    render_outlines(raster_path, box_outlines(pred_boxes), true, png_path, max_side, title)
+# (raster, predicted boxes, true boxes or None, png, max_side=1600, title=""): boxes in raster pixels outlined
+render_detections_quicklook = partial(render_quicklook, outlines=box_outlines)
+
+
+def scored_boxes(path: str | Path, min_score: float) -> np.ndarray:
+    """A merged layer's boxes in raster pixels, (N, 4), of the detections scoring at least ``min_score``."""
+    frame = pd.read_parquet(path, columns=[*BOX_COLUMNS, "score"])
+    return frame.loc[frame["score"] >= min_score, BOX_COLUMNS].to_numpy(dtype=np.float64)

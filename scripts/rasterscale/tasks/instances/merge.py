@@ -24,9 +24,8 @@ too); a geographic CRS's polygons are measured in the UTM zone of the layer's ce
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 
 import geopandas as gpd
 import numpy as np
@@ -34,16 +33,15 @@ import pandas as pd
 import pyproj
 import shapely
 
-from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.raster.geo import intersection_areas
+from rasterscale.tasks.detectors.merge import SceneLayer, greedy_nms, merge_across_tiles
+from rasterscale.tasks.detectors.merge import merge_scene as merge_objects
 from rasterscale.tasks.instances.polygons import (
-    BOX_COLUMNS,
     empty_instances,
     ious_of,
     overlap_areas,
     polygon_pairs,
 )
-from rasterscale.tasks.objects import count_labels, cut_by_inner_edge, greedy_nms, merge_rank_files
 
 CROWN_COLUMNS = ["label", "score", "area_m2", "perimeter_m", "geometry"]
 LAYER = "crowns"
@@ -125,31 +123,25 @@ def mask_nms(
     return keep & greedy_nms(np.asarray(scores, dtype=np.float64), i[suppressing], j[suppressing])
 
 
-def merge_instances(
-    instances: gpd.GeoDataFrame,
-    manifest: pd.DataFrame,
-    raster_width: int,
-    raster_height: int,
-    iou_threshold: float,
-    edge_tolerance: float,
-    containment_threshold: float,
-) -> gpd.GeoDataFrame:
-    """The rank files' rows (:data:`~.polygons.INSTANCE_COLUMNS`) without the duplicates that tile overlaps
-    create (see the module docstring), sorted by score."""
-    if len(instances) == 0:
-        return instances.reset_index(drop=True)
-    windows = manifest.set_index("tile_id").loc[instances["tile_id"], ["col_off", "row_off", "width", "height"]]
-    boxes = instances[BOX_COLUMNS].to_numpy(dtype=np.float64)
-    cut = instances["cut"].to_numpy(dtype=bool)
-    cut = cut | cut_by_inner_edge(boxes, windows.to_numpy(), raster_width, raster_height, edge_tolerance)
+def keep_instances(
+    instances: gpd.GeoDataFrame, boxes: np.ndarray, cut: np.ndarray, iou_threshold: float, containment_threshold: float
+) -> np.ndarray:
+    """The indexes of the instances kept across tile overlaps (see the module docstring): those whose box nears an
+    inner tile edge (``cut``) or whose mask reaches one (the rank files' ``cut``) are cut."""
+    cut = cut | instances["cut"].to_numpy(dtype=bool)
     geometries = np.asarray(instances.geometry.array, dtype=object)
     areas = shapely.area(geometries)
     labels = pd.factorize(instances["label"])[0]
     pairs = candidate_pairs(geometries, areas, labels)
     keep = drop_covered_cut(geometries, areas, cut, pairs, iou_threshold, containment_threshold)
     keep = mask_nms(geometries, areas, instances["score"].to_numpy(), keep, pairs, iou_threshold)
-    merged = instances.iloc[np.flatnonzero(keep)].sort_values("score", ascending=False, kind="stable")
-    return merged.reset_index(drop=True)
+    return np.flatnonzero(keep)
+
+
+# (instances: the rank files' rows, INSTANCE_COLUMNS of .polygons; manifest, raster width, raster height,
+# iou_threshold, edge_tolerance, containment_threshold) -> the rows without the duplicates that tile overlaps create
+# (see the module docstring), sorted by score
+merge_instances = partial(merge_across_tiles, keep_instances)
 
 
 def metric_measures(geometries: np.ndarray, crs: object) -> tuple[np.ndarray, np.ndarray]:
@@ -179,27 +171,8 @@ def crown_layer(merged: gpd.GeoDataFrame, crs: object) -> gpd.GeoDataFrame:
     return gpd.GeoDataFrame(frame, geometry=gpd.GeoSeries(geometries, crs=crs), crs=crs)
 
 
-def merge_scene(
-    rank_files: Sequence[str | Path],
-    manifest_path: str | Path,
-    raster_path: str | Path,
-    gpkg_path: str | Path,
-    parquet_path: str | Path,
-    merge_cfg: Mapping[str, float],
-    layer: str = LAYER,
-) -> gpd.GeoDataFrame:
-    """Merge a scene's rank files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across tile
-    overlaps; write the crowns as GeoParquet and GeoPackage (atomically); the crowns."""
-    merged, raster = merge_rank_files(
-        rank_files, manifest_path, raster_path, merge_cfg, empty_instances, merge_instances
-    )
-    crowns = crown_layer(merged, raster.crs)
-    write_geoparquet(crowns, parquet_path)
-    write_gpkg(crowns, gpkg_path, layer=layer)
-    return crowns
+CROWNS = SceneLayer(empty_instances, merge_instances, crown_layer, LAYER)
 
-
-def count_instances(path: str | Path, labels: Sequence[str]) -> dict[str, int]:
-    """A layer of crowns' instances per label: each of ``labels`` (0 when it has none), then any other label the
-    layer holds. Only its label column is read."""
-    return count_labels(path, labels)
+# (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge section) -> the scene's crowns, written
+# (their records already checked: rasterscale.predict.rankfiles)
+merge_scene = partial(merge_objects, CROWNS)

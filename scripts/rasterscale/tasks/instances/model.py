@@ -31,6 +31,7 @@ from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredic
 
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.instances.modelfiles import (
     BOX_HEAD_WIDTH,
@@ -43,7 +44,6 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
 )
 from rasterscale.tasks.modelfiles import save_payload
-from rasterscale.tasks.resnet_fpn import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 
 __all__ = [
     "InstanceConfig",

@@ -28,25 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rasterscale.tasks.modelfiles import (
+from rasterscale.tasks.detectors.modelfiles import (
     DetectorHeader,
-    NotATorchFile,
     ResNetFPNConfig,
-    detector_model_file,
+    effective_model,
     existing_model_path,
-    hub_config,
-    hub_metadata,
-    model_file_error,
-    other_tasks_model,
-    payload_header,
     pick,
     read_hub_folder,
+    read_payload,
     resnet_of_weights,
     resolve_detector_keys,
-    shapes_of,
-    torch_payload,
     write_hub_folder,
 )
+from rasterscale.tasks.modelfiles import model_file_error, other_tasks_model, payload_header, shapes_of
 
 TASK = "instances"
 INSTANCES_FORMAT = "rasterscale-instances/1"
@@ -174,14 +168,6 @@ def _header_of_payload(path: Path, payload: Any) -> ModelHeader:
     raise model_file_error(path, NOT_A_MODEL)
 
 
-def _payload(path: Path) -> Any:
-    """A torch-saved file's payload (torch imported lazily); one line naming the formats read otherwise."""
-    try:
-        return torch_payload(path)
-    except NotATorchFile:
-        raise model_file_error(path, NOT_A_MODEL) from None
-
-
 def read_header(path: str | Path) -> ModelHeader:
     """What an instance model file says about itself, without torch (a folder's safetensors header, a ``.pt``
     file's pickle; torch only for a ``.pt`` file in torch's legacy format); one-line :class:`InputError` naming
@@ -190,7 +176,7 @@ def read_header(path: str | Path) -> ModelHeader:
     if path.is_dir():
         return _folder_header(path)
     payload = payload_header(path)
-    return _header_of_payload(path, payload if payload is not None else _payload(path))
+    return _header_of_payload(path, payload if payload is not None else read_payload(path, NOT_A_MODEL))
 
 
 def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
@@ -200,7 +186,7 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
         from safetensors.torch import load_file
 
         return _folder_header(path), load_file(str(path / "model.safetensors"), device="cpu")
-    payload = _payload(path)
+    payload = read_payload(path, NOT_A_MODEL)
     return _header_of_payload(path, payload), dict(payload["state_dict"])
 
 
@@ -211,7 +197,7 @@ def resolve_instances(config: Mapping[str, Any], header: ModelHeader | None, new
     """The effective instance model: each ``model.*`` key the user set, else what the model file says, else
     rasterscale's default. ``new_head``: the file is a starting point (``train.init``), so other labels replace
     its class layers; otherwise (prediction) the labels must number the file's classes
-    (:func:`rasterscale.tasks.modelfiles.resolve_detector_keys`)."""
+    (:func:`rasterscale.tasks.detectors.modelfiles.resolve_detector_keys`)."""
     mask_threshold = pick(
         config.get("model", {}).get("mask_threshold"), header and header.mask_threshold, InstanceConfig.mask_threshold
     )
@@ -223,9 +209,7 @@ def resolve_instances(config: Mapping[str, Any], header: ModelHeader | None, new
 def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, ModelHeader | None]:
     """The effective instance model of a validated config, reading the header of the model file it names
     (``model.file``, else ``train.init``)."""
-    path, new_head = detector_model_file(config)
-    header = read_header(path) if path else None
-    return resolve_instances(config, header, new_head=new_head), header
+    return effective_model(config, read_header, resolve_instances)
 
 
 # --- writing --------------------------------------------------------------------------------------------------
@@ -233,8 +217,7 @@ def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, Mode
 
 def write_deepforest_maskrcnn_folder(state_dict: Mapping[str, Any], cfg: InstanceConfig, folder: str | Path) -> Path:
     """Write ``folder/config.json`` + ``folder/model.safetensors`` as DeepForest's Mask R-CNN writes them, atomically
-    (:func:`rasterscale.tasks.modelfiles.write_hub_folder`: torchvision's keys, no batch-norm step counters). What
-    config.json cannot hold for DeepForest (backbone, native scale, patch size, mask threshold) goes into the
-    safetensors metadata."""
-    ours = {**hub_metadata(cfg), "mask_threshold": cfg.mask_threshold}
-    return write_hub_folder(folder, hub_config(cfg, "box_detections_per_img"), state_dict, ours)
+    (:func:`rasterscale.tasks.detectors.modelfiles.write_hub_folder`: torchvision's keys, no batch-norm step
+    counters). What config.json cannot hold for DeepForest (backbone, native scale, patch size, mask threshold) goes
+    into the safetensors metadata."""
+    return write_hub_folder(folder, cfg, "box_detections_per_img", state_dict, mask_threshold=cfg.mask_threshold)

@@ -32,7 +32,7 @@ from affine import Affine
 from rasterio.features import shapes
 
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.objects import BOX_COLUMNS, write_objects_file
+from rasterscale.tasks.detectors.merge import BOX_COLUMNS, write_objects_file
 
 SIMPLIFY_PX = 0.5  # Douglas-Peucker tolerance after the corners are cut (those move the outline by 0.36 px at most)
 INSTANCE_COLUMNS = ["tile_id", "label", "score", "cut", *BOX_COLUMNS, "geometry"]

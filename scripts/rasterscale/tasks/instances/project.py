@@ -1,4 +1,4 @@
-"""Instances' project layer (:mod:`rasterscale.tasks.projectlayer`): every source's owned crowns in the project's
+"""Instances' project layer (:mod:`rasterscale.tasks.detectors.project`): every source's owned crowns in the project's
 CRS, then the duplicates left where two owners meet removed by greedy NMS over pairs of crowns *from different
 sources or scenes*: a pair is a duplicate above ``project.iou_threshold`` of *polygon* IoU, or when
 ``merge.containment_threshold`` of the smaller crown lies inside the other. Areas and perimeters are measured
@@ -14,10 +14,10 @@ import numpy as np
 import shapely
 
 from rasterscale.atomic import write_geoparquet, write_gpkg
+from rasterscale.tasks.detectors.merge import greedy_nms
+from rasterscale.tasks.detectors.project import apart, owned_layer, summary
 from rasterscale.tasks.instances.merge import LAYER, crown_layer
 from rasterscale.tasks.instances.polygons import ious_of, overlap_areas, polygon_pairs
-from rasterscale.tasks.objects import greedy_nms
-from rasterscale.tasks.projectlayer import apart, owned_layer, summary
 
 PROJECT_CROWN_COLUMNS = ["scene", "source", "label", "score", "area_m2", "perimeter_m", "geometry"]
 

@@ -1,15 +1,17 @@
-"""A downsampled picture of a scene with predicted crowns (red) and ground-truth crowns (cyan) outlined."""
+"""A downsampled picture of a scene with predicted crowns (red) and ground-truth crowns (cyan) outlined
+(:mod:`rasterscale.tasks.detectors.quicklook`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import shapely
 
+from rasterscale.tasks.detectors.quicklook import render_quicklook
 from rasterscale.tasks.instances.polygons import to_pixels
-from rasterscale.tasks.quicklook import render_outlines
 
 
 def polygon_outlines(polygons: np.ndarray) -> list[np.ndarray]:
@@ -27,17 +29,8 @@ def holes_of(polygons: np.ndarray) -> list[np.ndarray]:
     return [shapely.get_interior_ring(polygons[counts > k], k) for k in range(int(counts.max(initial=0)))]
 
 
-def render_instances_quicklook(
-    raster_path: str | Path,
-    pred_polygons: np.ndarray,
-    true_polygons: np.ndarray | None,
-    png_path: str | Path,
-    max_side: int = 1600,
-    title: str = "",
-) -> None:
-    """Decimated read (overviews when present) with polygons in pixel coordinates outlined on top."""
-    true = polygon_outlines(true_polygons) if true_polygons is not None else None
-    render_outlines(raster_path, polygon_outlines(pred_polygons), true, png_path, max_side, title)
+# (raster, predicted polygons, true polygons or None, png, max_side=1600, title=""): polygons in raster pixels outlined
+render_instances_quicklook = partial(render_quicklook, outlines=polygon_outlines)
 
 
 def scored_crowns(path: str | Path, transform: Any, min_score: float) -> np.ndarray:

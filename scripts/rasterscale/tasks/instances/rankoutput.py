@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Self
 
 import geopandas as gpd
 import numpy as np
 
 from rasterscale.grid.tile import Tile
 from rasterscale.tasks.api import PredictScene
-from rasterscale.tasks.detectors import ObjectsRankOutput
+from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
 from rasterscale.tasks.instances.polygons import (
     empty_instances,
     instances_frame,
@@ -51,6 +52,12 @@ class InstanceRankOutput(ObjectsRankOutput):
         super().__init__(scene, labels, path, parts)
         self.mask_threshold = mask_threshold
         self.held = 0  # the held tiles' polygons' bytes, about
+
+    @classmethod
+    def of_model(cls, scene: PredictScene, model_cfg: Any, path: str | Path, parts: Sequence[Part]) -> Self:
+        """The output of a model of ``model_cfg`` (an :class:`~.modelfiles.InstanceConfig`): its labels and mask
+        threshold."""
+        return cls(scene, model_cfg.labels, path, parts, model_cfg.mask_threshold)
 
     def add(self, tile: Tile, result: Mapping[str, np.ndarray]) -> None:
         found = tile_instances(

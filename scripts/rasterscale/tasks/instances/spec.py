@@ -1,6 +1,6 @@
 """Instances' spec (torch-free): tree crowns as polygons (instance segmentation) into a polygon layer per scene
 (GeoPackage and GeoParquet), merged across tiles by mask IoU and scored with precision, recall, F1 and mask AP at
-mask IoU 0.5."""
+mask IoU 0.5 (:func:`rasterscale.tasks.detectors.spec.objects_spec` says what it shares with detection)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rasterscale.raster.bands import InputBands
+import numpy as np
+
 from rasterscale.raster.geometry_checks import count_rectangles
 from rasterscale.raster.headers import RasterInfo, check_raster
-from rasterscale.tasks.instances.evaluate import evaluate_scene
+from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
 from rasterscale.tasks.instances.groundtruth import check_ground_truth, read_ground_truth
-from rasterscale.tasks.instances.merge import count_instances, merge_scene
+from rasterscale.tasks.instances.merge import merge_scene
+from rasterscale.tasks.instances.metrics import evaluate_scene
 from rasterscale.tasks.instances.modelfiles import instances_of_config
 from rasterscale.tasks.instances.project import merge_project
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
-from rasterscale.tasks.spec import MODEL_FILES_WITH_DEEPFOREST, TaskSpec
 
 RECTANGLES_WARNED = 0.9  # the share of a file's polygons that are rectangles from which the dry run warns
-
-
-def summarize(metrics: Mapping[str, Any]) -> str:
-    return (
-        f"precision={metrics['precision']:.3f} recall={metrics['recall']:.3f} f1={metrics['f1']:.3f} "
-        f"mask_ap50={metrics['map50']:.3f}"
-    )
-
-
-def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-    merged = merge_scene(outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"])
-    return f"{len(merged)} crowns -> {scene['gpkg']}"
 
 
 def evaluate(
@@ -59,26 +48,6 @@ def evaluate(
     )
 
 
-def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
-    """The evaluation's picture without ground truth: the crowns scoring at least evaluate.score_threshold."""
-    threshold = config["evaluate"]["score_threshold"]
-    crowns = scored_crowns(scene["parquet"], check_raster(scene["raster"]).transform, threshold)
-    text = f"{title}: {len(crowns)} crowns of score >= {threshold}"
-    render_instances_quicklook(scene["raster"], crowns, None, png, title=text)
-
-
-def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
-    return count_instances(scene["parquet"], labels)
-
-
-def labels(config: Mapping[str, Any]) -> list[str]:
-    return list(instances_of_config(config)[0].labels)
-
-
-def model_input(config: Mapping[str, Any]) -> InputBands:
-    return instances_of_config(config)[0].input
-
-
 def check_annotations(
     path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str
 ) -> list[tuple[str, str]]:
@@ -96,38 +65,28 @@ def check_annotations(
     return []
 
 
-INSTANCES = TaskSpec(
-    name="instances",
-    rank_suffix=".parquet",
-    scene_outputs=lambda config: {"gpkg": "crowns.gpkg", "parquet": "crowns.parquet"},
-    evaluated_output="parquet",
-    model_files=MODEL_FILES_WITH_DEEPFOREST,
+def scored(scene: Mapping[str, Any], min_score: float) -> np.ndarray:
+    return scored_crowns(scene["parquet"], check_raster(scene["raster"]).transform, min_score)
+
+
+INSTANCES = objects_spec(
+    "instances",
+    ObjectLayer(
+        layer="crowns",
+        shapes="crowns",
+        ap_name="mask_ap50",
+        of_config=instances_of_config,
+        merge_scene=merge_scene,
+        scored=scored,
+        render_quicklook=render_instances_quicklook,
+    ),
+    model_keys=("mask_threshold",),
+    evaluate_keys=("mask_iou_threshold", "score_threshold"),
     default_model_name="crowns",
-    labels=labels,
-    model_input=model_input,
     check_annotations=check_annotations,
-    merge=merge,
     evaluate=evaluate,
-    summarize=summarize,
-    project_outputs=lambda config: {"gpkg": "crowns.gpkg", "parquet": "crowns.parquet"},
     merge_project=merge_project,
-    quicklook=quicklook,
-    counts=counts,
-    count_unit="crowns",
     implementation="rasterscale.tasks.instances.task:InstancesTask",
     scene_keys=("rectangles_ok",),
-    config_keys={
-        "model": (
-            "score_threshold",
-            "nms_threshold",
-            "detections_per_tile",
-            "mask_threshold",
-            "resize",
-            "backbone_weights",
-            "fpn_channels",
-        ),
-        "merge": ("iou_threshold", "edge_tolerance", "containment_threshold"),
-        "project": ("iou_threshold",),
-        "evaluate": ("mask_iou_threshold", "score_threshold"),
-    },
+    outlines=True,
 )

@@ -1,30 +1,28 @@
 """Instances: tree crowns as polygons with torchvision's Mask R-CNN (DeepForest's polygon model), one polygon layer
 per scene.
 
-The instance model's library lives beside this module, in this folder: ``model`` and ``modelfiles`` (building,
-model files, DeepForest's folder), ``groundtruth`` and ``dataset`` (crowns as Mask R-CNN targets), ``polygons``
-and ``rankoutput`` (a tile's masks as polygons, a rank's output), ``merge`` (the cross-tile merge by mask IoU),
-``evaluate`` (precision, recall, F1 and AP at mask IoU 0.5). This module is what the core asks of them.
+The instance model's library lives beside this module, in this folder (the roles of tasks/README.md): ``model``
+and ``modelfiles`` (building, model files, DeepForest's folder), ``groundtruth`` and ``dataset`` (crowns as Mask
+R-CNN targets), ``polygons`` and ``rankoutput`` (a tile's masks as polygons, a rank's output), ``merge`` (the
+cross-tile merge by mask IoU), ``metrics`` (precision, recall, F1 and AP at mask IoU 0.5). What it shares with
+detection is :mod:`rasterscale.tasks.detectors`'. This module is what the core asks of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
 
-from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
-from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset
-from rasterscale.tasks.detectors import DetectorTask
+from rasterscale.tasks.api import SizedDataset
+from rasterscale.tasks.detectors.metrics import greedy_match, precision_recall_f1
+from rasterscale.tasks.detectors.task import DetectorModel, DetectorTask
 from rasterscale.tasks.instances.dataset import InstanceTileDataset
-from rasterscale.tasks.instances.groundtruth import read_ground_truth
+from rasterscale.tasks.instances.groundtruth import GroundTruth, read_ground_truth
 from rasterscale.tasks.instances.model import (
     InstanceSegmenter,
     build_instance_model,
@@ -33,15 +31,9 @@ from rasterscale.tasks.instances.model import (
     predict_instances,
     save_instance_model,
 )
-from rasterscale.tasks.instances.modelfiles import (
-    InstanceConfig,
-    instances_of_config,
-    write_deepforest_maskrcnn_folder,
-)
+from rasterscale.tasks.instances.modelfiles import instances_of_config, write_deepforest_maskrcnn_folder
 from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 from rasterscale.tasks.instances.spec import INSTANCES
-from rasterscale.tasks.objects import greedy_match, precision_recall_f1
-from rasterscale.tasks.spec import Part
 
 VALIDATION_IOU = 0.5  # mask IoU of a match in the validation scores
 
@@ -86,62 +78,28 @@ def validate_instances(
 
 class InstancesTask(DetectorTask):
     spec = INSTANCES
-    deepforest_class = "MaskRCNN"
-    model_name = "the instance model"
+    detector = DetectorModel(
+        network="Mask R-CNN",
+        called="the instance model",
+        deepforest_class="MaskRCNN",
+        of_config=instances_of_config,
+        build=build_instance_model,
+        load=load_instance_model,
+        init_from_file=init_from_model_file,
+        save=save_instance_model,
+        write_folder=write_deepforest_maskrcnn_folder,
+    )
+    rank_output_class = InstanceRankOutput
 
-    def model_config(self, config: Mapping[str, Any]) -> InstanceConfig:
-        return instances_of_config(config)[0]
+    read_truth = staticmethod(read_ground_truth)
 
-    def describe(self, model_cfg: InstanceConfig) -> str:
-        return f"Mask R-CNN {model_cfg.backbone}, {model_cfg.describe()}"
-
-    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, InstanceConfig]:
-        model, cfg, _ = load_instance_model(path, config)
-        return model, cfg
-
-    def build_model(self, model_cfg: InstanceConfig) -> torch.nn.Module:
-        return build_instance_model(model_cfg)
-
-    def init_from_model_file(self, model: torch.nn.Module, model_cfg: InstanceConfig, path: str | Path) -> str:
-        return init_from_model_file(cast("InstanceSegmenter", model), model_cfg, path)
-
-    def write_model_files(
-        self, model: torch.nn.Module, model_cfg: InstanceConfig, model_path: Path, folder: Path, **meta: Any
-    ) -> None:
-        save_instance_model(model, model_cfg, model_path, **meta)
-        write_deepforest_maskrcnn_folder(model.state_dict(), model_cfg, folder)
-
-    def training_datasets(
-        self,
-        scene: Scene,
-        model_cfg: InstanceConfig,
-        train: Sequence[Tile],
-        validation: Sequence[Tile],
-        spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
-    ) -> tuple[FlippableSamples, SizedDataset | None]:
-        raster = check_raster(scene.raster)
-        labels = list(model_cfg.labels)
-        truth = read_ground_truth(scene.annotations, raster, labels, scene.label_column, scene.image_path)
-        fraction = train_cfg["min_visible_fraction"]
-        train_set = InstanceTileDataset(scene.raster, train, spec, truth, fraction)
-        val_set = InstanceTileDataset(scene.raster, validation, spec, truth, fraction) if validation else None
-        return train_set, val_set
+    def tile_samples(
+        self, raster: str, truth: GroundTruth, spec: ImageSpec, min_visible_fraction: float
+    ) -> Callable[[Sequence[Tile]], InstanceTileDataset]:
+        return lambda tiles: InstanceTileDataset(raster, tiles, spec, truth, min_visible_fraction)
 
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_instances(model, datasets, batch_size)  # type: ignore[arg-type]
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[dict[str, np.ndarray]]:
         return predict_instances(cast("InstanceSegmenter", model), images)
-
-    def rank_output(
-        self,
-        scene: PredictScene,
-        own: Sequence[Tile],
-        predicted: Sequence[Tile],
-        path: str | Path,
-        model_cfg: InstanceConfig,
-        config: Mapping[str, Any],
-        parts: Sequence[Part] | None = None,
-    ) -> RankOutput:
-        return InstanceRankOutput(scene, model_cfg.labels, path, parts or (), model_cfg.mask_threshold)

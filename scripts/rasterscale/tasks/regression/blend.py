@@ -16,37 +16,22 @@ from affine import Affine
 from rasterio.windows import Window
 
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.blending import BLOCK_ROWS, SPILL_AHEAD, Blender, BlockRaster
+from rasterscale.tasks.blending import BLOCK_ROWS, SPILL_AHEAD, Blender, BlendLayout, BlockRaster, RasterSite
 
 RANK_NODATA = float("nan")  # a rank raster's pixels that are not its own
 
 
-def value_raster(
-    path: str | Path,
-    width: int,
-    height: int,
-    transform: Affine,
-    crs: object,
-    labels: Sequence[str],
-    parts: Sequence[str | Path] = (),
-    keep_unsaved: bool = False,
-    block_rows: int = BLOCK_ROWS,
-) -> BlockRaster:
+def value_raster(site: RasterSite, width: int, height: int, labels: Sequence[str]) -> BlockRaster:
     """A rank's value raster: float32, a band per value (named after its label), NaN where no piece comes."""
     return BlockRaster(
-        path,
+        site,
         width,
         height,
-        transform,
-        crs,
         len(labels),
         "float32",
         [RANK_NODATA] * len(labels),
         nodata=RANK_NODATA,
         descriptions=list(labels),
-        parts=parts,
-        keep_unsaved=keep_unsaved,
-        block_rows=block_rows,
     )
 
 
@@ -73,35 +58,12 @@ class ValueBlender(Blender):
         spill_ahead: int = SPILL_AHEAD,
     ) -> None:
         self.labels = list(labels)
-        super().__init__(
-            tiles_to_predict,
-            own_ids,
-            cores,
-            width,
-            height,
-            len(self.labels),
-            taper,
-            out_path,
-            transform,
-            crs,
-            block_rows,
-            parts,
-            keep_unsaved,
-            spill_ahead,
-        )
+        layout = BlendLayout(tiles_to_predict, own_ids, cores, width, height, taper)
+        site = RasterSite(out_path, transform, crs, parts, keep_unsaved, block_rows)
+        super().__init__(layout, len(self.labels), site, spill_ahead)
 
-    def open_raster(
-        self,
-        path: str | Path,
-        width: int,
-        height: int,
-        transform: Affine,
-        crs: object,
-        parts: Sequence[str | Path],
-        keep_unsaved: bool,
-        block_rows: int,
-    ) -> BlockRaster:
-        return value_raster(path, width, height, transform, crs, self.labels, parts, keep_unsaved, block_rows)
+    def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
+        return value_raster(site, width, height, self.labels)
 
     def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The weighted mean of the contributors' values (weights are floored above 0: never a division by 0)."""

@@ -1,5 +1,5 @@
 """Regression's training samples: tiles of a scene with their target values
-(:mod:`rasterscale.tasks.regression.targets`), and the targets' scale measured on them (:func:`target_scale`)."""
+(:mod:`rasterscale.tasks.regression.groundtruth`), and the targets' scale measured on them (:func:`target_scale`)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from rasterscale.datasets.sampling import NO_FLIPS, Flips
-from rasterscale.datasets.tiles import RasterHandle
 from rasterscale.errors import InputError
 from rasterscale.grid.tile import Tile
-from rasterscale.raster.imagery import ImageSpec, read_masked
+from rasterscale.raster.imagery import ImageSpec
 from rasterscale.raster.windows import tile_window
-from rasterscale.tasks.regression.targets import TargetRaster
+from rasterscale.tasks.dense import DenseTileDataset
+from rasterscale.tasks.regression.groundtruth import TargetRaster
 
 SCALE_TILES = 64  # tiles (spread over the training tiles) the targets' scale is measured on
 SCALE_STEP = 4  # every 4th pixel of them, along each axis
 
 
-class RegressionTileDataset(Dataset):
+class RegressionTileDataset(DenseTileDataset):
     """Training tiles with their targets: item -> (float image (B, h, w), float32 targets (K, h, w)).
 
     Targets are NaN (left out of the loss) where the target raster has no data or the imagery is masked (the spec's
@@ -32,34 +30,16 @@ class RegressionTileDataset(Dataset):
     """
 
     def __init__(self, raster_path: str | Path, tiles: Sequence[Tile], spec: ImageSpec, targets: TargetRaster) -> None:
-        self.raster = RasterHandle(raster_path, spec)
-        self.tiles, self.targets = list(tiles), targets
-
-    def __len__(self) -> int:
-        return len(self.tiles)
+        super().__init__(raster_path, tiles, spec)
+        self.targets = targets
 
     def values(self, tile: Tile) -> np.ndarray:
         """The tile's targets (K, h, w) float32, NaN where there is none or the imagery is masked."""
         window = tile_window(tile)
-        values = self.targets.read(window)
-        if self.raster.spec.mask != "none":
-            valid = read_masked(self.raster.src, self.raster.spec, window=window)[1]
-            if valid is not None:
-                values[:, ~valid] = np.nan
-        return values
+        return self.masked(window, self.targets.read(window), np.nan)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sample(index, NO_FLIPS)
-
-    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
-        tile = self.tiles[index]
-        image = self.raster.read_rgb(tile)
-        values = torch.from_numpy(self.values(tile))
-        if flips.horizontal:
-            image, values = image.flip(-1), values.flip(-1)
-        if flips.vertical:
-            image, values = image.flip(-2), values.flip(-2)
-        return image.contiguous(), values.contiguous()
+    def targets_of(self, tile: Tile) -> torch.Tensor:
+        return torch.from_numpy(self.values(tile))
 
     def target_moments(self, most: int = SCALE_TILES, step: int = SCALE_STEP) -> np.ndarray:
         """(3, K) float64: the count, sum and sum of squares of the targets of up to ``most`` tiles spread over the

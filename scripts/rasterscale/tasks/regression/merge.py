@@ -21,8 +21,13 @@ from rasterio.windows import Window
 
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.raster.remote import open_raster
-from rasterscale.tasks.blending import block_windows, claimed_pieces, rank_window, scratch_path, window_valid_mask
+from rasterscale.tasks.blending import (
+    block_windows,
+    claimed_pieces,
+    open_merge_sources,
+    scratch_path,
+    window_valid_mask,
+)
 
 NODATA_VALUE = -9999.0  # no data in values.tif (a value no height, or other target, takes)
 MERGE_BLOCK = 512
@@ -62,14 +67,8 @@ def merge_value_rasters(
     values_path = Path(values_path)
     count, sums, nodata = 0, np.zeros(len(labels)), 0
     with contextlib.ExitStack() as stack:
-        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
-        scene = stack.enter_context(open_raster(raster_path))
-        ranks = []
-        for path in rank_rasters:
-            src = stack.enter_context(rasterio.open(path))
-            if src.count != len(labels):
-                raise ValueError(f"{path}: {src.count} bands, expected {len(labels)} ({', '.join(labels)})")
-            ranks.append((str(path), src, rank_window(src, scene, path)))
+        bands = (len(labels), f"{len(labels)} ({', '.join(labels)})")
+        scene, ranks = open_merge_sources(stack, raster_path, rank_rasters, cache_mb, bands)
         tmp = stack.enter_context(scratch_path(values_path, "assembly"))
         dst = stack.enter_context(rasterio.open(tmp, "w", **values_profile(scene, len(labels), block)))
         dst.update_tags(labels=json.dumps(list(labels)))

@@ -24,8 +24,8 @@ import rasterio
 
 from rasterscale.atomic import save_figure
 from rasterscale.tasks.blending import block_windows
+from rasterscale.tasks.regression.groundtruth import TargetRaster
 from rasterscale.tasks.regression.merge import read_values
-from rasterscale.tasks.regression.targets import TargetRaster
 
 RANGE_EDGES = (2.0, 10.0, 20.0)  # ranges of the true value: < 2, 2-10, 10-20, >= 20 (metres, for heights)
 HISTOGRAM_BINS = 200  # per axis of the density plot

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from rasterscale.errors import InputError
+from rasterscale.tasks.dense import load_weights
 from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.regression.modelfiles import (
@@ -105,10 +105,5 @@ def load_regressor(path: str | Path) -> tuple[Regressor, RegressorConfig, dict[s
     payload = regressor_payload(path)
     cfg = config_of_payload(path, payload)
     model = build_regressor(cfg)
-    try:
-        model.load_state_dict(payload["state_dict"])
-    except RuntimeError as err:
-        lines = str(err).splitlines()
-        detail = (lines[1] if len(lines) > 1 else lines[0]).strip()[:160]
-        raise InputError(f"{path}: weights do not fit {cfg.describe()} ({detail})") from None
+    load_weights(model, payload, path, cfg.describe)
     return model, cfg, dict(payload.get("meta", {}))

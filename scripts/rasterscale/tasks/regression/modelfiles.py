@@ -25,7 +25,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
+from rasterscale.tasks.modelfiles import model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 REGRESSOR_FORMAT = "rasterscale-regressor/1"
@@ -118,20 +118,7 @@ class RegressorConfig:
 
 def regressor_payload(path: str | Path) -> dict[str, Any]:
     """The payload of a regressor file (tensors memory-mapped); one-line InputError naming the file otherwise."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: regression model file not found")
-    if path.is_dir():
-        raise InputError(f"{path}: {other_tasks_model(path, None, 'regression') or 'a folder, ' + NOT_A_REGRESSOR}")
-    try:
-        payload = torch_payload(path)
-    except InputError:
-        raise InputError(f"{path}: {NOT_A_REGRESSOR}") from None
-    if isinstance(payload, Mapping) and payload.get("format") == REGRESSOR_FORMAT:
-        if not isinstance(payload.get("model"), Mapping) or not isinstance(payload.get("state_dict"), Mapping):
-            raise InputError(f"{path}: a {REGRESSOR_FORMAT} file without its model or state_dict")
-        return dict(payload)
-    raise InputError(f"{path}: {other_tasks_model(path, payload, 'regression') or NOT_A_REGRESSOR}")
+    return task_payload(path, "regression", REGRESSOR_FORMAT, NOT_A_REGRESSOR)
 
 
 def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> RegressorConfig:

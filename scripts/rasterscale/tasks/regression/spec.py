@@ -17,19 +17,18 @@ from typing import Any
 
 from rasterscale.atomic import write_json
 from rasterscale.errors import InputError
-from rasterscale.grid.project import is_seam
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
-from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.tasks.blending import write_project_mosaic
 from rasterscale.tasks.encoders import ARCHITECTURES
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
+from rasterscale.tasks.regression.groundtruth import check_targets, read_targets
 from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
 from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
 from rasterscale.tasks.regression.modelfiles import LOSSES, RegressorConfig, regressor_of_config
-from rasterscale.tasks.regression.targets import check_targets, read_targets
 from rasterscale.tasks.regression.treetops import (
     TreeTopRule,
     find_tree_tops,
@@ -106,13 +105,9 @@ def evaluate(
 def merge_project(job: Mapping[str, Any]) -> str:
     """The project's values: a VRT over the scenes' values COGs, then the seams' (drawn over the scenes' where they
     predicted, their nodata left out)."""
-    crs = {source["crs"] for source in job["sources"] if "crs" in source}
-    if len(crs) > 1:
-        raise InputError(f"project: the scenes are in {len(crs)} CRSs; a regression project's VRT needs one")
-    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
     outputs = job["outputs"]
-    write_mosaic(outputs["values"], [source["values"] for source in ordered])
-    line = f"{outputs['values']} over {len(ordered)} value rasters"
+    rasters = write_project_mosaic(job, "values", "regression")
+    line = f"{outputs['values']} over {rasters} value rasters"
     rule = tree_top_rule(job)
     return line if rule is None else f"{line}; {write_tops(outputs['values'], rule, outputs)}"
 

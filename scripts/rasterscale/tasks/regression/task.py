@@ -11,26 +11,27 @@ large the raster); the merge assembles the cores into ``values.tif`` (:mod:`.mer
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
-from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.api import SizedDataset, TrainingModule
+from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.exported.resolve import exported_model
 from rasterscale.tasks.exported.runtime import ExportedDense
 from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
+from rasterscale.tasks.regression.groundtruth import read_targets
 from rasterscale.tasks.regression.metrics import ErrorSums
 from rasterscale.tasks.regression.model import (
     Regressor,
@@ -41,8 +42,6 @@ from rasterscale.tasks.regression.model import (
 )
 from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.regression.spec import CARD, REGRESSION, regression_model
-from rasterscale.tasks.regression.targets import read_targets
-from rasterscale.tasks.spec import Part
 
 HUBER_DELTA = 1.0  # in standardized units: one std of the targets
 TRAIN_LOGGER = "rasterscale.train"  # the training job's log
@@ -123,12 +122,11 @@ def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset],
 class RegressionTask(DenseTask):
     spec = REGRESSION
     training_module_class = RegressionTrainingModule
+    blender = ValueBlender
+    blended = "values"
 
     def model_config(self, config: Mapping[str, Any]) -> RegressorConfig | ModelCard:
         return regression_model(config, check=False)
-
-    def describe(self, model_cfg: RegressorConfig | ModelCard) -> str:
-        return model_cfg.describe()
 
     def build_model(self, model_cfg: RegressorConfig) -> torch.nn.Module:
         return build_regressor(model_cfg)
@@ -148,14 +146,12 @@ class RegressionTask(DenseTask):
         model, cfg, _ = load_regressor(path)
         return model, cfg
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: RegressorConfig, config: Mapping[str, Any]) -> str:
-        """Start from ``train.init`` (a rasterscale regressor on the same encoder; its head too when it predicts as
-        many values), or its encoder from ``model.encoder_weights``, or from scratch."""
-        init, encoder_weights = config["train"]["init"], config["model"]["encoder_weights"]
-        if encoder_weights:  # the dry run refuses it beside train.init
-            return start_encoder(model, model_cfg, encoder_weights)
-        if not init:
-            return "no weights: training from scratch (random initialization)"
+    def start_encoder(self, model: torch.nn.Module, model_cfg: RegressorConfig, path: str) -> str:
+        return start_encoder(model, model_cfg, path)
+
+    def start_from(self, model: torch.nn.Module, model_cfg: RegressorConfig, init: str) -> str:
+        """Start from ``init``, a rasterscale regressor on the same encoder (its head too when it predicts as many
+        values)."""
         start, start_cfg, _ = load_regressor(init)
         state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
         own = model.state_dict()
@@ -164,22 +160,11 @@ class RegressionTask(DenseTask):
         head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
         return f"weights from {init} ({start_cfg.describe()}){and_then(adapted)}{head}"
 
-    def training_datasets(
-        self,
-        scene: Scene,
-        model_cfg: RegressorConfig,
-        train: Sequence[Tile],
-        validation: Sequence[Tile],
-        spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
-    ) -> tuple[FlippableSamples, SizedDataset | None]:
+    def tile_samples(
+        self, scene: Scene, model_cfg: RegressorConfig, spec: ImageSpec
+    ) -> Callable[[Sequence[Tile]], DenseTileDataset]:
         targets = read_targets(scene.annotations, scene.raster, model_cfg.labels)
-        train_set = RegressionTileDataset(scene.raster, train, spec, targets)
-        val_set = RegressionTileDataset(scene.raster, validation, spec, targets) if validation else None
-        return train_set, val_set
-
-    def collate(self, batch: list[Any]) -> Any:
-        return collate_stack(batch)
+        return functools.partial(RegressionTileDataset, scene.raster, spec=spec, targets=targets)
 
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_regressor(model, datasets, batch_size)
@@ -199,28 +184,5 @@ class RegressionTask(DenseTask):
         values = model(torch.stack(images)).float()
         return list(values.cpu().numpy())
 
-    def rank_output(
-        self,
-        scene: PredictScene,
-        own: Sequence[Tile],
-        predicted: Sequence[Tile],
-        path: str | Path,
-        model_cfg: RegressorConfig | ModelCard,
-        config: Mapping[str, Any],
-        parts: Sequence[Part] | None = None,
-    ) -> RankOutput:
-        blender = ValueBlender(
-            list(predicted),
-            {t.tile_id for t in own},
-            self.cores_of(scene),
-            scene.width,
-            scene.height,
-            model_cfg.labels,
-            scene.grid.overlap,
-            path,
-            scene.transform,
-            scene.crs,
-            parts=[part.path for part in parts or ()],
-            keep_unsaved=parts is not None,
-        )
-        return BlendedRankOutput(blender, path, "values")
+    def blended_bands(self, model_cfg: RegressorConfig | ModelCard) -> Sequence[str]:
+        return model_cfg.labels

@@ -5,7 +5,7 @@ How the blend works (cores, halo tiles, edge weights, pieces finished as their l
 spilled to disk, blocks written as they complete, parts for resume) is shared with the other tasks that blend a
 value per pixel: :mod:`rasterscale.tasks.blending`. Segmentation blends the tiles' softmax probabilities; a core's
 class is the argmax of their weighted mean (:class:`TileBlender`), written into a
-:class:`~rasterscale.tasks.segmentation.rankraster.RankRaster` (with the probabilities as round(p * 255) when asked).
+:class:`~rasterscale.tasks.segmentation.rankoutput.RankRaster` (with the probabilities as round(p * 255) when asked).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from rasterscale.tasks.blending import (
     SPILL_AHEAD,
     WEIGHT_FLOOR,
     Blender,
+    BlendLayout,
+    RasterSite,
     SpilledPieces,
-    TileGrid,
+    TilesByWindow,
     axis_cores,
     axis_weights,
     core_pieces,
@@ -32,14 +34,14 @@ from rasterscale.tasks.blending import (
     spill_folder,
     tile_cores,
 )
-from rasterscale.tasks.segmentation.rankraster import BLOCK_ROWS, RankRaster
+from rasterscale.tasks.segmentation.rankoutput import BLOCK_ROWS, RankRaster
 
 __all__ = [
     "SPILL_AHEAD",
     "WEIGHT_FLOOR",
     "SpilledPieces",
     "TileBlender",
-    "TileGrid",
+    "TilesByWindow",
     "axis_cores",
     "axis_weights",
     "core_pieces",
@@ -80,36 +82,12 @@ class TileBlender(Blender):
         spill_ahead: int = SPILL_AHEAD,
     ) -> None:
         self.num_classes, self.probabilities = num_classes, probabilities
-        super().__init__(
-            tiles_to_predict,
-            own_ids,
-            cores,
-            width,
-            height,
-            num_classes,
-            taper,
-            out_path,
-            transform,
-            crs,
-            block_rows,
-            parts,
-            keep_unsaved,
-            spill_ahead,
-        )
+        layout = BlendLayout(tiles_to_predict, own_ids, cores, width, height, taper)
+        site = RasterSite(out_path, transform, crs, parts, keep_unsaved, block_rows)
+        super().__init__(layout, num_classes, site, spill_ahead)
 
-    def open_raster(
-        self,
-        path: str | Path,
-        width: int,
-        height: int,
-        transform: Affine,
-        crs: object,
-        parts: Sequence[str | Path],
-        keep_unsaved: bool,
-        block_rows: int,
-    ) -> RankRaster:
-        probabilities = self.num_classes if self.probabilities else 0
-        return RankRaster(path, width, height, transform, crs, probabilities, parts, keep_unsaved, block_rows)
+    def open_raster(self, site: RasterSite, width: int, height: int) -> RankRaster:
+        return RankRaster(site, width, height, self.num_classes if self.probabilities else 0)
 
     def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The classes (argmax of the sums) and, when asked, the probabilities as round(p * 255)."""

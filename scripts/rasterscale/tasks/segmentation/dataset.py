@@ -7,18 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from rasterscale.datasets.sampling import NO_FLIPS, Flips
-from rasterscale.datasets.tiles import RasterHandle
 from rasterscale.grid.tile import Tile
-from rasterscale.raster.imagery import ImageSpec, read_masked
+from rasterscale.raster.imagery import ImageSpec
 from rasterscale.raster.windows import tile_window
+from rasterscale.tasks.dense import DenseTileDataset
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.groundtruth import SegmentationTruth
 
 
-class SegmentationTileDataset(Dataset):
+class SegmentationTileDataset(DenseTileDataset):
     """Training tiles with their class masks: item -> (float image (3, h, w) in [0, 1], LongTensor mask (h, w)).
 
     Mask pixels are :data:`NODATA_CLASS` (to ignore in the loss) where the imagery is masked (the spec's mask) or
@@ -27,37 +25,15 @@ class SegmentationTileDataset(Dataset):
     """
 
     def __init__(
-        self,
-        raster_path: str | Path,
-        tiles: Sequence[Tile],
-        spec: ImageSpec,
-        truth: SegmentationTruth,
+        self, raster_path: str | Path, tiles: Sequence[Tile], spec: ImageSpec, truth: SegmentationTruth
     ) -> None:
-        self.raster = RasterHandle(raster_path, spec)
-        self.tiles, self.truth = list(tiles), truth
-
-    def __len__(self) -> int:
-        return len(self.tiles)
+        super().__init__(raster_path, tiles, spec)
+        self.truth = truth
 
     def mask(self, tile: Tile) -> np.ndarray:
         """The tile's class ids (uint8), :data:`NODATA_CLASS` where the imagery is masked."""
         window = tile_window(tile)
-        classes = self.truth.tile_classes(window)
-        if self.raster.spec.mask != "none":
-            valid = read_masked(self.raster.src, self.raster.spec, window=window)[1]
-            if valid is not None:
-                classes[~valid] = NODATA_CLASS
-        return classes
+        return self.masked(window, self.truth.tile_classes(window), NODATA_CLASS)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sample(index, NO_FLIPS)
-
-    def sample(self, index: int, flips: Flips) -> tuple[torch.Tensor, torch.Tensor]:
-        tile = self.tiles[index]
-        image = self.raster.read_rgb(tile)
-        mask = torch.from_numpy(self.mask(tile).astype(np.int64))
-        if flips.horizontal:
-            image, mask = image.flip(-1), mask.flip(-1)
-        if flips.vertical:
-            image, mask = image.flip(-2), mask.flip(-2)
-        return image.contiguous(), mask.contiguous()
+    def targets_of(self, tile: Tile) -> torch.Tensor:
+        return torch.from_numpy(self.mask(tile).astype(np.int64))

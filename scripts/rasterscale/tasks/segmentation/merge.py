@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import rasterio
@@ -20,10 +22,16 @@ from rasterio.windows import Window
 
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.raster.remote import open_raster
-from rasterscale.tasks.blending import block_windows, claimed_pieces, rank_window, scratch_path, window_valid_mask
+from rasterscale.tasks.blending import (
+    block_windows,
+    claimed_pieces,
+    open_merge_sources,
+    rank_window,
+    scratch_path,
+    window_valid_mask,
+)
 from rasterscale.tasks.segmentation import NODATA_CLASS
-from rasterscale.tasks.segmentation.rankraster import PROBABILITY_SCALE
+from rasterscale.tasks.segmentation.rankoutput import PROBABILITY_SCALE
 
 __all__ = [
     "assemble_block",
@@ -73,52 +81,89 @@ def merge_class_rasters(
     GDAL's block cache is bounded to ``cache_mb`` meanwhile.
     """
     num_classes = len(labels)
-    counts = np.zeros(256, dtype=np.int64)
-    classes_path = Path(classes_path)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20))
-        scene = stack.enter_context(open_raster(raster_path))
-        ranks = []
-        for path in rank_rasters:
-            src = stack.enter_context(rasterio.open(path))
-            if probabilities_path is not None and src.count != 1 + num_classes:
-                raise ValueError(f"{path}: {src.count} bands, expected 1 + {num_classes} (classes and probabilities)")
-            ranks.append((str(path), src, rank_window(src, scene, path)))
-        tmp_classes = stack.enter_context(scratch_path(classes_path, "assembly"))
-        classes_dst = stack.enter_context(
-            rasterio.open(tmp_classes, "w", **assembly_profile(scene, 1, block, NODATA_CLASS))
+        bands = (
+            None if probabilities_path is None else (1 + num_classes, f"1 + {num_classes} (classes and probabilities)")
         )
-        classes_dst.update_tags(labels=json.dumps(list(labels)))
-        classes_dst.set_band_description(1, "class")
-        probs_dst = None
+        scene, ranks = open_merge_sources(stack, raster_path, rank_rasters, cache_mb, bands)
+        classes = open_classes(stack, Path(classes_path), scene, block, labels)
+        probabilities = None
         if probabilities_path is not None:
-            probabilities_path = Path(probabilities_path)
-            tmp_probs = stack.enter_context(scratch_path(probabilities_path, "assembly"))
-            stack.enter_context(rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True))
-            probs_dst = stack.enter_context(
-                rasterio.open(tmp_probs, "w", **assembly_profile(scene, num_classes, block, None))
-            )
-            probs_dst.scales = [PROBABILITY_SCALE] * num_classes
-            probs_dst.descriptions = tuple(f"probability of {label}" for label in labels)
-        for window in block_windows(scene.width, scene.height, block):
-            classes, probs = assemble_block(ranks, window, num_classes if probs_dst is not None else 0)
-            valid = window_valid_mask(scene, spec, window)
-            if valid is not None:
-                classes[~valid] = NODATA_CLASS
-            counts += np.bincount(classes.ravel(), minlength=256)
-            classes_dst.write(classes, 1, window=window)
-            if probs_dst is not None:
-                probs_dst.write(probs, window=window)
-                probs_dst.write_mask(np.where(classes != NODATA_CLASS, 255, 0).astype(np.uint8), window=window)
-        classes_dst.close()
-        convert_to_cog(tmp_classes, classes_path, block_size=block, overview_resampling="mode")
-        if probs_dst is not None:
-            probs_dst.close()
-            assert probabilities_path is not None  # probs_dst is opened for a probabilities_path only
-            convert_to_cog(
-                tmp_probs, probabilities_path, block_size=block, overview_resampling="average", add_mask=True
-            )
+            probabilities = open_probabilities(stack, Path(probabilities_path), scene, block, labels)
+        counts = assemble_classes(ranks, scene, spec, block, classes.dst, probabilities.dst if probabilities else None)
+        classes.finish(block, "mode")
+        if probabilities is not None:
+            probabilities.finish(block, "average", add_mask=True)
     return class_summary(counts, labels)
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """A scratch raster (``tmp``, open for writing as ``dst``) in which a scene's merged output is assembled,
+    and the output it becomes."""
+
+    output: Path
+    tmp: Path
+    dst: Any  # rasterio's dataset writer
+
+    def finish(self, block: int, resampling: Literal["mode", "average"], add_mask: bool = False) -> None:
+        """Close the scratch raster and make it the output: a COG of ``block`` px blocks whose overviews take
+        ``resampling`` (``add_mask``: with the scratch raster's mask as its internal mask)."""
+        self.dst.close()
+        convert_to_cog(self.tmp, self.output, block_size=block, overview_resampling=resampling, add_mask=add_mask)
+
+
+def open_classes(
+    stack: contextlib.ExitStack, classes_path: Path, scene: rasterio.io.DatasetReader, block: int, labels: Sequence[str]
+) -> Assembly:
+    """The scratch raster of the scene's classes (one band, nodata :data:`NODATA_CLASS`), open in ``stack``."""
+    tmp = stack.enter_context(scratch_path(classes_path, "assembly"))
+    dst = stack.enter_context(rasterio.open(tmp, "w", **assembly_profile(scene, 1, block, NODATA_CLASS)))
+    dst.update_tags(labels=json.dumps(list(labels)))
+    dst.set_band_description(1, "class")
+    return Assembly(classes_path, tmp, dst)
+
+
+def open_probabilities(
+    stack: contextlib.ExitStack,
+    probabilities_path: Path,
+    scene: rasterio.io.DatasetReader,
+    block: int,
+    labels: Sequence[str],
+) -> Assembly:
+    """The scratch raster of the scene's probabilities (a band per class, scale 1/255, an internal mask), open in
+    ``stack``."""
+    tmp = stack.enter_context(scratch_path(probabilities_path, "assembly"))
+    stack.enter_context(rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True))
+    dst = stack.enter_context(rasterio.open(tmp, "w", **assembly_profile(scene, len(labels), block, None)))
+    dst.scales = [PROBABILITY_SCALE] * len(labels)
+    dst.descriptions = tuple(f"probability of {label}" for label in labels)
+    return Assembly(probabilities_path, tmp, dst)
+
+
+def assemble_classes(
+    ranks: Sequence[tuple[str, rasterio.io.DatasetReader, Window]],
+    scene: rasterio.io.DatasetReader,
+    spec: ImageSpec,
+    block: int,
+    classes_dst: Any,
+    probs_dst: Any | None,
+) -> np.ndarray:
+    """Write the scene's classes (and with ``probs_dst`` its probabilities, masked where there is no class) block
+    by block from the rank rasters, pixels the imagery masks as no data; returns the pixels of each class id."""
+    counts = np.zeros(256, dtype=np.int64)
+    num_probabilities = probs_dst.count if probs_dst is not None else 0
+    for window in block_windows(scene.width, scene.height, block):
+        classes, probs = assemble_block(ranks, window, num_probabilities)
+        valid = window_valid_mask(scene, spec, window)
+        if valid is not None:
+            classes[~valid] = NODATA_CLASS
+        counts += np.bincount(classes.ravel(), minlength=256)
+        classes_dst.write(classes, 1, window=window)
+        if probs_dst is not None:
+            probs_dst.write(probs, window=window)
+            probs_dst.write_mask(np.where(classes != NODATA_CLASS, 255, 0).astype(np.uint8), window=window)
+    return counts
 
 
 def assemble_block(

@@ -24,6 +24,7 @@ import torch
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.dense import load_weights
 from rasterscale.tasks.inputlayer import Normalize, run_padded
 from rasterscale.tasks.modelfiles import save_payload
 from rasterscale.tasks.segmentation.modelfiles import (
@@ -84,10 +85,5 @@ def load_segmenter(
             )
         cfg = SegmenterConfig.from_dict({**cfg.to_dict(), "labels": list(labels_override)})
     model = build_segmenter(cfg)
-    try:
-        model.load_state_dict(payload["state_dict"])
-    except RuntimeError as err:
-        lines = str(err).splitlines()
-        detail = (lines[1] if len(lines) > 1 else lines[0]).strip()[:160]
-        raise InputError(f"{path}: weights do not fit {cfg.describe()} ({detail})") from None
+    load_weights(model, payload, path, cfg.describe)
     return model, cfg, dict(payload.get("meta", {}))

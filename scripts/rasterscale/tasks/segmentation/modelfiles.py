@@ -25,7 +25,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, other_tasks_model, torch_payload
+from rasterscale.tasks.modelfiles import model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 __all__ = ["ARCHITECTURES", "UNET_DECODER", "SegmenterConfig", "segmenter_of_config"]
@@ -90,20 +90,7 @@ class SegmenterConfig:
 
 def segmenter_payload(path: str | Path) -> dict[str, Any]:
     """The payload of a segmenter file (tensors memory-mapped); one-line InputError naming the file otherwise."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: segmentation model file not found")
-    if path.is_dir():
-        raise InputError(f"{path}: {other_tasks_model(path, None, 'segmentation') or 'a folder, ' + NOT_A_SEGMENTER}")
-    try:
-        payload = torch_payload(path)
-    except InputError:
-        raise InputError(f"{path}: {NOT_A_SEGMENTER}") from None
-    if isinstance(payload, Mapping) and payload.get("format") == SEGMENTER_FORMAT:
-        if not isinstance(payload.get("model"), Mapping) or not isinstance(payload.get("state_dict"), Mapping):
-            raise InputError(f"{path}: a {SEGMENTER_FORMAT} file without its model or state_dict")
-        return dict(payload)
-    raise InputError(f"{path}: {other_tasks_model(path, payload, 'segmentation') or NOT_A_SEGMENTER}")
+    return task_payload(path, "segmentation", SEGMENTER_FORMAT, NOT_A_SEGMENTER)
 
 
 def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> SegmenterConfig:

@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
-from rasterscale.errors import InputError
-from rasterscale.grid.project import is_seam
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
-from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.tasks.blending import write_project_mosaic
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
@@ -60,14 +58,10 @@ def evaluate(
 def merge_project(job: Mapping[str, Any]) -> str:
     """The project's classes: a VRT over the scenes' class COGs, then the seams' (drawn over the scenes' where they
     predicted, their nodata left out), and its polygons."""
-    crs = {source["crs"] for source in job["sources"] if "crs" in source}
-    if len(crs) > 1:
-        raise InputError(f"project: the scenes are in {len(crs)} CRSs; a segmentation project's VRT needs one")
-    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
     outputs = job["outputs"]
-    write_mosaic(outputs["classes"], [source["classes"] for source in ordered])
+    rasters = write_project_mosaic(job, "classes", "segmentation")
     polygons = vectorize_classes(outputs["classes"], outputs["gpkg"], job["labels"])
-    return f"{outputs['classes']} over {len(ordered)} class rasters, {polygons} polygons -> {outputs['gpkg']}"
+    return f"{outputs['classes']} over {rasters} class rasters, {polygons} polygons -> {outputs['gpkg']}"
 
 
 def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:

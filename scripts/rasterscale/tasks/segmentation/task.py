@@ -9,19 +9,19 @@ merge assembles the cores into ``classes.tif`` (:mod:`rasterscale.tasks.segmenta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
-from rasterscale.tasks.dense import BlendedRankOutput, DenseTask, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.api import SizedDataset, TrainingModule
+from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.exported.resolve import exported_model
 from rasterscale.tasks.exported.runtime import ExportedDense
@@ -40,7 +40,6 @@ from rasterscale.tasks.segmentation.model import (
 )
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from rasterscale.tasks.segmentation.spec import CARD, SEGMENTATION, segmentation_model
-from rasterscale.tasks.spec import Part
 
 
 class SegmentationTrainingModule(TrainingModule):
@@ -73,12 +72,11 @@ def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset],
 class SegmentationTask(DenseTask):
     spec = SEGMENTATION
     training_module_class = SegmentationTrainingModule
+    blender = TileBlender
+    blended = "classes"
 
     def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig | ModelCard:
         return segmentation_model(config, check=False)
-
-    def describe(self, model_cfg: SegmenterConfig | ModelCard) -> str:
-        return model_cfg.describe()
 
     def build_model(self, model_cfg: SegmenterConfig) -> torch.nn.Module:
         return build_segmenter(model_cfg)
@@ -92,36 +90,21 @@ class SegmentationTask(DenseTask):
         model, cfg, _ = load_segmenter(path, config.get("model", {}).get("labels"))
         return model, cfg
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: SegmenterConfig, config: Mapping[str, Any]) -> str:
-        """Start from ``train.init`` (a rasterscale segmenter of the same classes and network), or its encoder from
-        ``model.encoder_weights``, or from scratch."""
-        init, encoder_weights = config["train"]["init"], config["model"]["encoder_weights"]
-        if encoder_weights:  # the dry run refuses it beside train.init
-            return start_encoder(model, model_cfg, encoder_weights)
-        if not init:
-            return "no weights: training from scratch (random initialization)"
+    def start_encoder(self, model: torch.nn.Module, model_cfg: SegmenterConfig, path: str) -> str:
+        return start_encoder(model, model_cfg, path)
+
+    def start_from(self, model: torch.nn.Module, model_cfg: SegmenterConfig, init: str) -> str:
+        """Start from ``init``, a rasterscale segmenter of the same classes and network (all its weights)."""
         start, start_cfg, _ = load_segmenter(init, model_cfg.labels)
         state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
         model.load_state_dict(state)
         return f"all weights from {init} ({start_cfg.describe()}){and_then(adapted)}"
 
-    def training_datasets(
-        self,
-        scene: Scene,
-        model_cfg: SegmenterConfig,
-        train: Sequence[Tile],
-        validation: Sequence[Tile],
-        spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
-    ) -> tuple[FlippableSamples, SizedDataset | None]:
-
+    def tile_samples(
+        self, scene: Scene, model_cfg: SegmenterConfig, spec: ImageSpec
+    ) -> Callable[[Sequence[Tile]], DenseTileDataset]:
         truth = read_segmentation_truth(scene.annotations, scene.raster, model_cfg.labels, scene.label_column)
-        train_set = SegmentationTileDataset(scene.raster, train, spec, truth)
-        val_set = SegmentationTileDataset(scene.raster, validation, spec, truth) if validation else None
-        return train_set, val_set
-
-    def collate(self, batch: list[Any]) -> Any:
-        return collate_stack(batch)
+        return functools.partial(SegmentationTileDataset, scene.raster, spec=spec, truth=truth)
 
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_segmenter(model, datasets, batch_size)
@@ -142,29 +125,9 @@ class SegmentationTask(DenseTask):
         probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
         return list(probabilities.cpu().numpy())
 
-    def rank_output(
-        self,
-        scene: PredictScene,
-        own: Sequence[Tile],
-        predicted: Sequence[Tile],
-        path: str | Path,
-        model_cfg: SegmenterConfig | ModelCard,
-        config: Mapping[str, Any],
-        parts: Sequence[Part] | None = None,
-    ) -> RankOutput:
-        blender = TileBlender(
-            list(predicted),
-            {t.tile_id for t in own},
-            self.cores_of(scene),
-            scene.width,
-            scene.height,
-            model_cfg.num_classes,
-            scene.grid.overlap,
-            path,
-            scene.transform,
-            scene.crs,
-            probabilities=config["predict"]["probabilities"],
-            parts=[part.path for part in parts or ()],
-            keep_unsaved=parts is not None,
-        )
-        return BlendedRankOutput(blender, path, "classes")
+    def blended_bands(self, model_cfg: SegmenterConfig | ModelCard) -> int:
+        return model_cfg.num_classes
+
+    def blend_options(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Whether the rank rasters hold the probabilities too (``predict.probabilities``)."""
+        return {"probabilities": config["predict"]["probabilities"]}

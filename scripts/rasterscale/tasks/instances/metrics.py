@@ -1,6 +1,6 @@
 """Instances' scores against ground-truth crowns: precision, recall and F1 at a mask IoU, and mask AP@0.5.
 
-As detection's evaluation (:mod:`rasterscale.tasks.objects`: greedy one-to-one matching by score, class by
+As detection's scores (:mod:`rasterscale.tasks.detectors.metrics`: greedy one-to-one matching by score, class by
 class; COCO's 101-point AP), with the IoU of polygons (the masks') instead of boxes. Candidate pairs come from an
 STRtree over the polygons' envelopes; their intersections are computed in one vectorised call.
 
@@ -13,6 +13,7 @@ itself, which splits precision.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,15 @@ import shapely
 
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import check_raster
+from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, record_scores
 from rasterscale.tasks.instances.polygons import ious_of, overlap_areas, polygon_pairs, to_pixels
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook
 from rasterscale.tasks.labels import label_indexes
-from rasterscale.tasks.objects import Matcher, greedy_match, precision_recall_f1, record_scores, score_matches
+
+
+def polygons_of(polygons: Any) -> np.ndarray:
+    """Polygons as one flat object array."""
+    return np.asarray(polygons, dtype=object).reshape(-1)
 
 
 def polygon_matcher(pred_polygons: np.ndarray, pred_scores: np.ndarray, gt_polygons: np.ndarray) -> Matcher:
@@ -43,55 +49,13 @@ def polygon_matcher(pred_polygons: np.ndarray, pred_scores: np.ndarray, gt_polyg
     return match
 
 
-def split_scores(
-    matched: np.ndarray, kept: np.ndarray, gt_at_edge: np.ndarray, pred_at_edge: np.ndarray
-) -> dict[str, dict[str, Any]]:
-    """Precision/recall/F1 of the crowns at tile edges and of the others (see the module docstring)."""
-    where = np.where(matched >= 0, gt_at_edge[np.maximum(matched, 0)], pred_at_edge)
-    split = {}
-    for name, at_edge in (("edge", True), ("interior", False)):
-        predictions = int((kept & (where == at_edge)).sum())
-        tp = int(((matched >= 0) & (where == at_edge)).sum())
-        truth = int((gt_at_edge == at_edge).sum())
-        precision, recall, f1 = precision_recall_f1(tp, predictions, truth)
-        split[name] = {
-            "precision": precision,
-            "recall": recall,
-            "f1": f1,
-            "true_positives": tp,
-            "predictions": predictions,
-            "ground_truth": truth,
-        }
-    return split
+POLYGONS = Shapes(polygons_of, polygon_matcher, iou_threshold=0.5)  # a match at mask IoU 0.5 unless told (COCO's)
 
-
-def evaluate_instances(
-    pred_polygons: np.ndarray,
-    pred_scores: np.ndarray,
-    pred_labels: np.ndarray,
-    gt_polygons: np.ndarray,
-    gt_labels: np.ndarray,
-    iou_threshold: float = 0.5,
-    score_threshold: float = 0.0,
-    gt_at_edge: np.ndarray | None = None,
-    pred_at_edge: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """Precision/recall/F1 at a mask (polygon) IoU of ``iou_threshold`` (predictions scoring >=
-    ``score_threshold``) and mask AP@0.5 (``map50``: all predictions, mean over the labels with ground truth),
-    labels matched class by class. Predictions and ground truth in the same coordinates (pixels or a CRS: IoU is
-    the same under an affine map). With ``gt_at_edge`` and ``pred_at_edge`` (:func:`crosses_inner_edges`), the
-    same scores of the crowns at tile edges (``edge``) and of the others (``interior``)."""
-    pred_polygons = np.asarray(pred_polygons, dtype=object).reshape(-1)
-    gt_polygons = np.asarray(gt_polygons, dtype=object).reshape(-1)
-    pred_scores = np.asarray(pred_scores, dtype=np.float64).reshape(-1)
-    match = polygon_matcher(pred_polygons, pred_scores, gt_polygons)
-    metrics, matched = score_matches(
-        match, pred_scores, np.asarray(pred_labels), np.asarray(gt_labels), iou_threshold, score_threshold
-    )
-    if gt_at_edge is not None and pred_at_edge is not None:
-        kept = pred_scores >= score_threshold
-        metrics.update(split_scores(matched, kept, np.asarray(gt_at_edge), np.asarray(pred_at_edge)))
-    return metrics
+# (pred_polygons, pred_scores, pred_labels, gt_polygons, gt_labels, iou_threshold=0.5, score_threshold=0.0,
+# gt_at_edge=None, pred_at_edge=None) -> the scores: precision/recall/F1 at a mask (polygon) IoU of iou_threshold
+# (predictions scoring >= score_threshold) and mask AP@0.5 (map50); with gt_at_edge and pred_at_edge
+# (crosses_inner_edges), the same scores of the crowns at tile edges (edge) and of the others (interior)
+evaluate_instances = partial(evaluate_objects, POLYGONS)
 
 
 def inner_edge_lines(windows: np.ndarray, raster_width: int, raster_height: int) -> np.ndarray:
@@ -112,7 +76,7 @@ def inner_edge_lines(windows: np.ndarray, raster_width: int, raster_height: int)
 def crosses_inner_edges(polygons: np.ndarray, windows: np.ndarray, raster_width: int, raster_height: int) -> np.ndarray:
     """True for each polygon (pixel coordinates) that crosses an inner edge line of a tile (its interior is on
     both sides of it)."""
-    polygons = np.asarray(polygons, dtype=object).reshape(-1)
+    polygons = polygons_of(polygons)
     at_edge = np.zeros(len(polygons), dtype=bool)
     lines = inner_edge_lines(np.asarray(windows), raster_width, raster_height)
     if len(polygons) and len(lines):
@@ -140,7 +104,7 @@ def evaluate_scene(
     raster = check_raster(raster_path)
     crowns = gpd.read_parquet(crowns_path)
     predicted = to_pixels(np.asarray(crowns.geometry.array, dtype=object), raster.transform)
-    truth_polygons = np.asarray(truth_polygons, dtype=object).reshape(-1)
+    truth_polygons = polygons_of(truth_polygons)
     edges: dict[str, np.ndarray] = {}
     if manifest_path is not None:
         windows = read_manifest(manifest_path)[["col_off", "row_off", "width", "height"]].to_numpy()

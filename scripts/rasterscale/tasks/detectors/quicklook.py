@@ -1,9 +1,9 @@
 """A downsampled picture of a scene with outlines drawn on top (predicted in red, ground truth in cyan), the
-quicklook of the tasks that find objects."""
+quicklook of the tasks that find objects: each task says how its shapes are outlined (boxes, polygons)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +11,9 @@ import numpy as np
 from rasterscale.atomic import save_figure
 from rasterscale.raster.imagery import decoding, display_uint8, picture_inches
 from rasterscale.raster.remote import open_raster
+
+# a task's shapes in the raster's pixels (boxes, polygons) -> their outlines, each a (K, 2) array of (column, row)
+Outlines = Callable[[np.ndarray], list[np.ndarray]]
 
 
 def render_outlines(
@@ -45,3 +48,20 @@ def render_outlines(
     legend = "red: predicted, cyan: true" if true is not None else "red: predicted"
     ax.set_title(f"{title}  ({legend})", fontsize=9)
     save_figure(fig, png_path)
+
+
+def render_quicklook(
+    raster_path: str | Path,
+    predicted: np.ndarray,
+    true: np.ndarray | None,
+    png_path: str | Path,
+    max_side: int = 1600,
+    title: str = "",
+    *,
+    outlines: Outlines,
+) -> None:
+    """Decimated read (overviews when present) with a task's shapes in the raster's pixels outlined on top (as
+    ``outlines`` draws them); ``true`` None for a scene without ground truth. A task's quicklook binds ``outlines``
+    (:func:`functools.partial`)."""
+    true_outlines = outlines(true) if true is not None else None
+    render_outlines(raster_path, outlines(predicted), true_outlines, png_path, max_side, title)

@@ -3,7 +3,7 @@ instances' Mask R-CNN), on the torch side: the backbone built without any downlo
 tiles at their native scale unless the model records a resize, loading a model file's weights strictly, an
 ImageNet start for the backbone, and fine-tuning a pretrained backbone as torchvision and DeepForest do.
 
-What their model files share (torch-free) is in :mod:`rasterscale.tasks.modelfiles`.
+What their model files share (torch-free) is in :mod:`rasterscale.tasks.detectors.modelfiles`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Checks of user inputs (rasters and annotations), each failing with one line that names the file.
+"""Detection's ground truth (``scenes.X.annotations``): a scene's boxes in its raster's pixels with their classes,
+each file checked with one line that names it.
 
-These run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
+These checks run at workflow load (``snakemake -n``) for inputs that already exist, and again inside the rules.
 They read metadata only, never pixels: a GeoTIFF cut short is found from its header (its blocks' offsets and
 sizes reach past the end of the file). What only decoding finds (a block whose bytes are damaged) fails the
 job reading it with :class:`RasterReadError` (``imagery.decoding``), one line naming the raster and the window or

@@ -1,4 +1,5 @@
-"""Detection scores against ground truth: precision, recall and F1 at an IoU threshold, and mAP@0.5.
+"""Detection scores against ground truth: precision, recall and F1 at an IoU threshold, and mAP@0.5, by box IoU
+(:mod:`rasterscale.tasks.detectors.metrics`).
 
 Matching is greedy and one-to-one in descending score order (as in COCO and DeepForest): each prediction takes
 the unmatched ground-truth box it overlaps most, if that IoU reaches the threshold. AP uses COCO's 101-point
@@ -7,6 +8,7 @@ interpolated precision-recall curve. Candidate pairs come from an STRtree, so la
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,18 @@ import numpy as np
 
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
-from rasterscale.tasks.detection.annotations import read_annotations
-from rasterscale.tasks.detection.quicklook import render_quicklook
+from rasterscale.tasks.detection.groundtruth import read_annotations
+from rasterscale.tasks.detection.quicklook import render_detections_quicklook
+from rasterscale.tasks.detectors.merge import BOX_COLUMNS
+from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, record_scores
+from rasterscale.tasks.detectors.metrics import average_precision as average_precision  # detection's API, shared
+from rasterscale.tasks.detectors.metrics import precision_recall_f1 as precision_recall_f1
 from rasterscale.tasks.labels import label_indexes
-from rasterscale.tasks.objects import BOX_COLUMNS, Matcher, greedy_match, record_scores, score_matches
-from rasterscale.tasks.objects import average_precision as average_precision  # detection's API, shared
-from rasterscale.tasks.objects import precision_recall_f1 as precision_recall_f1
+
+
+def boxes_of(boxes: Any) -> np.ndarray:
+    """Boxes (xmin, ymin, xmax, ymax) as one (N, 4) float64 array."""
+    return np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
 
 
 def box_matcher(pred_boxes: np.ndarray, pred_scores: np.ndarray, gt_boxes: np.ndarray) -> Matcher:
@@ -40,30 +48,17 @@ def match_detections(
     pred_boxes: np.ndarray, pred_scores: np.ndarray, gt_boxes: np.ndarray, iou_threshold: float
 ) -> np.ndarray:
     """True for each prediction matched to a ground-truth box (one-to-one, greedy by score)."""
-    pred_boxes = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
-    gt_boxes = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
+    pred_boxes, gt_boxes = boxes_of(pred_boxes), boxes_of(gt_boxes)
     pred_idx, gt_idx = box_pairs(pred_boxes, gt_boxes)
     ious = pair_ious(pred_boxes[pred_idx], gt_boxes[gt_idx])
     return greedy_match(pred_idx, gt_idx, ious, np.asarray(pred_scores), len(gt_boxes), iou_threshold) >= 0
 
 
-def evaluate_detections(
-    pred_boxes: np.ndarray,
-    pred_scores: np.ndarray,
-    pred_labels: np.ndarray,
-    gt_boxes: np.ndarray,
-    gt_labels: np.ndarray,
-    iou_threshold: float = 0.4,
-    score_threshold: float = 0.0,
-) -> dict[str, Any]:
-    """Precision/recall/F1 at ``iou_threshold`` (predictions scoring >= ``score_threshold``), and mAP@0.5
-    (all predictions), with labels matched class by class."""
-    pred_boxes = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
-    gt_boxes = np.asarray(gt_boxes, dtype=np.float64).reshape(-1, 4)
-    pred_scores = np.asarray(pred_scores)
-    match = box_matcher(pred_boxes, pred_scores, gt_boxes)
-    metrics, _ = score_matches(match, pred_scores, pred_labels, gt_labels, iou_threshold, score_threshold)
-    return metrics
+BOXES = Shapes(boxes_of, box_matcher, iou_threshold=0.4)  # a match at box IoU 0.4 unless told (DeepForest's)
+
+# (pred_boxes, pred_scores, pred_labels, gt_boxes, gt_labels, iou_threshold=0.4, score_threshold=0.0) -> the scores:
+# precision/recall/F1 at iou_threshold (predictions scoring >= score_threshold) and mAP@0.5 (all predictions)
+evaluate_detections = partial(evaluate_objects, BOXES)
 
 
 def evaluate_scene(
@@ -95,5 +90,7 @@ def evaluate_scene(
     )
     title = record_scores(metrics, raster_path, json_path)
     kept = detections["score"].to_numpy() >= evaluate_cfg["score_threshold"]
-    render_quicklook(raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title)
+    render_detections_quicklook(
+        raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title
+    )
     return metrics
