@@ -1,6 +1,7 @@
 # rasterscale: `make demo` runs the workflow on the demo config, `make test` runs the test suite,
-# `make docs` writes docs/configuration.md from config/schema.yaml.
-# Both create .venv from the pinned envs/requirements.txt when it is missing or older than the pins.
+# `make docs` writes docs/configuration.md from config/schema.yaml, `make envs` envs/environment.yaml (the rules'
+# conda environment) from envs/requirements.txt.
+# The others create .venv from the pinned envs/requirements.txt when it is missing or older than the pins.
 
 # The newest Python 3.13, 3.12 or 3.11 on the PATH that runs and can make a venv (a pyenv shim of a version that
 # is not active is on the PATH but does not run); PYTHON=/path/to/python overrides.
@@ -13,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances demo-height demo-byom test docs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
+.PHONY: demo demo-segmentation demo-instances demo-height demo-byom test docs envs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -49,6 +50,12 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/python scripts/config_reference.py --out docs/configuration.md
+
+# the rules' conda environment (`snakemake --sdm conda`) lists the pins of envs/requirements.txt itself: Snakemake
+# creates it from that file alone (scripts/rasterscale/tools/condaenv.py). Standard library only: no .venv needed.
+envs:
+	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
+	$(PYTHON) scripts/conda_env.py --requirements envs/requirements.txt --out envs/environment.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check scripts tests bench

@@ -1,20 +1,14 @@
 # The workflow's plan (rasterscale.workflow.plan), built once per invocation by the main process with every check
 # and stored; a job's re-parse loads it. What the rules need of it, in Snakemake's terms: input functions, params,
 # wildcard constraints, launchers, and the one-line exit.
+import importlib.util
 import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(workflow.basedir) / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-from rasterscale.errors import ConfigError, InputError  # noqa: E402
-from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
-from rasterscale.runtime.preflight import PreflightError  # noqa: E402
-from rasterscale.workflow import batches, paths, reportfiles, reports, slurm  # noqa: E402
-from rasterscale.workflow.storage import fingerprint, workflow_plan  # noqa: E402
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 
 def fail(message):
@@ -26,6 +20,37 @@ def fail(message):
 def warn(message):
     sys.stderr.write(f"rasterscale: warning: {message}\n")
 
+
+# This workflow's own files, from the folder of the file being parsed (rules/, workflow.current_basedir), never
+# from the working directory nor workflow.basedir (the main Snakefile's: the caller's, where this workflow is a
+# module of another). From a local checkout its package, scripts/rasterscale, comes first on the path (before any
+# installed copy) and its entry scripts run from scripts/. A remote module (github(...)) has no local checkout:
+# Snakemake fetches its rules, `script:` entries, conda environment and report captions, the package comes from
+# the environment (README.md, "Use as a Snakemake module") and the entry scripts from Snakemake's source cache.
+RULES_DIR = workflow.current_basedir.get_path_or_uri(secret_free=True)
+SCRIPTS = Path(RULES_DIR).parent / "scripts" if os.path.isdir(RULES_DIR) else None
+if SCRIPTS is not None:
+    sys.path.insert(0, str(SCRIPTS))
+elif importlib.util.find_spec("rasterscale") is None:
+    fail(
+        f"the workflow is a remote module ({RULES_DIR}) and its package rasterscale is not installed here:"
+        " pip install -e a clone of the workflow at the same version, or use the clone's Snakefile as the module"
+    )
+
+from rasterscale.config.schema import SCHEMA_PATH  # noqa: E402
+
+if not SCHEMA_PATH.exists():
+    fail(
+        f"{SCHEMA_PATH}: no config schema beside the installed package rasterscale (a non-editable install):"
+        " pip install -e a clone of the workflow instead, or use the clone's Snakefile as the module"
+    )
+
+from rasterscale.errors import ConfigError, InputError  # noqa: E402
+from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
+from rasterscale.runtime.preflight import PreflightError  # noqa: E402
+from rasterscale.workflow import batches, paths, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow.storage import fingerprint, workflow_plan  # noqa: E402
+from rasterscale.workflow import resources as job_memory  # noqa: E402
 
 try:
     PLAN = workflow_plan(config, workflow.is_main_process, warn=warn)
@@ -43,13 +68,16 @@ PLAN_KEY = fingerprint(config)  # the stored plan's key: a job that loads the pl
 CONFIG = PLAN.config
 TASK = PLAN.task
 DEMO = CONFIG["demo"]
-PYTHON = sys.executable
+# the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's
+DEPLOYMENT = getattr(workflow.deployment_settings, "deployment_method", None) or ()
+PYTHON = "python" if DeploymentMethod.CONDA in DEPLOYMENT else sys.executable
 
 
 def entry_point(name):
-    """Command that runs the entry script scripts/{name}.py with this workflow's Python (quoted: either path may
-    hold a space)."""
-    return f"{shlex.quote(PYTHON)} {shlex.quote(str(SCRIPTS / name) + '.py')}"
+    """Command that runs the entry script scripts/{name}.py with the jobs' Python: the script of this checkout, or
+    a remote module's from Snakemake's source cache (quoted: either path may hold a space)."""
+    script = SCRIPTS / f"{name}.py" if SCRIPTS is not None else workflow.source_path(f"../scripts/{name}.py")
+    return f"{shlex.quote(PYTHON)} {shlex.quote(str(script))}"
 
 
 def pattern(names):
@@ -66,6 +94,18 @@ def scene_input(what):
 def config_json(*sections):
     """The validated config's given sections as JSON (a params value: a job reruns when what it uses changes)."""
     return json.dumps(PLAN.sections(*sections), separators=(",", ":"))
+
+
+def mem_mb(estimate, *args):
+    """A CPU rule's resources mem_mb: the plan's estimate rasterscale.workflow.resources.{estimate}_mb (``args``:
+    its batch)."""
+    return getattr(job_memory, f"{estimate}_mb")(PLAN, *args)
+
+
+def scene_mem_mb(estimate, wildcard="scene"):
+    """The same of a job's scene (its wildcard ``wildcard``): a function of the job's wildcards."""
+    function = getattr(job_memory, f"{estimate}_mb")
+    return lambda wildcards: function(PLAN, wildcards[wildcard])
 
 
 def ddp_resources(section):

@@ -13,6 +13,8 @@ rule synthesize_scene:
         name="|".join(DEMO["scenes"]) or "^$",
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=scene_mem_mb("synthesis", "name"),
     params:
         entry=entry_point("synthesize_scene"),
         width=lambda wildcards: DEMO["scenes"][wildcards.name]["width"],

@@ -17,6 +17,8 @@ for batch in RULE_BATCHES:
             f"benchmarks/score/batch-{batch}.tsv"
         conda:
             "../envs/environment.yaml"
+        resources:
+            mem_mb=mem_mb("score", batch),
         params:
             batch=batch,
             config=config_json("task", "evaluate"),

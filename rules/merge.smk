@@ -21,6 +21,8 @@ for batch in RULE_BATCHES:
             f"benchmarks/merge/batch-{batch}.tsv"
         conda:
             "../envs/environment.yaml"
+        resources:
+            mem_mb=mem_mb("merge", batch),
         params:
             entry=entry_point("merge"),
             config=PLAN.merge_config().to_json(),

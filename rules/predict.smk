@@ -9,6 +9,8 @@ rule scene_batch:
     localrule: True
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=mem_mb("job_file"),
     params:
         job=lambda wildcards: PLAN.prediction_batch(int(wildcards.batch)).to_json(),
     script:

@@ -9,6 +9,8 @@ rule project_job:
     localrule: True
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=mem_mb("job_file"),
     params:
         job=lambda wildcards: PLAN.project_job().to_json(),
     script:
@@ -27,6 +29,8 @@ rule project_layers:
         "benchmarks/project/merge.tsv"
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=mem_mb("project"),
     params:
         entry=entry_point("project"),
     shell:

@@ -19,6 +19,8 @@ rule report_run:
     localrule: True
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=mem_mb("report"),
     params:
         config=PLAN_KEY,  # the page shows the whole config: redone when it changes
     script:
@@ -41,5 +43,7 @@ rule report_project_map:
     localrule: True
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=mem_mb("report"),
     script:
         "../scripts/report_project_map.py"

@@ -12,6 +12,8 @@ rule tile_manifest:
         scene=pattern(PLAN.unbatched_scenes()),
     conda:
         "../envs/environment.yaml"
+    resources:
+        mem_mb=scene_mem_mb("tile_manifest"),
     params:
         entry=entry_point("tile_manifest"),
         raster=scene_input("scene_raster"),
@@ -43,6 +45,8 @@ for batch in RULE_BATCHES:
             f"benchmarks/tile_manifest/batch-{batch}.tsv"
         conda:
             "../envs/environment.yaml"
+        resources:
+            mem_mb=mem_mb("batch_tile_manifest", batch),
         params:
             entry=entry_point("tile_manifest"),
             patch_size=CONFIG["tiling"]["patch_size"],

@@ -183,6 +183,11 @@ class SlurmSettings:
         return self.train_runtime if section == "train" else self.predict_runtime
 
 
+@dataclass(frozen=True)
+class CogSettings:
+    threads: int
+
+
 RunSettings = TrainSettings | PredictSettings  # a DDP section: accelerator, devices, workers, precision
 
 
@@ -203,6 +208,7 @@ class Settings:
     evaluate: EvaluateSettings
     dummy: DummySettings
     slurm: SlurmSettings
+    cog: CogSettings
 
     def run(self, name: str) -> RunSettings:
         """The DDP section by name: "train" or "predict"."""
