@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from rasterscale.config.schema import default_model_name  # noqa: E402
+from rasterscale.workflow.paths import RunPaths  # noqa: E402
 from synthetic import write_detector, write_raster  # noqa: E402
 
 KINDS = ("tile_manifest", "predict", "merge")
@@ -74,7 +76,8 @@ def run(workdir: Path, cfg: dict[str, Any], cores: int) -> dict[str, Any]:
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(f"workflow failed in {workdir}:\n{result.stderr[-4000:]}")
-    profiles = [json.loads(p.read_text()) for p in workdir.glob("results/*/predict_profile.json")]
+    outputs = RunPaths(default_model_name("detection", cfg["model"]["file"])).root  # no model.name: the file's stem
+    profiles = [json.loads(p.read_text()) for p in workdir.glob(f"{outputs}/*/predict_profile.json")]
     jobs = sum(1 for _ in workdir.glob("benchmarks/predict/**/*.tsv"))
     return {
         "wall_s": round(wall, 1),

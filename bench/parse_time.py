@@ -62,9 +62,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from rasterscale.workflow.paths import RunPaths  # noqa: E402
 from synthetic import TRANSFORM, write_detector, write_raster  # noqa: E402
 
 SIDE = 256
+RUN = RunPaths("model")  # the run of model.file model.pt (no model.name: the file's stem): results/model/
 JOB = "tile_manifests_batch_0"  # the timed job: one short process writing the first batch's tile manifests
 MODES = ("dry_run", "job_dry", "job", "slurm_job")
 WHAT = {
@@ -219,7 +221,7 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
         "slurm_job": job_command(workdir, "--executor", "slurm-jobstep", "--jobs", "1"),
     }
     # the job's inputs: the first batch's job file (rule scene_batch, a local rule: the main process runs it)
-    run(snakemake(workdir, "--cores", "1", "results/batches/batch-0.json"), workdir)
+    run(snakemake(workdir, "--cores", "1", RUN.batch_file(0)), workdir)
     walls: dict[str, list[float]] = {mode: [] for mode in MODES}
     cpus: dict[str, list[float]] = {mode: [] for mode in MODES}
     own: list[float] = []
@@ -233,7 +235,7 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
                 jobs = int(re.search(r"^total\s+(\d+)", output, re.MULTILINE).group(1))  # type: ignore[union-attr]
             if mode == "job":
                 own.append(job_own_seconds(workdir))
-        for manifest in workdir.glob("results/*/tiles.parquet"):  # the job's outputs: every repeat plans the same
+        for manifest in workdir.glob(f"{RUN.root}/*/tiles.parquet"):  # the job's outputs: each repeat plans the same
             manifest.unlink()
     best = {mode: min(values) for mode, values in walls.items()}
     shown = {mode: shlex.join(command).replace(str(workdir), "WORKDIR") for mode, command in commands.items()}

@@ -31,6 +31,7 @@ from rasterscale.atomic import write_json  # noqa: E402
 from rasterscale.raster.geo import box_pairs, pair_ious  # noqa: E402
 from rasterscale.tasks.detection.metrics import evaluate_detections  # noqa: E402
 from rasterscale.tools.synth import synthesize_scene  # noqa: E402
+from rasterscale.workflow.paths import RunPaths, trained_model  # noqa: E402
 
 SIDE = 4096  # px of the held-out orthomosaic (0.1 m): 2 x 2 scenes of 2048 px
 BANDS = (2.0, 4.0)  # m either side of an inner border
@@ -77,7 +78,7 @@ def predict_borders(root: Path) -> None:
     }
     train["train"].update(max_steps=170, warmup_steps=20, workers=0)
     run_workflow(root / "train", train)
-    model = {**MODEL, "file": str(root / "train/results/models/crowns.pt")}
+    model = {**MODEL, "file": str(root / "train" / trained_model(MODEL["name"]))}
     synthesize_scene(root / "whole.tif", root / "whole.gpkg", width=SIDE, height=SIDE, seed=7)
     whole = {"scenes": {"whole": {"path": str(root / "whole.tif")}}, "tiling": TILING, "model": model}
     run_workflow(root / "one", {**whole, "predict": PREDICT})
@@ -121,11 +122,12 @@ def max_iou_across_scenes(layer: gpd.GeoDataFrame) -> float:
 
 def measure(root: Path) -> dict:
     truth = gpd.read_file(root / "whole.gpkg")
-    whole = gpd.read_parquet(root / "one/results/whole/detections.parquet")
-    project = gpd.read_parquet(root / "four/results/project/detections.parquet")
+    run = RunPaths(MODEL["name"])  # both prediction runs' outputs: results/crowns/ (model.name)
+    whole = gpd.read_parquet(root / "one" / run.scene_file("whole", "detections.parquet"))
+    project = gpd.read_parquet(root / "four" / run.project_file("detections.parquet"))
     apart = gpd.GeoDataFrame(
         pd.concat(
-            [gpd.read_parquet(path) for path in sorted((root / "four/results").glob("part_*/detections.parquet"))]
+            [gpd.read_parquet(path) for path in sorted((root / "four" / run.root).glob("part_*/detections.parquet"))]
         ),
         crs=whole.crs,
     )

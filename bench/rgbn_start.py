@@ -37,6 +37,7 @@ from rasterscale.tasks.detection.model import (  # noqa: E402
     save_detector,
 )
 from rasterscale.tasks.detection.modelfiles import read_header  # noqa: E402
+from rasterscale.workflow.paths import RunPaths  # noqa: E402
 
 DEMO_CONFIG = REPO / "config/config.yaml"
 DEMO_FOLDER = REPO / "results/models/crowns"
@@ -116,7 +117,8 @@ def losses(metrics_csv: Path) -> dict:
 
 
 def scores(workdir: Path) -> dict:
-    evaluation = json.loads((workdir / "results/rgbn_heldout/evaluation.json").read_text())
+    """The held-out scene's scores of the run in ``workdir``, whose model (and run) is named after the folder."""
+    evaluation = json.loads((workdir / RunPaths(workdir.name).evaluation_file("rgbn_heldout")).read_text())
     return {key: evaluation[key] for key in ("precision", "recall", "f1", "map50", "predictions", "ground_truth")}
 
 

@@ -42,9 +42,11 @@ from rasterscale.grid.manifest import tile_offsets  # noqa: E402
 from rasterscale.raster.geo import geometries_to_pixel_boxes, pixel_boxes_to_polygons  # noqa: E402
 from rasterscale.tasks.detection.metrics import evaluate_detections, match_detections, precision_recall_f1  # noqa: E402
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS  # noqa: E402
+from rasterscale.workflow.paths import RunPaths  # noqa: E402
 
 DEEPFOREST = REPO / "bench" / "deepforest"
 NAME, TRAIN, HELDOUT = "deepforest_finetuned", "bench_train", "bench_heldout"
+LAYER = RunPaths(NAME).scene_file(HELDOUT, "detections.parquet")  # the run's outputs: results/{model.name}/
 PATCH, OVERLAP = 400, 20  # DeepForest's predict_tile defaults: patch_size 400, patch_overlap 0.05
 
 
@@ -165,7 +167,7 @@ def compare(workdir: Path, df_dir: Path) -> dict[str, Any]:
     raster = workdir / f"resources/demo/{HELDOUT}.tif"
     with rasterio.open(raster) as src:
         width, height, transform, crs = src.width, src.height, src.transform, src.crs
-    ours = gpd.read_parquet(workdir / f"results/{HELDOUT}/detections.parquet")
+    ours = gpd.read_parquet(workdir / LAYER)
     ours_boxes, ours_scores = ours[BOX_COLUMNS].to_numpy(float), ours["score"].to_numpy(float)
     theirs = gpd.pd.read_csv(df_dir / "boxes.csv")
     theirs_boxes, theirs_scores = theirs[["xmin", "ymin", "xmax", "ymax"]].to_numpy(float), theirs["score"].to_numpy()
@@ -259,8 +261,8 @@ def main() -> None:
         train_s = snakemake(workdir, f"results/models/{NAME}/model.safetensors", cores=args.cores)
         print(f"fine-tuned in {train_s:.0f} s -> {folder}", flush=True)
     snakemake(workdir, f"resources/demo/{HELDOUT}.tif", cores=args.cores)  # the scene itself is not timed
-    shutil.rmtree(workdir / f"results/{HELDOUT}", ignore_errors=True)
-    ours_wall = snakemake(workdir, f"results/{HELDOUT}/detections.parquet", cores=args.cores)
+    shutil.rmtree(workdir / RunPaths(NAME).scene_dir(HELDOUT), ignore_errors=True)
+    ours_wall = snakemake(workdir, LAYER, cores=args.cores)
     df_wall, df_timings = run_deepforest(
         Path(args.deepforest_python), folder, workdir / f"resources/demo/{HELDOUT}.tif", workdir / "deepforest"
     )

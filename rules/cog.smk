@@ -4,7 +4,7 @@ rule convert_to_cog:
     input:
         scene_input("scene_source"),
     output:
-        paths.cog_raster("{scene}"),
+        PATHS.cog_raster("{scene}"),
     log:
         "logs/convert_to_cog/{scene}.log",
     benchmark:

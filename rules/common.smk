@@ -66,6 +66,7 @@ os.environ[JOB_PARENT] = str(this_process())
 RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
 PLAN_KEY = fingerprint(config)  # the stored plan's key: a job that loads the plan finds it by its config
 CONFIG = PLAN.config
+PATHS = PLAN.paths  # this run's outputs: results/{run}/
 TASK = PLAN.task
 DEMO = CONFIG["demo"]
 # the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's
@@ -154,7 +155,7 @@ def scored_outputs(batch):
         report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path
         for f in reportfiles.scored_files(PLAN, batch)
     ]
-    return {"record": paths.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
+    return {"record": PATHS.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
 
 
 def training_outputs(model):

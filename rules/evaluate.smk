@@ -1,6 +1,6 @@
 # Per batch of scenes (the plan's batches), in one process: each predicted scene scored against its annotations
 # (evaluation.json) with its quicklook (without annotations: the quicklook alone), and its pages for the report
-# (results/report/{scene}/). One job a scene would cost a DAG node and a Python start each: 30,000 of them for
+# (results/{run}/report/{scene}/). One job a scene would cost a DAG node and a Python start each: 30,000 of them for
 # 10,000 scenes.
 for batch in RULE_BATCHES:
 

@@ -10,10 +10,10 @@ for batch in RULE_BATCHES:
         name:
             batches.batch_rule("merge", batch)
         input:
-            job=paths.batch_file(batch),
-            shards=[paths.shard_dir(batch, shard) for shard in range(PLAN.shards)],
+            job=PATHS.batch_file(batch),
+            shards=[PATHS.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
-            record=paths.batch_record("merged", batch),
+            record=PATHS.batch_record("merged", batch),
             files=PLAN.batch_outputs(batch),
         log:
             f"logs/merge/batch-{batch}.log",

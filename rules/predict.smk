@@ -3,7 +3,7 @@
 # with the batch.
 rule scene_batch:
     output:
-        paths.batch_file("{batch}"),
+        PATHS.batch_file("{batch}"),
     log:
         "logs/scene_batch/batch-{batch}.log",
     localrule: True
@@ -26,11 +26,11 @@ rule scene_batch:
 # rasters come before them): every input file costs the DAG a producer lookup (rasterscale/workflow/batches.py).
 rule predict:
     input:
-        tiled=paths.batch_record("tiled", "{batch}"),
-        job=paths.batch_file("{batch}"),
+        tiled=PATHS.batch_record("tiled", "{batch}"),
+        job=PATHS.batch_file("{batch}"),
         model=PLAN.prediction_model(),
     output:
-        directory(paths.shard_dir("{batch}", "{shard}")),
+        directory(PATHS.shard_dir("{batch}", "{shard}")),
     log:
         "logs/predict/batch-{batch}/shard-{shard}.log",
     benchmark:
@@ -49,7 +49,7 @@ rule predict:
         config=json.dumps(PLAN.predict_config(), separators=(",", ":")),
         shards=PLAN.shards,
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
-        resume_dir=lambda wildcards: paths.shard_resume_dir(wildcards.batch, wildcards.shard),
+        resume_dir=lambda wildcards: PATHS.shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
         "{params.launcher}{params.entry} --job {input.job:q} --model {input.model:q}"
         " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"

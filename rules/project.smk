@@ -1,9 +1,9 @@
-# The project's layers (results/project/), when a run predicts several scenes: every scene's and seam's merged
+# The project's layers (results/{run}/project/), when a run predicts several scenes: every scene's and seam's merged
 # layers into one, each object kept once (rasterscale/grid/project.py); the job file lists the sources, their
 # footprints and the seams' cores.
 rule project_job:
     output:
-        paths.project_file("job.json"),
+        PATHS.project_file("job.json"),
     log:
         "logs/project/job.log",
     localrule: True
@@ -19,7 +19,7 @@ rule project_job:
 
 rule project_layers:
     input:
-        job=paths.project_file("job.json"),
+        job=PATHS.project_file("job.json"),
         layers=lambda wildcards: PLAN.project_inputs(),
     output:
         **PLAN.project_outputs(),

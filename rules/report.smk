@@ -1,14 +1,15 @@
 # The Snakemake report (`snakemake --report report.zip` after a run, or `--report-after-run`): what it shows that the
-# rest of the run does not write, rendered by small local jobs under results/report/ (rasterscale.workflow.reportfiles
-# says which file is which, rasterscale.tools.report draws them). Categories are numbered: the report orders them
-# by name. Outputs are flagged with report_flag() (rules/common.smk), as train.smk and evaluate.smk flag theirs. The
-# report jobs load the stored plan (their only param is its key): the report lists a job's params.
+# rest of the run does not write, rendered by small local jobs under results/{run}/report/
+# (rasterscale.workflow.reportfiles says which file is which, rasterscale.tools.report draws them). Categories are
+# numbered: the report orders them by name. Outputs are flagged with report_flag() (rules/common.smk), as train.smk
+# and evaluate.smk flag theirs. The report jobs load the stored plan (their only param is its key): the report lists
+# a job's params.
 rule report_run:
     input:
         unpack(lambda wildcards: reportfiles.run_inputs(PLAN)),
     output:
         report_flag(
-            paths.report_file(reportfiles.RUN_PAGE),
+            PATHS.report_file(reportfiles.RUN_PAGE),
             "run",
             reportfiles.RUN,
             "config, model, precision, launch geometry",
@@ -32,7 +33,7 @@ rule report_project_map:
         **reportfiles.project_inputs(PLAN),
     output:
         report_flag(
-            paths.report_file(reportfiles.PROJECT_MAP),
+            PATHS.report_file(reportfiles.PROJECT_MAP),
             "project_map",
             reportfiles.PROJECT,
             "scene footprints and counts",

@@ -5,7 +5,7 @@ rule tile_manifest:
     input:
         scene_input("raster_inputs"),
     output:
-        paths.scene_manifest("{scene}"),
+        PATHS.scene_manifest("{scene}"),
     log:
         "logs/tile_manifest/{scene}.log",
     wildcard_constraints:
@@ -35,9 +35,9 @@ for batch in RULE_BATCHES:
             batches.batch_rule("tile_manifests", batch)
         input:
             rasters=PLAN.batch_inputs(batch)["rasters"],
-            job=paths.batch_file(batch),
+            job=PATHS.batch_file(batch),
         output:
-            record=paths.batch_record("tiled", batch),
+            record=PATHS.batch_record("tiled", batch),
             files=PLAN.batch_files("tiled", batch),
         log:
             f"logs/tile_manifest/batch-{batch}.log",

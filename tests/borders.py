@@ -13,7 +13,7 @@ import rasterio
 from rasterio.features import rasterize
 
 from conftest import REPO
-from workflow import run_workflow
+from workflow import run_dir, run_paths, run_workflow
 
 sys.path.append(str(REPO / "bench"))  # the bench's border measures: the tests measure what the bench measures
 from project_borders import cut, inner_borders
@@ -29,14 +29,14 @@ def predict_as_project(
 ) -> Path:
     """``raster`` cut into 2 x 2 abutting scenes (each read as ``bands``, None: the default), predicted as a project
     with ``model`` (its ``file`` set) in ``root/four`` up to the project's ``layer`` (no quicklooks or report pages);
-    that work folder."""
+    the run's folder there (``root/four/results/{run}``: the scenes' folders and the project's)."""
     parts = cut(raster, 2, 2, root / "parts")
     if bands is not None:
         parts = {name: {**scene, "bands": bands} for name, scene in parts.items()}
     four = root / "four"
     config = {"task": task, "tiling": TILING, "model": model, "scenes": parts, "predict": PREDICT}
-    run_workflow(four, config, f"results/project/{layer}")
-    return four
+    run_workflow(four, config, run_paths(config).project_file(layer))
+    return run_dir(four, config)
 
 
 def read_on(path: Path, grid: rasterio.DatasetReader, out: np.ndarray) -> None:
@@ -53,15 +53,15 @@ def mean_iou(classes: np.ndarray, truth: np.ndarray, where: np.ndarray) -> float
 
 def class_maps_near_borders(raster: Path, outlines: Path, whole: Path, four: Path) -> tuple[dict, dict, int, float]:
     """Within ``BAND_M`` of the inner borders: the mIoU of the whole scene's classes (``whole``), the project's
-    and the four scenes' side by side; how many pixels of each differ from the whole scene's; the band's pixels;
-    the fraction of them that are objects."""
+    and the four scenes' side by side (``four``: their run's folder, :func:`predict_as_project`); how many pixels
+    of each differ from the whole scene's; the band's pixels; the fraction of them that are objects."""
     with rasterio.open(raster) as grid:
         truth = rasterize(gpd.read_file(outlines).geometry, out_shape=grid.shape, transform=grid.transform)
         band = rasterize([inner_borders(raster, BAND_M)], out_shape=grid.shape, transform=grid.transform) == 1
         layers = {name: np.full(grid.shape, 255, np.uint8) for name in ("whole scene", "project", "side by side")}
         read_on(whole, grid, layers["whole scene"])
-        read_on(four / "results/project/classes.vrt", grid, layers["project"])
-        for part in sorted((four / "results").glob("part_*/classes.tif")):
+        read_on(four / "project/classes.vrt", grid, layers["project"])
+        for part in sorted(four.glob("part_*/classes.tif")):
             read_on(part, grid, layers["side by side"])
     assert not any((classes == 255).any() for classes in layers.values()), "every pixel of the scene has a class"
     scores = {name: mean_iou(classes, truth, band) for name, classes in layers.items()}

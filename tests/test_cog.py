@@ -14,6 +14,8 @@ from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.headers import check_raster
 from workflow import run_workflow
 
+RUN = "results/model"  # the run of PredictScene's model.pt, given as model.file without model.name: the file's stem
+
 
 @pytest.fixture
 def striped(tmp_path):
@@ -48,7 +50,7 @@ def test_dry_run_warns_and_plans_the_conversion(striped, tmp_path):
     result = run_workflow(tmp_path / "run", striped_config(striped, scene.model_file), "-n")
     assert "convert_to_cog" in result.stdout
     assert f"warning: {striped} is striped, not tiled" in result.stderr
-    assert "results/striped/cog.tif (rule convert_to_cog)" in result.stderr
+    assert f"{RUN}/striped/cog.tif (rule convert_to_cog)" in result.stderr
 
 
 def test_tiled_input_is_read_as_it_is(tmp_path):
@@ -62,10 +64,10 @@ def test_striped_scene_is_predicted_from_its_cog(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     workdir = tmp_path / "run"
     run_workflow(workdir, striped_config(striped, scene.model_file))
-    cog = workdir / "results/striped/cog.tif"
+    cog = workdir / RUN / "striped/cog.tif"
     assert check_raster(cog).is_tiled
-    manifest = gpd.read_parquet(workdir / "results/striped/tiles.parquet")
-    profile = json.loads((workdir / "results/striped/predict_profile.json").read_text())
+    manifest = gpd.read_parquet(workdir / RUN / "striped/tiles.parquet")
+    profile = json.loads((workdir / RUN / "striped/predict_profile.json").read_text())
     assert profile["total"]["tiles"] == len(manifest) > 0
-    assert "results/striped/cog.tif: 500x300 px" in (workdir / "logs/convert_to_cog/striped.log").read_text()
-    assert gpd.read_parquet(workdir / "results/striped/detections.parquet").crs == check_raster(striped).crs
+    assert f"{RUN}/striped/cog.tif: 500x300 px" in (workdir / "logs/convert_to_cog/striped.log").read_text()
+    assert gpd.read_parquet(workdir / RUN / "striped/detections.parquet").crs == check_raster(striped).crs

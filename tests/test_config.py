@@ -131,6 +131,6 @@ def test_a_configfile_replaces_the_demo_config(tmp_path):
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
     result = subprocess.run([*command, "-n", "--configfile", str(mine)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    planned = set(re.findall(r"results/(\w+)/detections\.parquet", result.stdout)) - {"project"}
-    assert planned == {"tiny_train", "tiny_test"}, planned
+    planned = set(re.findall(r"results/(\w+)/(\w+)/detections\.parquet", result.stdout)) - {("tiny", "project")}
+    assert planned == {("tiny", "tiny_train"), ("tiny", "tiny_test")}, planned  # under the config's run: tiny
     assert "demo_" not in result.stdout

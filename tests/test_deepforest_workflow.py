@@ -9,7 +9,7 @@ import pytest
 
 from deepforest_files import torchvision_retinanet, write_folder
 from rasterscale.tasks.detection.modelfiles import read_header
-from workflow import run_workflow, tiny_config, workflow_command
+from workflow import run_dir, run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,14 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     config["demo"]["scenes"]["tiny_test"] = {"width": 448, "height": 448, "seed": 12}
     config["model"] = model_section(file=str(deepforest_folder), score_threshold=0.005)
     run_workflow(tmp_path, config)
-    detections = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
+    run = run_dir(tmp_path, config)
+    assert run == tmp_path / "results/tiny"  # model.name tiny (tiny.yaml's), not the folder's name
+    detections = gpd.read_parquet(run / "tiny_test/detections.parquet")
     assert len(detections) > 0 and set(detections["label"]) == {"Tree"}
     log = (tmp_path / "logs/predict/batch-0/shard-0.log").read_text()
     # the file's labels, pyramid width (from its weights), nms and scale; the config's score threshold
     assert "labels Tree, FPN 256 channels, resized to min_size 800, max 1333, score 0.005, nms 0.05" in log
-    assert json.loads((tmp_path / "results/tiny_test/evaluation.json").read_text())["ground_truth"] > 0
+    assert json.loads((run / "tiny_test/evaluation.json").read_text())["ground_truth"] > 0
 
 
 def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path, deepforest_folder):

@@ -138,8 +138,9 @@ def test_the_cog_conversion_is_its_gdal_cache_and_threads_and_a_demo_scene_its_s
 # -- the workflow as a module of another workflow ------------------------------------------------------------------
 
 SCENE = "scene"
-MERGED = f"results/{SCENE}/detections.parquet"
-MANIFEST = f"results/{SCENE}/tiles.parquet"
+RUN = "model"  # the run's name: its model file's (model.pt), no model.name given
+MERGED = f"results/{RUN}/{SCENE}/detections.parquet"
+MANIFEST = f"results/{RUN}/{SCENE}/tiles.parquet"
 CPU_RULES = ("scene_batch", "tile_manifests_batch_0", "merge_batch_0")
 
 

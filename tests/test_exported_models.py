@@ -24,7 +24,7 @@ from rasterscale.tasks.exported.runtime import load_exported
 from rasterscale.tasks.regression.spec import CARD as REGRESSION_CARD
 from rasterscale.tasks.regression.spec import regression_model
 from rasterscale.workflow.checks import build_plan
-from workflow import rank_stems, run_workflow, workflow_command
+from workflow import rank_stems, run_dir, run_paths, run_workflow, workflow_command
 
 PATCH, OVERLAP = 64, 16
 WIDTH, HEIGHT = 224, 160
@@ -168,12 +168,15 @@ def predict_config(data: Path, model_file: Path, devices: int, **model: object) 
 
 
 def classes_of(run: Path) -> np.ndarray:
-    with rasterio.open(run / "results/scene/classes.tif") as src:
+    """The class map of a run (its folder, results/{run}/)."""
+    with rasterio.open(run / "scene/classes.tif") as src:
         return src.read(1)
 
 
 # form -> the rank counts the real workflow predicts it with
 RUNS = {"torchscript": (1,), "torch.export": (2,), "onnx": (2,)}
+# form -> its run (no model.name: the file's stem, as a scene name)
+RUN_NAMES = {"torchscript": "net_torchscript", "torch.export": "net", "onnx": "net"}
 
 
 def test_each_form_predicts_the_plain_modules_classes_on_1_and_2_ranks(data, tmp_path):
@@ -183,13 +186,16 @@ def test_each_form_predicts_the_plain_modules_classes_on_1_and_2_ranks(data, tmp
     maps = {}
     for form, ranks in RUNS.items():
         for devices in ranks:
-            run = tmp_path / f"{form}-{devices}"
-            run_workflow(run, predict_config(data, data / FILES[form], devices), "results/scene/classes.tif")
+            workdir = tmp_path / f"{form}-{devices}"
+            config = predict_config(data, data / FILES[form], devices)
+            run = run_dir(workdir, config)
+            assert run == workdir / "results" / RUN_NAMES[form]
+            run_workflow(workdir, config, run_paths(config).scene_file("scene", "classes.tif"))
             maps[form, devices] = classes_of(run)
             assert len(rank_stems(run, "scene", ".tif")) == devices
-            log = "".join(path.read_text() for path in (run / "logs/predict").glob("**/*.log"))
+            log = "".join(path.read_text() for path in (workdir / "logs/predict").glob("**/*.log"))
             assert f"exported {form} file, segmentation: logits of [background, tree], {PATCH} px tiles" in log
-    reference, single = reference_classes(data / "scene.tif", run / "results/scene/tiles.parquet")
+    reference, single = reference_classes(data / "scene.tif", run / "scene/tiles.parquet")
     assert 0.3 < single.mean() < 0.7 and 0.2 < reference[single].mean() < 0.8  # both classes, both kinds of pixel
     first = maps["onnx", 2]
     for key, classes in maps.items():

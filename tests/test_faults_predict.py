@@ -33,13 +33,15 @@ import rasterio
 import torch
 
 from conftest import REPO, report, write_raster
+from rasterscale.workflow.paths import RunPaths
 from workflow import workflow_command
 
 pytestmark = pytest.mark.slow
 
 WIDTH, HEIGHT = 800, 600  # 48 tiles of 128 px: a few seconds of prediction per rank, after the marker
 SCENE = "scene"
-MERGED = f"results/{SCENE}/detections.parquet"
+RUN = RunPaths("model")  # the run of model.file model.pt (no model.name: the file's stem): results/model/
+MERGED = RUN.scene_file(SCENE, "detections.parquet")
 JOB_ENDED_WITHIN_S = 30  # measured 1-4 s (snakemake notices the failed job; seconds more on a loaded machine)
 PROCESSES_GONE_WITHIN_S = 20  # ranks and their dataloader workers: measured 0-1.2 s (die with their parent)
 LOCK_MESSAGE = "Error: Directory cannot be locked."
@@ -130,7 +132,7 @@ def wait_mid_prediction(proc: subprocess.Popen, workdir: Path, timeout: float = 
     while time.monotonic() < deadline:
         roles = job_processes(proc.pid)
         if {"rank0", "rank1", "rank0 worker", "rank1 worker"} <= set(roles):
-            records = list(workdir.glob(f"results/predict/*/*/{SCENE}/rank-*.json"))
+            records = list(workdir.glob(f"{RUN.root}/predict/*/*/{SCENE}/rank-*.json"))
             assert not records, f"prediction ended before the marker was seen: {records}"
             return roles
         assert proc.poll() is None, f"snakemake ended ({proc.returncode}) before prediction:\n{logs_of(workdir)}"
@@ -192,7 +194,7 @@ def copy_without_predictions(source: Path, workdir: Path) -> None:
     """A copy of a finished run (same inputs, manifest, job file and Snakemake metadata, mtimes kept) without its
     predictions and merged outputs: the rerun predicts and merges again."""
     shutil.copytree(source, workdir, ignore=shutil.ignore_patterns("*.out", "log", "logs", "predict", "detections.*"))
-    (workdir / f"results/{SCENE}/predict_profile.json").unlink()
+    (workdir / RUN.scene_profile(SCENE)).unlink()
 
 
 def wait_locked(proc: subprocess.Popen, workdir: Path, timeout: float = 120) -> None:
@@ -238,7 +240,7 @@ def test_a_second_run_in_the_same_folder_is_refused_by_the_lock(reference, when)
     assert code == 1
     assert LOCK_MESSAGE in output and "--unlock" in output, output[-2000:]
     files = final_files(workdir)  # the first run's outputs are complete
-    assert Path(MERGED) in files and Path(f"results/{SCENE}/detections.gpkg") in files
+    assert Path(MERGED) in files and Path(RUN.scene_file(SCENE, "detections.gpkg")) in files
     assert len(merged_rows(workdir)) > 100
 
 
@@ -331,8 +333,8 @@ def test_killing_a_rank_ends_the_job_and_leaves_no_rank_and_no_shard_folder(faul
     rank_processes_gone(fault)
     assert "Error in rule predict" in fault.output
     # Snakemake removed the failed job's folder and no orphaned rank wrote into it afterwards
-    assert not any(Path(f).parts[:2] == ("results", "predict") for f in fault.files), fault.files
-    assert Path(f"results/{SCENE}/tiles.parquet") in fault.files
+    assert not any(Path(f).parts[:3] == ("results", "model", "predict") for f in fault.files), fault.files
+    assert Path(RUN.scene_manifest(SCENE)) in fault.files
 
 
 def test_the_recovered_run_gives_the_uninterrupted_layer(reference, faults):
@@ -341,7 +343,7 @@ def test_the_recovered_run_gives_the_uninterrupted_layer(reference, faults):
     report(f"[faults] merged layer after the faults: {len(got)} rows; uninterrupted: {len(expected)} rows")
     assert len(expected) > 100
     assert np.array_equal(got, expected)
-    assert Path(f"results/{SCENE}/detections.gpkg") in final_files(workdir)
+    assert Path(RUN.scene_file(SCENE, "detections.gpkg")) in final_files(workdir)
 
 
 def predict_command(config: dict) -> str:
@@ -358,8 +360,8 @@ def predict_command(config: dict) -> str:
     }
     return (
         f"{srun_prefix(1, 2, valid['predict']['workers'] + 1)}{sys.executable} {REPO / 'scripts/predict.py'}"
-        f" --job results/batches/batch-0.json --model model.pt --config {shlex.quote(json.dumps(job_config))}"
-        " --out-dir results/predict/batch-0/shard-0 --log-dir logs/predict/batch-0/shard-0 --shards 1 --shard 0"
+        f" --job {RUN.batch_file(0)} --model model.pt --config {shlex.quote(json.dumps(job_config))}"
+        f" --out-dir {RUN.shard_dir(0, 0)} --log-dir logs/predict/batch-0/shard-0 --shards 1 --shard 0"
     )
 
 
@@ -389,7 +391,7 @@ def test_on_slurm_killing_one_rank_ends_the_job_at_once(cluster, reference, tmp_
     """kill -9 of rank 0 of an srun-launched 2-rank prediction mid-prediction: srun's --kill-on-bad-exit ends rank 1
     (else blocked in a collective for gloo's 30 minutes) and the job."""
     run = tmp_path / "run"
-    for name in ("scene.tif", "model.pt", f"results/{SCENE}/tiles.parquet", "results/batches/batch-0.json"):
+    for name in ("scene.tif", "model.pt", RUN.scene_manifest(SCENE), RUN.batch_file(0)):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(reference[0] / name, run / name)
     (run / "job.sh").write_text(f"#!/bin/sh\n{predict_command(scene_config())}\n")
@@ -405,7 +407,7 @@ def test_on_slurm_killing_one_rank_ends_the_job_at_once(cluster, reference, tmp_
             f"{cluster.job_state(job_id)}\n{(run / 'job.out').read_text() if (run / 'job.out').exists() else ''}"
         )
         time.sleep(0.1)
-    assert not list(run.glob("results/predict/*/*/*/rank-*.json")), "prediction ended before the kill"
+    assert not list(run.glob(f"{RUN.root}/predict/*/*/*/rank-*.json")), "prediction ended before the kill"
     os.kill(roles.pop("rank0").pid, signal.SIGKILL)
     killed = time.monotonic()
     ended = wait_gone(roles, killed, PROCESSES_GONE_WITHIN_S)

@@ -255,7 +255,7 @@ def test_config_and_ground_truth_checks_of_the_dry_run(data):
     validate_config({**base, "predict": {**base["predict"], "scenes": ["train"]}}, notices=notices)
     assert notices == [
         "scene train is trained on (train.scenes) and predicted and scored (predict.scenes): "
-        "results/train/evaluation.json scores the model on its own training data"
+        "results/detector/train/evaluation.json scores the model on its own training data"  # the run: detector
     ]
     with pytest.raises(InputError, match=r"far.gpkg: no polygon overlaps the raster .*train.tif"):
         check_segmentation_truth(data / "far.gpkg", data / "train.tif", ["background", "tree"])
@@ -375,7 +375,7 @@ def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(d
         predict={"scenes": ["odm"]},
     )
     workdir = tmp_path / "run"
-    target = "results/odm/tiles.parquet"
+    target = "results/my_model/odm/tiles.parquet"  # the run of model.file "my model.pt" (no model.name): my_model
     result = subprocess.run(workflow_command(workdir, config, "--cores", "1", target), capture_output=True, text=True)
     assert result.returncode != 0 and "Error in rule tile_manifests_batch_0" in result.stderr, result.stderr
     log = (workdir / "logs/tile_manifest/batch-0.log").read_text()

@@ -18,13 +18,14 @@ from rasterscale.raster.geo import geometries_to_pixel_boxes
 from rasterscale.raster.imagery import SPEC_KEY
 from rasterscale.tasks.detection.modelfiles import read_header
 from rasterscale.tools.synth import synthesize_scene
-from workflow import rank_stems, run_workflow, tiny_config, workflow_command
+from workflow import rank_stems, run_dir, run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow
 
 CORNER = 300  # the masked top-left square (alpha 0), in pixels
 PATCH, OVERLAP = 256, 64
 BANDS = [1, 2, 3, 4]  # red, green, blue, near infrared (band 5: alpha)
+RUN = "results/tiny"  # the run of the tiny config (model.name tiny)
 
 
 def masked_scene(directory, name, width, height, seed, dtype="uint8", boxes_in_corner=False):
@@ -92,15 +93,17 @@ def user_config(directory):
 
 @pytest.fixture(scope="module")
 def user_run(tmp_path_factory):
+    """The run in its work folder: the work folder and snakemake's result."""
     workdir = tmp_path_factory.mktemp("user_imagery")
     config = user_config(workdir)
+    assert run_dir(workdir, config) == workdir / RUN
     result = run_workflow(workdir, config)
     return workdir, result
 
 
 def test_manifests_skip_wholly_masked_tiles_and_hold_the_spec(user_run):
     workdir, _ = user_run
-    manifest = workdir / "results/ortho16/tiles.parquet"
+    manifest = workdir / RUN / "ortho16/tiles.parquet"
     tiles = gpd.read_parquet(manifest)
     grid = tile_grid(900, 700, PATCH, OVERLAP)
     inside = (grid[:, 0] + grid[:, 2] <= CORNER) & (grid[:, 1] + grid[:, 3] <= CORNER)
@@ -114,13 +117,13 @@ def test_manifests_skip_wholly_masked_tiles_and_hold_the_spec(user_run):
 
 def test_the_masked_corner_gets_no_detections(user_run):
     workdir, _ = user_run
-    detections = gpd.read_parquet(workdir / "results/ortho16/detections.parquet")
+    detections = gpd.read_parquet(workdir / RUN / "ortho16/detections.parquet")
     assert len(detections) > 20  # an almost untrained model at score 0.05: boxes everywhere else
     cx = (detections.px_xmin + detections.px_xmax) / 2
     cy = (detections.px_ymin + detections.px_ymax) / 2
     assert not ((cx < CORNER) & (cy < CORNER)).any()
     # tiles partly masked saw "objects" in the fill; the merge dropped those centred on masked pixels
-    ranks = [gpd.read_parquet(stem.with_suffix(".parquet")) for stem in rank_stems(workdir, "ortho16")]
+    ranks = [gpd.read_parquet(stem.with_suffix(".parquet")) for stem in rank_stems(workdir / RUN, "ortho16")]
     assert ranks
     in_corner = [(((r.px_xmin + r.px_xmax) / 2 < CORNER) & ((r.px_ymin + r.px_ymax) / 2 < CORNER)).sum() for r in ranks]
     assert sum(in_corner) > 0
@@ -135,7 +138,7 @@ def test_csv_rows_of_other_images_are_counted_in_the_log_and_voc_scores(user_run
     assert "Tree -> tree" in log
     header = read_header(workdir / "results/models/tiny.pt")
     assert header.input == scaled_input(["red", "green", "blue", "nir"]) and header.labels == ("tree",)
-    metrics = json.loads((workdir / "results/ortho16/evaluation.json").read_text())
+    metrics = json.loads((workdir / RUN / "ortho16/evaluation.json").read_text())
     assert metrics["ground_truth"] > 0 and {"precision", "recall", "f1"} <= set(metrics)
 
 

@@ -18,7 +18,7 @@ import yaml
 from conftest import REPO, report
 from prediction import predict_crowns_in_process
 from rasterscale.tasks.instances.merge import CROWN_COLUMNS
-from workflow import matched_polygons, rank_stems, rank_tile_ids, run_workflow
+from workflow import matched_polygons, rank_stems, rank_tile_ids, run_paths, run_workflow
 
 pytestmark = pytest.mark.slow
 TINY = REPO / "tests/configs/tiny_instances.yaml"
@@ -32,6 +32,9 @@ def tiny_instances(**overrides: dict) -> dict:
     return config
 
 
+RUN = run_paths(tiny_instances()).root  # results/tiny_crowns: the run (model.name); a model.file's run keeps it
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny-instances")
@@ -40,7 +43,7 @@ def tiny_run(tmp_path_factory):
 
 
 def crowns(workdir: Path) -> gpd.GeoDataFrame:
-    return gpd.read_parquet(workdir / f"results/{SCENE}/crowns.parquet")
+    return gpd.read_parquet(workdir / RUN / SCENE / "crowns.parquet")
 
 
 def test_the_crown_layer_is_polygons_in_the_raster_crs_with_areas_and_perimeters(tiny_run):
@@ -48,7 +51,7 @@ def test_the_crown_layer_is_polygons_in_the_raster_crs_with_areas_and_perimeters
     with rasterio.open(workdir / f"resources/demo/{SCENE}.tif") as src:
         crs, bounds, pixel = src.crs, src.bounds, src.res[0]
     parquet = crowns(workdir)
-    gpkg = gpd.read_file(workdir / f"results/{SCENE}/crowns.gpkg")
+    gpkg = gpd.read_file(workdir / RUN / SCENE / "crowns.gpkg")
     assert len(parquet) > 20 and len(gpkg) == len(parquet)  # an untrained model at score 0.05: plenty to check
     for layer in (parquet, gpkg):
         assert layer.crs == crs and list(layer.columns) == CROWN_COLUMNS
@@ -63,9 +66,9 @@ def test_the_crown_layer_is_polygons_in_the_raster_crs_with_areas_and_perimeters
 
 def test_every_tile_processed_exactly_once_by_the_two_ranks(tiny_run):
     workdir, _ = tiny_run
-    manifest = gpd.read_parquet(workdir / f"results/{SCENE}/tiles.parquet")
-    assert [stem.name for stem in rank_stems(workdir, SCENE)] == ["rank-0", "rank-1"]
-    processed = rank_tile_ids(workdir, SCENE)
+    manifest = gpd.read_parquet(workdir / RUN / SCENE / "tiles.parquet")
+    assert [stem.name for stem in rank_stems(workdir / RUN, SCENE)] == ["rank-0", "rank-1"]
+    processed = rank_tile_ids(workdir / RUN, SCENE)
     assert all(processed)
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 
@@ -99,9 +102,9 @@ def test_the_deepforest_folder_holds_the_model_files_weights(tiny_run):
 
 def test_evaluation_scores_mask_iou_and_splits_tile_edges_from_the_rest(tiny_run):
     workdir, result = tiny_run
-    metrics = json.loads((workdir / f"results/{SCENE}/evaluation.json").read_text())
+    metrics = json.loads((workdir / RUN / SCENE / "evaluation.json").read_text())
     assert {"precision", "recall", "f1", "map50", "edge", "interior"} <= set(metrics)
-    assert (workdir / f"results/{SCENE}/quicklook.png").stat().st_size > 0
+    assert (workdir / RUN / SCENE / "quicklook.png").stat().st_size > 0
     report(
         f"[instances tiny run, 3 training steps] F1 at mask IoU 0.5: crowns crossing an inner tile edge "
         f"{metrics['edge']['f1']:.3f}, the others {metrics['interior']['f1']:.3f}"
@@ -117,12 +120,12 @@ def test_one_rank_and_three_ranks_give_the_crowns_of_two(tiny_run, tmp_path):
     model = workdir / "results/models/tiny_crowns.pt"
     two = crowns(workdir)
     keys = {key: tiny_instances()["model"][key] for key in ("score_threshold", "detections_per_tile")}
-    raster, manifest = workdir / f"resources/demo/{SCENE}.tif", workdir / f"results/{SCENE}/tiles.parquet"
+    raster, manifest = workdir / f"resources/demo/{SCENE}.tif", workdir / RUN / SCENE / "tiles.parquet"
     one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, model, tmp_path / "one", keys))
     run_workflow(
         tmp_path / "three", tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 3})
     )
-    assert len(rank_stems(tmp_path / "three", SCENE)) == 3
+    assert len(rank_stems(tmp_path / "three" / RUN, SCENE)) == 3
     three = crowns(tmp_path / "three")
     assert len(two) > 20
     for name, other in (("1 rank", one), ("3 ranks", three)):

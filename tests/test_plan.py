@@ -26,6 +26,7 @@ from rasterscale.workflow import storage as plan_storage
 from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
 from rasterscale.workflow.plan import Plan
+from rasterscale.workflow.reportfiles import report_targets, scored_batches, scored_files
 from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
 from rasterscale.workflow.storage import (
     fingerprint,
@@ -72,6 +73,7 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
     plan = build_plan(table_config(workdir), warn=warnings.append)
     assert list(plan.scenes) == ["a", "b", "c"] and plan.config["predict"]["scenes"] == ["a", "b", "c"]
     assert plan.config["model"]["name"] == "detector"  # a default filled in by validation
+    assert plan.run == "detector" and plan.paths == paths.RunPaths("detector")  # the run's outputs: results/detector/
     assert plan.origins == {"a": "scenes.tsv line 2", "b": "scenes.tsv line 3", "c": "scenes.tsv line 4"}
     assert [[scene.name for scene in batch.scenes] for batch in plan.batches] == [["a", "b"], ["c"]]
     assert plan.seams == () and plan.has_project()
@@ -79,12 +81,12 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
     assert plan.world_size("predict") == 2 and plan.shards == 2
     assert plan.labels == ("tree",)
     assert plan.untiled == {"c": ("c.tif",)}
-    assert plan.scene_raster("c") == "results/c/cog.tif" and plan.scene_raster("a") == "a.tif"
+    assert plan.scene_raster("c") == "results/detector/c/cog.tif" and plan.scene_raster("a") == "a.tif"
     assert warnings == [
-        "scene a is trained on (train.scenes) and predicted and scored (predict.scenes): results/a/evaluation.json "
-        "scores the model on its own training data",
+        "scene a is trained on (train.scenes) and predicted and scored (predict.scenes): "
+        "results/detector/a/evaluation.json scores the model on its own training data",
         "c.tif is striped, not tiled: every windowed read would decode whole raster rows; scene c is read from the "
-        "tiled COG results/c/cog.tif (rule convert_to_cog)",
+        "tiled COG results/detector/c/cog.tif (rule convert_to_cog)",
     ]
     assert plan.evaluated_scenes() == ["a"] and plan.unbatched_scenes() == []
     assert plan.final_targets() == [
@@ -92,9 +94,9 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
             f"results/models/detector{file}"
             for file in (".pt", ".metrics.csv", ".png", "/config.json", "/model.safetensors")
         ),
-        *(f"results/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
-        "results/project/detections.gpkg",
-        "results/project/detections.parquet",
+        *(f"results/detector/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
+        "results/detector/project/detections.gpkg",
+        "results/detector/project/detections.parquet",
     ]
     assert set(plan.inputs) == {"a.tif", "a.csv", "b.tif", "c.tif"} and all(plan.inputs.values())
 
@@ -108,21 +110,123 @@ def test_sections_are_named_by_strings(workdir):
 
 
 def test_paths_are_spelled_in_one_place():
-    assert paths.scene_manifest("a") == "results/a/tiles.parquet"
-    assert paths.cog_raster("a") == "results/a/cog.tif"
-    assert paths.batch_file(3) == "results/batches/batch-3.json"
-    assert paths.batch_file("{batch}") == "results/batches/batch-{batch}.json"
-    assert paths.shard_dir(1, 2) == "results/predict/batch-1/shard-2"
-    assert paths.shard_resume_dir(1, 2) == "results/predict/batch-1/shard-2.resume"
-    assert paths.trained_model("m") == "results/models/m.pt"
-    assert paths.stored_plan("ab12") == ".snakemake/rasterscale/plan-ab12.json"
+    run = paths.RunPaths("m1")
+    assert run.root == "results/m1"
+    assert run.scene_dir("a") == "results/m1/a" and run.scene_dir("a+b") == "results/m1/seams/a+b"
+    assert run.scene_manifest("a") == "results/m1/a/tiles.parquet"
+    assert run.scene_manifest("a+b") == "results/m1/seams/a+b/tiles.parquet"
+    assert run.seam_mosaic("a+b") == "results/m1/seams/a+b/mosaic.vrt"
+    assert run.cog_raster("a") == "results/m1/a/cog.tif"
+    assert run.scene_file("a", "classes.tif") == "results/m1/a/classes.tif"
+    assert run.scene_profile("a") == "results/m1/a/predict_profile.json"
+    assert run.evaluation_file("a") == "results/m1/a/evaluation.json"
+    assert run.quicklook_file("a") == "results/m1/a/quicklook.png"
+    assert run.project_dir() == "results/m1/project"
+    assert run.project_file("job.json") == "results/m1/project/job.json"
+    assert run.batches_dir() == "results/m1/batches"
+    assert run.batch_file(3) == "results/m1/batches/batch-3.json"
+    assert run.batch_file("{batch}") == "results/m1/batches/batch-{batch}.json"
+    assert run.batch_record("merged", 3) == "results/m1/batches/merged-3.json"
+    assert run.shard_dir(1, 2) == "results/m1/predict/batch-1/shard-2"
+    assert run.shard_resume_dir(1, 2) == "results/m1/predict/batch-1/shard-2.resume"
+    assert run.report_file("run.html") == "results/m1/report/run.html"
+    assert run.report_scene_file("a", "counts.json") == "results/m1/report/a/counts.json"
     # rank r of shard s is rank s * world_size + r, every shard's in rank order
-    assert paths.rank_files("a", 1, shards=2, world_size=2) == [
-        "results/predict/batch-1/shard-0/a/rank-0",
-        "results/predict/batch-1/shard-0/a/rank-1",
-        "results/predict/batch-1/shard-1/a/rank-2",
-        "results/predict/batch-1/shard-1/a/rank-3",
+    assert run.rank_files("a", 1, shards=2, world_size=2) == [
+        "results/m1/predict/batch-1/shard-0/a/rank-0",
+        "results/m1/predict/batch-1/shard-0/a/rank-1",
+        "results/m1/predict/batch-1/shard-1/a/rank-2",
+        "results/m1/predict/batch-1/shard-1/a/rank-3",
     ]
+    # what every run shares: not keyed by the run
+    assert paths.trained_model("m") == "results/models/m.pt"
+    assert paths.model_file("m.metrics.csv") == "results/models/m.metrics.csv"
+    assert paths.environment_rank_file(1) == "results/checks/environment/rank-1.json"
+    assert paths.stored_plan("ab12") == ".snakemake/rasterscale/plan-ab12.json"
+    assert set(paths.SHARED) == {"models", "checks"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A run's outputs: results/{run}/, the run named by the model
+# ---------------------------------------------------------------------------------------------------------
+
+
+def planned_files(plan: Plan) -> set[str]:
+    """Every file and folder a plan's jobs write: its targets and the report's, each batch's job file, records,
+    shard folders and scenes' (and seams') tile manifests, rank files and merged outputs, the scoring jobs' files,
+    the striped scenes' COGs, the project's job and layers, the trained model's files."""
+    files = {*plan.final_targets(), *report_targets(plan), *plan.project_outputs().values()}
+    files |= {plan.paths.project_file("job.json"), *(plan.scene_raster(name) for name in plan.untiled)}
+    for batch in plan.batches:
+        number = batch.batch
+        files |= {plan.paths.batch_file(number), *plan.batch_files("tiled", number)}
+        files |= {plan.paths.batch_record(step, number) for step in ("tiled", "merged", "scored")}
+        files |= {plan.paths.shard_dir(number, shard) for shard in range(plan.shards)}
+        files |= {
+            path for scene in batch.scenes for path in (scene.manifest, *scene.rank_files, *scene.outputs.values())
+        }
+    files |= {f.path for number in scored_batches(plan) for f in scored_files(plan, number)}
+    if plan.train_scenes:
+        files |= set(plan.trained_model_outputs(plan.run).values())
+    return files
+
+
+def test_two_models_over_the_same_scenes_plan_disjoint_outputs(workdir):
+    one, two = (build_plan(table_config(workdir) | {"model": {"name": name}}) for name in ("m1", "m2"))
+    assert (one.run, two.run) == ("m1", "m2") and one.paths.root == "results/m1" and two.paths.root == "results/m2"
+    assert [[s.name for s in b.scenes] for b in one.batches] == [[s.name for s in b.scenes] for b in two.batches]
+    files = {plan.run: planned_files(plan) for plan in (one, two)}
+    assert not files["m1"] & files["m2"]
+    for run, planned in files.items():  # under the run's folder, but for the trained model's files (named by it too)
+        outside = {path for path in planned if not path.startswith(f"results/{run}/")}
+        assert outside == {path for path in planned if path.startswith(f"results/models/{run}")} != set()
+    # each run forms its batches from its own recorded ones: m1's kept, m2's not taken from m1's
+    for batch in one.batches:
+        batch.write(one.paths.batch_file(batch.batch))
+    again = {
+        name: build_plan(table_config(workdir, scenes_per_job=1) | {"model": {"name": name}}) for name in ("m1", "m2")
+    }
+    assert [[s.name for s in b.scenes] for b in again["m1"].batches] == [["a", "b"], ["c"]]
+    assert [[s.name for s in b.scenes] for b in again["m2"].batches] == [["a"], ["b"], ["c"]]
+
+
+def test_a_model_file_without_a_name_names_the_run_after_its_file(workdir):
+    from rasterscale.tasks.detection.model import build_detector, save_detector
+    from rasterscale.tasks.detection.modelfiles import DetectorConfig
+
+    cfg = DetectorConfig(backbone="resnet18", labels=("tree",), patch_size=128)
+    (workdir / "some/dir").mkdir(parents=True)
+    save_detector(build_detector(cfg), cfg, workdir / "some/dir/my-model.pt")
+    config = table_config(workdir) | {"model": {"file": "some/dir/my-model.pt"}}
+    config["train"] = {"scenes": []}
+    plan = build_plan(config)
+    assert plan.config["model"]["name"] == "my-model" and plan.run == "my-model"
+    assert plan.paths == paths.RunPaths("my-model") and plan.prediction_model() == "some/dir/my-model.pt"
+    planned = planned_files(plan)
+    assert "results/my-model/a/detections.parquet" in planned and "results/my-model/project/detections.gpkg" in planned
+    assert all(path.startswith("results/my-model/") for path in planned), sorted(planned)
+    # the stem as a scene name; nothing left of it, or no file: the task's default
+    named = {"x/My Model.v2.pt": "My_Model_v2", "x/_.onnx": "detector", "": "detector"}
+    assert {file: validate_config({"model": {"file": file}})["model"]["name"] for file in named} == named
+    assert validate_config({"task": "segmentation", "model": {"file": "x/seg.pt"}})["model"]["name"] == "seg"
+    assert validate_config({"task": "segmentation"})["model"]["name"] == "segmenter"
+
+
+@pytest.mark.parametrize("name", ["models", "checks"])
+def test_a_model_named_as_a_folder_every_run_shares_is_refused(workdir, name):
+    with pytest.raises(ConfigError) as err:
+        build_plan(table_config(workdir) | {"model": {"name": name}})
+    assert str(err.value) == (
+        f"config: model.name '{name}' names the run's folder results/{name}/, which every run shares; name the model "
+        "otherwise"
+    )
+    config = table_config(workdir) | {"model": {"file": f"x/{name}.pt"}, "train": {"scenes": []}}
+    with pytest.raises(ConfigError) as err:  # named after its file: the line says so, before the file is looked for
+        build_plan(config)
+    assert str(err.value) == (
+        f"config: model.name '{name}' (model.file x/{name}.pt's name: model.name is unset) names the run's folder "
+        f"results/{name}/, which every run shares; name the model otherwise"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -202,41 +306,41 @@ def test_a_batch_job_file_round_trips_with_every_field(workdir):
     assert a == Scene(
         name="a",
         raster="a.tif",
-        manifest="results/a/tiles.parquet",
+        manifest="results/detector/a/tiles.parquet",
         imagery=Imagery("scenes.a", [1, 2, 3], None),  # the default bands, filled in
-        rank_files=tuple(paths.rank_files("a", 0, 2, 2)),
+        rank_files=tuple(paths.RunPaths("detector").rank_files("a", 0, 2, 2)),
         outputs={
-            "gpkg": "results/a/detections.gpkg",
-            "parquet": "results/a/detections.parquet",
-            "profile": "results/a/predict_profile.json",
+            "gpkg": "results/detector/a/detections.gpkg",
+            "parquet": "results/detector/a/detections.parquet",
+            "profile": "results/detector/a/predict_profile.json",
         },
     )
-    batch.write(paths.batch_file(0), "batch.log")
-    assert PredictionBatch.read(paths.batch_file(0)) == batch
-    assert read_job_file(paths.batch_file(0)) == list(batch.scenes)
-    assert Path("batch.log").read_text() == "results/batches/batch-0.json: 2 scene(s): a, b\n"
+    batch.write(plan.paths.batch_file(0), "batch.log")
+    assert PredictionBatch.read(plan.paths.batch_file(0)) == batch
+    assert read_job_file(plan.paths.batch_file(0)) == list(batch.scenes)
+    assert Path("batch.log").read_text() == "results/detector/batches/batch-0.json: 2 scene(s): a, b\n"
     # on disk, the outputs are flat keys of the scene's entry, as a task's merge reads them
-    entry = json.loads(Path(paths.batch_file(0)).read_text())["scenes"][0]
-    assert entry["gpkg"] == "results/a/detections.gpkg" and entry["rank_files"][0].endswith("a/rank-0")
-    assert plan.prediction_batch(1).scenes[0].raster == "results/c/cog.tif"
+    entry = json.loads(Path(plan.paths.batch_file(0)).read_text())["scenes"][0]
+    assert entry["gpkg"] == "results/detector/a/detections.gpkg" and entry["rank_files"][0].endswith("a/rank-0")
+    assert plan.prediction_batch(1).scenes[0].raster == "results/detector/c/cog.tif"
 
 
 def test_training_merge_and_evaluation_jobs_round_trip(workdir):
     plan = build_plan(table_config(workdir))
     training = plan.training_scenes()
     assert training == TrainingScenes(
-        (Scene("a", "a.tif", "results/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
+        (Scene("a", "a.tif", "results/detector/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
     )
     assert TrainingScenes.from_json(training.to_json()) == training
     merge = plan.merge_config()
     assert merge.labels == ("tree",) and "scenes" not in merge.predict and merge.merge == plan.config["merge"]
     assert MergeConfig.from_json(merge.to_json()) == merge
     evaluation = plan.evaluation_job("a")
-    assert evaluation.scene.outputs["parquet"] == "results/a/detections.parquet"
+    assert evaluation.scene.outputs["parquet"] == "results/detector/a/detections.parquet"
     assert evaluation.config() == {"task": "detection", "evaluate": plan.config["evaluate"]}
     assert EvaluationJob.from_json(evaluation.to_json()) == evaluation
     scene = evaluation.scene.as_mapping()
-    assert scene["annotations"] == "a.csv" and scene["parquet"] == "results/a/detections.parquet"
+    assert scene["annotations"] == "a.csv" and scene["parquet"] == "results/detector/a/detections.parquet"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -389,8 +493,8 @@ def test_a_plan_of_another_config_or_format_or_unreadable_is_not_loaded(workdir)
 def test_the_evaluation_summary_lists_the_evaluated_scenes(workdir):
     plan = build_plan(table_config(workdir))
     assert reports.evaluation_summary(plan) == []
-    Path("results/a").mkdir(parents=True)
-    Path(paths.evaluation_file("a")).write_text(
+    Path("results/detector/a").mkdir(parents=True)
+    Path(plan.paths.evaluation_file("a")).write_text(
         json.dumps({"precision": 0.5, "recall": 0.25, "f1": 1 / 3, "map50": 0.2})
     )
     assert reports.evaluation_summary(plan) == [
@@ -403,8 +507,8 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
     plan = build_plan(table_config(workdir))
     total = {"ranks": 2, "tiles": 9, "tiles_per_s": 4.5, "wall_s": 2.0}
     for name in "abc":
-        Path(f"results/{name}").mkdir(parents=True, exist_ok=True)
-        Path(paths.scene_profile(name)).write_text(json.dumps({"total": total}))
+        Path(f"results/detector/{name}").mkdir(parents=True, exist_ok=True)
+        Path(plan.paths.scene_profile(name)).write_text(json.dumps({"total": total}))
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(reports, "PROFILE_TABLES_UP_TO", 2)
     try:
@@ -412,7 +516,7 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
     finally:
         monkeypatch.undo()
     assert lines == [
-        "rasterscale predict profiles (3 scenes; tables in results/{scene}/predict_profile.json):",
+        "rasterscale predict profiles (3 scenes; tables in results/detector/{scene}/predict_profile.json):",
         *(f"  {name:<24} 2 rank(s)       9 tiles     4.50 tiles/s wall 2.0 s" for name in "abc"),
     ]
 

@@ -30,13 +30,14 @@ from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.predict.tile_resume import RankSaves, file_digest, prediction_fingerprint
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
-from rasterscale.workflow.paths import resume_dir
+from rasterscale.workflow.paths import RunPaths, resume_dir
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
 TRANSFORM = Affine(0.5, 0, 404000.0, 0, -0.5, 3285000.0)
 PRINT = {"config": "a", "model file": "b", "world size": 2, "shards": [1, 0], "tiles": "c"}
 LOGGER = logging.getLogger("rasterscale.predict")
+RUN = RunPaths("model")  # the run of scene_config's model.file model.pt (no model.name: the file's stem)
 
 
 # --- library level --------------------------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def test_fingerprint_ignores_the_save_interval_only():
         prediction_fingerprint(config, "m", 2, 1, 0, [0, 1]) != base
         and prediction_fingerprint(config, "n", 2, 1, 0, [0, 1, 2]) != base
     )
-    assert resume_dir("results/predict/batch-0/shard-1") == "results/predict/batch-0/shard-1.resume"
+    assert resume_dir("results/m/predict/batch-0/shard-1") == "results/m/predict/batch-0/shard-1.resume"
 
 
 def test_detection_rank_output_from_parts_equals_one_written_at_once(tmp_path):
@@ -179,7 +180,7 @@ def done_tiles(folder: Path) -> int:
 def kill_job_once_saved(workdir: Path, config: dict, min_done: int) -> tuple[int, float]:
     """Start the workflow, SIGKILL its prediction ranks once their saved parts hold ``min_done`` tiles (polling
     the resume folder), and wait for snakemake to fail; the tiles saved and the seconds it took to end."""
-    folder = workdir / resume_dir("results/predict/batch-0/shard-0")
+    folder = workdir / RUN.shard_resume_dir(0, 0)
     process = subprocess.Popen(
         workflow_command(workdir, config, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -196,13 +197,15 @@ def kill_job_once_saved(workdir: Path, config: dict, min_done: int) -> tuple[int
         os.kill(rank.pid, signal.SIGKILL)
     output = process.communicate(timeout=120)[0].decode()
     assert process.returncode != 0, output[-3000:]
-    assert not (workdir / "results/predict/batch-0/shard-0").exists()  # snakemake removed the failed output
+    assert not (workdir / RUN.shard_dir(0, 0)).exists()  # snakemake removed the failed output
     return done, time.monotonic() - killed
 
 
 def predicted_tiles(workdir: Path, scene: str, suffix: str) -> tuple[int, int]:
     """(tiles predicted, tiles taken from saved parts) by the last run, from the rank records."""
-    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(workdir, scene, suffix)]
+    records = [
+        json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(workdir / RUN.root, scene, suffix)
+    ]
     return sum(r["profile"]["tiles"] for r in records), sum(r["resumed"] for r in records)
 
 
@@ -226,10 +229,10 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         predict = {**{k: v for k, v in valid["predict"].items() if k != "scenes"}, "devices": 1, "shards": 2}
         job = {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
         for shard in (0, 1):
-            scenes = read_job_file("results/batches/batch-0.json")
+            scenes = read_job_file(RUN.batch_file(0))
             run_prediction(scenes, valid["model"]["file"], job, run_spec(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(valid["task"])
-        (scene,) = json.loads(Path("results/batches/batch-0.json").read_text())["scenes"]
+        (scene,) = json.loads(Path(RUN.batch_file(0)).read_text())["scenes"]
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
         merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(valid)}
@@ -250,8 +253,8 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
     run_workflow(resumed, config)
     t2 = time.monotonic()
     log = (resumed / "logs/predict/batch-0/shard-0.log").read_text()
-    assert "resuming: " in log and "tiles already done in results/predict/batch-0/shard-0.resume" in log
-    assert not (resumed / resume_dir("results/predict/batch-0/shard-0")).exists()  # removed on success
+    assert "resuming: " in log and f"tiles already done in {RUN.shard_resume_dir(0, 0)}" in log
+    assert not (resumed / RUN.shard_resume_dir(0, 0)).exists()  # removed on success
     rerun, from_saved = predicted_tiles(resumed, scene, suffix)
     reference = uninterrupted(resumed, config, tmp_path / "plain")
     full = sum(json.loads(p.read_text())["profile"]["tiles"] for p in (tmp_path / "plain" / scene).glob("*.json"))
@@ -296,7 +299,7 @@ def scene_config(tmp_path: Path, task: str, width: int, height: int) -> dict:
 def test_detection_job_killed_after_some_tiles_resumes_and_merges_identical_boxes(tmp_path):
     config = scene_config(tmp_path, "detection", 900, 700)  # 20 tiles
     case = resume_case(tmp_path, config, "scene", ".parquet", min_done=4)
-    a = gpd.read_parquet(case["resumed"] / "results/scene/detections.parquet")
+    a = gpd.read_parquet(case["resumed"] / RUN.scene_file("scene", "detections.parquet"))
     b = gpd.read_parquet(case["plain"]["parquet"])
     assert len(a) > 100 and a.equals(b)
     report(
@@ -310,7 +313,7 @@ def test_segmentation_job_killed_after_some_rows_resumes_and_merges_identical_cl
     config = scene_config(tmp_path, "segmentation", 300, 1800)  # 2 x 10 tiles: rows of cores finish one by one
     case = resume_case(tmp_path, config, "scene", ".tif", min_done=8)
     with (
-        rasterio.open(case["resumed"] / "results/scene/classes.tif") as a,
+        rasterio.open(case["resumed"] / RUN.scene_file("scene", "classes.tif")) as a,
         rasterio.open(case["plain"]["classes"]) as b,
     ):
         classes = a.read(1)

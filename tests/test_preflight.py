@@ -267,7 +267,7 @@ def test_dry_run_plans_2_nodes_x_4_gpus(plan_2x4):
     assert "wildcards: batch=0, shard=0" in plan_2x4 and "wildcards: batch=0, shard=1" in plan_2x4
     assert "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=5 --kill-on-bad-exit=1 " in plan_2x4  # training
     assert plan_2x4.count("srun --nodes=1 --ntasks-per-node=4 --cpus-per-task=3 --kill-on-bad-exit=1 ") == 2
-    assert all(f"--out-dir results/predict/batch-0/shard-{s} " in plan_2x4 for s in (0, 1))
+    assert all(f"--out-dir results/tiny/predict/batch-0/shard-{s} " in plan_2x4 for s in (0, 1))  # the run: tiny
     train = resources_of(plan_2x4, "train_model")
     assert {k: train[k] for k in ("nodes", "mpi", "tasks_per_node", "cpus_per_task", "gres")} == {
         "nodes": 2,

@@ -251,7 +251,7 @@ def test_a_mosaic_of_four_abutting_tiles_reads_back_the_raster_they_were_cut_fro
     data = np.random.default_rng(1).integers(1, 255, size=(4, 160, 200), dtype=np.uint8)
     data[3] = 255
     data[3, 100:, :50] = 0  # no data there, across two tiles
-    vrt = write_mosaic(tmp_path / "results/seams/a+b/mosaic.vrt", [str(p) for p in cut(tmp_path / "in", data)])
+    vrt = write_mosaic(tmp_path / "results/r/seams/a+b/mosaic.vrt", [str(p) for p in cut(tmp_path / "in", data)])
     with rasterio.open(vrt) as src:
         assert (src.width, src.height, src.count) == (200, 160, 4)
         assert src.transform.almost_equals(TRANSFORM) and src.crs.to_string() == UTM17N
@@ -266,10 +266,10 @@ def test_a_mosaic_carries_nodata_and_reads_from_its_folder_moved_elsewhere(tmp_p
     data = np.random.default_rng(2).normal(size=(3, 160, 200)).astype(np.float32)
     data[:, 20:90, 100:150] = -9999.0  # no data there, across the tiles' borders
     project = tmp_path / "project"
-    write_mosaic(project / "results/seams/a+b/mosaic.vrt", [str(p) for p in cut(project, data, nodata=-9999.0)])
+    write_mosaic(project / "results/r/seams/a+b/mosaic.vrt", [str(p) for p in cut(project, data, nodata=-9999.0)])
     moved = tmp_path / "moved"
     shutil.move(project, moved)
-    with rasterio.open(moved / "results/seams/a+b/mosaic.vrt") as src:
+    with rasterio.open(moved / "results/r/seams/a+b/mosaic.vrt") as src:
         assert src.nodatavals == (-9999.0,) * 3 and src.dtypes == ("float32",) * 3
         np.testing.assert_array_equal(src.read(), data)
         assert not src.read(1, masked=True).mask[:20].any() and src.read(1, masked=True).mask[20:90, 100:150].all()
@@ -329,6 +329,9 @@ def test_a_mosaic_of_rasters_that_differ_is_one_line_naming_the_raster_that_diff
 # ---------------------------------------------------------------------------------------------------------
 
 
+RUN = paths.RunPaths("r")  # the batches' run: their job files under results/r/batches/
+
+
 def entries(rasters: dict[str, str]) -> Callable[[str, int], Scene]:
     """What the plan writes for a member in a batch: its raster (from ``rasters``), and files named by batch."""
 
@@ -336,9 +339,9 @@ def entries(rasters: dict[str, str]) -> Callable[[str, int], Scene]:
         return Scene(
             name=name,
             raster=rasters[name],
-            manifest=paths.scene_manifest(name),
-            rank_files=tuple(paths.rank_files(name, batch, 1, 1)),
-            outputs={"parquet": paths.scene_file(name, "detections.parquet")},
+            manifest=RUN.scene_manifest(name),
+            rank_files=tuple(RUN.rank_files(name, batch, 1, 1)),
+            outputs={"parquet": RUN.scene_file(name, "detections.parquet")},
         )
 
     return entry
@@ -347,7 +350,7 @@ def entries(rasters: dict[str, str]) -> Callable[[str, int], Scene]:
 def record(workdir: Path, batches: dict[int, tuple[Scene, ...]], mtimes: dict[int, int] | None = None) -> None:
     """Write the batches' job files as the workflow does (times of writing: ``mtimes``, ns)."""
     for number, scenes in batches.items():
-        path = workdir / paths.batch_file(number)
+        path = workdir / RUN.batch_file(number)
         PredictionBatch(number, scenes).write(path)
         if mtimes:
             os.utime(path, ns=(mtimes[number], mtimes[number]))
@@ -366,7 +369,8 @@ def rasters(tmp_path) -> dict[str, str]:
 
 
 def form(workdir: Path, members: str, entry: Callable[[str, int], Scene]) -> dict[int, tuple[Scene, ...]]:
-    return form_batches(list(members), entry, 2, read_recorded(workdir), lambda r: (workdir / r).exists())
+    recorded = read_recorded(RUN.batches_dir(), workdir)
+    return form_batches(list(members), entry, 2, recorded, lambda r: (workdir / r).exists())
 
 
 def test_fresh_batches_chunk_the_members_in_order_numbered_from_zero(tmp_path, rasters):
@@ -380,7 +384,8 @@ def test_recorded_batches_whose_entries_match_are_kept_whatever_the_members_orde
     entry = entries(rasters)
     fresh = form(tmp_path, "abcde", entry)
     record(tmp_path, fresh)
-    assert [r.batch for r in sorted(read_recorded(tmp_path), key=lambda r: r.batch)] == [0, 1, 2]
+    assert [r.batch for r in sorted(read_recorded(RUN.batches_dir(), tmp_path), key=lambda r: r.batch)] == [0, 1, 2]
+    assert read_recorded(paths.RunPaths("other").batches_dir(), tmp_path) == []  # another run's batches are its own
     assert form(tmp_path, "edcba", entry) == fresh
 
 
@@ -425,12 +430,14 @@ def test_when_two_recorded_files_claim_a_member_the_newer_wins(tmp_path, rasters
 def test_batch_files_that_cannot_be_read_are_left_out(tmp_path, rasters):
     entry = entries(rasters)
     record(tmp_path, {3: (entry("a", 3),)})
-    folder = tmp_path / paths.batches_dir()
+    folder = tmp_path / RUN.batches_dir()
     (folder / "batch-4.json").write_text('{"scenes": [')
     (folder / "batch-5.json").write_text('{"batch": 5}')
     (folder / "batch-x.json").write_text('{"scenes": []}')
-    assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(tmp_path)] == [(3, ["a"])]
-    assert read_recorded(tmp_path / "nowhere") == []
+    assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(RUN.batches_dir(), tmp_path)] == [
+        (3, ["a"])
+    ]
+    assert read_recorded(RUN.batches_dir(), tmp_path / "nowhere") == []
 
 
 # the command Snakemake 9 gives a job it spawns (RealExecutor's job args): --target-jobs, then --allowed-rules
@@ -706,19 +713,23 @@ def test_the_plan_of_two_abutting_scenes_predicts_their_seam_and_the_project_job
     assert seam.name == "a+b" and find_seams(plan.footprints, MARGIN) == [seam]
     assert [[s.name for s in batch.scenes] for batch in plan.batches] == [["a", "b", "a+b"]]  # a seam, its scenes'
     entry = plan.prediction_batch(0).scenes[2]
-    assert (entry.raster, entry.mosaic, entry.core) == ("results/seams/a+b/mosaic.vrt", ("a.tif", "b.tif"), seam.core)
-    assert entry.manifest == "results/seams/a+b/tiles.parquet"
+    mosaic = "results/detector/seams/a+b/mosaic.vrt"  # the run: detector (no model.name, no model.file)
+    assert (entry.raster, entry.mosaic, entry.core) == (mosaic, ("a.tif", "b.tif"), seam.core)
+    assert entry.manifest == "results/detector/seams/a+b/tiles.parquet"
     sources = {source["name"]: source for source in plan.project_job().sources}
     assert list(sources) == ["a", "b", "a+b"]
     assert sources["a"]["bounds"] == [X0, Y0, X0 + 60, Y0 + 60] and sources["a"]["crs"] == UTM17N
-    assert sources["a+b"]["core"] == seam.core and sources["a+b"]["parquet"] == "results/seams/a+b/detections.parquet"
+    assert (
+        sources["a+b"]["core"] == seam.core
+        and sources["a+b"]["parquet"] == "results/detector/seams/a+b/detections.parquet"
+    )
 
 
 def test_a_plan_keeps_its_recorded_batches_and_puts_a_new_scene_and_seam_in_a_new_one(workdir):
     config = two_scene_config(workdir)
     plan = build_plan(config)
     for number in plan.batch_numbers:
-        plan.prediction_batch(number).write(paths.batch_file(number))
+        plan.prediction_batch(number).write(plan.paths.batch_file(number))
     write_raster(workdir / "c.tif", 300, 300, transform=Affine(PX, 0, X0 + 90, 0, -PX, Y0 + 60))  # east of b
     config["scenes"] = {"c": {"path": "c.tif"}, **config["scenes"]}  # first in the config
     again = build_plan(config)

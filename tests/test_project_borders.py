@@ -17,7 +17,7 @@ from borders import BAND_M, PREDICT, SEAMS, TILING, predict_as_project
 from conftest import report
 from discs import disc_scene
 from project_borders import f1_in, inner_borders, max_iou_across_scenes
-from workflow import run_workflow
+from workflow import run_dir, run_paths, run_workflow
 
 TRAIN = {"scenes": ["train"], "devices": 2, "batch_size": 8, "lr": 0.002, "epochs": 100, "max_steps": 80}
 TRAIN |= {"warmup_steps": 5, "validation_fraction": 0, "workers": 0}
@@ -27,7 +27,8 @@ MODEL = {"name": "discs", "backbone": "resnet18", "fpn_channels": 64, "score_thr
 @pytest.fixture(scope="module")
 def detection(tmp_path_factory) -> tuple[Path, Path, Path]:
     """Train on a 1024 px scene of discs and predict a held-out 1792 px scene whole (one run), then its 2 x 2 cut
-    as a project (a second run, with the model file of the first): the rasters' and the two work folders."""
+    as a project (a second run, with the model file of the first): the rasters' folder and the two runs' folders
+    (results/discs/ of each work folder)."""
     root = tmp_path_factory.mktemp("borders-detection")
     rasters = root / "rasters"
     rasters.mkdir()
@@ -37,17 +38,19 @@ def detection(tmp_path_factory) -> tuple[Path, Path, Path]:
     scenes = {"train": train, "heldout": {"path": str(heldout)}}
     predict = PREDICT | {"scenes": ["heldout"]}
     config = {"tiling": TILING, "model": MODEL, "scenes": scenes, "train": TRAIN, "predict": predict}
-    run_workflow(whole, config, "results/heldout/detections.parquet")  # trains first: no quicklook, no report
+    layer = run_paths(config).scene_file("heldout", "detections.parquet")
+    run_workflow(whole, config, layer)  # trains first: no quicklook, no report
     model = MODEL | {"file": str(whole / f"results/models/{MODEL['name']}.pt")}
-    return rasters, whole, predict_as_project(root, heldout, "detection", model, "detections.parquet")
+    return rasters, run_dir(whole, config), predict_as_project(root, heldout, "detection", model, "detections.parquet")
 
 
 def test_a_2x2_projects_layer_scores_near_its_inner_borders_as_the_whole_scene_with_no_box_twice(detection):
     rasters, whole, four = detection
     truth = gpd.read_file(rasters / "heldout.gpkg")
-    scene = gpd.read_parquet(whole / "results/heldout/detections.parquet")
-    project = gpd.read_parquet(four / "results/project/detections.parquet")
-    apart = pd.concat([gpd.read_parquet(p) for p in sorted((four / "results").glob("part_*/detections.parquet"))])
+    assert whole.name == four.name == MODEL["name"]  # both runs' outputs under results/discs/
+    scene = gpd.read_parquet(whole / "heldout/detections.parquet")
+    project = gpd.read_parquet(four / "project/detections.parquet")
+    apart = pd.concat([gpd.read_parquet(p) for p in sorted(four.glob("part_*/detections.parquet"))])
     band = inner_borders(rasters / "heldout.tif", BAND_M)
     (f1_scene, discs), (f1_project, _), (f1_apart, _) = (f1_in(layer, truth, band) for layer in (scene, project, apart))
     overlap = max_iou_across_scenes(project)

@@ -49,7 +49,8 @@ def project_config(model: PredictScene) -> dict:
     }
 
 
-LAYER = "results/project/detections.parquet"  # the target: the project's layer (the report's pages left out)
+RUN = "results/model"  # the run of PredictScene's model.pt, given as model.file without model.name: the file's stem
+LAYER = f"{RUN}/project/detections.parquet"  # the target: the project's layer (the report's pages left out)
 
 
 def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, int]:
@@ -63,10 +64,11 @@ def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, 
 
 
 def output_times(workdir: Path) -> dict[str, int]:
-    """Modification times of every scene's and seam's outputs, the batches' job files and prediction folders."""
-    found = [*workdir.glob("results/s*/*"), *workdir.glob("results/seams/*/*"), *workdir.glob("results/batches/*")]
-    found += workdir.glob("results/predict/batch-*/shard-*")
-    return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in found}
+    """Modification times of every scene's and seam's outputs, the batches' job files and prediction folders, by
+    their paths in the run's folder (results/{run}/)."""
+    run = workdir / RUN
+    found = [*run.glob("s*/*"), *run.glob("seams/*/*"), *run.glob("batches/*"), *run.glob("predict/batch-*/shard-*")]
+    return {str(path.relative_to(run)): path.stat().st_mtime_ns for path in found}
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +103,13 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     changed = sorted(path for path, mtime in before.items() if after[path] != mtime)
     assert changed == [], changed
     added = sorted(set(after) - set(before))
-    new_seams = {path.split("/")[2] for path in added if path.startswith("results/seams/")}
-    assert {path.split("/")[1] for path in added if re.match(r"results/s\d+/", path)} == {
+    new_seams = {path.split("/")[1] for path in added if path.startswith("seams/")}
+    assert {path.split("/")[0] for path in added if re.match(r"s\d+/", path)} == {
         f"s{index:03d}" for index in range(SURVEYED, SURVEYED + ADDED)
     }
     above = SURVEYED - COLUMNS  # the first scene of the last row of the survey
     assert new_seams == {f"s{above + k:03d}+s{SURVEYED + k:03d}" for k in range(ADDED)}
-    project = gpd.read_parquet(root / "results/project/detections.parquet")
+    project = gpd.read_parquet(root / LAYER)
     assert set(project["scene"]) == {f"s{index:03d}" for index in range(SURVEYED + ADDED)}
     report(
         f"project: {SURVEYED} scenes + {ADDED} added: {len(added)} new outputs, {len(before)} kept with their mtimes"
@@ -122,13 +124,13 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
     # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
     # reads that batch's record)
-    (root / "results/s006/detections.gpkg").unlink()
+    (root / RUN / "s006/detections.gpkg").unlink()
     assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
     assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything
     # a deleted manifest: its batch's manifests again, and its prediction and merge since they are newer
-    (root / "results/s007/tiles.parquet").unlink()
+    (root / RUN / "s007/tiles.parquet").unlink()
     everything = planned_jobs(root, config, target="")
     assert {name: everything.get(name) for name in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == {
         "tile_manifests_batch_0": 1,

@@ -17,7 +17,7 @@ from affine import Affine
 from conftest import REPO, UTM17N, report
 from rasterscale.tasks.regression.merge import NODATA_VALUE
 from rasterscale.tasks.regression.treetops import TreeTopRule, find_tree_tops, local_maxima, write_tree_tops
-from workflow import run_workflow
+from workflow import run_paths, run_workflow
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +62,11 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
     config["scenes"]["tiny_test"]["tree_tops"] = str(truth)
     config["merge"] = {"tree_tops": rule}
     # up to the scored scene (evaluation.json, quicklook), not the report's run pages and project map
-    result = run_workflow(tmp_path, config, "results/batches/scored-0.json")
-    values = tmp_path / "results/tiny_test/values.tif"
+    run = run_paths(config)  # results/tiny_height/: the run (model.name)
+    result = run_workflow(tmp_path, config, run.batch_record("scored", 0))
+    scene = tmp_path / run.scene_dir("tiny_test")
+    assert scene == tmp_path / "results/tiny_height/tiny_test"
+    values = scene / "values.tif"
     from rio_cogeo.cogeo import cog_validate
 
     valid, errors, _ = cog_validate(str(values))
@@ -74,12 +77,12 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
         assert out.descriptions == ("height",)
         predicted, transform = out.read(1), out.transform
     assert np.isfinite(predicted).all() and (predicted != NODATA_VALUE).all()  # every pixel predicted
-    evaluation = json.loads((tmp_path / "results/tiny_test/evaluation.json").read_text())
+    evaluation = json.loads((scene / "evaluation.json").read_text())
     for key in ("mae", "rmse", "bias", "r2"):
         assert isinstance(evaluation[key], float), key
     assert evaluation["pixels"] == 640 * 576 - 64 and set(evaluation["values"]["height"]["by_range"])
-    assert (tmp_path / "results/tiny_test/quicklook.png").stat().st_size > 1000
-    tops = gpd.read_parquet(tmp_path / "results/tiny_test/tree_tops.parquet")
+    assert (scene / "quicklook.png").stat().st_size > 1000
+    tops = gpd.read_parquet(scene / "tree_tops.parquet")
     valid = predicted != NODATA_VALUE
     rows, cols, heights = local_maxima(predicted, valid, 0.5, TreeTopRule(**rule))  # the whole raster at once
     assert len(tops) == len(rows) > 0  # each top once, whatever tile or rank predicted it

@@ -35,13 +35,14 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
 from rasterscale.workflow.checks import build_plan
-from rasterscale.workflow.paths import resume_dir
+from rasterscale.workflow.paths import RunPaths
 from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
 
 SECRET = "s3cr3t-token"  # a signed URL's signature: never in a log or an error
 KEY_SECRET = "profile-secret-key"  # the AWS profile's secret key: never in a log
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
+RUN = RunPaths("model")  # the run of the site's model.pt, given as model.file without model.name: the file's stem
 
 
 def write_cog(path: Path, width: int, height: int, seed: int = 5) -> Path:
@@ -394,7 +395,7 @@ def remote_prediction(site, tmp_path_factory) -> RemotePrediction:
     scenes = all_scenes(site)[0]
     site.reset()
     started = time.monotonic()
-    layers = [f"results/{name}/detections.parquet" for name in ("local", "web", "bucket", "item")]
+    layers = [RUN.scene_file(name, "detections.parquet") for name in ("local", "web", "bucket", "item")]
     result = run_workflow(workdir, predict_config(site, scenes), *layers)  # not the report's quicklooks
     seconds = time.monotonic() - started
     paths = {"web": "/a.tif", "bucket": "/scenes/ortho/a.tif", "item": "/stac/item.tif"}
@@ -409,11 +410,11 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
     blocks about once and its header once per process that opened it, never its overviews: less than the file.
     No log or output shows the URL's signature or the profile's secret key."""
     run = remote_prediction.workdir
-    local = gpd.read_parquet(run / "results/local/detections.parquet")
+    local = gpd.read_parquet(run / RUN.scene_file("local", "detections.parquet"))
     assert len(local) > 100
     for name in ("web", "bucket", "item"):
-        assert gpd.read_parquet(run / f"results/{name}/detections.parquet").equals(local), name
-    tiles = len(gpd.read_parquet(run / "results/local/tiles.parquet"))
+        assert gpd.read_parquet(run / RUN.scene_file(name, "detections.parquet")).equals(local), name
+    tiles = len(gpd.read_parquet(run / RUN.scene_manifest("local")))
     with rasterio.open(site.cog) as src:  # the full-resolution blocks' bytes, what a prediction needs
         blocks = [(x, y) for x in range(-(-src.width // 128)) for y in range(-(-src.height // 128))]
         full = sum(int(src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=1)) for x, y in blocks)
@@ -425,12 +426,14 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
         f"remote prediction ({remote_prediction.seconds:.0f} s; 4 scenes of {tiles} tiles, detections identical to "
         "the local scene's): " + "; ".join(lines)
     )
-    # the URLs' secrets are in the jobs' inputs (the job file, results/batches/), and in no log nor output
-    logged = [run / "logs", run / ".snakemake/log", *(p for p in (run / "results").iterdir() if p.name != "batches")]
+    # the URLs' secrets are in the jobs' inputs (the job file, results/{run}/batches/), and in no log nor output
+    outputs = [p for p in (run / "results").iterdir() if p.name != RUN.run]
+    outputs += [p for p in (run / RUN.root).iterdir() if p.name != "batches"]
+    logged = [run / "logs", run / ".snakemake/log", *outputs]
     result = remote_prediction.result
     text = result.stdout + result.stderr + files_text(*logged)
     assert SECRET not in text and KEY_SECRET not in text
-    assert SECRET in (run / "results/batches/batch-0.json").read_text()
+    assert SECRET in (run / RUN.batch_file(0)).read_text()
 
 
 @pytest.mark.slow
@@ -453,7 +456,7 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     config = predict_config(site, scenes)
     config["predict"]["scenes"] = ["web"]
     server.stop_when = lambda ranges: sum(not header.startswith("bytes=0-") for _, header in ranges) >= 2
-    run, layer = tmp_path / "run", "results/web/detections.parquet"
+    run, layer = tmp_path / "run", RUN.scene_file("web", "detections.parquet")
     failed = subprocess.run(
         workflow_command(run, config, "--cores", "2", layer), capture_output=True, text=True, timeout=600
     )
@@ -467,7 +470,7 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     assert "could not be read" in errors[0] and "run the same command again" in errors[0]
     saved_tiles = sum(
         len(part["tiles"])
-        for index in (run / resume_dir("results/predict/batch-0/shard-0")).glob("*/rank-*.index.json")
+        for index in (run / RUN.shard_resume_dir(0, 0)).glob("*/rank-*.index.json")
         for part in json.loads(index.read_text())["parts"]
     )
     server.start()
@@ -476,14 +479,14 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     finally:
         server.stop()
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    total = len(gpd.read_parquet(run / "results/web/tiles.parquet"))
+    total = len(gpd.read_parquet(run / RUN.scene_manifest("web")))
     assert f"resuming: {saved_tiles} of {total} tiles already done" in log
-    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run, "web")]
+    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run / RUN.root, "web")]
     redone = sum(r["profile"]["tiles"] for r in records)
     assert 0 < saved_tiles < total and sum(r["resumed"] for r in records) == saved_tiles
     assert redone == total - saved_tiles
     resumed = gpd.read_parquet(run / layer)
-    reference = gpd.read_parquet(remote_prediction.workdir / "results/local/detections.parquet")
+    reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
     assert len(resumed) > 100 and resumed.equals(reference)
     text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
     assert SECRET not in text

@@ -168,6 +168,9 @@ def project(tmp_path_factory):
     return root, model
 
 
+RUN = "results/model"  # the run of PredictScene's model.pt, given as model.file without model.name: the file's stem
+
+
 def table_config(model: PredictScene, **predict) -> dict:
     return {
         "scenes": "config/scenes.tsv",
@@ -201,7 +204,7 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     for batch in (0, 1):
         for shard in (0, 1):
             job = next(job for job in predict_jobs if f"wildcards: batch={batch}, shard={shard}\n" in job)
-            assert f"--job results/batches/batch-{batch}.json " in job and f" --shard {shard} " in job, job
+            assert f"--job {RUN}/batches/batch-{batch}.json " in job and f" --shard {shard} " in job, job
     assert "convert_to_cog" not in jobs  # the VRT's sources are tiled
 
 
@@ -229,7 +232,7 @@ def test_scene_table_errors_are_one_line_at_dry_run(project, tmp_path, rows, mes
 
 # the targets: each scene's merged layer and prediction profile (the scoring, report and project jobs left out)
 LAYERS = [
-    f"results/{name}/{file}" for name in ("a", "b", "mosaic") for file in ("detections.parquet", "predict_profile.json")
+    f"{RUN}/{name}/{file}" for name in ("a", "b", "mosaic") for file in ("detections.parquet", "predict_profile.json")
 ]
 
 
@@ -248,21 +251,21 @@ def test_batched_shards_account_every_tile_once_and_merge_as_one_rank_does(proje
     assert re.search(r"^predict\s+2$", result.stdout + result.stderr, flags=re.M)
     empty = 0
     for name in ("a", "b", "mosaic"):
-        manifest = gpd.read_parquet(batched / f"results/{name}/tiles.parquet")
-        files = rank_stems(batched, name)
+        manifest = gpd.read_parquet(batched / RUN / name / "tiles.parquet")
+        files = rank_stems(batched / RUN, name)
         assert [p.name for p in files] == [f"rank-{r}" for r in range(4)]
-        processed = [np.asarray(ids) for ids in rank_tile_ids(batched, name)]
+        processed = [np.asarray(ids) for ids in rank_tile_ids(batched / RUN, name)]
         empty += sum(len(ids) == 0 for ids in processed)
         assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
     assert empty > 0  # ranks own contiguous runs of the batch's tiles: some got none of a scene
     run_workflow(single, table_config(model, devices=1, shards=1, scenes_per_job=3), *LAYERS)
     for name in ("a", "b", "mosaic"):
-        one = gpd.read_parquet(single / f"results/{name}/detections.parquet")
-        many = gpd.read_parquet(batched / f"results/{name}/detections.parquet")
+        one = gpd.read_parquet(single / RUN / name / "detections.parquet")
+        many = gpd.read_parquet(batched / RUN / name / "detections.parquet")
         assert len(many) > 20 and len(one) == len(many)
         assert matched_fraction(one, many, 0.99) == 1.0 and matched_fraction(many, one, 0.99) == 1.0
-        profile = json.loads((batched / f"results/{name}/predict_profile.json").read_text())
-        assert profile["total"]["tiles"] == len(gpd.read_parquet(batched / f"results/{name}/tiles.parquet"))
+        profile = json.loads((batched / RUN / name / "predict_profile.json").read_text())
+        assert profile["total"]["tiles"] == len(gpd.read_parquet(batched / RUN / name / "tiles.parquet"))
 
 
 # ---------------------------------------------------------------------------------------------------------

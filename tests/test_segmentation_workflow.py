@@ -21,7 +21,7 @@ from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
 from rasterscale.raster.imagery import read_spec
 from rasterscale.tasks.segmentation.modelfiles import read_segmenter_header
 from rasterscale.tools.synth import synthesize_scene
-from workflow import build_report, rank_stems, run_workflow, table_rows
+from workflow import build_report, rank_stems, run_dir, run_paths, run_workflow, table_rows
 
 TINY = REPO / "tests/configs/tiny_segmentation.yaml"
 SEAM_BAND = 16  # px either side of an inner tile edge
@@ -33,6 +33,9 @@ def seg_config(**overrides: dict) -> dict:
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
     return config
+
+
+RUN = run_paths(seg_config()).root  # results/tiny_seg: the run's outputs (model.name); a model.file's run keeps it
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def seg_run(tmp_path_factory):
 
 
 def classes_of(workdir) -> np.ndarray:
-    with rasterio.open(workdir / "results/tiny_test/classes.tif") as src:
+    with rasterio.open(workdir / RUN / "tiny_test/classes.tif") as src:
         return src.read(1)
 
 
@@ -64,20 +67,20 @@ def test_class_map_is_a_valid_cog_on_the_rasters_grid(seg_run):
 
     workdir, result = seg_run
     for name in ("classes.tif", "probabilities.tif"):
-        valid, errors, _ = cog_validate(str(workdir / f"results/tiny_test/{name}"))
+        valid, errors, _ = cog_validate(str(workdir / RUN / "tiny_test" / name))
         assert valid, errors
     with (
         rasterio.open(workdir / "resources/demo/tiny_test.tif") as src,
-        rasterio.open(workdir / "results/tiny_test/classes.tif") as out,
+        rasterio.open(workdir / RUN / "tiny_test/classes.tif") as out,
     ):
         assert (out.crs, out.transform, out.width, out.height) == (src.crs, src.transform, src.width, src.height)
         assert out.dtypes == ("uint8",) and out.nodata == 255 and out.overviews(1)
-    evaluation = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    evaluation = json.loads((workdir / RUN / "tiny_test/evaluation.json").read_text())
     assert set(evaluation["iou"]) == {"background", "tree"} and 0 <= evaluation["miou"] <= 1
     assert "rasterscale evaluation (segmentation)" in result.stdout + result.stderr
     import geopandas as gpd
 
-    polygons = gpd.read_file(workdir / "results/tiny_test/classes.gpkg", layer="classes")
+    polygons = gpd.read_file(workdir / RUN / "tiny_test/classes.gpkg", layer="classes")
     assert len(polygons) > 10 and set(polygons["label"]) == {"tree"} and polygons.crs == out.crs
 
 
@@ -87,7 +90,7 @@ def test_the_model_takes_four_raw_bands_normalized_by_the_training_scenes_statis
     workdir, _ = seg_run
     bands = read_segmenter_header(workdir / "results/models/tiny_seg.pt").input
     assert bands.names == ("red", "green", "blue", "nir") and bands.raw
-    train, test = (read_spec(workdir / f"results/{name}/tiles.parquet") for name in ("tiny_train", "tiny_test"))
+    train, test = (read_spec(workdir / RUN / name / "tiles.parquet") for name in ("tiny_train", "tiny_test"))
     assert train.raw and test.raw and train.statistics is not None and test.statistics is not None
     assert bands.mean == pytest.approx(train.statistics.mean) and bands.std == pytest.approx(train.statistics.std)
     nir_crown, nir_ground = 150, 90  # the synthetic scenes' near infrared: crowns bright, ground dark
@@ -100,7 +103,7 @@ def test_the_profile_counts_the_blend_as_output_not_as_data_wait(seg_run):
     """Each rank's wall splits into compute, output (its tiles' scores blended and blocks written) and the wait for
     data; the blend, a real share of a segmentation rank's time, is output."""
     workdir, _ = seg_run
-    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    profile = json.loads((workdir / RUN / "tiny_test/predict_profile.json").read_text())
     for rank in profile["ranks"]:
         assert rank["output_s"] > 0.01 * rank["wall_s"], rank  # measured 1.9-5 %, by the machine's load
         parts = rank["compute_s"] + rank["output_s"] + rank["wait_s"]
@@ -115,7 +118,7 @@ def test_no_seams_at_inner_tile_edges(seg_run):
     workdir, _ = seg_run
     classes, truth = classes_of(workdir), truth_of(workdir)
     height, width = classes.shape
-    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    manifest = gpd.read_parquet(workdir / RUN / "tiny_test/tiles.parquet")
     near = np.zeros(classes.shape, dtype=bool)
     cols = np.concatenate([manifest.col_off, manifest.col_off + manifest.width])
     rows = np.concatenate([manifest.row_off, manifest.row_off + manifest.height])
@@ -144,11 +147,12 @@ def test_two_shards_of_three_ranks_give_the_two_rank_class_map(seg_run, tmp_path
     shutil.copytree(workdir / "resources", run / "resources")
     predict = {"devices": 3, "shards": 2}
     config = seg_config(model={"file": str(model)}, train={"scenes": []}, predict=predict)
-    run_workflow(run, config, "results/tiny_test/classes.tif")  # the class map alone: no evaluation
+    assert run_dir(run, config) == run / RUN  # model.name kept: the run's outputs are where the fixture's are
+    run_workflow(run, config, f"{RUN}/tiny_test/classes.tif")  # the class map alone: no evaluation
     equal = float((classes_of(run) == two).mean())
     print(f"\n2 shards x 3 ranks: {equal:.6%} of pixels equal to the 2-rank class map")
     assert equal >= 0.9999
-    assert len(rank_stems(run, "tiny_test", ".tif")) == 6
+    assert len(rank_stems(run / RUN, "tiny_test", ".tif")) == 6
 
 
 def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes(seg_run, tmp_path):
@@ -161,10 +165,11 @@ def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes
     model = {**seg_config()["model"], "file": str(workdir / "results/models/tiny_seg.pt")}
     scenes = {"heldout": {"path": str(raster), "bands": BANDS}}
     whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": scenes}
-    run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, "results/heldout/classes.tif")
+    run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, f"{RUN}/heldout/classes.tif")
     four = predict_as_project(tmp_path, raster, "segmentation", model, "classes.vrt", bands=BANDS)
+    assert four == tmp_path / "four" / RUN
     scores, changed, pixels, cover = class_maps_near_borders(
-        raster, outlines, tmp_path / "whole/results/heldout/classes.tif", four
+        raster, outlines, tmp_path / "whole" / RUN / "heldout/classes.tif", four
     )
     report(
         f"\n[borders, segmentation] mIoU within {BAND_M:g} m of the inner borders ({pixels} px, {cover:.0%} crowns): "
@@ -180,11 +185,11 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     workdir, _ = seg_run
     run = tmp_path / "doubled"
     shutil.copytree(workdir, run, ignore=shutil.ignore_patterns(".snakemake"))
-    first, second = rank_stems(run, "tiny_test", ".tif")
+    first, second = rank_stems(run / RUN, "tiny_test", ".tif")
     doubled = int(read_tile_ids(first)[-1])
     write_rank_record(second, [doubled, *read_tile_ids(second).tolist()])
-    job = run / "results/batches/batch-0.json"
-    record = run / "results/batches/merged-0.json"
+    job = run / RUN / "batches/batch-0.json"
+    record = run / RUN / "batches/merged-0.json"
     record.unlink()  # the run's own: the merge below writes it again only when it succeeds
     config = {"task": "segmentation", "labels": ["background", "tree"], "merge": {}, "predict": {}}
     result = subprocess.run(
@@ -208,7 +213,7 @@ def test_report_shows_the_class_scores_and_the_pixels_of_each_class(seg_run, tmp
     assert sorted(report.categories) == ["1. Run", "2. Scenes", "3. Training", "4. Project"]
     scene = report.items("2. Scenes", "tiny_test")
     assert set(scene) == {"quicklook", "scores", "prediction profile", "prediction profile (plot)"}
-    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    metrics = json.loads((workdir / RUN / "tiny_test/evaluation.json").read_text())
     rows = table_rows(report.file(scene["scores"]).read_text())
     assert ["miou", f"{metrics['miou']:.3f}"] in rows and ["pixel_accuracy", f"{metrics['pixel_accuracy']:.3f}"] in rows
     assert ["tree", f"{metrics['iou']['tree']:.3f}"] in rows and [

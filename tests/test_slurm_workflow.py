@@ -41,6 +41,8 @@ from workflow import (
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = REPO / "profiles/slurm/config.yaml"
+# each run's outputs, results/{run}/: the tiny config's model.name; the model files' stems (segmenter.pt, crowns.pt)
+RUNS = {"detection": "results/tiny", "segmentation": "results/segmenter", "instances": "results/crowns"}
 # the executor's log path: .snakemake/slurm_logs/rule_<rule>/[<wildcard values joined by _>/]<jobid>.log
 SUBMITTED = re.compile(
     r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+?)/(?:([^/\s]+)/)?[^/\s]+\.log"
@@ -293,11 +295,12 @@ def test_prediction_shards_are_one_node_jobs_of_two_ranks_each(cluster, slurm_ru
 
 def test_every_tile_predicted_exactly_once_across_shards_and_ranks(slurm_run):
     workdir, _ = slurm_run
-    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
-    files = rank_stems(workdir, "tiny_test")
+    run = workdir / RUNS["detection"]
+    manifest = gpd.read_parquet(run / "tiny_test/tiles.parquet")
+    files = rank_stems(run, "tiny_test")
     assert [p.name for p in files] == [f"rank-{r}" for r in range(4)]
     assert [p.parent.parent.name for p in files] == ["shard-0", "shard-0", "shard-1", "shard-1"]
-    processed = [np.asarray(ids) for ids in rank_tile_ids(workdir, "tiny_test")]
+    processed = [np.asarray(ids) for ids in rank_tile_ids(run, "tiny_test")]
     assert all(len(ids) for ids in processed)
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 
@@ -305,7 +308,8 @@ def test_every_tile_predicted_exactly_once_across_shards_and_ranks(slurm_run):
 def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
     workdir, _ = slurm_run
     # Same raster, manifest and model file; locally one job, two ranks started by Lightning.
-    for name in ("resources/demo/tiny_test.tif", "resources/demo/tiny_test.gpkg", "results/tiny_test/tiles.parquet"):
+    layer, manifest = (f"{RUNS['detection']}/tiny_test/{name}" for name in ("detections.parquet", "tiles.parquet"))
+    for name in ("resources/demo/tiny_test.tif", "resources/demo/tiny_test.gpkg", manifest):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(workdir / name, tmp_path / name)
     config = tiny_config(
@@ -314,9 +318,9 @@ def test_merged_layer_equals_the_local_run(slurm_run, tmp_path):
         predict={"accelerator": "cpu", "devices": 2},
     )
     started = time.monotonic()
-    run_workflow(tmp_path, config, "results/tiny_test/detections.parquet")
-    local = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
-    slurm = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
+    run_workflow(tmp_path, config, layer)  # model.file tiny.pt, model.name tiny (the tiny config's): the same run
+    local = gpd.read_parquet(tmp_path / layer)
+    slurm = gpd.read_parquet(workdir / layer)
     matched = matched_fraction(slurm, local, 0.99), matched_fraction(local, slurm, 0.99)
     report(
         f"[compare] local run {time.monotonic() - started:.0f} s: {len(local)} detections locally, {len(slurm)} on "
@@ -340,12 +344,13 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     report(f"[segmentation on slurm] shard jobs {shards} on nodes {[i['NodeList'] for i in infos.values()]}")
     for info in infos.values():
         assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "2")
-    manifest = gpd.read_parquet(run.workdir / "results/tiny_test/tiles.parquet")
-    stems = rank_stems(run.workdir, "tiny_test", ".tif")
+    outputs = run.workdir / RUNS["segmentation"]
+    manifest = gpd.read_parquet(outputs / "tiny_test/tiles.parquet")
+    stems = rank_stems(outputs, "tiny_test", ".tif")
     assert len(stems) == 4
     processed = np.concatenate([read_tile_ids(stem) for stem in stems])
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
-    valid, errors, _ = cog_validate(str(run.workdir / "results/tiny_test/classes.tif"))
+    valid, errors, _ = cog_validate(str(outputs / "tiny_test/classes.tif"))
     assert valid, errors
 
 
@@ -361,15 +366,16 @@ def test_instances_run_two_shards_on_the_cluster_with_the_crowns_of_one_rank(clu
     report(f"[instances on slurm] shard jobs {shards} on nodes {[i['NodeList'] for i in infos.values()]}")
     for info in infos.values():
         assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "2")
-    manifest = gpd.read_parquet(run.workdir / "results/tiny_test/tiles.parquet")
-    stems = rank_stems(run.workdir, "tiny_test")
+    outputs = run.workdir / RUNS["instances"]
+    manifest = gpd.read_parquet(outputs / "tiny_test/tiles.parquet")
+    stems = rank_stems(outputs, "tiny_test")
     assert len(stems) == 4
     processed = np.concatenate([read_tile_ids(stem) for stem in stems])
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
-    layer = gpd.read_parquet(run.workdir / "results/tiny_test/crowns.parquet")
+    layer = gpd.read_parquet(outputs / "tiny_test/crowns.parquet")
     assert len(layer) > 20 and set(layer.geometry.geom_type) == {"Polygon"}
     # the same crowns as one rank's (in this process, merged as a merge job does) with the same model
-    raster, manifest = run.workdir / "resources/demo/tiny_test.tif", run.workdir / "results/tiny_test/tiles.parquet"
+    raster, manifest = run.workdir / "resources/demo/tiny_test.tif", outputs / "tiny_test/tiles.parquet"
     model = {"detections_per_tile": 30}
     one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, run.workdir / "crowns.pt", tmp_path, model))
     assert len(one) == len(layer)

@@ -36,7 +36,7 @@ from rasterscale.train.resume import (
     training_fingerprint,
     training_resume_dir,
 )
-from workflow import tiny_config, workflow_command
+from workflow import run_paths, tiny_config, workflow_command
 
 MAX_STEPS = 7  # the last SIGTERM (at step 5 or 6) leaves the last rerun a step or two
 EVERY = 2  # checkpoint_every_n_steps
@@ -81,7 +81,7 @@ def train_command(workdir: Path) -> list[str]:
         {
             "name": "tiny_train",
             "raster": "resources/demo/tiny_train.tif",
-            "manifest": "results/tiny_train/tiles.parquet",
+            "manifest": run_paths(config).scene_manifest("tiny_train"),  # results/tiny/: the tiny config's run
             "annotations": "resources/demo/tiny_train.gpkg",
             "label_column": None,
             "image_path": "tiny_train.tif",
@@ -173,7 +173,8 @@ def sigterm_after_step(step: int, ranks: str):
 def chain(tmp_path_factory) -> dict[str, Run]:
     """kill -9 of rank 1 → rerun, SIGTERM to both ranks → rerun, SIGTERM to rank 1 → rerun to the end."""
     workdir = tmp_path_factory.mktemp("train_faults")
-    command = workflow_command(workdir, tiny_config(), "--cores", "2", "results/tiny_train/tiles.parquet")
+    manifest = run_paths(tiny_config()).scene_manifest("tiny_train")
+    command = workflow_command(workdir, tiny_config(), "--cores", "2", manifest)
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     reference = workdir.parent / "uninterrupted"
     shutil.copytree(workdir, reference)

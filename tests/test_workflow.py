@@ -25,6 +25,8 @@ from workflow import (
     rank_stems,
     rank_tile_ids,
     rendered_dom,
+    run_dir,
+    run_paths,
     run_workflow,
     table_rows,
     tiny_config,
@@ -32,6 +34,7 @@ from workflow import (
 
 pytestmark = pytest.mark.slow
 TRANSFORM = rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
+RUN = run_paths(tiny_config()).root  # results/tiny: the tiny config's run (model.name tiny)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +82,7 @@ def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):
     raster = workdir / "resources/demo/tiny_test.tif"
     with rasterio.open(raster) as src:
         crs, bounds = src.crs, src.bounds
-    for path in ["results/tiny_test/detections.gpkg", "results/tiny_test/detections.parquet"]:
+    for path in [f"{RUN}/tiny_test/detections.gpkg", f"{RUN}/tiny_test/detections.parquet"]:
         layer = gpd.read_file(workdir / path) if path.endswith("gpkg") else gpd.read_parquet(workdir / path)
         assert layer.crs == crs
         assert list(layer.columns) == DETECTION_COLUMNS
@@ -91,11 +94,11 @@ def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):
 
 def test_every_tile_processed_exactly_once_across_ranks(tiny_run):
     workdir, _ = tiny_run
-    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
-    ranks = rank_stems(workdir, "tiny_test")
+    manifest = gpd.read_parquet(workdir / RUN / "tiny_test/tiles.parquet")
+    ranks = rank_stems(workdir / RUN, "tiny_test")
     assert [p.name for p in ranks] == ["rank-0", "rank-1"]
     assert all(p.with_suffix(".parquet").exists() for p in ranks)
-    processed = [np.asarray(ids) for ids in rank_tile_ids(workdir, "tiny_test")]
+    processed = [np.asarray(ids) for ids in rank_tile_ids(workdir / RUN, "tiny_test")]
     assert all(len(ids) for ids in processed)  # both ranks did work
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 
@@ -122,22 +125,22 @@ def test_auto_precision_is_resolved_logged_by_every_rank_and_recorded(tiny_run):
             section = "train" if "train" in job else "predict"
             assert f"precision: {section}.precision {expected} (auto) on cpu" in text
     assert torch.load(workdir / "results/models/tiny.pt", weights_only=False)["meta"]["precision"] == expected
-    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    profile = json.loads((workdir / RUN / "tiny_test/predict_profile.json").read_text())
     assert {rank["precision"] for rank in profile["ranks"]} == {expected}
 
 
 def test_evaluation_written(tiny_run):
     workdir, result = tiny_run
-    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
+    metrics = json.loads((workdir / RUN / "tiny_test/evaluation.json").read_text())
     assert {"precision", "recall", "f1", "map50"} <= set(metrics)
-    assert (workdir / "results/tiny_test/quicklook.png").stat().st_size > 0
+    assert (workdir / RUN / "tiny_test/quicklook.png").stat().st_size > 0
     assert "rasterscale evaluation" in result.stdout + result.stderr
 
 
 def test_prediction_profile_of_both_ranks_is_gathered_and_printed(tiny_run):
     workdir, result = tiny_run
-    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
-    manifest = gpd.read_parquet(workdir / "results/tiny_test/tiles.parquet")
+    profile = json.loads((workdir / RUN / "tiny_test/predict_profile.json").read_text())
+    manifest = gpd.read_parquet(workdir / RUN / "tiny_test/tiles.parquet")
     assert [r["rank"] for r in profile["ranks"]] == [0, 1]
     assert all(r["world_size"] == 2 and r["tiles"] > 0 and r["wall_s"] > 0 for r in profile["ranks"])
     assert profile["total"]["tiles"] == len(manifest)
@@ -149,11 +152,11 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
     workdir, _ = tiny_run
     model = workdir / "results/models/tiny.pt"
     config = tiny_config(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 1})
-    run_workflow(tmp_path, config, "results/tiny_test/detections.parquet")  # its layer: no scoring, no report
-    two = gpd.read_parquet(workdir / "results/tiny_test/detections.parquet")
-    one = gpd.read_parquet(tmp_path / "results/tiny_test/detections.parquet")
-    assert len(rank_tile_ids(tmp_path, "tiny_test")[0]) == len(
-        gpd.read_parquet(tmp_path / "results/tiny_test/tiles.parquet")
+    run_workflow(tmp_path, config, f"{RUN}/tiny_test/detections.parquet")  # its layer: no scoring, no report
+    two = gpd.read_parquet(workdir / RUN / "tiny_test/detections.parquet")
+    one = gpd.read_parquet(tmp_path / RUN / "tiny_test/detections.parquet")
+    assert len(rank_tile_ids(tmp_path / RUN, "tiny_test")[0]) == len(
+        gpd.read_parquet(tmp_path / RUN / "tiny_test/tiles.parquet")
     )
     assert len(two) > 100  # plenty of boxes, many near the score threshold: a real comparison
     assert len(one) == len(two)
@@ -163,7 +166,8 @@ def test_one_rank_and_two_ranks_give_the_same_detections(tiny_run, tmp_path):
 @pytest.fixture(scope="module")
 def bare_run(tiny_run, tmp_path_factory):
     """A prediction-only run with the tiny model of one unannotated scene of one tile on 2 ranks, and its report:
-    the run's folder and the report (unzipped)."""
+    the run's folder (results/tiny/ of its work folder: model.file tiny.pt, no model.name) and the report
+    (unzipped)."""
     workdir, _ = tiny_run
     config = {
         "scenes": {"bare": {"path": "resources/demo/bare.tif"}},
@@ -173,14 +177,16 @@ def bare_run(tiny_run, tmp_path_factory):
         "predict": {"scenes": ["bare"], "devices": 2, "workers": 0},
     }
     out = tmp_path_factory.mktemp("bare")
-    return out / "run", build_report(out / "run", config, out)
+    report = build_report(out / "run", config, out)
+    return run_dir(out / "run", config), report
 
 
 def test_more_ranks_than_tiles_still_accounts_for_every_tile(bare_run):
     run, _ = bare_run
+    assert run.relative_to(run.parents[1]) == Path("results/tiny")  # named by the model file
     ranks = rank_tile_ids(run, "bare")
     assert ranks == [[0], []]
-    assert gpd.read_parquet(run / "results/bare/detections.parquet").crs.to_epsg() == 32617
+    assert gpd.read_parquet(run / "bare/detections.parquet").crs.to_epsg() == 32617
 
 
 def test_environment_check_runs_ranks_on_random_tiles_without_any_raster(tmp_path):
@@ -241,14 +247,14 @@ def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map
     assert set(scene) == {"quicklook", "scores", "prediction profile", "prediction profile (plot)"}
     assert "imagery" in scene["quicklook"]["caption"] and "{{" not in scene["quicklook"]["caption"]
     assert decoded(report.file(scene["quicklook"])) == (900, 700)  # the scene at full size: 900 x 700 px
-    metrics = json.loads((workdir / "results/tiny_test/evaluation.json").read_text())
-    detections = len(pd.read_parquet(workdir / "results/tiny_test/detections.parquet", columns=["label"]))
+    metrics = json.loads((workdir / RUN / "tiny_test/evaluation.json").read_text())
+    detections = len(pd.read_parquet(workdir / RUN / "tiny_test/detections.parquet", columns=["label"]))
     scores = table_rows(report.file(scene["scores"]).read_text())
     for key in ("f1", "precision", "recall", "map50"):
         assert [key, f"{metrics[key]:.3f}"] in scores
     assert ["ground_truth", f"{metrics['ground_truth']:,}"] in scores
     assert ["tree", f"{detections:,}"] in scores and ["all", f"{detections:,}"] in scores
-    profile = json.loads((workdir / "results/tiny_test/predict_profile.json").read_text())
+    profile = json.loads((workdir / RUN / "tiny_test/predict_profile.json").read_text())
     rows = table_rows(report.file(scene["prediction profile"]).read_text())
     for rank in profile["ranks"]:
         row = rows[1 + rank["rank"]]
@@ -263,7 +269,7 @@ def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map
     assert report.file(training["training curves (CSV)"]).read_text().startswith("epoch,step,")
 
     assert decoded(report.file(report.items("4. Project", "map")["scene footprints and counts"])) == (1000, 800)
-    counts = json.loads((workdir / "results/report/tiny_test/counts.json").read_text())
+    counts = json.loads((workdir / RUN / "report/tiny_test/counts.json").read_text())
     assert counts == {"unit": "detections", "counts": {"tree": detections}, "total": detections}
 
 
@@ -290,7 +296,7 @@ def test_report_of_a_prediction_only_run_draws_the_quicklook_of_a_scene_without_
     assert scene["quicklook"]["job_properties"]["rule"] == "score_batch_0"
     assert decoded(report.file(scene["quicklook"])) == (800, 600)  # 200 x 150 px enlarged to a legible size
     assert "Not scored: the scene has no annotations" in report.file(scene["scores"]).read_text()
-    detections = len(pd.read_parquet(run / "results/bare/detections.parquet", columns=["label"]))
+    detections = len(pd.read_parquet(run / "bare/detections.parquet", columns=["label"]))
     assert ["all", f"{detections:,}"] in table_rows(report.file(scene["scores"]).read_text())
     page = table_rows(
         report.file(report.items("1. Run", "run")["config, model, precision, launch geometry"]).read_text()

@@ -18,8 +18,10 @@ import shapely
 import yaml
 
 from conftest import REPO
+from rasterscale.config.schema import default_model_name
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS
+from rasterscale.workflow.paths import RunPaths
 
 TINY = REPO / "tests/configs/tiny.yaml"
 
@@ -29,6 +31,23 @@ def tiny_config(**overrides: dict) -> dict:
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values}
     return config
+
+
+def run_name(config: dict) -> str:
+    """The run a config's outputs are keyed by (``results/{run}/``): model.name, or what validation fills in when
+    it is unset (a model file's stem, else the task's default)."""
+    model = config.get("model") or {}
+    return model.get("name") or default_model_name(config.get("task", "detection"), model.get("file") or "")
+
+
+def run_paths(config: dict) -> RunPaths:
+    """The paths of a config's run's outputs, relative to its working directory."""
+    return RunPaths(run_name(config))
+
+
+def run_dir(workdir: Path, config: dict) -> Path:
+    """The folder of a config's run's outputs in ``workdir``: ``results/{run}/``."""
+    return workdir / run_paths(config).root
 
 
 def workflow_command(workdir: Path, config: dict, *args: str) -> list[str]:
@@ -81,19 +100,20 @@ def matched_polygons(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -
     return float(good.mean()) if len(good) else 1.0
 
 
-def rank_stems(workdir: Path, scene: str, suffix: str = ".parquet") -> list[Path]:
-    """A scene's rank files (paths without suffix) under results/predict/batch-*/shard-*/, in rank order; each has
-    its output ``{stem}{suffix}`` beside its record ``{stem}.json``."""
-    outputs = (workdir / "results/predict").glob(f"batch-*/shard-*/{scene}/rank-*{suffix}")
+def rank_stems(run: Path, scene: str, suffix: str = ".parquet") -> list[Path]:
+    """A scene's rank files (paths without suffix) under a run's folder ``run`` (``results/{run}/``, as
+    :func:`run_dir` gives it), in its predict/batch-*/shard-*/, in rank order; each has its output ``{stem}{suffix}``
+    beside its record ``{stem}.json``."""
+    outputs = (run / "predict").glob(f"batch-*/shard-*/{scene}/rank-*{suffix}")
     stems = [path.with_suffix("") for path in outputs]
     return sorted(stems, key=lambda stem: int(stem.name.split("-")[1]))
 
 
-def rank_tile_ids(workdir: Path, scene: str) -> list[list[int]]:
-    """Each rank's processed tile_ids of a scene (from its record), in rank order."""
+def rank_tile_ids(run: Path, scene: str) -> list[list[int]]:
+    """Each rank's processed tile_ids of a scene (from its record) under a run's folder, in rank order."""
     from rasterscale.predict.rankfiles import read_tile_ids
 
-    return [read_tile_ids(stem).tolist() for stem in rank_stems(workdir, scene)]
+    return [read_tile_ids(stem).tolist() for stem in rank_stems(run, scene)]
 
 
 @dataclass

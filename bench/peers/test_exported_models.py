@@ -202,14 +202,15 @@ def test_the_workflow_predicts_the_raster_as_torchgeo_on_each_tile(
         "scenes": {"scene": {"path": str(scene)}},
         "predict": PREDICT,
     }
-    results = tmp_path / "run/results/scene"
-    wall = run_workflow(tmp_path / "run", config, "results/scene/classes.tif", "results/scene/probabilities.tif")
+    run = "results/unet"  # the run: the model file's stem (no model.name), unet for every form
+    results = tmp_path / "run" / run / "scene"
+    wall = run_workflow(tmp_path / "run", config, f"{run}/scene/classes.tif", f"{run}/scene/probabilities.tif")
 
     # the same tile windows as the reference's
     manifest = gpd.read_parquet(results / "tiles.parquet")
     windows = sorted(zip(manifest.col_off, manifest.row_off, manifest.width, manifest.height, strict=True))
     assert windows == sorted((w.col_off, w.row_off, w.width, w.height) for w in tile_windows())
-    ranks = list((tmp_path / "run/results/predict").glob("batch-*/shard-*/scene/rank-*.tif"))
+    ranks = list((tmp_path / "run" / run / "predict").glob("batch-*/shard-*/scene/rank-*.tif"))
     assert len(ranks) == PREDICT["devices"], "two ranks each wrote their part"
     logs = "".join(p.read_text() for p in (tmp_path / "run/logs/predict").glob("**/*.log"))
     assert f"exported {form} file, segmentation: logits of [background, tree]" in logs, "the file itself predicted"

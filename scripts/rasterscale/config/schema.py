@@ -23,7 +23,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from rasterscale.config.scenes import expand_all, expand_scenes
+from rasterscale.config.scenes import expand_all, expand_scenes, sanitized_scene_name
 from rasterscale.config.stac import add_section_scenes, resolve_scene_items
 from rasterscale.errors import ConfigError
 from rasterscale.tasks.registry import TASKS
@@ -183,12 +183,19 @@ def validate_config(
         raise ConfigError(f"config: {where}{describe_error(errors[0])}")
     check_task_keys(config, schema["properties"]["task"]["default"])
     if instance["model"]["name"] is None:
-        instance["model"]["name"] = TASKS[instance["task"]].default_model_name
+        instance["model"]["name"] = default_model_name(instance["task"], instance["model"]["file"])
     expand_all(instance)
     check_consistency(instance)
     if notices is not None:
         notices.extend(scored_on_training_data(instance))
     return instance
+
+
+def default_model_name(task: str, file: str) -> str:
+    """model.name when unset: a given model file's name (its stem, as a scene name: the run's outputs are keyed by
+    it, so two model files predicting the same scenes keep both), else (or when nothing of the stem is left) the
+    task's default."""
+    return (sanitized_scene_name(Path(file).stem) if file else "") or TASKS[task].default_model_name
 
 
 def check_consistency(config: Mapping[str, Any]) -> None:
@@ -247,11 +254,12 @@ def nothing_to_do(config: Mapping[str, Any]) -> str | None:
 
 
 def scored_on_training_data(config: Mapping[str, Any]) -> list[str]:
-    """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data)."""
+    """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data); the scene's
+    evaluation is the run's (rasterscale.workflow.paths.RunPaths, a layer above: the run is model.name)."""
     trained = set(config["train"]["scenes"]) if not config["model"]["file"] else set()
     return [
         f"scene {name} is trained on (train.scenes) and predicted and scored (predict.scenes): "
-        f"results/{name}/evaluation.json scores the model on its own training data"
+        f"results/{config['model']['name']}/{name}/evaluation.json scores the model on its own training data"
         for name in config["predict"]["scenes"]
         if name in trained and config["scenes"][name].get("annotations")
     ]

@@ -18,7 +18,7 @@ Like the seeds' mgpr summary, but every figure is measured over the whole run ra
 The Lightning callback that measures is :class:`rasterscale.predict.measure.PredictProfiler`; this module holds what a
 profile is, its probes, and how profiles are gathered and printed (without importing torch, so that the workflow
 can print them). Each rank stores its profile in its rank record (:mod:`rasterscale.predict.rankfiles`); the merge
-gathers a scene's into ``results/{scene}/predict_profile.json`` and prints them as one table.
+gathers a scene's into ``results/{run}/{scene}/predict_profile.json`` and prints them as one table.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ so a record on disk means a complete output beside it. The merge checks from the
 tile_ids are the manifest's, each exactly once, before it reads any output.
 
 A scene's rank files live in the folder of the (batch, shard) job that wrote them:
-``results/predict/batch-{b}/shard-{s}/{scene}/rank-{i}.*`` (:func:`rasterscale.workflow.paths.rank_stem`).
+``results/{run}/predict/batch-{b}/shard-{s}/{scene}/rank-{i}.*`` (:func:`rasterscale.workflow.paths.rank_stem`).
 """
 
 from __future__ import annotations

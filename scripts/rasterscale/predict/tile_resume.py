@@ -1,7 +1,7 @@
 """Tile-level resume of prediction: a rank's saved parts of finished tiles, kept where a failed job leaves them.
 
 Snakemake deletes a failed job's declared output folder, so a prediction job (batch b, shard s) keeps its
-saved parts beside it, in ``results/predict/batch-{b}/shard-{s}.resume/``
+saved parts beside it, in ``results/{run}/predict/batch-{b}/shard-{s}.resume/``
 (:func:`rasterscale.workflow.paths.resume_dir`), and removes that folder once every rank has written its files.
 Per scene, rank ``i`` keeps there:
 

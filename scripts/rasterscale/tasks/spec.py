@@ -25,7 +25,7 @@ MODEL_FILES = {"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{
 class TaskSpec:
     """What a task is, as the workflow sees it.
 
-    - ``scene_outputs(config)``: a scene's merged outputs, ``{key: file name}`` under ``results/{scene}/``;
+    - ``scene_outputs(config)``: a scene's merged outputs, ``{key: file name}`` under ``results/{run}/{scene}/``;
       ``evaluated_output`` is the key the evaluation reads; ``rank_suffix`` the suffix of a rank's output;
     - ``model_files``: what training writes, ``{key: file under results/models/}`` with ``{name}`` for the model's;
     - ``default_model_name``: ``model.name`` when the config leaves it null;
@@ -43,7 +43,7 @@ class TaskSpec:
     - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
-    - ``project_outputs(config)``: the project's layers, ``{key: file name}`` under ``results/project/``;
+    - ``project_outputs(config)``: the project's layers, ``{key: file name}`` under ``results/{run}/project/``;
       ``merge_project(job)`` merges them (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping),
       a line for the log;
     - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a

@@ -18,6 +18,7 @@ import yaml
 
 from rasterscale.atomic import write_json
 from rasterscale.tools.export import export_model
+from rasterscale.workflow.paths import RunPaths, trained_model
 
 TOLERANCE = 0.005  # mIoU, against the native model's
 FORMS = {"onnx": "onnx", "torchscript": "torchscript.pt", "torch.export": "pt2"}
@@ -40,8 +41,9 @@ def form_config(base: dict[str, Any], scene: str, model_file: Path) -> dict[str,
     }
 
 
-def miou(workdir: Path, scene: str) -> float:
-    return float(json.loads((workdir / f"results/{scene}/evaluation.json").read_text())["miou"])
+def miou(workdir: Path, run: str, scene: str) -> float:
+    """The scene's mIoU as the run ``run`` (model.name: every form's run keeps the demo's name) scored it."""
+    return float(json.loads((workdir / RunPaths(run).evaluation_file(scene)).read_text())["miou"])
 
 
 def run(config_file: Path, cores: int, forms: list[str]) -> dict[str, Any]:
@@ -49,8 +51,9 @@ def run(config_file: Path, cores: int, forms: list[str]) -> dict[str, Any]:
     left as they are); the mIoUs beside the native model's."""
     base = yaml.safe_load(config_file.read_text())
     scene = base["predict"]["scenes"][0]
-    native_model = Path(f"results/models/{base['model']['name']}.pt")
-    rows: dict[str, Any] = {"native": {"miou": miou(Path("."), scene), "file": str(native_model)}}
+    name = base["model"]["name"]
+    native_model = Path(trained_model(name))
+    rows: dict[str, Any] = {"native": {"miou": miou(Path("."), name, scene), "file": str(native_model)}}
     for form in forms:
         workdir = Path("results/byom") / form.replace(".", "_")
         exported = workdir / f"{native_model.stem}.{FORMS[form]}"
@@ -59,7 +62,7 @@ def run(config_file: Path, cores: int, forms: list[str]) -> dict[str, Any]:
         config.write_text(yaml.safe_dump(form_config(base, scene, exported), sort_keys=False))
         command = ["--cores", str(cores), "--directory", str(workdir), "--configfile", str(config.resolve())]
         subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", "Snakefile", *command], check=True)
-        rows[form] = {"miou": miou(workdir, scene), "file": str(exported)}
+        rows[form] = {"miou": miou(workdir, name, scene), "file": str(exported)}
     for row in rows.values():
         row["difference"] = round(row["miou"] - rows["native"]["miou"], 4)
     return rows

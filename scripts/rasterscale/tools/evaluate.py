@@ -8,7 +8,6 @@ quicklook: :attr:`~rasterscale.tasks.spec.TaskSpec.quicklook`), then its pages f
 from __future__ import annotations
 
 from rasterscale.tools.report import render_scene
-from rasterscale.workflow import paths
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.reportfiles import scene_files, scene_report, scored_scenes
 
@@ -20,11 +19,11 @@ def score_scene(plan: Plan, name: str) -> str:
     job = plan.evaluation_job(name)
     scene = job.scene.as_mapping()
     if plan.is_evaluated(name):
-        out, look = paths.evaluation_file(name), paths.quicklook_file(name)
+        out, look = plan.paths.evaluation_file(name), plan.paths.quicklook_file(name)
         metrics = spec.evaluate(scene, job.config(), list(job.labels), out, look)
         return f"{name}: {spec.summarize(metrics)}"
-    spec.quicklook(scene, job.config(), paths.quicklook_file(name), name)
-    return f"{name}: {paths.quicklook_file(name)} (no annotations)"
+    spec.quicklook(scene, job.config(), plan.paths.quicklook_file(name), name)
+    return f"{name}: {plan.paths.quicklook_file(name)} (no annotations)"
 
 
 def score_batch(plan: Plan, batch: int) -> list[str]:
@@ -33,6 +32,6 @@ def score_batch(plan: Plan, batch: int) -> list[str]:
     lines = []
     for name in scored_scenes(plan, batch):
         lines.append(score_scene(plan, name))
-        counts = render_scene(scene_report(plan, name), plan.task, scene_files(name))
+        counts = render_scene(scene_report(plan, name), plan.task, scene_files(plan, name))
         lines.append(f"{name}: {counts}")
     return lines

@@ -1,6 +1,6 @@
 """Batches of scenes that stay put: which prediction job predicts which scenes (and seams).
 
-A batch's job file (``results/batches/batch-{b}.json``) records its members. When the workflow plans again, every
+A batch's job file (``results/{run}/batches/batch-{b}.json``) records its members. When the workflow plans again, every
 recorded batch whose members the plan would still write as recorded is kept as it is, under its number: its jobs'
 inputs do not change, so Snakemake redoes none of them. Only members in no kept batch (new scenes and seams, or
 those whose entry changed: another raster, imagery keys, shards) form new batches, ``size`` scenes at a time with
@@ -11,7 +11,7 @@ or reordering scenes redoes nothing that stays: a kept batch goes on listing a s
 When two recorded files claim a member (a batch that was formed again), the newer file wins.
 
 Each of a batch's jobs (its tile manifests, its merge, its scoring) writes a record last
-(``paths.batch_record``), and what reads a batch's files depends on that one file: a DAG of 10,000 scenes would
+(``RunPaths.batch_record``), and what reads a batch's files depends on that one file: a DAG of 10,000 scenes would
 otherwise look up the producer of every scene's files (tens of seconds). Snakemake remakes a job's missing output
 only when something asks for that very file, so the targets also name the files that a recorded job wrote and
 are gone (:func:`recorded_targets`).
@@ -29,7 +29,6 @@ from typing import Any
 
 from rasterscale.grid.project import is_seam, seam_scenes
 from rasterscale.scene import Scene
-from rasterscale.workflow import paths
 
 BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
 
@@ -43,9 +42,10 @@ class Recorded:
     scenes: tuple[dict[str, Any], ...]
 
 
-def read_recorded(workdir: str | Path = ".") -> list[Recorded]:
-    """The batch job files under ``results/batches/`` (unreadable ones are left out: formed again)."""
-    folder = Path(workdir) / paths.batches_dir()
+def read_recorded(batches_dir: str, workdir: str | Path = ".") -> list[Recorded]:
+    """The batch job files in a run's ``batches_dir`` (``results/{run}/batches/``; unreadable ones are left out:
+    formed again)."""
+    folder = Path(workdir) / batches_dir
     recorded = []
     for path in folder.glob("batch-*.json") if folder.is_dir() else ():
         match = BATCH_FILE.match(path.name)

@@ -29,6 +29,7 @@ from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
 from rasterscale.runtime.preflight import launch_geometry
 from rasterscale.tasks.registry import task_spec
+from rasterscale.workflow import paths
 from rasterscale.workflow.batches import form_batches, read_recorded
 from rasterscale.workflow.jobfiles import PredictionBatch
 from rasterscale.workflow.plan import SECTIONS, Plan
@@ -55,6 +56,13 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
         raise InputError(
             f"{Path(unwritable).resolve()}: folder is not writable, and the workflow writes into it; make it "
             "writable (chmod u+w), or run in a folder you can write (--directory)"
+        )
+    if settings.model.name in paths.SHARED:
+        given = (raw.get("model") or {}).get("name") is not None
+        named = "" if given else f" (model.file {settings.model.file}'s name: model.name is unset)"
+        raise ConfigError(
+            f"config: model.name {settings.model.name!r}{named} names the run's folder "
+            f"results/{settings.model.name}/, which every run shares; name the model otherwise"
         )
     geometry = {section: launch_geometry(config, section) for section in SECTIONS}
     task = task_spec(settings.task)
@@ -123,7 +131,8 @@ def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
     members = plan.project_sources() if plan.has_project() else plan.predict_scenes
     size = plan.settings.predict.scenes_per_job
     base = Path(workdir)
-    batches = form_batches(members, plan.batch_entry, size, read_recorded(workdir), lambda r: (base / r).exists())
+    recorded = read_recorded(plan.paths.batches_dir(), workdir)
+    batches = form_batches(members, plan.batch_entry, size, recorded, lambda r: (base / r).exists())
     return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
 
 

@@ -1,6 +1,6 @@
 """What the workflow hands its jobs, typed, one class per job input, each holding its scenes as
 :class:`rasterscale.scene.Scene`: a batch's job file (:class:`PredictionBatch`,
-``results/batches/batch-{batch}.json``, read by the tile manifest, prediction and merge jobs of the batch), the
+``results/{run}/batches/batch-{batch}.json``, read by the tile manifest, prediction and merge jobs of the batch), the
 training scenes (:class:`TrainingScenes`), a merge job's config (:class:`MergeConfig`) and a scene's evaluation
 (:class:`EvaluationJob`). The plan writes them (``rasterscale.workflow.plan``), the entry scripts read them with
 ``from_json``/``read``. JSON, one writer and one reader each. No torch here: the jobs that read these start in a
@@ -111,7 +111,7 @@ class EvaluationJob:
 
 @dataclass(frozen=True)
 class ProjectJob:
-    """What the project's merge reads (``results/project/job.json``): the task, the project's CRS, the class
+    """What the project's merge reads (``results/{run}/project/job.json``): the task, the project's CRS, the class
     names, the merge and project sections, each source (scene or seam) with its merged outputs by key, its CRS, and its
     footprint (a scene's ``bounds``) or core (a seam's, WKT); and the project's outputs by key."""
 

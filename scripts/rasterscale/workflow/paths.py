@@ -1,14 +1,18 @@
 """Every path the workflow's rules and jobs name, relative to the working directory: the one place each is spelled.
 
-Scene files live under ``results/{scene}/`` (a seam's, ``{a}+{b}``, under ``results/seams/``), the project's
-layers under ``results/project/``, a prediction job's under ``results/predict/batch-{b}/shard-{s}``, models under
-``results/models/``, a batch's job file under ``results/batches/``, the Snakemake report's renderings under
-``results/report/``. Pure string functions (no I/O):
-a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
+A run's outputs live under ``results/{run}/`` (:class:`RunPaths`), the run named by the model it predicts with
+(``model.name``: :func:`rasterscale.config.schema.validate_config` names a given model file's run after the file),
+so that two configs over the same scenes in one folder (two models, two tasks) keep both: a scene's files under
+``results/{run}/{scene}/`` (a seam's, ``{a}+{b}``, under ``results/{run}/seams/``), the project's layers under
+``results/{run}/project/``, a prediction job's under ``results/{run}/predict/batch-{b}/shard-{s}``, a batch's job
+file under ``results/{run}/batches/``, the Snakemake report's renderings under ``results/{run}/report/``. What runs
+share sits beside them: the models under ``results/models/``, the environment check under ``results/checks/``.
+Pure string functions (no I/O): a rule may pass a wildcard pattern such as ``"{batch}"`` where a value goes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -16,76 +20,95 @@ from rasterscale.grid.project import is_seam
 
 RESULTS = "results"
 PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.storage)
-
-
-def scene_dir(scene: str) -> str:
-    return f"{RESULTS}/seams/{scene}" if is_seam(scene) else f"{RESULTS}/{scene}"
-
-
-def seam_mosaic(seam: str) -> str:
-    """The VRT mosaic a seam is read from (written by its tile manifest job)."""
-    return f"{scene_dir(seam)}/mosaic.vrt"
-
-
-def project_dir() -> str:
-    return f"{RESULTS}/project"
-
-
-def project_file(name: str) -> str:
-    """A file of the project's folder by its name (a task's project layers, the project job)."""
-    return f"{project_dir()}/{name}"
-
-
-def batches_dir() -> str:
-    return f"{RESULTS}/batches"
-
-
-def scene_manifest(scene: str) -> str:
-    """A scene's tile manifest (GeoParquet)."""
-    return f"{scene_dir(scene)}/tiles.parquet"
-
-
-def cog_raster(scene: str) -> str:
-    """The tiled COG a striped scene is read from (rule convert_to_cog)."""
-    return f"{scene_dir(scene)}/cog.tif"
-
-
-def scene_file(scene: str, name: str) -> str:
-    """A file of a scene's folder by its name (a task's merged outputs: detections.gpkg, classes.tif, ...)."""
-    return f"{scene_dir(scene)}/{name}"
-
-
-def scene_profile(scene: str) -> str:
-    """A scene's gathered prediction profile (written by its merge)."""
-    return scene_file(scene, "predict_profile.json")
-
-
-def evaluation_file(scene: str) -> str:
-    return scene_file(scene, "evaluation.json")
-
-
-def quicklook_file(scene: str) -> str:
-    return scene_file(scene, "quicklook.png")
-
+SHARED = ("models", "checks")  # results/ folders every run shares: no run may be named so
 
 BatchStep = Literal["tiled", "merged", "scored"]
 
 
-def batch_record(step: BatchStep, batch: int | str) -> str:
-    """The record a batch's job of ``step`` writes last, listing the files it wrote (its tile manifests and seams'
-    mosaics, its merged layers, its scores and report pages): what the jobs and targets that read them depend on,
-    one file a batch rather than every scene's (:mod:`rasterscale.workflow.batches`)."""
-    return f"{batches_dir()}/{step}-{batch}.json"
+@dataclass(frozen=True)
+class RunPaths:
+    """The paths of one run's outputs, under ``results/{run}/``."""
 
+    run: str
 
-def batch_file(batch: int | str) -> str:
-    """A batch's job file (rule scene_batch)."""
-    return f"{batches_dir()}/batch-{batch}.json"
+    @property
+    def root(self) -> str:
+        return f"{RESULTS}/{self.run}"
 
+    def scene_dir(self, scene: str) -> str:
+        return f"{self.root}/seams/{scene}" if is_seam(scene) else f"{self.root}/{scene}"
 
-def shard_dir(batch: int | str, shard: int | str) -> str:
-    """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
-    return f"{RESULTS}/predict/batch-{batch}/shard-{shard}"
+    def seam_mosaic(self, seam: str) -> str:
+        """The VRT mosaic a seam is read from (written by its tile manifest job)."""
+        return f"{self.scene_dir(seam)}/mosaic.vrt"
+
+    def project_dir(self) -> str:
+        return f"{self.root}/project"
+
+    def project_file(self, name: str) -> str:
+        """A file of the project's folder by its name (a task's project layers, the project job)."""
+        return f"{self.project_dir()}/{name}"
+
+    def batches_dir(self) -> str:
+        return f"{self.root}/batches"
+
+    def scene_manifest(self, scene: str) -> str:
+        """A scene's tile manifest (GeoParquet)."""
+        return f"{self.scene_dir(scene)}/tiles.parquet"
+
+    def cog_raster(self, scene: str) -> str:
+        """The tiled COG a striped scene is read from (rule convert_to_cog)."""
+        return f"{self.scene_dir(scene)}/cog.tif"
+
+    def scene_file(self, scene: str, name: str) -> str:
+        """A file of a scene's folder by its name (a task's merged outputs: detections.gpkg, classes.tif, ...)."""
+        return f"{self.scene_dir(scene)}/{name}"
+
+    def scene_profile(self, scene: str) -> str:
+        """A scene's gathered prediction profile (written by its merge)."""
+        return self.scene_file(scene, "predict_profile.json")
+
+    def evaluation_file(self, scene: str) -> str:
+        return self.scene_file(scene, "evaluation.json")
+
+    def quicklook_file(self, scene: str) -> str:
+        return self.scene_file(scene, "quicklook.png")
+
+    def batch_record(self, step: BatchStep, batch: int | str) -> str:
+        """The record a batch's job of ``step`` writes last, listing the files it wrote (its tile manifests and
+        seams' mosaics, its merged layers, its scores and report pages): what the jobs and targets that read them
+        depend on, one file a batch rather than every scene's (:mod:`rasterscale.workflow.batches`)."""
+        return f"{self.batches_dir()}/{step}-{batch}.json"
+
+    def batch_file(self, batch: int | str) -> str:
+        """A batch's job file (rule scene_batch)."""
+        return f"{self.batches_dir()}/batch-{batch}.json"
+
+    def shard_dir(self, batch: int | str, shard: int | str) -> str:
+        """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
+        return f"{self.root}/predict/batch-{batch}/shard-{shard}"
+
+    def shard_resume_dir(self, batch: int | str, shard: int | str) -> str:
+        """Where a prediction job's ranks save finished tiles: beside its output, which a failed job loses (not
+        an output: the job removes it when it succeeds)."""
+        return resume_dir(self.shard_dir(batch, shard))
+
+    def rank_files(self, scene: str, batch: int, shards: int, world_size: int) -> list[str]:
+        """A scene's rank files (paths without suffix: rasterscale.predict.rankfiles), every shard's, in rank
+        order: rank r of shard s is rank s * world_size + r."""
+        return [
+            rank_stem(self.shard_dir(batch, s), scene, s * world_size + r)
+            for s in range(shards)
+            for r in range(world_size)
+        ]
+
+    def report_file(self, name: str) -> str:
+        """A file of the Snakemake report's renderings by its name (run.html, project_map.png)."""
+        return f"{self.root}/report/{name}"
+
+    def report_scene_file(self, scene: str, name: str) -> str:
+        """A scene's rendering for the Snakemake report (scores.html, profile.html, profile.png, counts.json)."""
+        return f"{self.root}/report/{scene}/{name}"
 
 
 def rank_stem(shard_dir: str | Path, scene: str, index: int) -> str:
@@ -96,18 +119,6 @@ def rank_stem(shard_dir: str | Path, scene: str, index: int) -> str:
 def resume_dir(shard_dir: str | Path) -> str:
     """The folder of a prediction job's saved parts: beside its output folder, which a failed job loses."""
     return f"{str(shard_dir).rstrip('/')}.resume"
-
-
-def shard_resume_dir(batch: int | str, shard: int | str) -> str:
-    """Where a prediction job's ranks save finished tiles: beside its output, which a failed job loses (not
-    an output: the job removes it when it succeeds)."""
-    return resume_dir(shard_dir(batch, shard))
-
-
-def rank_files(scene: str, batch: int, shards: int, world_size: int) -> list[str]:
-    """A scene's rank files (paths without suffix: rasterscale.predict.rankfiles), every shard's, in rank order:
-    rank r of shard s is rank s * world_size + r."""
-    return [rank_stem(shard_dir(batch, s), scene, s * world_size + r) for s in range(shards) for r in range(world_size)]
 
 
 def model_dir() -> str:
@@ -127,16 +138,6 @@ def trained_model(name: str) -> str:
 def demo_raster(directory: str, name: str) -> str:
     """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
     return f"{directory}/{name}.tif"
-
-
-def report_file(name: str) -> str:
-    """A file of the Snakemake report's renderings by its name (run.html, project_map.png)."""
-    return f"{RESULTS}/report/{name}"
-
-
-def report_scene_file(scene: str, name: str) -> str:
-    """A scene's rendering for the Snakemake report (scores.html, profile.html, profile.png, counts.json)."""
-    return f"{RESULTS}/report/{scene}/{name}"
 
 
 def environment_rank_file(rank: int) -> str:

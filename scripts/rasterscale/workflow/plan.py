@@ -27,7 +27,7 @@ from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import paths
 from rasterscale.workflow.batches import recorded_targets
 from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
-from rasterscale.workflow.paths import BatchStep
+from rasterscale.workflow.paths import BatchStep, RunPaths
 
 SECTIONS = ("train", "predict")
 
@@ -54,6 +54,16 @@ class Plan:
     def settings(self) -> Settings:
         """The validated config, typed (:mod:`rasterscale.config.settings`)."""
         return settings_of(self.config)
+
+    @property
+    def run(self) -> str:
+        """The run's name, which keys its outputs (results/{run}/): the model's (model.name)."""
+        return str(self.settings.model.name)
+
+    @functools.cached_property
+    def paths(self) -> RunPaths:
+        """The paths of this run's outputs."""
+        return RunPaths(self.run)
 
     @property
     def task(self) -> TaskSpec:
@@ -104,8 +114,8 @@ class Plan:
         """The raster a scene is read from: its own, or the tiled COG made from it when its own is striped; a
         seam's mosaic of its scenes' rasters."""
         if is_seam(name):
-            return paths.seam_mosaic(name)
-        return paths.cog_raster(name) if name in self.untiled else self.scene_source(name)
+            return self.paths.seam_mosaic(name)
+        return self.paths.cog_raster(name) if name in self.untiled else self.scene_source(name)
 
     def raster_inputs(self, *names: str) -> list[str]:
         """The rasters of these scenes as a rule's inputs: the local ones (a remote raster is no file Snakemake
@@ -134,8 +144,8 @@ class Plan:
 
     def scene_outputs(self, name: str) -> dict[str, str]:
         """A scene's merged outputs (the task's, and the gathered profile), by the merge's keys."""
-        files = {key: paths.scene_file(name, file) for key, file in self.task.scene_outputs(self.config).items()}
-        return {**files, "profile": paths.scene_profile(name)}
+        files = {key: self.paths.scene_file(name, file) for key, file in self.task.scene_outputs(self.config).items()}
+        return {**files, "profile": self.paths.scene_profile(name)}
 
     def demo_raster(self, name: str) -> str:
         return paths.demo_raster(self.settings.demo.directory, name)
@@ -170,7 +180,7 @@ class Plan:
             what = f"{source} is striped, not tiled" if striped == [source] else f"{source} reads striped rasters"
             warnings.append(
                 f"{what}: every windowed read would decode whole raster rows; scene {name} is read from the tiled "
-                f"COG {paths.cog_raster(name)} (rule convert_to_cog)"
+                f"COG {self.paths.cog_raster(name)} (rule convert_to_cog)"
             )
         return warnings
 
@@ -178,7 +188,7 @@ class Plan:
 
     def rank_files(self, name: str, batch: int) -> list[str]:
         """A scene's rank files (paths without suffix), every shard's, in rank order."""
-        return paths.rank_files(name, batch, self.shards, self.world_size("predict"))
+        return self.paths.rank_files(name, batch, self.shards, self.world_size("predict"))
 
     @functools.cached_property
     def _seams_by_name(self) -> dict[str, Seam]:
@@ -198,7 +208,7 @@ class Plan:
         return Scene(
             name=name,
             raster=self.scene_raster(name),
-            manifest=paths.scene_manifest(name),
+            manifest=self.paths.scene_manifest(name),
             imagery=self.scene_imagery(name),
             rank_files=tuple(self.rank_files(name, batch)),
             outputs=self.scene_outputs(name),
@@ -226,7 +236,7 @@ class Plan:
 
     def batch_outputs(self, batch: int) -> list[str]:
         """A batch's merge job's scene outputs: its scenes' and seams' merged files (its record, the rule's other
-        output, is ``paths.batch_record("merged", batch)``)."""
+        output, is ``self.paths.batch_record("merged", batch)``)."""
         return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
 
     def batch_files(self, step: BatchStep, batch: int) -> list[str]:
@@ -247,7 +257,7 @@ class Plan:
     def batch_records(self, step: BatchStep, names: Iterable[str]) -> list[str]:
         """The records of ``step`` of the batches holding any of these scenes or seams: what a job that reads
         their files depends on (:mod:`rasterscale.workflow.batches`)."""
-        return [paths.batch_record(step, batch) for batch in self.batches_of(names)]
+        return [self.paths.batch_record(step, batch) for batch in self.batches_of(names)]
 
     # -- the project ------------------------------------------------------------------------------------------
 
@@ -256,7 +266,7 @@ class Plan:
         return len(self.predict_scenes) > 1
 
     def project_outputs(self) -> dict[str, str]:
-        return {key: paths.project_file(file) for key, file in self.task.project_outputs(self.config).items()}
+        return {key: self.paths.project_file(file) for key, file in self.task.project_outputs(self.config).items()}
 
     def project_inputs(self) -> list[str]:
         """What the project's merge depends on: the merge records of the batches holding its sources (it reads
@@ -355,7 +365,7 @@ class Plan:
         return Scene(
             name=name,
             raster=self.scene_raster(name),
-            manifest=paths.scene_manifest(name),
+            manifest=self.paths.scene_manifest(name),
             annotations=self.scene_annotations(name),
             label_column=self.scenes[name].label_column,
             image_path=self.scene_image_name(name),
@@ -373,7 +383,7 @@ class Plan:
             targets += list(self.trained_model_outputs(str(self.settings.model.name)).values())
         numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
         for step in ("tiled", "merged"):
-            targets += recorded_targets({paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
+            targets += recorded_targets({self.paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
         if self.has_project():
             targets += list(self.project_outputs().values())
         return targets

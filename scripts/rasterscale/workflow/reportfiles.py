@@ -1,6 +1,6 @@
 """The Snakemake report (``snakemake --report report.zip``): its categories, the files the workflow renders for it
-under ``results/report/`` (paths in :mod:`rasterscale.workflow.paths`), and what the plan hands the jobs that render
-them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
+under ``results/{run}/report/`` (paths in :mod:`rasterscale.workflow.paths`), and what the plan hands the jobs that
+render them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
 :class:`ProjectScenes` (the project map). The rules flag these files, the quicklooks and the training curves with
 Snakemake's ``report()`` (``rules/report.smk``); the renderings are :mod:`rasterscale.tools.report`'s. The jobs
 (Snakemake ``script:`` entries) load the stored plan (:func:`rasterscale.workflow.storage.workflow_plan`) and take what
@@ -15,7 +15,6 @@ from typing import Any
 
 from rasterscale.raster.remote import local_files
 from rasterscale.scene import Scene
-from rasterscale.workflow import paths
 from rasterscale.workflow.batches import recorded_targets
 from rasterscale.workflow.plan import SECTIONS, Plan
 
@@ -30,10 +29,10 @@ PROJECT_MAP = "project_map.png"
 SCENE_FILES = {"scores": "scores.html", "profile": "profile.html", "plot": "profile.png", "counts": "counts.json"}
 
 
-def scene_files(name: str) -> dict[str, str]:
+def scene_files(plan: Plan, name: str) -> dict[str, str]:
     """A predicted scene's renderings by key: scores and prediction profile (HTML), the profile's plot (PNG), and
     its counts (JSON: what the project map reads)."""
-    return {key: paths.report_scene_file(name, file) for key, file in SCENE_FILES.items()}
+    return {key: plan.paths.report_scene_file(name, file) for key, file in SCENE_FILES.items()}
 
 
 def mapped_scenes(plan: Plan) -> list[str]:
@@ -46,12 +45,12 @@ def report_targets(plan: Plan) -> list[str]:
     """Everything the report shows that the rest of the run does not write: the run's page, the scoring jobs'
     files (each predicted scene's evaluation, quicklook and renderings: by their batches' records,
     :func:`rasterscale.workflow.batches.recorded_targets`), the project map."""
-    targets = [paths.report_file(RUN_PAGE)]
+    targets = [plan.paths.report_file(RUN_PAGE)]
     targets += recorded_targets(
-        {paths.batch_record("scored", b): [f.path for f in scored_files(plan, b)] for b in scored_batches(plan)}
+        {plan.paths.batch_record("scored", b): [f.path for f in scored_files(plan, b)] for b in scored_batches(plan)}
     )
     if mapped_scenes(plan):
-        targets.append(paths.report_file(PROJECT_MAP))
+        targets.append(plan.paths.report_file(PROJECT_MAP))
     return targets
 
 
@@ -93,7 +92,7 @@ def run_facts(plan: Plan) -> RunFacts:
         for section in SECTIONS
     }
     trained = bool(plan.train_scenes) and not plan.settings.model.file
-    profiles = {name: paths.scene_profile(name) for name in plan.predict_scenes}
+    profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
     return RunFacts(plan.task.name, plan.labels, plan.config, geometry, model_file(plan), trained, profiles)
 
 
@@ -121,8 +120,8 @@ class SceneReport:
 
 def scene_report(plan: Plan, name: str) -> SceneReport:
     evaluated = plan.is_evaluated(name)
-    scene = Scene(name, plan.scene_raster(name), paths.scene_manifest(name), outputs=plan.scene_outputs(name))
-    evaluation = paths.evaluation_file(name) if evaluated else ""
+    scene = Scene(name, plan.scene_raster(name), plan.paths.scene_manifest(name), outputs=plan.scene_outputs(name))
+    evaluation = plan.paths.evaluation_file(name) if evaluated else ""
     return SceneReport(scene, plan.task.name, plan.labels, evaluation)
 
 
@@ -154,12 +153,12 @@ def scored_files(plan: Plan, batch: int) -> list[ScoredFile]:
     quicklook and its renderings (scores and profile pages, the profile's plot, the counts)."""
     files = []
     for name in scored_scenes(plan, batch):
-        pages = scene_files(name)
+        pages = scene_files(plan, name)
         if plan.is_evaluated(name):
-            files.append(ScoredFile(paths.evaluation_file(name), name))
-            files.append(ScoredFile(paths.quicklook_file(name), name, "quicklook", "quicklook"))
+            files.append(ScoredFile(plan.paths.evaluation_file(name), name))
+            files.append(ScoredFile(plan.paths.quicklook_file(name), name, "quicklook", "quicklook"))
         else:
-            files.append(ScoredFile(paths.quicklook_file(name), name, "quicklook_unscored", "quicklook"))
+            files.append(ScoredFile(plan.paths.quicklook_file(name), name, "quicklook_unscored", "quicklook"))
         files += [
             ScoredFile(pages["scores"], name, "scores", "scores"),
             ScoredFile(pages["profile"], name, "profile", "prediction profile"),
@@ -176,7 +175,7 @@ def score_inputs(plan: Plan, batch: int) -> list[str]:
     evaluated = [name for name in names if plan.is_evaluated(name)]
     truth = [plan.scene_annotations(name) for name in evaluated]
     truth += local_files(plan.scene_tree_tops(name) for name in evaluated if plan.scene_tree_tops(name))
-    return [paths.batch_record("merged", batch), *truth]
+    return [plan.paths.batch_record("merged", batch), *truth]
 
 
 # -- the project map --------------------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ def project_scenes(plan: Plan) -> ProjectScenes:
     scenes = []
     for name in mapped_scenes(plan):
         roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
-        counts = scene_files(name)["counts"] if name in predict else ""
+        counts = scene_files(plan, name)["counts"] if name in predict else ""
         scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
     return ProjectScenes(plan.task.name, tuple(scenes))
 

@@ -8,7 +8,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from rasterscale.workflow import paths
 from rasterscale.workflow.plan import Plan
 
 TableFormat = Callable[..., str]  # (profile, title=...) -> a table
@@ -19,7 +18,7 @@ def evaluation_summary(plan: Plan, workdir: str | Path = ".") -> list[str]:
     """The summary's lines: a title and one line per evaluated scene that has its evaluation (none: no lines)."""
     rows = []
     for name in plan.evaluated_scenes():
-        path = Path(workdir) / paths.evaluation_file(name)
+        path = Path(workdir) / plan.paths.evaluation_file(name)
         if path.exists():
             rows.append(f"  {name:<20} {plan.task.summarize(json.loads(path.read_text()))}")
     return [f"rasterscale evaluation ({plan.task.name}):", *rows] if rows else []
@@ -31,16 +30,15 @@ def predict_profiles(plan: Plan, format_table: TableFormat, workdir: str | Path 
     PROFILE_TABLES_UP_TO scenes, one line per scene (the tables are in the merge logs and predict_profile.json)."""
     profiles = {}
     for name in plan.predict_scenes:
-        path = Path(workdir) / paths.scene_profile(name)
+        path = Path(workdir) / plan.paths.scene_profile(name)
         if path.exists():
             profiles[name] = json.loads(path.read_text())
     if len(profiles) <= PROFILE_TABLES_UP_TO:
         return [
             format_table(profile, title=f"rasterscale predict profile: {name}") for name, profile in profiles.items()
         ]
-    lines = [
-        f"rasterscale predict profiles ({len(profiles)} scenes; tables in results/{{scene}}/predict_profile.json):"
-    ]
+    tables = plan.paths.scene_profile("{scene}")
+    lines = [f"rasterscale predict profiles ({len(profiles)} scenes; tables in {tables}):"]
     for name, profile in profiles.items():
         total = profile["total"]
         lines.append(
