@@ -1,6 +1,19 @@
 # The workflow's plan (rasterscale.workflow.plan), built once per invocation by the main process with every check
-# and stored; a job's re-parse loads it. What the rules need of it, in Snakemake's terms: input functions, params,
-# wildcard constraints, launchers, and the one-line exit.
+# (rasterscale.workflow.checks) and stored; a job's re-parse loads it (rasterscale.workflow.storage). What the rules
+# need of it, in Snakemake's terms: input functions, params, wildcard constraints, launchers, and the one-line exit.
+#
+# The rules' vocabulary, all of it defined here:
+#   PLAN        the plan: scenes (train_scenes, unbatched_scenes, scene_imagery, raster_inputs), batches
+#               (batch_numbers, prediction_batch, batch_inputs, batch_files, batch_outputs), the project
+#               (project_job, project_inputs, project_outputs), the model (prediction_model, train_start_inputs,
+#               trained_model_outputs), each job's settings (predict_config, training_config, merge_config,
+#               sections), launch geometry (world_size, shards, rank_threads), settings (typed), final_targets
+#   PATHS       this run's outputs under results/{run}/ (rasterscale.workflow.paths.RunPaths); `paths` the files
+#               runs share (models, the environment check)
+#   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
+#   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
+#   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
+#   scene_input, pattern, config_json, fail, warn   input functions, wildcard constraints, params, the one-line exit
 import importlib.util
 import json
 import os
