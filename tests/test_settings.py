@@ -97,7 +97,6 @@ NOT_YET_TYPED = {
     "scripts/rasterscale/tasks/segmentation/spec.py": 3,
     "scripts/rasterscale/tasks/segmentation/task.py": 4,
     "scripts/rasterscale/tools/envcheck.py": 8,
-    "scripts/rasterscale/tools/report.py": 19,
     "scripts/rasterscale/train/engine.py": 17,
     "scripts/rasterscale/train/resume.py": 4,
     "rules/common.smk": 1,

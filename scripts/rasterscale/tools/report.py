@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from rasterscale.atomic import atomic_path, save_figure, write_json
+from rasterscale.config.settings import ModelSettings, to_dict
 from rasterscale.predict.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
@@ -154,11 +155,16 @@ GEOMETRY_COLUMNS = [
 ]
 
 
+def plain(settings: Any) -> dict[str, Any]:
+    """Settings as plain JSON values (lists, not tuples): what YAML and the page's tables show."""
+    return json.loads(json.dumps(to_dict(settings)))
+
+
 def overview_rows(
     facts: RunFacts, model: str, trained: Sequence[str], predicted: Sequence[str]
 ) -> list[tuple[str, Any]]:
     """The run's page's overview: task, model, classes, model file, training and predicted scenes, tiles."""
-    tiling = facts.config["tiling"]
+    tiling = facts.settings.tiling
     origin = "trained by this run" if facts.trained else "model.file"
     return [
         ("task", facts.task),
@@ -167,13 +173,13 @@ def overview_rows(
         ("model file", f"{facts.model_file} ({origin})" if facts.model_file else "none"),
         ("training scenes", _names(trained) if facts.trained else "none (no training in this run)"),
         ("predicted scenes", _names(predicted)),
-        ("tiles", f"{tiling['patch_size']} px, overlap {tiling['overlap']} px"),
+        ("tiles", f"{tiling.patch_size} px, overlap {tiling.overlap} px"),
     ]
 
 
-def model_rows(model: Mapping[str, Any], meta: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+def model_rows(model: ModelSettings, meta: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     """The model's keys (but its name) and what its file records of its training (``meta``)."""
-    rows = [(key, value) for key, value in model.items() if value not in (None, "") and key != "name"]
+    rows = [(key, value) for key, value in plain(model).items() if value not in (None, "") and key != "name"]
     if meta:
         rows += [(f"training: {key}", meta[key]) for key in ("steps", "epochs", "seconds") if key in meta]
         rows += [(f"training: {key}", value) for key, value in meta.items() if key in ("batch_plan",)]
@@ -187,12 +193,12 @@ def precision_rows(
 ) -> list[tuple[str, Any, Any]]:
     """The precision each section that ran asked for (config) and ran at (the model file's record, the ranks'
     profiles)."""
-    train, predict = facts.config["train"], facts.config["predict"]
+    train, predict = facts.settings.train, facts.settings.predict
     rows = []
     if facts.trained:
-        rows.append(("train", train["precision"], (meta or {}).get("precision", "-")))
+        rows.append(("train", train.precision, (meta or {}).get("precision", "-")))
     if predicted:
-        rows.append(("predict", predict["precision"], ran_at(profiles)))
+        rows.append(("predict", predict.precision, ran_at(profiles)))
     return rows
 
 
@@ -202,18 +208,18 @@ def geometry_rows(facts: RunFacts, predicted: bool) -> list[tuple[Any, ...]]:
     for name, values in facts.geometry.items():
         if (name == "train" and not facts.trained) or (name == "predict" and not predicted):
             continue
-        section_cfg = facts.config[name]
-        batch = f"{section_cfg['batch_size']} " + ("global" if name == "train" else "per rank")
+        run = facts.settings.run(name)
+        batch = f"{run.batch_size} " + ("global" if name == "train" else "per rank")
         rows.append(
             (
                 name,
-                section_cfg["accelerator"],
+                run.accelerator,
                 values["devices"],
                 values["nodes"],
                 values["world_size"],
                 values["shards"],
                 batch,
-                section_cfg["workers"],
+                run.workers,
                 values["threads"],
             )
         )
@@ -223,19 +229,16 @@ def geometry_rows(facts: RunFacts, predicted: bool) -> list[tuple[Any, ...]]:
 def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]]) -> str:
     """The run's page: task and model, what the model file records of its training (``meta``), precision asked
     and used per section, launch geometry, scenes, the validated config."""
-    config = facts.config
-    model, scenes = config["model"], config["scenes"]
-    trained = config["train"]["scenes"] if facts.trained else []
-    predicted = config["predict"]["scenes"]
-    shown = {key: value for key, value in config.items() if key != "scenes"}
-    listed = [
-        (name, scene.get("path", ""), scene.get("annotations") or "-")
-        for name, scene in list(scenes.items())[:LISTED_SCENES]
-    ]
+    settings = facts.settings
+    model, scenes = settings.model, settings.scenes
+    trained = settings.train.scenes if facts.trained else ()
+    predicted = settings.predict.scenes
+    shown = {key: value for key, value in plain(settings).items() if key != "scenes"}
+    listed = [(name, scene.path, scene.annotations or "-") for name, scene in list(scenes.items())[:LISTED_SCENES]]
     return page(
-        f"Run: {facts.task}, model {model['name']}",
+        f"Run: {facts.task}, model {model.name}",
         f"{len(predicted)} scene(s) predicted, {len(trained)} trained on.",
-        section("Overview", key_values(overview_rows(facts, model["name"], trained, predicted))),
+        section("Overview", key_values(overview_rows(facts, str(model.name), trained, predicted))),
         section("Model", key_values(model_rows(model, meta))),
         section(
             "Precision",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rasterscale.config.settings import Settings
 from rasterscale.raster.remote import local_files
 from rasterscale.scene import Scene
 from rasterscale.workflow.batches import recorded_targets
@@ -67,13 +68,13 @@ def model_file(plan: Plan) -> str:
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What the run's page shows from the plan: the validated config, the task and its class names, each section's
+    """What the run's page shows from the plan: the typed settings, the task and its class names, each section's
     launch geometry (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains
     it, and each predicted scene's gathered profile (the precision its ranks ran at)."""
 
     task: str
     labels: tuple[str, ...]
-    config: dict[str, Any]
+    settings: Settings
     geometry: dict[str, dict[str, int]]
     model_file: str
     trained: bool
@@ -93,7 +94,7 @@ def run_facts(plan: Plan) -> RunFacts:
     }
     trained = bool(plan.train_scenes) and not plan.settings.model.file
     profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
-    return RunFacts(plan.task.name, plan.labels, plan.config, geometry, model_file(plan), trained, profiles)
+    return RunFacts(plan.task.name, plan.labels, plan.settings, geometry, model_file(plan), trained, profiles)
 
 
 def run_inputs(plan: Plan) -> dict[str, Any]:
