@@ -135,15 +135,12 @@ SLOWEST_FIRST = (  # by their time in the suite; the Slurm module first: it wait
     "test_train_faults.py",
     "test_remote.py",
     "test_scenes.py",
-    "test_exported_models.py",
-    "test_deploy.py",
     "test_deepforest_workflow.py",
     "test_bench_gpu.py",
     "test_imagery_workflow.py",
     "test_regression_workflow.py",
     "test_cog.py",
     "test_hostile_inputs.py",
-    "test_lint.py",
 )
 
 
