@@ -155,11 +155,6 @@ GEOMETRY_COLUMNS = [
 ]
 
 
-def plain(settings: Any) -> dict[str, Any]:
-    """Settings as plain JSON values (lists, not tuples): what YAML and the page's tables show."""
-    return json.loads(json.dumps(to_dict(settings)))
-
-
 def overview_rows(
     facts: RunFacts, model: str, trained: Sequence[str], predicted: Sequence[str]
 ) -> list[tuple[str, Any]]:
@@ -179,7 +174,7 @@ def overview_rows(
 
 def model_rows(model: ModelSettings, meta: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     """The model's keys (but its name) and what its file records of its training (``meta``)."""
-    rows = [(key, value) for key, value in plain(model).items() if value not in (None, "") and key != "name"]
+    rows = [(key, value) for key, value in to_dict(model).items() if value not in (None, "") and key != "name"]
     if meta:
         rows += [(f"training: {key}", meta[key]) for key in ("steps", "epochs", "seconds") if key in meta]
         rows += [(f"training: {key}", value) for key, value in meta.items() if key in ("batch_plan",)]
@@ -233,7 +228,7 @@ def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[
     model, scenes = settings.model, settings.scenes
     trained = settings.train.scenes if facts.trained else ()
     predicted = settings.predict.scenes
-    shown = {key: value for key, value in plain(settings).items() if key != "scenes"}
+    shown = {key: value for key, value in to_dict(settings).items() if key != "scenes"}
     listed = [(name, scene.path, scene.annotations or "-") for name, scene in list(scenes.items())[:LISTED_SCENES]]
     return page(
         f"Run: {facts.task}, model {model.name}",

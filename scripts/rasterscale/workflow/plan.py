@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rasterscale.config.schema import nothing_to_do
-from rasterscale.config.settings import RunSettings, SceneSettings, Settings, json_of, settings_of, to_dict
+from rasterscale.config.settings import RunSettings, SceneSettings, Settings, settings_of, to_dict
 from rasterscale.grid.project import Footprint, Seam, is_seam
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.remote import file_name, local_files
@@ -87,7 +87,7 @@ class Plan:
 
     def sections(self, *names: str) -> dict[str, Any]:
         """The validated config's given sections (what a job uses: it reruns only when they change)."""
-        return {name: json_of(getattr(self.settings, name)) for name in names}
+        return {name: to_dict(getattr(self.settings, name)) for name in names}
 
     def world_size(self, section: str) -> int:
         """Ranks of one job of a DDP section (for prediction: of one shard)."""

@@ -7,13 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rasterscale.config.settings import SlurmSettings
 from rasterscale.runtime.preflight import plan_launch
 from rasterscale.workflow.plan import Plan
-
-
-def slurm_settings(plan: Plan) -> SlurmSettings:
-    return plan.settings.slurm
 
 
 def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
@@ -25,7 +20,7 @@ def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
     nodes asks for the total (``tasks``) and pins one per node; one rank on one node needs no ``mpi``: the
     executor runs it as one task (srun -n1).
     """
-    slurm = slurm_settings(plan)
+    slurm = plan.settings.slurm
     if slurm.launcher != "srun":
         return {}
     values = plan.section(section)
@@ -61,5 +56,5 @@ def launcher_prefix(plan: Plan, section: str, resources: Mapping[str, Any], exec
     executor's srun -n1 starts it); otherwise ``srun --nodes=N --ntasks-per-node=G --cpus-per-task=C
     --kill-on-bad-exit=1 ``. ``executor``: the Snakemake executor plugin's name, when known. Raises
     PreflightError (one line)."""
-    slurm = slurm_settings(plan)
+    slurm = plan.settings.slurm
     return plan_launch(plan.geometry[section], dict(resources), slurm.launcher, executor, slurm.gpus_per_node)
