@@ -39,6 +39,4 @@ rule all:
 
 onsuccess:
     reports.print_evaluation_summary(PLAN)
-    from rasterscale.predict.profile import format_profile_table
-
-    reports.print_predict_profiles(PLAN, format_profile_table)
+    reports.print_predict_profiles(PLAN)

@@ -45,7 +45,8 @@ from rasterscale.config.schema import validate_config
 from rasterscale.datasets.tiles import WindowDataset, to_model_input
 from rasterscale.grid.manifest import build_manifest, read_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
-from rasterscale.predict.profile import MB, UtilizationSampler, summarize
+from rasterscale.jobs.profile import summarize
+from rasterscale.predict.profile import MB, UtilizationSampler
 from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin

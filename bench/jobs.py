@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config.schema import validate_config
-from rasterscale.predict.rankfiles import read_profiles
+from rasterscale.jobs.paths import rank_stem
+from rasterscale.jobs.rankfiles import read_profiles
 from rasterscale.tasks.detection.modelfiles import read_model_file
-from rasterscale.workflow.paths import rank_stem
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = REPO / "scripts" / "predict.py"

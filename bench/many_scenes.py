@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from rasterscale.config.schema import default_model_name  # noqa: E402
-from rasterscale.workflow.paths import RunPaths  # noqa: E402
+from rasterscale.jobs.paths import RunPaths  # noqa: E402
 from synthetic import write_detector, write_raster  # noqa: E402
 
 KINDS = ("tile_manifest", "predict", "merge")

@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from rasterscale.workflow.paths import RunPaths  # noqa: E402
+from rasterscale.jobs.paths import RunPaths  # noqa: E402
 from synthetic import TRANSFORM, write_detector, write_raster  # noqa: E402
 
 SIDE = 256

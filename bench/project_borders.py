@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from rasterscale.atomic import write_json  # noqa: E402
+from rasterscale.jobs.paths import RunPaths, trained_model  # noqa: E402
 from rasterscale.raster.geo import box_pairs, pair_ious  # noqa: E402
 from rasterscale.tasks.detection.metrics import evaluate_detections  # noqa: E402
 from rasterscale.tools.synth import synthesize_scene  # noqa: E402
-from rasterscale.workflow.paths import RunPaths, trained_model  # noqa: E402
 
 SIDE = 4096  # px of the held-out orthomosaic (0.1 m): 2 x 2 scenes of 2048 px
 BANDS = (2.0, 4.0)  # m either side of an inner border

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from rasterscale.atomic import write_json  # noqa: E402
+from rasterscale.jobs.paths import RunPaths  # noqa: E402
 from rasterscale.runtime.precision import cpu_info  # noqa: E402
 from rasterscale.tasks.detection.model import (  # noqa: E402
     build_detector,
@@ -37,7 +38,6 @@ from rasterscale.tasks.detection.model import (  # noqa: E402
     save_detector,
 )
 from rasterscale.tasks.detection.modelfiles import read_header  # noqa: E402
-from rasterscale.workflow.paths import RunPaths  # noqa: E402
 
 DEMO_CONFIG = REPO / "config/config.yaml"
 DEMO_FOLDER = REPO / "results/models/crowns"

@@ -31,13 +31,13 @@ from jobs import run_predict_job
 from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
+from rasterscale.jobs.paths import rank_stem
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.regression.model import build_regressor, save_regressor
 from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
-from rasterscale.workflow.paths import rank_stem
 from synthetic import CRS, TRANSFORM, tile_windows, write_raster
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,10 +39,10 @@ import geopandas as gpd  # noqa: E402
 import rasterio  # noqa: E402
 
 from rasterscale.grid.manifest import tile_offsets  # noqa: E402
+from rasterscale.jobs.paths import RunPaths  # noqa: E402
 from rasterscale.raster.geo import geometries_to_pixel_boxes, pixel_boxes_to_polygons  # noqa: E402
 from rasterscale.tasks.detection.metrics import evaluate_detections, match_detections, precision_recall_f1  # noqa: E402
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS  # noqa: E402
-from rasterscale.workflow.paths import RunPaths  # noqa: E402
 
 DEEPFOREST = REPO / "bench" / "deepforest"
 NAME, TRAIN, HELDOUT = "deepforest_finetuned", "bench_train", "bench_heldout"

@@ -8,7 +8,7 @@
 #               (project_job, project_inputs, project_outputs), the model (prediction_model, train_start_inputs,
 #               trained_model_outputs), each job's settings (predict_config, training_config, merge_config,
 #               sections), launch geometry (world_size, shards, rank_threads), settings (typed), final_targets
-#   PATHS       this run's outputs under results/{run}/ (rasterscale.workflow.paths.RunPaths); `paths` the files
+#   PATHS       this run's outputs under results/{run}/ (rasterscale.jobs.paths.RunPaths); `paths` the files
 #               runs share (models, the environment check)
 #   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
 #   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
@@ -61,7 +61,8 @@ if not SCHEMA_PATH.exists():
 from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
-from rasterscale.workflow import batches, paths, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.jobs import paths  # noqa: E402
+from rasterscale.workflow import batches, reportfiles, reports, slurm  # noqa: E402
 from rasterscale.workflow.storage import fingerprint, workflow_plan  # noqa: E402
 from rasterscale.workflow import resources as job_memory  # noqa: E402
 

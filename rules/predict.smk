@@ -1,5 +1,5 @@
 # A batch's job file: its scenes' rasters, manifests, rank files and merged outputs (the plan's prediction_batch,
-# rasterscale.workflow.jobfiles), the jobs' inputs, read from a file rather than a command line that would grow
+# rasterscale.jobs.files), the jobs' inputs, read from a file rather than a command line that would grow
 # with the batch.
 rule scene_batch:
     output:
@@ -19,9 +19,9 @@ rule scene_batch:
 
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
-# {scene}/rank-{i}.json (rasterscale/predict/rankfiles.py) into the shard's folder, for each scene of the batch. Its
+# {scene}/rank-{i}.json (rasterscale/jobs/rankfiles.py) into the shard's folder, for each scene of the batch. Its
 # ranks save finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
-# it succeeds): a rerun predicts only the rest (rasterscale/predict/tile_resume.py).
+# it succeeds): a rerun predicts only the rest (rasterscale/jobs/resume.py).
 # Its inputs are the record of the batch's tile manifests (the manifests and seams' mosaics that job wrote; the
 # rasters come before them): every input file costs the DAG a producer lookup (rasterscale/workflow/batches.py).
 rule predict:

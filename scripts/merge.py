@@ -7,10 +7,10 @@ import argparse
 from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
-from rasterscale.predict.profile import format_profile_table, write_scene_profile
-from rasterscale.predict.rankfiles import check_scene_records
+from rasterscale.jobs.files import MergeConfig, PredictionBatch
+from rasterscale.jobs.profile import format_profile_table, write_scene_profile
+from rasterscale.jobs.rankfiles import check_scene_records
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow.jobfiles import MergeConfig, PredictionBatch
 
 
 def main() -> None:

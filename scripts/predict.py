@@ -20,9 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     ranks = start_local_ranks(args.config, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time
+    from rasterscale.jobs.files import read_job_file
     from rasterscale.predict.engine import run_prediction
     from rasterscale.runtime.ranks import run_spec
-    from rasterscale.workflow.jobfiles import read_job_file
 
     run_prediction(
         scenes=read_job_file(args.job),

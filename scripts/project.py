@@ -4,8 +4,8 @@ each object kept once across scene borders (rasterscale/grid/project.py)."""
 import argparse
 
 from rasterscale.errors import run_entry
+from rasterscale.jobs.files import ProjectJob
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow.jobfiles import ProjectJob
 
 
 def main() -> None:

@@ -10,12 +10,12 @@ from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import build_manifest, write_manifest
 from rasterscale.grid.tile import TileGrid
+from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import shown
 from rasterscale.scene import Imagery
-from rasterscale.workflow.jobfiles import PredictionBatch
 
 
 def write_scene_manifest(

@@ -4,8 +4,8 @@
 import argparse
 import json
 
+from rasterscale.jobs.files import TrainingScenes
 from rasterscale.runtime.launch import start_local_ranks
-from rasterscale.workflow.jobfiles import TrainingScenes
 
 
 def main() -> None:

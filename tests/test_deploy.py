@@ -24,10 +24,10 @@ from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import tile_offsets
 from rasterscale.grid.project import Footprint, seam_name
+from rasterscale.jobs.files import PredictionBatch
 from rasterscale.scene import Scene
 from rasterscale.tools.condaenv import parse_requirements, render_environment
 from rasterscale.workflow import resources
-from rasterscale.workflow.jobfiles import PredictionBatch
 from rasterscale.workflow.plan import Plan
 from workflow import run_workflow
 

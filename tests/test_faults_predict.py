@@ -33,7 +33,7 @@ import rasterio
 import torch
 
 from conftest import REPO, report, write_raster
-from rasterscale.workflow.paths import RunPaths
+from rasterscale.jobs.paths import RunPaths
 from workflow import workflow_command
 
 pytestmark = pytest.mark.slow

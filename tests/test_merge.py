@@ -5,7 +5,7 @@ import pytest
 from affine import Affine
 
 from rasterscale.grid.manifest import manifest_frame, tile_grid
-from rasterscale.predict.rankfiles import (
+from rasterscale.jobs.rankfiles import (
     TileAccountingError,
     check_exactly_once,
     check_scene_records,

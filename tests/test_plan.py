@@ -18,13 +18,13 @@ from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import SlurmSettings, section_of
 from rasterscale.errors import ConfigError, InputError
-from rasterscale.predict.profile import format_profile_table
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
 from rasterscale.scene import Imagery, Scene
-from rasterscale.workflow import paths, reports
+from rasterscale.workflow import reports
 from rasterscale.workflow import storage as plan_storage
 from rasterscale.workflow.checks import build_plan
-from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.reportfiles import report_targets, scored_batches, scored_files
 from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
@@ -512,7 +512,7 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(reports, "PROFILE_TABLES_UP_TO", 2)
     try:
-        lines = reports.predict_profiles(plan, format_profile_table)
+        lines = reports.predict_profiles(plan)
     finally:
         monkeypatch.undo()
     assert lines == [
@@ -526,10 +526,13 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_the_workflow_package_imports_no_torch():
-    modules = "plan, checks, storage, paths, jobfiles, slurm, reports"
+def test_the_workflow_package_and_the_job_files_import_no_torch():
+    imports = (
+        "from rasterscale.workflow import plan, checks, storage, slurm, reports;"
+        " from rasterscale.jobs import files, paths, profile, rankfiles, resume"
+    )
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", f"from rasterscale.workflow import {modules}"],
+        [sys.executable, "-X", "importtime", "-c", imports],
         capture_output=True,
         text=True,
         check=True,

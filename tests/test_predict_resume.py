@@ -27,10 +27,10 @@ from affine import Affine
 from conftest import UTM17N, report, write_raster
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
-from rasterscale.predict.tile_resume import RankSaves, file_digest, prediction_fingerprint
+from rasterscale.jobs.paths import RunPaths, resume_dir
+from rasterscale.jobs.resume import RankSaves, file_digest, prediction_fingerprint
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
-from rasterscale.workflow.paths import RunPaths, resume_dir
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities
 from workflow import rank_stems, run_workflow, tiny_config, workflow_command
 
@@ -215,11 +215,11 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     cores), its rank records checked and its rank files merged by the task's merge; the merged files."""
     from rasterscale.config.schema import validate_config
     from rasterscale.grid.manifest import read_manifest
+    from rasterscale.jobs.files import read_job_file
+    from rasterscale.jobs.rankfiles import check_scene_records
     from rasterscale.predict.engine import run_prediction
-    from rasterscale.predict.rankfiles import check_scene_records
     from rasterscale.runtime.ranks import run_spec
     from rasterscale.tasks.registry import task_spec
-    from rasterscale.workflow.jobfiles import read_job_file
 
     cwd, affinity = Path.cwd(), os.sched_getaffinity(0)
     os.chdir(workdir)

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from prediction import PredictScene, predict_rank_file
-from rasterscale.predict.profile import RankProfile, format_profile_table, summarize, write_scene_profile
-from rasterscale.predict.rankfiles import read_rank_record, write_rank_record
+from rasterscale.jobs.profile import RankProfile, format_profile_table, summarize, write_scene_profile
+from rasterscale.jobs.rankfiles import read_rank_record, write_rank_record
 from rasterscale.runtime.precision import choose, probe
 
 FIELDS = set(RankProfile.__dataclass_fields__)

@@ -24,12 +24,13 @@ from conftest import UTM17N, write_raster, write_rgba
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.manifest import build_manifest
 from rasterscale.grid.project import Footprint, Ownership, Seam, find_seams, is_seam, seam_name, seam_scenes
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import PredictionBatch, ProjectJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.scene import Scene
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
-from rasterscale.workflow import paths
 from rasterscale.workflow.batches import (
     allowed_rules,
     batch_rule,
@@ -39,7 +40,6 @@ from rasterscale.workflow.batches import (
     rule_batches,
 )
 from rasterscale.workflow.checks import build_plan, footprint_of
-from rasterscale.workflow.jobfiles import PredictionBatch, ProjectJob
 
 X0, Y0 = 404000.0, 3285000.0  # the project's lower left corner (EPSG:32617)
 PX = 0.1  # pixel size, m

@@ -31,11 +31,11 @@ from conftest import report, write_raster
 from prediction import PredictScene
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError, redact
+from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
 from rasterscale.workflow.checks import build_plan
-from rasterscale.workflow.paths import RunPaths
 from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
 

@@ -18,7 +18,7 @@ from conftest import write_raster, write_vrt
 from prediction import PredictScene
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError
-from rasterscale.predict.rankfiles import read_tile_ids
+from rasterscale.jobs.rankfiles import read_tile_ids
 from rasterscale.raster.cog import striped_sources
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, workflow_command
 

@@ -17,7 +17,7 @@ from rasterio.features import rasterize
 
 from borders import BAND_M, PREDICT, TILING, class_maps_near_borders, predict_as_project
 from conftest import REPO, report
-from rasterscale.predict.rankfiles import read_tile_ids, write_rank_record
+from rasterscale.jobs.rankfiles import read_tile_ids, write_rank_record
 from rasterscale.raster.imagery import read_spec
 from rasterscale.tasks.segmentation.modelfiles import read_segmenter_header
 from rasterscale.tools.synth import synthesize_scene

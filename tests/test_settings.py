@@ -70,7 +70,7 @@ CONFIG_NAMES = re.compile(r"config|cfg", re.IGNORECASE)
 # list. Any other module with such a read fails.
 NOT_YET_TYPED = {
     "scripts/rasterscale/predict/engine.py": 9,
-    "scripts/rasterscale/predict/tile_resume.py": 1,
+    "scripts/rasterscale/jobs/resume.py": 1,
     "scripts/rasterscale/runtime/preflight.py": 1,
     "scripts/rasterscale/runtime/ranks.py": 2,
     "scripts/rasterscale/tasks/api.py": 2,

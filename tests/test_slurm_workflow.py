@@ -335,7 +335,7 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     """The segmentation task through the same launch, shard and record machinery: 2 shard jobs of 2 ranks."""
     from rio_cogeo.cogeo import cog_validate
 
-    from rasterscale.predict.rankfiles import read_tile_ids
+    from rasterscale.jobs.rankfiles import read_tile_ids
 
     run = cluster_runs["segmentation"]
     shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}
@@ -357,7 +357,7 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
 def test_instances_run_two_shards_on_the_cluster_with_the_crowns_of_one_rank(cluster, cluster_runs, tmp_path):
     """Crown polygons through the same launch, shard and record machinery: 2 shard jobs of 2 ranks, every tile
     once, one merged layer of polygons: the crowns one rank finds with the same model."""
-    from rasterscale.predict.rankfiles import read_tile_ids
+    from rasterscale.jobs.rankfiles import read_tile_ids
 
     run = cluster_runs["instances"]
     shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}

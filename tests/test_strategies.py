@@ -19,7 +19,7 @@ from rasterscale.datasets.tiles import (
 )
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame
 from rasterscale.grid.tile import Tile
-from rasterscale.predict.rankfiles import read_tile_ids
+from rasterscale.jobs.rankfiles import read_tile_ids
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.fastpath import fuse_conv_bn
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector

@@ -19,9 +19,9 @@ import yaml
 
 from conftest import REPO
 from rasterscale.config.schema import default_model_name
+from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS
-from rasterscale.workflow.paths import RunPaths
 
 TINY = REPO / "tests/configs/tiny.yaml"
 
@@ -111,7 +111,7 @@ def rank_stems(run: Path, scene: str, suffix: str = ".parquet") -> list[Path]:
 
 def rank_tile_ids(run: Path, scene: str) -> list[list[int]]:
     """Each rank's processed tile_ids of a scene (from its record) under a run's folder, in rank order."""
-    from rasterscale.predict.rankfiles import read_tile_ids
+    from rasterscale.jobs.rankfiles import read_tile_ids
 
     return [read_tile_ids(stem).tolist() for stem in rank_stems(run, scene)]
 

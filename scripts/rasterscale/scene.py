@@ -1,6 +1,6 @@
 """A scene as the workflow hands it to its jobs: the raster it is read from, its tile manifest, its imagery keys,
 its ground truth, its rank files and merged outputs (:class:`Scene`). One shape for every job: the plan writes it
-into the job files (:mod:`rasterscale.workflow.jobfiles`), training, prediction, merge and evaluation read it. No
+into the job files (:mod:`rasterscale.jobs.files`), training, prediction, merge and evaluation read it. No
 torch and no rasterscale import: every layer may use it.
 """
 

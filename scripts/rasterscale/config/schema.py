@@ -255,7 +255,7 @@ def nothing_to_do(config: Mapping[str, Any]) -> str | None:
 
 def scored_on_training_data(config: Mapping[str, Any]) -> list[str]:
     """Warnings for scenes both trained on and evaluated (scores of training data, not of unseen data); the scene's
-    evaluation is the run's (rasterscale.workflow.paths.RunPaths, a layer above: the run is model.name)."""
+    evaluation is the run's (rasterscale.jobs.paths.RunPaths, a layer above: the run is model.name)."""
     trained = set(config["train"]["scenes"]) if not config["model"]["file"] else set()
     return [
         f"scene {name} is trained on (train.scenes) and predicted and scored (predict.scenes): "

@@ -1,18 +1,18 @@
 """DDP prediction over the tile manifests of a batch of scenes, whatever the task: every rank reads only its own
 tiles and writes its own files per scene.
 
-A job predicts a batch of scenes (its job file lists them: :mod:`rasterscale.workflow.jobfiles`) with one model load.
+A job predicts a batch of scenes (its job file lists them: :mod:`rasterscale.jobs.files`) with one model load.
 The batch's tiles, scene after scene in manifest order, are split into ``shards`` balanced, contiguous parts (one
 job, one node each), and each shard into ``world_size`` parts, one per rank (:mod:`rasterscale.grid.sharding`); one
 ``trainer.predict`` runs over all of a rank's tiles (and the neighbours a task needs of them:
 :meth:`~rasterscale.tasks.api.Task.tiles_to_predict`). For each scene of the job, also one it got no tile of,
 rank ``r`` of shard ``s`` writes into ``{out_dir}/{scene}/`` its task's output ``rank-{s * world_size + r}.*`` and
-then its record ``rank-{i}.json``: the tiles it processed and its profile (:mod:`rasterscale.predict.rankfiles`). No
+then its record ``rank-{i}.json``: the tiles it processed and its profile (:mod:`rasterscale.jobs.rankfiles`). No
 prediction crosses ranks; only the small profiles are gathered, for the table rank 0 prints at the end.
 
-With a resume folder (the rule's: :func:`rasterscale.predict.tile_resume.resume_dir`), each rank also saves its
+With a resume folder (the rule's: :func:`rasterscale.jobs.resume.resume_dir`), each rank also saves its
 finished tiles there every ``predict.save_every`` seconds, and a rerun of the job skips the tiles its saved parts
-hold (:mod:`rasterscale.predict.tile_resume`); the job removes the folder once every rank has written its files.
+hold (:mod:`rasterscale.jobs.resume`); the job removes the folder once every rank has written its files.
 
 Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
 ahead while the model computes (strategies: :mod:`rasterscale.datasets.tiles`). Lightning's predict runs under
@@ -49,16 +49,17 @@ from rasterscale.datasets.tiles import (
 from rasterscale.grid.manifest import read_grid, read_manifest, tiles_from_frame
 from rasterscale.grid.sharding import batch_rank_tiles, rank_file_index
 from rasterscale.grid.tile import Tile
-from rasterscale.predict.measure import PredictProfiler
-from rasterscale.predict.profile import format_profile_table, summarize
-from rasterscale.predict.rankfiles import write_rank_record
-from rasterscale.predict.tile_resume import (
+from rasterscale.jobs.paths import rank_stem
+from rasterscale.jobs.profile import format_profile_table, summarize
+from rasterscale.jobs.rankfiles import write_rank_record
+from rasterscale.jobs.resume import (
     RankSaves,
     SaveClock,
     file_digest,
     prediction_fingerprint,
     remove_resume_dir,
 )
+from rasterscale.predict.measure import PredictProfiler
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, read_spec
 from rasterscale.runtime.lifetime import bind_worker
@@ -66,7 +67,6 @@ from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gathe
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow.paths import rank_stem
 
 LOGGER_NAME = "rasterscale.predict"
 
@@ -158,7 +158,7 @@ class RankPlans:
 
     def saves(self, world: int, rank: int, resume_dir: str | Path, model_digest: str) -> list[RankSaves]:
         """The rank's saved parts of each scene in ``resume_dir``, loaded (those of this very prediction only:
-        :func:`~rasterscale.predict.tile_resume.prediction_fingerprint`)."""
+        :func:`~rasterscale.jobs.resume.prediction_fingerprint`)."""
         saves = []
         for scene in self.scenes:
             tiles = [t.tile_id for t in scene.tiles]

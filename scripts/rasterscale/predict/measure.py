@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from rasterscale.grid.sharding import rank_file_index
+from rasterscale.jobs.profile import RankProfile
 from rasterscale.predict.profile import (
     MB,
     WORKER_SAMPLE_PERIOD_S,
-    RankProfile,
     UtilizationSampler,
     host_memory_total,
     host_name,

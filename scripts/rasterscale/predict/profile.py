@@ -15,10 +15,9 @@ Like the seeds' mgpr summary, but every figure is measured over the whole run ra
 - **utilization**: on a GPU, NVML's busy fraction sampled every 0.2 s by a thread for the whole wall; on a CPU,
   the rank's CPU time over wall x its threads (OpenMP threads waiting at a barrier spin and count as busy).
 
-The Lightning callback that measures is :class:`rasterscale.predict.measure.PredictProfiler`; this module holds what a
-profile is, its probes, and how profiles are gathered and printed (without importing torch, so that the workflow
-can print them). Each rank stores its profile in its rank record (:mod:`rasterscale.predict.rankfiles`); the merge
-gathers a scene's into ``results/{run}/{scene}/predict_profile.json`` and prints them as one table.
+The Lightning callback that measures is :class:`rasterscale.predict.measure.PredictProfiler`; this module holds its
+probes. What a profile record is, and how profiles are gathered and printed: :mod:`rasterscale.jobs.profile`.
+Each rank stores its profile in its rank record (:mod:`rasterscale.jobs.rankfiles`).
 """
 
 from __future__ import annotations
@@ -28,51 +27,14 @@ import resource
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from rasterscale.atomic import write_json
-from rasterscale.predict.rankfiles import read_profiles
-
 MB = 1024 * 1024
 NVML_PERIOD_S = 0.2
 WORKER_SAMPLE_PERIOD_S = 1.0
-
-
-@dataclass(frozen=True)
-class RankProfile:
-    rank: int  # the rank file's index (shard * world_size + rank)
-    shard: int
-    world_size: int
-    host: str
-    device: str
-    strategy: str
-    precision: str
-    batch_size: int
-    workers: int
-    threads: int
-    tiles: int
-    batches: int
-    wall_s: float
-    compute_s: float
-    output_s: float  # the rank's outputs taking the batches' results (blend, write, saved parts)
-    wait_s: float  # waiting for data: wall_s - compute_s - output_s
-    output_fraction: float
-    wait_fraction: float
-    batches_per_s: float
-    tiles_per_s: float
-    memory_kind: str  # "cuda_allocated" (per-batch peaks) or "host_rss" (after each batch)
-    memory_peak_mb: float
-    memory_mean_mb: float
-    memory_total_mb: float
-    utilization: float | None  # fraction of the wall the device was busy
-    utilization_source: str  # "nvml", "cpu_time" or "unavailable"
-    host_rss_peak_mb: float
-    workers_rss_peak_mb: float
 
 
 class UtilizationSampler:
@@ -143,80 +105,3 @@ def host_memory_total() -> int:
 
 def host_name() -> str:
     return socket.gethostname()
-
-
-def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A scene's (or a job's) profile: its ranks, by rank, and their totals."""
-    ranks = sorted((dict(r) for r in ranks), key=lambda r: r["rank"])
-    wall = sum(r["wall_s"] for r in ranks)
-    total = {
-        "ranks": len(ranks),
-        "tiles": sum(r["tiles"] for r in ranks),
-        "batches": sum(r["batches"] for r in ranks),
-        "wall_s": max((r["wall_s"] for r in ranks), default=0.0),
-        "tiles_per_s": round(sum(r["tiles_per_s"] for r in ranks), 4),
-        "batches_per_s": round(sum(r["batches_per_s"] for r in ranks), 4),
-        # rank records written before output_s was measured have none (their output is in their wait)
-        "output_fraction": round(sum(r.get("output_s", 0.0) for r in ranks) / wall, 4) if wall > 0 else 0.0,
-        "wait_fraction": round(sum(r["wait_s"] for r in ranks) / wall, 4) if wall > 0 else 0.0,
-        "memory_peak_mb": max((r["memory_peak_mb"] for r in ranks), default=0.0),
-        "host_rss_peak_mb": max((r["host_rss_peak_mb"] for r in ranks), default=0.0),
-    }
-    return {"ranks": ranks, "total": total}
-
-
-def gather_profile(rank_stems: Sequence[str | Path]) -> dict[str, Any]:
-    """The profiles of all of a scene's rank records (all shards), with totals."""
-
-    return summarize(read_profiles(rank_stems))
-
-
-def write_scene_profile(rank_stems: Sequence[str | Path], path: str | Path) -> dict[str, Any]:
-    """Gather a scene's rank profiles into ``path`` (JSON, atomically); returns what was written."""
-
-    profile = gather_profile(rank_stems)
-    write_json(profile, path)
-    return profile
-
-
-TABLE_COLUMNS = [
-    ("rank", "rank", "{}"),
-    ("device", "device", "{}"),
-    ("strategy", "strategy", "{}"),
-    ("tiles", "tiles", "{}"),
-    ("batches", "batches", "{}"),
-    ("wall s", "wall_s", "{:.1f}"),
-    ("batches/s", "batches_per_s", "{:.2f}"),
-    ("tiles/s", "tiles_per_s", "{:.2f}"),
-    ("data wait", "wait_fraction", "{:.1%}"),
-    ("output", "output_fraction", "{:.1%}"),
-    ("util", "utilization", "{:.1%}"),
-    ("mem peak MB", "memory_peak_mb", "{:.0f}"),
-    ("mem mean MB", "memory_mean_mb", "{:.0f}"),
-    ("rss peak MB", "host_rss_peak_mb", "{:.0f}"),
-]
-
-
-def table_cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
-    """A profile row's value formatted for a table; '-' where it has none."""
-    value = row.get(key)
-    return "-" if value is None or value == "" else fmt.format(value)
-
-
-def format_profile_table(profile: Mapping[str, Any], title: str = "predict profile") -> str:
-    """One table: a line per rank, then the totals (tiles/s and batches/s add up; wall is the longest rank's)."""
-    total = profile["total"]
-    rows = [[table_cell(r, key, fmt) for _, key, fmt in TABLE_COLUMNS] for r in profile["ranks"]]
-    totals = {**total, "rank": "all", "device": "", "strategy": ""}
-    rows.append([table_cell(totals, key, fmt) for _, key, fmt in TABLE_COLUMNS])
-    header = [name for name, _, _ in TABLE_COLUMNS]
-    widths = [max(len(header[k]), *(len(row[k]) for row in rows)) for k in range(len(header))]
-    kind = {r["memory_kind"] for r in profile["ranks"]}
-    source = {r["utilization_source"] for r in profile["ranks"]}
-    lines = [
-        f"{title}: {total['ranks']} rank(s), {total['tiles']} tiles, {total['tiles_per_s']:.2f} tiles/s "
-        f"(memory: {', '.join(sorted(kind)) or '-'}; utilization: {', '.join(sorted(source)) or '-'})",
-        "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
-    ]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)

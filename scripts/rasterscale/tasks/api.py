@@ -2,7 +2,7 @@
 
 The core owns everything that does not depend on what is predicted: tile manifests, the batch plan, launching
 ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
-(:mod:`rasterscale.predict.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
+(:mod:`rasterscale.jobs.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
 batch's output becomes a rank output; how rank outputs merge into a scene's layers, and how they are scored, is
 its :class:`~rasterscale.tasks.spec.TaskSpec`'s (no torch: a merge job does not load it).
 """
@@ -94,7 +94,7 @@ class TrainingModule(L.LightningModule):
 
 class RankOutput(ABC):
     """One rank's output of one scene, filled tile by tile in prediction order and written once at the end, from
-    the parts of a previous run of the rank (:mod:`rasterscale.predict.tile_resume`) and the tiles predicted since."""
+    the parts of a previous run of the rank (:mod:`rasterscale.jobs.resume`) and the tiles predicted since."""
 
     @abstractmethod
     def add(self, tile: Tile, result: Any) -> None:

@@ -44,7 +44,7 @@ class TaskSpec:
     - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
     - ``project_outputs(config)``: the project's layers, ``{key: file name}`` under ``results/{run}/project/``;
-      ``merge_project(job)`` merges them (``job``: :class:`rasterscale.workflow.jobfiles.ProjectJob` as a mapping),
+      ``merge_project(job)`` merges them (``job``: :class:`rasterscale.jobs.files.ProjectJob` as a mapping),
       a line for the log;
     - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a
       scene without annotations (no ground truth drawn);

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from rasterscale.atomic import write_json
+from rasterscale.jobs.paths import RunPaths, trained_model
 from rasterscale.tools.export import export_model
-from rasterscale.workflow.paths import RunPaths, trained_model
 
 TOLERANCE = 0.005  # mIoU, against the native model's
 FORMS = {"onnx": "onnx", "torchscript": "torchscript.pt", "torch.export": "pt2"}

@@ -3,7 +3,7 @@ scored by its task against its annotations (``evaluation.json`` and its quickloo
 :attr:`~rasterscale.tasks.spec.TaskSpec.evaluate`, the task's ``metrics`` module), or drawn without them (its
 quicklook: :attr:`~rasterscale.tasks.spec.TaskSpec.quicklook`), then its pages for the report
 (:func:`rasterscale.tools.report.render_scene`). Which scenes a batch scores and where their files go is the plan's
-(:mod:`rasterscale.workflow.reportfiles`, :mod:`rasterscale.workflow.paths`)."""
+(:mod:`rasterscale.workflow.reportfiles`, :mod:`rasterscale.jobs.paths`)."""
 
 from __future__ import annotations
 

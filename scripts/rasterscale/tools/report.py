@@ -25,7 +25,7 @@ import yaml
 
 from rasterscale.atomic import atomic_path, save_figure, write_json
 from rasterscale.config.settings import ModelSettings, to_dict
-from rasterscale.predict.profile import TABLE_COLUMNS, table_cell
+from rasterscale.jobs.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow.reportfiles import SCENE_FILES, ProjectScenes, RunFacts, SceneReport

@@ -22,6 +22,8 @@ from rasterscale.config.settings import SceneSettings, Settings, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.project import Footprint, find_seams
 from rasterscale.grid.split import check_validation_band
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import differs_wildly
 from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
@@ -29,9 +31,7 @@ from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
 from rasterscale.runtime.preflight import launch_geometry
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow import paths
 from rasterscale.workflow.batches import form_batches, read_recorded
-from rasterscale.workflow.jobfiles import PredictionBatch
 from rasterscale.workflow.plan import SECTIONS, Plan
 
 STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)

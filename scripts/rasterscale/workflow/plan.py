@@ -1,7 +1,7 @@
 """The workflow's plan, as the rules read it: :class:`Plan` holds the validated config and what the dry run's checks
 found (:func:`rasterscale.workflow.checks.build_plan` makes it), and answers every query the rules and the jobs'
 files need: the scenes' files, the batches, the project, the model files, the final targets. Paths come from
-:mod:`rasterscale.workflow.paths`, job inputs from :mod:`rasterscale.workflow.jobfiles`.
+:mod:`rasterscale.jobs.paths`, job inputs from :mod:`rasterscale.jobs.files`.
 
 The plan is built once per invocation by the main Snakemake process and stored
 (:mod:`rasterscale.workflow.storage`); a job's re-parse loads it. The three modules split the plan by what they
@@ -18,16 +18,16 @@ from typing import Any
 from rasterscale.config.schema import nothing_to_do
 from rasterscale.config.settings import RunSettings, SceneSettings, Settings, settings_of, to_dict
 from rasterscale.grid.project import Footprint, Seam, is_seam
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
+from rasterscale.jobs.paths import BatchStep, RunPaths
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.remote import file_name, local_files
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow import paths
 from rasterscale.workflow.batches import recorded_targets
-from rasterscale.workflow.jobfiles import EvaluationJob, MergeConfig, PredictionBatch, ProjectJob, TrainingScenes
-from rasterscale.workflow.paths import BatchStep, RunPaths
 
 SECTIONS = ("train", "predict")
 

@@ -1,5 +1,5 @@
 """The Snakemake report (``snakemake --report report.zip``): its categories, the files the workflow renders for it
-under ``results/{run}/report/`` (paths in :mod:`rasterscale.workflow.paths`), and what the plan hands the jobs that
+under ``results/{run}/report/`` (paths in :mod:`rasterscale.jobs.paths`), and what the plan hands the jobs that
 render them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
 :class:`ProjectScenes` (the project map). The rules flag these files, the quicklooks and the training curves with
 Snakemake's ``report()`` (``rules/report.smk``); the renderings are :mod:`rasterscale.tools.report`'s. The jobs

@@ -8,9 +8,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from rasterscale.jobs.profile import format_profile_table
 from rasterscale.workflow.plan import Plan
 
-TableFormat = Callable[..., str]  # (profile, title=...) -> a table
 PROFILE_TABLES_UP_TO = 4  # scenes; more get one line each (200 tables would bury the run's end)
 
 
@@ -24,10 +24,9 @@ def evaluation_summary(plan: Plan, workdir: str | Path = ".") -> list[str]:
     return [f"rasterscale evaluation ({plan.task.name}):", *rows] if rows else []
 
 
-def predict_profiles(plan: Plan, format_table: TableFormat, workdir: str | Path = ".") -> list[str]:
-    """Each predicted scene's profile (gathered by the merge) as one table (``format_table``: the prediction
-    engine's, rasterscale.predict.profile.format_profile_table, a layer above this one); with more than
-    PROFILE_TABLES_UP_TO scenes, one line per scene (the tables are in the merge logs and predict_profile.json)."""
+def predict_profiles(plan: Plan, workdir: str | Path = ".") -> list[str]:
+    """Each predicted scene's profile (gathered by the merge) as one table; with more than PROFILE_TABLES_UP_TO
+    scenes, one line per scene (the tables are in the merge logs and predict_profile.json)."""
     profiles = {}
     for name in plan.predict_scenes:
         path = Path(workdir) / plan.paths.scene_profile(name)
@@ -35,7 +34,8 @@ def predict_profiles(plan: Plan, format_table: TableFormat, workdir: str | Path 
             profiles[name] = json.loads(path.read_text())
     if len(profiles) <= PROFILE_TABLES_UP_TO:
         return [
-            format_table(profile, title=f"rasterscale predict profile: {name}") for name, profile in profiles.items()
+            format_profile_table(profile, title=f"rasterscale predict profile: {name}")
+            for name, profile in profiles.items()
         ]
     tables = plan.paths.scene_profile("{scene}")
     lines = [f"rasterscale predict profiles ({len(profiles)} scenes; tables in {tables}):"]
@@ -53,6 +53,6 @@ def print_evaluation_summary(plan: Plan, out: Callable[[str], None] = print) -> 
         out(line)
 
 
-def print_predict_profiles(plan: Plan, format_table: TableFormat, out: Callable[[str], None] = print) -> None:
-    for line in predict_profiles(plan, format_table):
+def print_predict_profiles(plan: Plan, out: Callable[[str], None] = print) -> None:
+    for line in predict_profiles(plan):
         out(line)

@@ -15,12 +15,12 @@ from typing import Any
 
 from rasterscale.atomic import atomic_path
 from rasterscale.grid.project import Footprint, Seam
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Scene
-from rasterscale.workflow import paths
 from rasterscale.workflow.checks import build_plan, file_stat
-from rasterscale.workflow.jobfiles import PredictionBatch
 from rasterscale.workflow.plan import Plan
 
 FORMAT = 4  # of a stored plan: a plan stored in another format is rebuilt

@@ -1,7 +1,7 @@
 """Detection's merge: per-rank detection files into one layer, without the duplicates tile overlaps create.
 
 Each prediction rank writes one GeoParquet file of its detections (boxes in raster pixels and as polygons in the
-raster's CRS); which tiles it processed is in its record (:mod:`rasterscale.predict.rankfiles`), checked before. The
+raster's CRS); which tiles it processed is in its record (:mod:`rasterscale.jobs.rankfiles`), checked before. The
 merge removes the duplicates that tile overlaps create:
 
 1. a box *cut* by an inner tile edge (an edge that is not the raster's) is dropped when most of it lies inside
@@ -113,5 +113,5 @@ def in_crs(merged: gpd.GeoDataFrame, crs: object) -> gpd.GeoDataFrame:
 DETECTIONS = SceneLayer(empty_detections, merge_detections, in_crs, "detections")
 
 # (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge section) -> the scene's detections, written
-# (their records already checked: rasterscale.predict.rankfiles)
+# (their records already checked: rasterscale.jobs.rankfiles)
 merge_scene = partial(merge_objects, DETECTIONS)

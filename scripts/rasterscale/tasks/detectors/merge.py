@@ -141,7 +141,7 @@ def merge_rank_files(
     empty: Callable[[Any], gpd.GeoDataFrame],
     merge: CrossTileMerge,
 ) -> tuple[gpd.GeoDataFrame, RasterInfo]:
-    """A scene's rank files (their records already checked: :mod:`rasterscale.predict.rankfiles`), the objects on
+    """A scene's rank files (their records already checked: :mod:`rasterscale.jobs.rankfiles`), the objects on
     valid pixels, merged across tile overlaps with ``merge.*``; the merged frame and the scene's raster."""
     manifest = read_manifest(manifest_path)
     raster = check_raster(raster_path)
@@ -172,7 +172,7 @@ def merge_scene(
     parquet_path: str | Path,
     merge_cfg: Mapping[str, float],
 ) -> gpd.GeoDataFrame:
-    """Merge a scene's rank files (their records already checked: :mod:`rasterscale.predict.rankfiles`) across tile
+    """Merge a scene's rank files (their records already checked: :mod:`rasterscale.jobs.rankfiles`) across tile
     overlaps (:func:`merge_rank_files`); write its ``layer`` as GeoParquet and GeoPackage (atomically); its rows. A
     task's ``merge_scene`` binds its layer (:func:`functools.partial`)."""
     merged, raster = merge_rank_files(rank_files, manifest_path, raster_path, merge_cfg, layer.empty, layer.merge)

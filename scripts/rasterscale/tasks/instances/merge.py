@@ -1,7 +1,7 @@
 """Instances' merge: a scene's rank files of crown polygons (:mod:`.polygons`) into one layer of crowns, each
 crown once, whatever the tile overlaps.
 
-Which tiles each rank processed is in its record (:mod:`rasterscale.predict.rankfiles`), checked before. Then,
+Which tiles each rank processed is in its record (:mod:`rasterscale.jobs.rankfiles`), checked before. Then,
 as detection's merge does with boxes, but by mask (polygon) overlap:
 
 1. an instance *cut* by an inner tile edge (its mask reaches an edge of its tile that is not the raster's, or its
@@ -174,5 +174,5 @@ def crown_layer(merged: gpd.GeoDataFrame, crs: object) -> gpd.GeoDataFrame:
 CROWNS = SceneLayer(empty_instances, merge_instances, crown_layer, LAYER)
 
 # (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge section) -> the scene's crowns, written
-# (their records already checked: rasterscale.predict.rankfiles)
+# (their records already checked: rasterscale.jobs.rankfiles)
 merge_scene = partial(merge_objects, CROWNS)

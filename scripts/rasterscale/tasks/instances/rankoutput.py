@@ -3,7 +3,7 @@
 Each tile's masks become polygons as the tile is added (:func:`~.polygons.tile_instances`) and the masks are let
 go, so a rank holds polygons only, and only those not in a part yet: a part is written every
 ``predict.save_every`` seconds, or sooner when the polygons held reach
-:data:`rasterscale.predict.tile_resume.MAX_UNSAVED_BYTES` (:meth:`InstanceRankOutput.unsaved_bytes`). Its memory
+:data:`rasterscale.jobs.resume.MAX_UNSAVED_BYTES` (:meth:`InstanceRankOutput.unsaved_bytes`). Its memory
 is flat in the scene's size.
 """
 

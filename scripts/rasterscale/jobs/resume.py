@@ -2,7 +2,7 @@
 
 Snakemake deletes a failed job's declared output folder, so a prediction job (batch b, shard s) keeps its
 saved parts beside it, in ``results/{run}/predict/batch-{b}/shard-{s}.resume/``
-(:func:`rasterscale.workflow.paths.resume_dir`), and removes that folder once every rank has written its files.
+(:func:`rasterscale.jobs.paths.resume_dir`), and removes that folder once every rank has written its files.
 Per scene, rank ``i`` keeps there:
 
 - parts ``{scene}/rank-{i}.part-{k}{suffix}``: what its task's output holds of finished tiles, written since the
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
+from rasterscale.jobs.paths import rank_stem
 from rasterscale.tasks.spec import Part
-from rasterscale.workflow.paths import rank_stem
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock

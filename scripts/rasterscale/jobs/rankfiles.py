@@ -3,12 +3,12 @@
 Each prediction rank writes, per scene, its task's output (``rank-{i}.parquet`` of detections, ``rank-{i}.tif`` of
 classes, ...) and then, as the last step, its record ``rank-{i}.json``: the tile_ids it processed (also those that
 gave nothing), its profile (:mod:`rasterscale.predict.profile`) and how many of them an earlier run of the rank had
-saved (:mod:`rasterscale.predict.tile_resume`). The record is written after the output, atomically,
+saved (:mod:`rasterscale.jobs.resume`). The record is written after the output, atomically,
 so a record on disk means a complete output beside it. The merge checks from the records that the processed
 tile_ids are the manifest's, each exactly once, before it reads any output.
 
 A scene's rank files live in the folder of the (batch, shard) job that wrote them:
-``results/{run}/predict/batch-{b}/shard-{s}/{scene}/rank-{i}.*`` (:func:`rasterscale.workflow.paths.rank_stem`).
+``results/{run}/predict/batch-{b}/shard-{s}/{scene}/rank-{i}.*`` (:func:`rasterscale.jobs.paths.rank_stem`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def write_rank_record(
 ) -> Path:
     """Write the record of a rank's output ``{stem}.*`` (atomically): its processed tile_ids, its profile (of
     this run's prediction) and how many of the tiles came from an earlier run's saved parts
-    (:mod:`rasterscale.predict.tile_resume`)."""
+    (:mod:`rasterscale.jobs.resume`)."""
 
     path = record_path(stem)
     record = {"format": RECORD_FORMAT, "tile_ids": [int(t) for t in tile_ids], "profile": profile, "resumed": resumed}

@@ -94,7 +94,7 @@ class RunPaths:
         return resume_dir(self.shard_dir(batch, shard))
 
     def rank_files(self, scene: str, batch: int, shards: int, world_size: int) -> list[str]:
-        """A scene's rank files (paths without suffix: rasterscale.predict.rankfiles), every shard's, in rank
+        """A scene's rank files (paths without suffix: rasterscale.jobs.rankfiles), every shard's, in rank
         order: rank r of shard s is rank s * world_size + r."""
         return [
             rank_stem(self.shard_dir(batch, s), scene, s * world_size + r)
