@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # run 
 from jobs import run_predict_job
 from measures import autocast, read_tiles
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
@@ -41,9 +42,9 @@ def write_unet(path: Path) -> Path:
     """rasterscale's U-Net segmenter (ResNet-18 encoder, RGB), untrained and seeded: speed does not depend on
     weights."""
     spec = task_spec(TASK).load()
-    config = validate_config({"task": TASK, "tiling": {"patch_size": PATCH}})
+    settings = settings_of(validate_config({"task": TASK, "tiling": {"patch_size": PATCH}}))
     torch.manual_seed(0)
-    model_cfg = spec.model_config(config)
+    model_cfg = spec.model_config(settings)
     spec.save_model(spec.build_model(model_cfg), model_cfg, path)
     return path
 
@@ -101,7 +102,8 @@ def measure_form(
     if device.type == "cpu":
         torch.set_num_threads(profile["threads"])
     task = task_spec(TASK).load()
-    model = task.prepare_for_inference(task.load_model(path, config)[0], config["predict"]).to(device)
+    settings = job_settings(config)
+    model = task.prepare_for_inference(task.load_model(path, settings)[0], settings.predict).to(device)
     forward = forward_seconds(model, images, batch, precision, device)
     return {
         "tiles_per_s": round(profile["tiles_per_s"], 2),

@@ -162,12 +162,12 @@ MERGE_CHILD = """
 import json, sys, time
 from pathlib import Path
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.tasks.instances.merge import merge_scene
 job = json.loads(sys.argv[1])
 started, cpu = time.perf_counter(), time.process_time()
-crowns = merge_scene(
-    job["rank_files"], job["manifest"], job["raster"], job["gpkg"], job["parquet"], validate_config({})["merge"]
-)
+merge = settings_of(validate_config({})).merge
+crowns = merge_scene(job["rank_files"], job["manifest"], job["raster"], job["gpkg"], job["parquet"], merge)
 seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
 hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
 peak_mb = round(int(hwm.split()[1]) / 1024, 1)

@@ -3,7 +3,6 @@ train_model rules run them) and timing them."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -16,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import job_settings
+from rasterscale.jobs.files import PredictJob, TrainJob
 from rasterscale.jobs.paths import rank_stem
 from rasterscale.jobs.rankfiles import read_profiles
+from rasterscale.scene import Scene
 from rasterscale.tasks.detection.modelfiles import read_model_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,16 +84,14 @@ def run_predict_job(
     out_dir = workdir / "predict"
     job = workdir / "job.json"
     workdir.mkdir(parents=True, exist_ok=True)
-    scene = {"name": "scene", "raster": str(raster), "manifest": str(manifest)}
-    job.write_text(json.dumps({"scenes": [scene]}))
-    command = [
-        sys.executable,
-        str(ENTRY),
-        *("--job", str(job), "--model", str(model_file)),
-        *("--config", json.dumps(config), "--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")),
-    ]
-    wall = run_job("predict", command, cores, timeout)
     world = config["predict"]["devices"]
+    scene = Scene(
+        "scene", str(raster), str(manifest), rank_files=tuple(rank_stem(out_dir, "scene", r) for r in range(world))
+    )
+    PredictJob(0, (scene,), str(model_file), 1, job_settings(config)).write(job)
+    command = [sys.executable, str(ENTRY), "--job", str(job)]
+    command += ["--out-dir", str(out_dir), "--log-dir", str(workdir / "logs")]
+    wall = run_job("predict", command, cores, timeout)
     return JobResult(wall, read_profiles([rank_stem(out_dir, "scene", r) for r in range(world)]))
 
 
@@ -133,10 +133,12 @@ def run_train_job(
     its wall time, the model file's metadata and rank 0's progress."""
     workdir.mkdir(parents=True, exist_ok=True)
     model, log_dir = workdir / "model.pt", workdir / "logs"
+    job = workdir / "train-job.json"
+    TrainJob(tuple(Scene.from_dict(scene) for scene in scenes), job_settings(config)).write(job)
     command = [
         sys.executable,
         str(TRAIN_ENTRY),
-        *("--scenes", json.dumps(scenes), "--config", json.dumps(config), "--model", str(model)),
+        *("--job", str(job), "--model", str(model)),
         *("--metrics", str(workdir / "metrics.csv"), "--plot", str(workdir / "curves.png"), "--log-dir", str(log_dir)),
     ]
     wall = run_job("train", command, cores, timeout)

@@ -41,6 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from measures import spread
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.datasets.tiles import RasterHandle, to_model_input
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
@@ -133,7 +134,8 @@ def fast_segmenter(bands: InputBands) -> torch.nn.Module:
     """The untrained segmenter of these bands (seeded), prepared as prediction prepares it (channels_last)."""
     torch.manual_seed(0)
     model = build_segmenter(SegmenterConfig(LABELS, patch_size=PATCH, input=bands))
-    return SegmentationTask().prepare_for_inference(model, {"channels_last": True})
+    predict = settings_of(validate_config({"task": "segmentation", "predict": {"channels_last": True}})).predict
+    return SegmentationTask().prepare_for_inference(model, predict)
 
 
 def first_conv(model: torch.nn.Module) -> torch.nn.Conv2d:

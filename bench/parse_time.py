@@ -220,8 +220,8 @@ def measure(workdir: Path, repeats: int) -> dict[str, Any]:
         "job": job_command(workdir),
         "slurm_job": job_command(workdir, "--executor", "slurm-jobstep", "--jobs", "1"),
     }
-    # the job's inputs: the first batch's job file (rule scene_batch, a local rule: the main process runs it)
-    run(snakemake(workdir, "--cores", "1", RUN.batch_file(0)), workdir)
+    # the job's inputs: the plan's job files (the main process writes them before the DAG, a dry run too)
+    run(snakemake(workdir, "-n", "--cores", "1"), workdir)
     walls: dict[str, list[float]] = {mode: [] for mode in MODES}
     cpus: dict[str, list[float]] = {mode: [] for mode in MODES}
     own: list[float] = []

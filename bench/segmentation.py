@@ -17,7 +17,6 @@ thousands of holes across the band.
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
@@ -29,10 +28,13 @@ from typing import Any
 
 from jobs import run_predict_job
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import job_settings
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
+from rasterscale.jobs.files import MergeJob
 from rasterscale.jobs.paths import rank_stem
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.scene import Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.regression.model import build_regressor, save_regressor
 from rasterscale.tasks.regression.modelfiles import RegressorConfig
@@ -116,7 +118,7 @@ def merge_peak_rss_mb(
     """Run the merge entry of ``config``'s task on the rank's files in its own process, writing the task's scene
     outputs into ``directory``; its peak RSS (MB) and wall time (s)."""
     task = config["task"]
-    outputs = {key: str(directory / name) for key, name in task_spec(task).scene_outputs(config).items()}
+    outputs = {key: str(directory / name) for key, name in task_spec(task).scene_outputs(job_settings(config)).items()}
     scene = {
         "name": "scene",
         "raster": str(raster),
@@ -126,9 +128,9 @@ def merge_peak_rss_mb(
         "profile": str(directory / "predict_profile.json"),
     }
     job = directory / "merge-job.json"
-    job.write_text(json.dumps({"scenes": [scene]}))
-    merge_config = {"task": task, "labels": list(DENSE_TASKS[task].labels), "merge": {}, "predict": {}}
-    command = [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(merge_config)]
+    settings = job_settings({"task": task, "merge": {}, "predict": {}})
+    MergeJob(0, (Scene.from_dict(scene),), tuple(DENSE_TASKS[task].labels), settings).write(job)
+    command = [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job)]
     command += ["--record", str(directory / "merged.json")]
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", PEAK_OF, *command], capture_output=True, text=True, check=True)

@@ -3,19 +3,20 @@
 # need of it, in Snakemake's terms: input functions, params, wildcard constraints, launchers, and the one-line exit.
 #
 # The rules' vocabulary, all of it defined here:
-#   PLAN        the plan: scenes (train_scenes, unbatched_scenes, scene_imagery, raster_inputs), batches
-#               (batch_numbers, prediction_batch, batch_inputs, batch_files, batch_outputs), the project
-#               (project_job, project_inputs, project_outputs), the model (prediction_model, train_start_inputs,
-#               trained_model_outputs), each job's settings (predict_config, training_config, merge_config,
-#               sections), launch geometry (world_size, shards, rank_threads), settings (typed), final_targets
-#   PATHS       this run's outputs under results/{run}/ (rasterscale.jobs.paths.RunPaths); `paths` the files
-#               runs share (models, the environment check)
+#   PLAN        the plan: scenes (train_scenes, unbatched_scenes, raster_inputs, scene_annotations), batches
+#               (batch_numbers, batch_inputs, batch_files, batch_outputs), the project (project_inputs,
+#               project_outputs), the model (prediction_model, train_start_inputs), launch geometry (world_size,
+#               shards, rank_threads), settings (typed), final_targets
+#   PATHS       this run's outputs under results/{run}/ (rasterscale.jobs.paths.RunPaths), among them every job's
+#               file (job_file, scene_job); `paths` the files runs share (models, the environment check, the demo)
+#   jobfiles    the plan's job files (rasterscale.workflow.jobfiles), written here before the DAG: every job reads
+#               its own and nothing else (no setting reaches a job as a flag or a param)
 #   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
 #   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
 #   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
-#   scene_input, pattern, config_json, fail, warn   input functions, wildcard constraints, params, the one-line exit
+#   scene_input, pattern, fail, warn   input functions, wildcard constraints, the one-line exit
+#   DEMO        the demo section (typed): its folder and scenes
 import importlib.util
-import json
 import os
 import shlex
 import sys
@@ -62,14 +63,19 @@ from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.jobs import paths  # noqa: E402
-from rasterscale.workflow import batches, reportfiles, reports, slurm  # noqa: E402
-from rasterscale.workflow.storage import fingerprint, workflow_plan  # noqa: E402
+from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow.storage import workflow_plan  # noqa: E402
 from rasterscale.workflow import resources as job_memory  # noqa: E402
 
 try:
     PLAN = workflow_plan(config, workflow.is_main_process, warn=warn)
 except (ConfigError, InputError) as err:
     fail(err)
+
+# The jobs' files, written by the main process only (a job's re-parse reads its own), each only when its content
+# changed: a job reruns when what it uses changed, and only then.
+if workflow.is_main_process:
+    jobfiles.write_job_files(PLAN)
 
 # Every rank ends when this snakemake process is gone (rasterscale.runtime.lifetime): the rule's shell outlives a
 # killed snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
@@ -78,11 +84,8 @@ os.environ[JOB_PARENT] = str(this_process())
 # The batches whose rules (tile_manifests_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
 # or in a job's re-parse those of its --allowed-rules (its parse does not grow with the project).
 RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
-PLAN_KEY = fingerprint(config)  # the stored plan's key: a job that loads the plan finds it by its config
-CONFIG = PLAN.config
 PATHS = PLAN.paths  # this run's outputs: results/{run}/
-TASK = PLAN.task
-DEMO = CONFIG["demo"]
+DEMO = PLAN.settings.demo
 # the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's
 DEPLOYMENT = getattr(workflow.deployment_settings, "deployment_method", None) or ()
 PYTHON = "python" if DeploymentMethod.CONDA in DEPLOYMENT else sys.executable
@@ -104,11 +107,6 @@ def scene_input(what):
     """Input function: a scene's file by the plan's method ``what`` (scene_source, scene_raster, ...)."""
     method = getattr(PLAN, what)
     return lambda wildcards: method(wildcards.scene)
-
-
-def config_json(*sections):
-    """The validated config's given sections as JSON (a params value: a job reruns when what it uses changes)."""
-    return json.dumps(PLAN.sections(*sections), separators=(",", ":"))
 
 
 def mem_mb(estimate, *args):

@@ -9,6 +9,7 @@ for batch in RULE_BATCHES:
             batches.batch_rule("score", batch)
         input:
             reportfiles.score_inputs(PLAN, batch),
+            job=PATHS.job_file("score", batch),
         output:
             **scored_outputs(batch),
         log:
@@ -19,8 +20,5 @@ for batch in RULE_BATCHES:
             "../envs/environment.yaml"
         resources:
             mem_mb=mem_mb("score", batch),
-        params:
-            batch=batch,
-            config=config_json("task", "evaluate"),
         script:
             "../scripts/score_batch.py"

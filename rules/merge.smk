@@ -1,7 +1,8 @@
 # One merge job per batch of scenes (the plan's batches): each scene's rank files into its layers, in one process
 # (a merge job's start-up, its imports, costs about what merging a small scene does). It checks from the rank
 # records that every tile of each scene was processed exactly once before it reads any output. Its inputs are the
-# batch's job file and shard folders: the rasters and manifests it reads are the prediction's inputs, upstream.
+# batch's job file (rasterscale.jobs.files.MergeJob: its scenes, the class names, the task, merge and predict sections) and
+# shard folders: the rasters and manifests it reads are the prediction's inputs, upstream.
 # Its record comes first among its outputs: Snakemake finds the producer of a file by trying the rule's outputs in
 # order, and what reads the batch asks for the record (at 10,000 scenes, last it cost the DAG about 6 s).
 for batch in RULE_BATCHES:
@@ -10,7 +11,7 @@ for batch in RULE_BATCHES:
         name:
             batches.batch_rule("merge", batch)
         input:
-            job=PATHS.batch_file(batch),
+            job=PATHS.job_file("merge", batch),
             shards=[PATHS.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
             record=PATHS.batch_record("merged", batch),
@@ -25,6 +26,5 @@ for batch in RULE_BATCHES:
             mem_mb=mem_mb("merge", batch),
         params:
             entry=entry_point("merge"),
-            config=PLAN.merge_config().to_json(),
         shell:
-            "{params.entry} --job {input.job:q} --config {params.config:q} --record {output.record:q} > {log:q} 2>&1"
+            "{params.entry} --job {input.job:q} --record {output.record:q} > {log:q} 2>&1"

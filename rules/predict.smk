@@ -1,33 +1,16 @@
-# A batch's job file: its scenes' rasters, manifests, rank files and merged outputs (the plan's prediction_batch,
-# rasterscale.jobs.files), the jobs' inputs, read from a file rather than a command line that would grow
-# with the batch.
-rule scene_batch:
-    output:
-        PATHS.batch_file("{batch}"),
-    log:
-        "logs/scene_batch/batch-{batch}.log",
-    localrule: True
-    conda:
-        "../envs/environment.yaml"
-    resources:
-        mem_mb=mem_mb("job_file"),
-    params:
-        job=lambda wildcards: PLAN.prediction_batch(int(wildcards.batch)).to_json(),
-    script:
-        "../scripts/write_job_file.py"
-
-
 # One prediction job per (batch, shard), on one node with world_size ranks: it loads the model once and predicts
 # every scene of the batch; rank r of shard s writes {scene}/rank-{s * world_size + r}.* and its record
 # {scene}/rank-{i}.json (rasterscale/jobs/rankfiles.py) into the shard's folder, for each scene of the batch. Its
 # ranks save finished tiles in the sibling folder shard-{shard}.resume/ (kept when the job fails, removed when
 # it succeeds): a rerun predicts only the rest (rasterscale/jobs/resume.py).
-# Its inputs are the record of the batch's tile manifests (the manifests and seams' mosaics that job wrote; the
-# rasters come before them): every input file costs the DAG a producer lookup (rasterscale/workflow/batches.py).
+# Its job file (rasterscale.jobs.files.PredictJob) holds the batch's scenes, the model file, the shards and the task,
+# model, tiling and predict sections. Its inputs are the record of the batch's tile manifests (the manifests and
+# seams' mosaics that job wrote; the rasters come before them): every input file costs the DAG a producer lookup
+# (rasterscale/workflow/batches.py).
 rule predict:
     input:
         tiled=PATHS.batch_record("tiled", "{batch}"),
-        job=PATHS.batch_file("{batch}"),
+        job=PATHS.job_file("predict", "{batch}"),
         model=PLAN.prediction_model(),
     output:
         directory(PATHS.shard_dir("{batch}", "{shard}")),
@@ -46,11 +29,8 @@ rule predict:
     params:
         entry=entry_point("predict"),
         launcher=launcher("predict"),
-        config=json.dumps(PLAN.predict_config(), separators=(",", ":")),
-        shards=PLAN.shards,
         log_dir="logs/predict/batch-{batch}/shard-{shard}",
         resume_dir=lambda wildcards: PATHS.shard_resume_dir(wildcards.batch, wildcards.shard),
     shell:
-        "{params.launcher}{params.entry} --job {input.job:q} --model {input.model:q}"
-        " --config {params.config:q} --out-dir {output:q} --log-dir {params.log_dir:q}"
-        " --shards {params.shards} --shard {wildcards.shard} --resume-dir {params.resume_dir:q} > {log:q} 2>&1"
+        "{params.launcher}{params.entry} --job {input.job:q} --shard {wildcards.shard} --out-dir {output:q}"
+        " --log-dir {params.log_dir:q} --resume-dir {params.resume_dir:q} > {log:q} 2>&1"

@@ -1,25 +1,9 @@
 # The project's layers (results/{run}/project/), when a run predicts several scenes: every scene's and seam's merged
-# layers into one, each object kept once (rasterscale/grid/project.py); the job file lists the sources, their
-# footprints and the seams' cores.
-rule project_job:
-    output:
-        PATHS.project_file("job.json"),
-    log:
-        "logs/project/job.log",
-    localrule: True
-    conda:
-        "../envs/environment.yaml"
-    resources:
-        mem_mb=mem_mb("job_file"),
-    params:
-        job=lambda wildcards: PLAN.project_job().to_json(),
-    script:
-        "../scripts/write_project_job.py"
-
-
+# layers into one, each object kept once (rasterscale/grid/project.py); its job file (rasterscale.jobs.files.ProjectJob)
+# lists the sources, their footprints and the seams' cores.
 rule project_layers:
     input:
-        job=PATHS.project_file("job.json"),
+        job=PATHS.job_file("project"),
         layers=lambda wildcards: PLAN.project_inputs(),
     output:
         **PLAN.project_outputs(),

@@ -2,11 +2,12 @@
 # rest of the run does not write, rendered by small local jobs under results/{run}/report/
 # (rasterscale.workflow.reportfiles says which file is which, rasterscale.tools.report draws them). Categories are
 # numbered: the report orders them by name. Outputs are flagged with report_flag() (rules/common.smk), as train.smk
-# and evaluate.smk flag theirs. The report jobs load the stored plan (their only param is its key): the report lists
-# a job's params.
+# and evaluate.smk flag theirs. The report jobs read their job files (rasterscale.jobs.files.RunPageJob,
+# ProjectMapJob).
 rule report_run:
     input:
         unpack(lambda wildcards: reportfiles.run_inputs(PLAN)),
+        job=PATHS.job_file("run_page"),
     output:
         report_flag(
             PATHS.report_file(reportfiles.RUN_PAGE),
@@ -22,8 +23,6 @@ rule report_run:
         "../envs/environment.yaml"
     resources:
         mem_mb=mem_mb("report"),
-    params:
-        config=PLAN_KEY,  # the page shows the whole config: redone when it changes
     script:
         "../scripts/report_run.py"
 
@@ -31,6 +30,7 @@ rule report_run:
 rule report_project_map:
     input:
         **reportfiles.project_inputs(PLAN),
+        job=PATHS.job_file("project_map"),
     output:
         report_flag(
             PATHS.report_file(reportfiles.PROJECT_MAP),

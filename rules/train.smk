@@ -1,9 +1,12 @@
+# Training, with DDP over the job's ranks; its job file (rasterscale.jobs.files.TrainJob) holds the training scenes
+# and the task, model, tiling and train sections with the training scenes' entries.
 rule train_model:
     input:
         unpack(lambda wildcards: PLAN.train_start_inputs()),
         rasters=PLAN.raster_inputs(*PLAN.train_scenes),
         annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
         manifests=[PATHS.scene_manifest(name) for name in PLAN.train_scenes],
+        job=PATHS.job_file("train"),
     output:
         **training_outputs("{model}"),
     log:
@@ -18,10 +21,8 @@ rule train_model:
     params:
         entry=entry_point("train"),
         launcher=launcher("train"),
-        scenes=PLAN.training_scenes().to_json(),
-        config=json.dumps(PLAN.training_config(), separators=(",", ":")),
         log_dir="logs/train/{model}",
     shell:
-        "{params.launcher}{params.entry} --scenes {params.scenes:q} --config {params.config:q}"
+        "{params.launcher}{params.entry} --job {input.job:q}"
         " --model {output.model:q} --metrics {output.metrics:q} --plot {output.plot:q} --log-dir {params.log_dir:q}"
         " > {log:q} 2>&1"

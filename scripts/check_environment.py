@@ -1,24 +1,25 @@
-"""Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput). Run locally, this
-process starts the job's other ranks first (rasterscale.runtime.launch)."""
+"""Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput), as its job file
+says. Run locally, this process starts the job's other ranks first (rasterscale.runtime.launch)."""
 
 import argparse
-import json
 
+from rasterscale.jobs.files import CheckJob
 from rasterscale.runtime.launch import start_local_ranks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", type=json.loads, required=True, help="JSON of the validated config")
+    parser.add_argument("--job", required=True, help="the check's job file (rasterscale.jobs.files.CheckJob)")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     args = parser.parse_args()
-    ranks = start_local_ranks(args.config, "predict")
+    job = CheckJob.read(args.job)
+    ranks = start_local_ranks(job.settings, "predict")
     # imported once the other ranks are started, so that every rank imports torch at the same time
     from rasterscale.runtime.ranks import run_spec
     from rasterscale.tools.envcheck import run_environment_check
 
-    run_environment_check(args.config, run_spec(args.config, "predict"), args.out_dir, args.log_dir)
+    run_environment_check(job.settings, run_spec(job.settings, "predict"), args.out_dir, args.log_dir)
     ranks.finish()
 
 

@@ -7,7 +7,7 @@ import argparse
 from rasterscale.atomic import write_json
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
-from rasterscale.jobs.files import MergeConfig, PredictionBatch
+from rasterscale.jobs.files import MergeJob
 from rasterscale.jobs.profile import format_profile_table, write_scene_profile
 from rasterscale.jobs.rankfiles import check_scene_records
 from rasterscale.tasks.registry import task_spec
@@ -15,20 +15,17 @@ from rasterscale.tasks.registry import task_spec
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job", required=True, help="the batch's job file (JSON: scenes with their rank files)")
-    parser.add_argument(
-        "--config", type=MergeConfig.from_json, required=True, help="JSON: task, labels, merge, predict"
-    )
+    parser.add_argument("--job", required=True, help="the batch's merge job file (rasterscale.jobs.files.MergeJob)")
     parser.add_argument("--record", required=True, help="the batch's merge record to write (JSON: files written)")
     args = parser.parse_args()
-    config: MergeConfig = args.config
-    spec = task_spec(config.task)  # not the task itself: no torch in a merge job
+    job = MergeJob.read(args.job)
+    spec = task_spec(job.settings.task)  # not the task itself: no torch in a merge job
     written: list[str] = []
-    for scene in PredictionBatch.read(args.job).scenes:
+    for scene in job.scenes:
         stems = list(scene.rank_files)
         check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
         outputs = [stem + spec.rank_suffix for stem in stems]
-        merged = spec.merge(scene.as_mapping(), outputs, config.as_mapping())
+        merged = spec.merge(scene.as_mapping(), outputs, job.settings, job.labels)
         print(f"{scene.name}: merged {len(stems)} rank files: {merged}")
         profile = write_scene_profile(stems, scene.outputs["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene.outputs['profile']})"))

@@ -10,10 +10,10 @@ from rasterscale.tasks.registry import task_spec
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job", required=True, help="the project's job file (JSON: sources with their layers)")
+    parser.add_argument("--job", required=True, help="the project's job file (rasterscale.jobs.files.ProjectJob)")
     args = parser.parse_args()
     job = ProjectJob.read(args.job)
-    spec = task_spec(job.task)  # not the task itself: no torch here
+    spec = task_spec(job.settings.task)  # not the task itself: no torch here
     print(spec.merge_project(job.as_mapping()))
 
 

@@ -10,13 +10,16 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.grid.manifest import build_manifest, write_manifest
+from rasterscale.config.settings import job_settings, settings_of
+from rasterscale.grid.manifest import build_manifest, read_grid, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision
 from rasterscale.scene import Scene
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
+
+PREDICT_SECTIONS = ("task", "model", "tiling", "predict")  # the settings a prediction job carries
 
 
 @dataclass(frozen=True)
@@ -55,22 +58,25 @@ def predict_rank_file(
     """Predict the whole scene with one CPU rank, in this process; returns its rank file (its record is beside
     it: ``path.with_suffix(".json")``). ``model``: config keys
     of the model section (over a score threshold of 0)."""
-    predict_cfg = validate_config(
+    config = validate_config(
         {
+            "task": "detection",
+            "model": {"score_threshold": 0.0, **(model or {})},
+            "tiling": {"patch_size": scene.patch_size, "overlap": scene.overlap},
             "predict": {
                 "batch_size": batch_size,
                 "workers": workers,
                 "strategy": strategy,
                 "channels_last": channels_last,
                 "precision": precision,
-            }
+            },
         }
-    )["predict"]
+    )
     resolution = resolve_precision("predict", precision, "cpu")
     run_prediction(
         [Scene("scene", str(scene.raster), str(scene.manifest))],
         scene.model_file,
-        config={"task": "detection", "model": {"score_threshold": 0.0, **(model or {})}, "predict": predict_cfg},
+        settings=job_settings({key: config[key] for key in PREDICT_SECTIONS}),  # what a prediction job carries
         spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,
         log_dir=out_dir / "logs",
@@ -83,16 +89,19 @@ def predict_crowns_in_process(raster: Path, manifest: Path, model_file: Path, ou
     its crowns.parquet. ``model``: the model section's keys set (over the model file's)."""
     from rasterscale.tasks.instances.merge import merge_scene
 
-    config = validate_config({"task": "instances", "model": model, "predict": {"workers": 0}})
-    resolution = resolve_precision("predict", config["predict"]["precision"], "cpu")
+    grid = read_grid(manifest)  # the tiling the manifest was cut with, as the prediction job's file carries it
+    tiling = {"patch_size": grid.patch_size, "overlap": grid.overlap}
+    config = validate_config({"task": "instances", "model": model, "tiling": tiling, "predict": {"workers": 0}})
+    settings = settings_of(config)
+    resolution = resolve_precision("predict", settings.predict.precision, "cpu")
     run_prediction(
         [Scene("scene", str(raster), str(manifest))],
         model_file,
-        config={key: config[key] for key in ("task", "model", "predict")},
+        settings=job_settings({key: config[key] for key in PREDICT_SECTIONS}),
         spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,
         log_dir=out_dir / "logs",
     )
     parquet = out_dir / "crowns.parquet"
-    merge_scene([out_dir / "scene/rank-0.parquet"], manifest, raster, out_dir / "crowns.gpkg", parquet, config["merge"])
+    merge_scene([out_dir / "scene/rank-0.parquet"], manifest, raster, out_dir / "crowns.gpkg", parquet, settings.merge)
     return parquet

@@ -11,6 +11,7 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.datasets.tiles import RasterHandle, load_region, pixels_to_tensor
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import (
@@ -146,7 +147,7 @@ def test_normalization_is_stored_in_the_model_file_and_reused_at_prediction(tmp_
     tile = torch.rand(1, 4, 64, 64) * torch.tensor([600.0, 800.0, 500.0, 4000.0]).view(1, 4, 1, 1)
     with torch.inference_mode():
         assert torch.equal(loaded.eval()(tile), model(tile))
-    config = validate_config({"task": "segmentation", "model": {"file": str(tmp_path / "seg.pt")}})
+    config = settings_of(validate_config({"task": "segmentation", "model": {"file": str(tmp_path / "seg.pt")}}))
     assert segmenter_of_config(config).input == bands  # the dry run reads it from the header
 
 
@@ -155,13 +156,15 @@ def test_an_rgbn_segmenter_fine_tunes_from_an_rgb_one(tmp_path):
     rgb_cfg = SegmenterConfig(("background", "tree"), patch_size=64)
     rgb = build_segmenter(rgb_cfg)
     save_segmenter(rgb, rgb_cfg, tmp_path / "rgb.pt")
-    config = validate_config(
-        {
-            "task": "segmentation",
-            "scenes": {"a": {"path": "a.tif", "annotations": "a.gpkg", "bands": [1, 2, 3, 4], "normalize": "auto"}},
-            "model": {"band_names": list(RGBN)},
-            "train": {"scenes": ["a"], "init": str(tmp_path / "rgb.pt")},
-        }
+    config = settings_of(
+        validate_config(
+            {
+                "task": "segmentation",
+                "scenes": {"a": {"path": "a.tif", "annotations": "a.gpkg", "bands": [1, 2, 3, 4], "normalize": "auto"}},
+                "model": {"band_names": list(RGBN)},
+                "train": {"scenes": ["a"], "init": str(tmp_path / "rgb.pt")},
+            }
+        )
     )
     assert configured_input(config) == InputBands(RGBN, (), (), raw=True)
     cfg = SegmenterConfig(("background", "tree"), patch_size=64, input=scaled_input(RGBN))

@@ -29,7 +29,7 @@ from rasterscale.scene import Scene
 from rasterscale.tools.condaenv import parse_requirements, render_environment
 from rasterscale.workflow import resources
 from rasterscale.workflow.plan import Plan
-from workflow import run_workflow
+from workflow import jobs_planned, run_workflow
 
 REQUIREMENTS = REPO / "envs/requirements.txt"
 ENVIRONMENT = REPO / "envs/environment.yaml"
@@ -141,7 +141,7 @@ SCENE = "scene"
 RUN = "model"  # the run's name: its model file's (model.pt), no model.name given
 MERGED = f"results/{RUN}/{SCENE}/detections.parquet"
 MANIFEST = f"results/{RUN}/{SCENE}/tiles.parquet"
-CPU_RULES = ("scene_batch", "tile_manifests_batch_0", "merge_batch_0")
+CPU_RULES = ("tile_manifests_batch_0", "merge_batch_0")
 
 
 def module_snakefile(snakefile: str) -> str:
@@ -184,8 +184,16 @@ def inputs(tmp_path_factory) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def direct_run(inputs, tmp_path_factory) -> Path:
+    """The tiny detection run of ``inputs``, run directly (the checkout's Snakefile) up to its merged layer."""
+    direct = tmp_path_factory.mktemp("direct")
+    run_workflow(direct, inputs, MERGED)
+    return direct
+
+
 @pytest.mark.slow
-def test_as_a_module_from_another_folder_it_plans_and_predicts_what_the_direct_run_does(inputs, tmp_path):
+def test_as_a_module_from_another_folder_it_plans_and_predicts_what_the_direct_run_does(inputs, direct_run, tmp_path):
     folder = tmp_path / "user"
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(inputs))
@@ -196,14 +204,32 @@ def test_as_a_module_from_another_folder_it_plans_and_predicts_what_the_direct_r
         job = dry.stdout[dry.stdout.index(f"rule {rule}:") :]
         assert "mem_mb=" in job[: job.index("\n\n")], f"{rule}: no mem_mb"
     run_module(folder, MERGED)
-    direct = tmp_path / "direct"
-    run_workflow(direct, inputs, MERGED)
+    direct = direct_run
     for path in (MANIFEST, MERGED):
         ours, theirs = gpd.read_parquet(folder / path), gpd.read_parquet(direct / path)
         assert len(ours) == len(theirs) > 0, path
         pd.testing.assert_frame_equal(pd.DataFrame(ours.drop(columns="geometry")), theirs.drop(columns="geometry"))
         assert ours.geometry.to_wkb().tolist() == theirs.geometry.to_wkb().tolist(), path
     assert len(gpd.read_parquet(folder / MERGED)) > 100  # a real comparison
+
+
+@pytest.mark.slow
+def test_a_changed_setting_reruns_the_jobs_whose_files_carry_it_and_no_other(inputs, direct_run):
+    """Each job reads its settings from its job file, rewritten only when its content changes: a setting reruns the
+    jobs that use it, from the first of them on; an unchanged config, nothing."""
+
+    def planned(**sections: dict) -> dict[str, int]:
+        config = {**inputs, **{key: {**inputs.get(key, {}), **value} for key, value in sections.items()}}
+        return jobs_planned(direct_run, config, MERGED)
+
+    job = direct_run / f"results/{RUN}/jobs/predict/batch-0.json"
+    written = job.stat().st_mtime_ns
+    assert planned() == {} and job.stat().st_mtime_ns == written  # the same plan: no job file written again
+    assert planned(merge={"iou_threshold": 0.3}) == {"merge_batch_0": 1}
+    assert planned(predict={"batch_size": 2}) == {"predict": 1, "merge_batch_0": 1}  # the merge reads predict too
+    assert planned(tiling={"overlap": 16}) == {"tile_manifests_batch_0": 1, "predict": 1, "merge_batch_0": 1}
+    assert planned(evaluate={"iou_threshold": 0.3}) == {}  # no scoring job towards the merged layer
+    assert planned() == {}  # back to the run's config: its files as they were
 
 
 @pytest.fixture

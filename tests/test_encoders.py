@@ -14,6 +14,7 @@ import torch
 
 from conftest import UTM17N, write_raster
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.tasks.encoders import SMP_ENCODERS, encoder_name
 from rasterscale.tasks.regression.model import build_regressor, load_regressor, save_regressor
@@ -73,7 +74,7 @@ def test_the_encoders_are_smps_own_or_timms():
 def test_a_torchgeo_style_timm_state_dict_starts_the_encoder_it_fits(data, encoder):
     """Training starts a 13-band segmenter's encoder from the file: its features are timm's model's, stage by stage;
     the classifier is left out and said so."""
-    config = validate_config(config_of(data, encoder=encoder, encoder_weights=str(data / "s2.pth")))
+    config = settings_of(validate_config(config_of(data, encoder=encoder, encoder_weights=str(data / "s2.pth"))))
     cfg = segmenter_of_config(config)
     assert (cfg.encoder, cfg.input.count) == (encoder, SENTINEL2)
     task = SegmentationTask()
@@ -92,7 +93,7 @@ def test_a_torchgeo_style_timm_state_dict_starts_the_encoder_it_fits(data, encod
 
 
 def test_weights_of_another_encoder_fail_when_training_starts_in_one_line(data):
-    config = validate_config(config_of(data, encoder="resnet18", encoder_weights=str(data / "s2.pth")))
+    config = settings_of(validate_config(config_of(data, encoder="resnet18", encoder_weights=str(data / "s2.pth"))))
     cfg = segmenter_of_config(config)
     with pytest.raises(InputError, match=rf"^{data / 's2.pth'}: .* tensors differ in shape from the encoder's, e\.g\."):
         SegmentationTask().initial_weights(build_segmenter(cfg), cfg, config)

@@ -18,6 +18,7 @@ import yaml
 from rasterio.windows import Window
 from scipy import ndimage
 
+from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
 from rasterscale.tasks.exported.card import ModelCard, card_path
 from rasterscale.tasks.exported.runtime import load_exported
@@ -212,7 +213,7 @@ def test_a_regression_file_gives_its_values_and_a_coarser_output_is_brought_to_t
     path = export(net, tmp_path / "height.onnx", "onnx")
     keys = card(task="regression", labels=["height"], output="values", output_stride=2)
     config = {"task": "regression", "model": {"file": str(path), "card": keys}, "tiling": {"patch_size": PATCH}}
-    model_card = regression_model(config)
+    model_card = regression_model(job_settings(config))
     assert isinstance(model_card, ModelCard) and model_card.source == "model.card" and model_card.outputs == 1
     model = load_exported(model_card)
     tiles = torch.rand(5, 4, PATCH, PATCH) * 255  # 5 tiles: the file's batch is dynamic
@@ -223,7 +224,7 @@ def test_a_regression_file_gives_its_values_and_a_coarser_output_is_brought_to_t
     expected = torch.nn.functional.interpolate(plain, size=(PATCH, PATCH), mode="bilinear", align_corners=False)
     assert torch.allclose(values, expected, atol=1e-4)
     with pytest.raises(InputError, match=re.escape("key 'output' is 'logits'; a regression model gives values")):
-        regression_model({**config, "model": {**config["model"], "card": {**keys, "output": "logits"}}})
+        regression_model(job_settings({**config, "model": {**config["model"], "card": {**keys, "output": "logits"}}}))
     assert REGRESSION_CARD.outputs == ("values",)
 
 
@@ -246,7 +247,7 @@ def test_a_file_of_fixed_batch_size_gets_its_batches_cut_and_padded(data, tmp_pa
 def regression_or_segmentation_card(config: dict) -> ModelCard:
     from rasterscale.tasks.segmentation.spec import segmentation_model
 
-    found = segmentation_model(config)
+    found = segmentation_model(job_settings({key: config[key] for key in ("task", "model", "tiling", "train")}))
     assert isinstance(found, ModelCard)
     return found
 
@@ -433,8 +434,9 @@ def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
             "output": "logits" if task == "segmentation" else "values",
         }
         config = {"task": task, "model": {"file": str(tmp_path / exported)}, "tiling": {"patch_size": PATCH}}
-        model_card = find(config)  # the dry run's check of the card against the file
-        reference = task_spec(task).load().load_model(tmp_path / native, {"task": task, "model": {}})[0].eval()
+        model_card = find(job_settings(config))  # the dry run's check of the card against the file
+        native_model = task_spec(task).load().load_model(tmp_path / native, job_settings({"task": task, "model": {}}))
+        reference = native_model[0].eval()
         with torch.inference_mode():
             expected, got = reference(tiles), load_exported(model_card)(tiles)
         assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-3), task

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -347,21 +346,16 @@ def test_the_recovered_run_gives_the_uninterrupted_layer(reference, faults):
 
 
 def predict_command(config: dict) -> str:
-    """The rule predict's command for one shard of 2 ranks launched by srun (what the Slurm profile runs)."""
+    """The rule predict's command for one shard of 2 ranks launched by srun (what the Slurm profile runs): the
+    batch's prediction job file, written by the plan of ``config``'s run."""
     from rasterscale.config.schema import validate_config
     from rasterscale.runtime.preflight import srun_prefix
 
-    valid = validate_config(config)
-    job_config = {
-        "task": valid["task"],
-        "model": valid["model"],
-        "tiling": valid["tiling"],
-        "predict": {key: value for key, value in valid["predict"].items() if key != "scenes"},
-    }
+    workers = validate_config(config)["predict"]["workers"]
     return (
-        f"{srun_prefix(1, 2, valid['predict']['workers'] + 1)}{sys.executable} {REPO / 'scripts/predict.py'}"
-        f" --job {RUN.batch_file(0)} --model model.pt --config {shlex.quote(json.dumps(job_config))}"
-        f" --out-dir {RUN.shard_dir(0, 0)} --log-dir logs/predict/batch-0/shard-0 --shards 1 --shard 0"
+        f"{srun_prefix(1, 2, workers + 1)}{sys.executable} {REPO / 'scripts/predict.py'}"
+        f" --job {RUN.job_file('predict', 0)} --out-dir {RUN.shard_dir(0, 0)}"
+        " --log-dir logs/predict/batch-0/shard-0 --shard 0"
     )
 
 
@@ -391,7 +385,7 @@ def test_on_slurm_killing_one_rank_ends_the_job_at_once(cluster, reference, tmp_
     """kill -9 of rank 0 of an srun-launched 2-rank prediction mid-prediction: srun's --kill-on-bad-exit ends rank 1
     (else blocked in a collective for gloo's 30 minutes) and the job."""
     run = tmp_path / "run"
-    for name in ("scene.tif", "model.pt", RUN.scene_manifest(SCENE), RUN.batch_file(0)):
+    for name in ("scene.tif", "model.pt", RUN.scene_manifest(SCENE), RUN.job_file("predict", 0)):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(reference[0] / name, run / name)
     (run / "job.sh").write_text(f"#!/bin/sh\n{predict_command(scene_config())}\n")

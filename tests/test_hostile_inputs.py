@@ -22,6 +22,7 @@ import shapely
 
 from conftest import REPO, damage_block, write_raster
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
@@ -301,8 +302,8 @@ def test_rasters_and_model_files_that_fail_from_their_headers(data, detector_fil
     with pytest.raises(
         ConfigError, match=r"'model.labels' is \[shrub, tree\] but .*my model.pt predicts \[tree, shrub\]"
     ):
-        detector_of_config(other)
-    same = validate_config({"model": {"file": str(detector_file), "labels": ["Tree", "Shrub"]}})
+        detector_of_config(settings_of(other))
+    same = settings_of(validate_config({"model": {"file": str(detector_file), "labels": ["Tree", "Shrub"]}}))
     assert detector_of_config(same)[0].labels == ("Tree", "Shrub")  # the file's classes, named as the user does
 
 
@@ -490,8 +491,9 @@ def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_
 PEER_RANKS = """
 import sys
 sys.path.insert(0, {scripts!r})
+from rasterscale.config.settings import job_settings
 from rasterscale.runtime.launch import start_local_ranks
-ranks = start_local_ranks({{"predict": {{"devices": 2, "shards": 1}}}}, "predict")  # rank 0 starts rank 1
+ranks = start_local_ranks(job_settings({{"predict": {{"devices": 2, "shards": 1}}}}), "predict")  # rank 0 starts 1
 import torch.distributed as dist
 from rasterscale.errors import InputError
 from rasterscale.runtime.ranks import current_rank, setup_rank_logging

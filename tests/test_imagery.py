@@ -171,10 +171,15 @@ def test_manifest_without_spec_says_how_to_fix(tmp_path, raster_factory):
 def test_tile_manifest_entry_logs_the_spec(tmp_path):
     ramp = np.tile(np.arange(256, dtype=np.uint16) * 100, (3, 256, 1))
     path = write_raster(tmp_path / "ramp.tif", 256, 256, data=ramp)
-    imagery = json.dumps({"key": "scenes.ramp", "bands": [1, 2, 3], "scale": {"percentile": [1, 99]}})
+    from rasterscale.config.settings import job_settings
+    from rasterscale.jobs.files import TilesJob
+    from rasterscale.scene import Imagery, Scene
+
+    imagery = Imagery("scenes.ramp", [1, 2, 3], {"percentile": [1, 99]})
     out = tmp_path / "tiles.parquet"
-    command = [sys.executable, str(REPO / "scripts/tile_manifest.py"), "--raster", str(path), "--out", str(out)]
-    command += ["--patch-size", "128", "--overlap", "0", "--imagery", imagery]
+    tiling = job_settings({"tiling": {"patch_size": 128, "overlap": 0, "skip_nodata": True}})
+    TilesJob((Scene("ramp", str(path), str(out), imagery),), tiling).write(tmp_path / "job.json")
+    command = [sys.executable, str(REPO / "scripts/tile_manifest.py"), "--job", str(tmp_path / "job.json")]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     assert "imagery bands [1, 2, 3], mask none, scale percentile 1-99: [" in result.stdout
     assert read_spec(out).scale == "percentile 1-99"

@@ -16,6 +16,7 @@ import shapely
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
+from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_pairs, pair_ious
@@ -31,7 +32,7 @@ from rasterscale.tasks.instances.rankoutput import InstanceRankOutput
 
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 WIDTH, HEIGHT, PATCH, OVERLAP = 700, 400, 400, 100
-MERGE = {"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6}
+MERGE = job_settings({"merge": {"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6}}).merge
 LABELS = ["tree", "snag"]
 YY, XX = np.mgrid[0:HEIGHT, 0:WIDTH]  # scene pixel centres are at (XX + 0.5, YY + 0.5)
 
@@ -196,7 +197,7 @@ def test_duplicates_merge_by_mask_iou_while_interleaved_crowns_whose_boxes_coinc
     ranks = read_rank_files([tmp_path / "rank-0.parquet"], empty_instances)
     boxes = ranks[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].to_numpy()
     i, j = box_pairs(boxes)
-    suppressing = pair_ious(boxes[i], boxes[j]) > MERGE["iou_threshold"]
+    suppressing = pair_ious(boxes[i], boxes[j]) > MERGE.iou_threshold
     assert pair_ious(boxes[:1], boxes[1:2])[0] > 0.95  # the same square, a corner cut aside
     assert greedy_nms(ranks["score"].to_numpy(), i[suppressing], j[suppressing]).sum() == 2  # one L-shape lost
 
@@ -389,7 +390,7 @@ def test_a_perfect_models_crowns_stitch_at_inner_tile_edges_as_well_as_away_from
         raster,
         tmp_path / "crowns.gpkg",
         tmp_path / "crowns.parquet",
-        validate_config({"task": "instances"})["merge"],
+        settings_of(validate_config({"task": "instances"})).merge,
     )
     scene_box = shapely.box(0, 0, side, side)
     truth = np.array([shapely.Point(x, y).buffer(r).intersection(scene_box) for x, y, r in discs])

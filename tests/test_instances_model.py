@@ -18,6 +18,8 @@ from torchvision.models.detection import maskrcnn_resnet50_fpn
 
 from conftest import REPO
 from deepforest_files import DeepForestMaskRCNN, torchvision_retinanet, write_deepforest_maskrcnn, write_folder
+from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import Settings, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.model import build_detector, save_detector
@@ -42,6 +44,11 @@ from rasterscale.tasks.instances.modelfiles import (
 TILE = 128  # px: DeepForest's resnet50 compared at this size, min_size = max_size = the tile (no resampling)
 LOSSES = {"loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg"}
 LIGHT = InstanceConfig(backbone="resnet18", labels=("tree", "snag"), patch_size=64, fpn_channels=64)
+
+
+def settled(raw: dict) -> Settings:
+    """The typed settings of an instances config's keys (validated)."""
+    return settings_of(validate_config({"task": "instances", **raw}))
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +149,9 @@ def test_both_backbones_build_and_a_training_step_gives_the_five_losses(backbone
 
 
 def test_predicted_instances_are_numpy_arrays_in_tile_pixels(light_file):
-    model, cfg, meta = load_instance_model(light_file, {"model": {"score_threshold": 0.0, "detections_per_tile": 10}})
+    tiling = {"patch_size": LIGHT.patch_size, "overlap": 16}  # the file's tiles
+    keys = {"model": {"score_threshold": 0.0, "detections_per_tile": 10}, "tiling": tiling}
+    model, cfg, meta = load_instance_model(light_file, settled(keys))
     assert meta == {"steps": 3} and (cfg.score_threshold, cfg.detections_per_tile) == (0.0, 10)
     with pytest.raises(ValueError, match="eval mode"):
         predict_instances(model.train(), [torch.rand(3, 64, 64)])
@@ -241,7 +250,7 @@ def test_headers_of_both_formats_are_read_without_torch(deepforest, light_file):
 def test_config_keys_override_the_file_and_defaults_fill_the_rest(deepforest):
     header = read_header(deepforest[0])
     config = {"model": {"nms_threshold": 0.2, "mask_threshold": 0.7, "resize": "native"}, "tiling": {"patch_size": 96}}
-    cfg = resolve_instances(config, header)
+    cfg = resolve_instances(settled(config), header)
     assert (cfg.labels, cfg.score_threshold, cfg.nms_threshold, cfg.mask_threshold, cfg.resize, cfg.patch_size) == (
         ("Tree", "Snag"),
         0.0,
@@ -250,14 +259,14 @@ def test_config_keys_override_the_file_and_defaults_fill_the_rest(deepforest):
         None,
         96,
     )
-    assert resolve_instances({}, None) == InstanceConfig()  # no file: rasterscale's defaults
-    assert instances_of_config({"model": {"file": str(deepforest[0])}})[0].detections_per_tile == 20
+    assert resolve_instances(settled({}), None) == InstanceConfig()  # no file: rasterscale's defaults
+    assert instances_of_config(settled({"model": {"file": str(deepforest[0])}}))[0].detections_per_tile == 20
     with pytest.raises(ConfigError, match=r"'model.labels' names 1 classes but .*crowns has 2: Tree, Snag"):
-        resolve_instances({"model": {"labels": ["tree"]}}, header)
+        resolve_instances(settled({"model": {"labels": ["tree"]}}), header)
     with pytest.raises(ConfigError, match=r"'model.backbone' is resnet18 but .*crowns is a resnet50"):
-        resolve_instances({"model": {"backbone": "resnet18"}}, header)
+        resolve_instances(settled({"model": {"backbone": "resnet18"}}), header)
     # a starting point for training: other labels get new class layers
-    init = instances_of_config({"model": {"labels": ["oak"]}, "train": {"init": str(deepforest[0])}})[0]
+    init = instances_of_config(settled({"model": {"labels": ["oak"]}, "train": {"init": str(deepforest[0])}}))[0]
     assert init.labels == ("oak",) and init.resize == (TILE, TILE)
 
 

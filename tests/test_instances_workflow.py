@@ -6,6 +6,7 @@ cluster, tests/test_slurm_workflow.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import geopandas as gpd
@@ -122,9 +123,10 @@ def test_one_rank_and_three_ranks_give_the_crowns_of_two(tiny_run, tmp_path):
     keys = {key: tiny_instances()["model"][key] for key in ("score_threshold", "detections_per_tile")}
     raster, manifest = workdir / f"resources/demo/{SCENE}.tif", workdir / RUN / SCENE / "tiles.parquet"
     one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, model, tmp_path / "one", keys))
-    run_workflow(
-        tmp_path / "three", tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 3})
-    )
+    shutil.copytree(workdir / "resources", tmp_path / "three/resources")  # the tiny run's scenes, not made again
+    config = tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 3})
+    layer = run_paths(config).scene_file(SCENE, "crowns.parquet")
+    run_workflow(tmp_path / "three", config, layer)  # the layer alone: no scores, quicklooks or report pages
     assert len(rank_stems(tmp_path / "three" / RUN, SCENE)) == 3
     three = crowns(tmp_path / "three")
     assert len(two) > 20

@@ -22,12 +22,13 @@ RANK = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     sys.path.insert(0, {scripts!r})
+    from rasterscale.config.settings import job_settings
     from rasterscale.runtime import launch
     from rasterscale.runtime.launch import start_local_ranks
     out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     fail_code, zero_stops_after = int(sys.argv[4]), float(sys.argv[5])
     launch.STOP_GRACE_SECONDS = 3.0
-    ranks = start_local_ranks({{"predict": {{"devices": devices, "shards": 1}}}}, "predict")
+    ranks = start_local_ranks(job_settings({{"predict": {{"devices": devices, "shards": 1}}}}), "predict")
     rank = int(os.environ["LOCAL_RANK"])
     names = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RASTERSCALE_RANK_LAUNCHER")
     place = {{name: os.environ.get(name) for name in names}}

@@ -20,6 +20,7 @@ from deepforest_files import (
 )
 from prediction import PredictScene, predict_rank_file
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import Settings, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
@@ -31,6 +32,11 @@ from rasterscale.tasks.detection.modelfiles import (
     write_deepforest_folder,
 )
 from rasterscale.tasks.detectors.model import freeze_pretrained_backbone, load_backbone_weights, load_weights
+
+
+def settled(raw: dict) -> Settings:
+    """The typed settings of a raw config (validated)."""
+    return settings_of(validate_config(raw))
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +138,10 @@ def test_a_lighter_feature_pyramid_is_read_from_the_weights_and_round_trips(tmp_
     loaded, loaded_cfg, _ = load_detector(tmp_path / "light.pt")
     assert loaded_cfg == cfg and same_weights(loaded, model)
     deepforest = read_header(write_folder(tmp_path / "tree", reference))
-    assert deepforest.fpn_channels == 256 and resolve_detector(validate_config({}), deepforest).fpn_channels == 256
+    assert deepforest.fpn_channels == 256 and resolve_detector(settled({}), deepforest).fpn_channels == 256
     with pytest.raises(ConfigError, match=r"'model.fpn_channels' is 128 but .*tree has a 256-channel feature pyramid"):
-        resolve_detector(validate_config({"model": {"fpn_channels": 128}}), deepforest)
-    assert resolve_detector(validate_config({"model": {"fpn_channels": 128}}), None).fpn_channels == 128
+        resolve_detector(settled({"model": {"fpn_channels": 128}}), deepforest)
+    assert resolve_detector(settled({"model": {"fpn_channels": 128}}), None).fpn_channels == 128
     with pytest.raises(ConfigError, match=r"'model\.fpn_channels' applies to task detection and instances only"):
         validate_config({"task": "segmentation", "model": {"fpn_channels": 128}})
 
@@ -166,7 +172,7 @@ def test_what_is_not_a_model_file_fails_in_one_line_naming_it(tmp_path, referenc
 
 def test_config_keys_override_the_file_and_null_keys_take_it(tmp_path, reference):
     header = read_header(write_folder(tmp_path / "tree", reference, score_thresh=0.5, nms_thresh=0.05))
-    config = validate_config({"model": {"nms_threshold": 0.2, "detections_per_tile": 50, "resize": "native"}})
+    config = settled({"model": {"nms_threshold": 0.2, "detections_per_tile": 50, "resize": "native"}})
     cfg = resolve_detector(config, header)
     assert (cfg.labels, cfg.score_threshold, cfg.nms_threshold, cfg.detections_per_tile, cfg.resize) == (
         ("Tree",),
@@ -175,19 +181,19 @@ def test_config_keys_override_the_file_and_null_keys_take_it(tmp_path, reference
         50,
         None,
     )
-    assert resolve_detector(validate_config({}), None) == DetectorConfig()  # no file: rasterscale's defaults
-    sized = validate_config({"model": {"resize": {"min_size": 600, "max_size": 1000}}})
+    assert resolve_detector(settled({}), None) == DetectorConfig()  # no file: rasterscale's defaults
+    sized = settled({"model": {"resize": {"min_size": 600, "max_size": 1000}}})
     assert resolve_detector(sized, None).resize == (600, 1000)
 
 
 def test_labels_or_backbone_that_contradict_the_file_fail_at_resolution(tmp_path, reference):
     header = read_header(write_folder(tmp_path / "tree", reference))
     with pytest.raises(ConfigError, match=r"'model.labels' names 2 classes but .*tree has 1: Tree"):
-        resolve_detector(validate_config({"model": {"labels": ["a", "b"]}}), header)
+        resolve_detector(settled({"model": {"labels": ["a", "b"]}}), header)
     with pytest.raises(ConfigError, match=r"'model.backbone' is resnet50 but .*tree is a resnet18"):
-        resolve_detector(validate_config({"model": {"backbone": "resnet50"}}), header)
+        resolve_detector(settled({"model": {"backbone": "resnet50"}}), header)
     # a starting point for training: other labels are fine (they get a new class head)
-    assert resolve_detector(validate_config({"model": {"labels": ["a", "b"]}}), header, new_head=True).labels == (
+    assert resolve_detector(settled({"model": {"labels": ["a", "b"]}}), header, new_head=True).labels == (
         "a",
         "b",
     )
@@ -211,7 +217,7 @@ def test_changed_nms_and_detections_per_tile_change_prediction(tmp_path):
 
 def test_deepforest_model_predicts_as_torchvision_retinanet_with_its_default_resize(tmp_path, reference, tile):
     folder = write_folder(tmp_path / "tree", reference, score_thresh=0.0, nms_thresh=0.5)
-    model, cfg, _ = load_detector(folder, {"model": {"detections_per_tile": 100}})
+    model, cfg, _ = load_detector(folder, settled({"model": {"detections_per_tile": 100}}))
     assert cfg.resize == (800, 1333)
     ours, theirs = predict(model, tile), predict(reference, tile)
     assert len(theirs["boxes"]) == 100
@@ -219,7 +225,9 @@ def test_deepforest_model_predicts_as_torchvision_retinanet_with_its_default_res
     np.testing.assert_allclose(ours["scores"], theirs["scores"], atol=1e-5)
     assert ours["boxes"].max() <= 256  # in tile pixels, not the resized image's
     # at native scale the same weights see the tile at its own size: other boxes
-    native = predict(load_detector(folder, {"model": {"resize": "native", "detections_per_tile": 100}})[0], tile)
+    native = predict(
+        load_detector(folder, settled({"model": {"resize": "native", "detections_per_tile": 100}}))[0], tile
+    )
     assert not np.allclose(native["boxes"], theirs["boxes"], atol=1)
 
 
@@ -236,7 +244,7 @@ def test_native_scale_leaves_tiles_at_their_size(tile):
 
 def test_init_with_the_files_classes_loads_every_weight(tmp_path, reference):
     folder = write_folder(tmp_path / "tree", reference)
-    cfg = resolve_detector(validate_config({"model": {"labels": ["tree"]}}), read_header(folder), new_head=True)
+    cfg = resolve_detector(settled({"model": {"labels": ["tree"]}}), read_header(folder), new_head=True)
     model = build_detector(cfg)
     message = init_from_model_file(model, cfg, folder)
     assert message.startswith("all weights from") and same_weights(model, reference)
@@ -244,7 +252,7 @@ def test_init_with_the_files_classes_loads_every_weight(tmp_path, reference):
 
 def test_init_with_other_labels_replaces_the_last_class_layer_only(tmp_path, reference):
     folder = write_folder(tmp_path / "tree", reference)
-    cfg = resolve_detector(validate_config({"model": {"labels": ["oak", "pine"]}}), read_header(folder), new_head=True)
+    cfg = resolve_detector(settled({"model": {"labels": ["oak", "pine"]}}), read_header(folder), new_head=True)
     model = build_detector(cfg)
     message = init_from_model_file(model, cfg, folder)
     assert "except the class head's last layer, new for 2 class(es) oak, pine" in message

@@ -4,6 +4,7 @@ re-parse loads, and that none of it imports torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,15 +17,16 @@ from affine import Affine
 
 from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import SlurmSettings, section_of
+from rasterscale.config.settings import Settings, SlurmSettings, carried, section_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.jobs import paths
-from rasterscale.jobs.files import EvaluationJob, MergeConfig, PredictionBatch, TrainingScenes, read_job_file
+from rasterscale.jobs.files import JobFileError, MergeJob, PredictJob, ScoreJob, TrainJob, read_scenes
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
 from rasterscale.scene import Imagery, Scene
 from rasterscale.workflow import reports
 from rasterscale.workflow import storage as plan_storage
 from rasterscale.workflow.checks import build_plan
+from rasterscale.workflow.jobfiles import job_files, predict_job, write_job_files
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.reportfiles import report_targets, scored_batches, scored_files
 from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
@@ -122,10 +124,13 @@ def test_paths_are_spelled_in_one_place():
     assert run.evaluation_file("a") == "results/m1/a/evaluation.json"
     assert run.quicklook_file("a") == "results/m1/a/quicklook.png"
     assert run.project_dir() == "results/m1/project"
-    assert run.project_file("job.json") == "results/m1/project/job.json"
+    assert run.project_file("detections.gpkg") == "results/m1/project/detections.gpkg"
     assert run.batches_dir() == "results/m1/batches"
-    assert run.batch_file(3) == "results/m1/batches/batch-3.json"
-    assert run.batch_file("{batch}") == "results/m1/batches/batch-{batch}.json"
+    assert run.job_file("predict", 3) == "results/m1/jobs/predict/batch-3.json"
+    assert run.job_file("tiles", "{batch}") == "results/m1/jobs/tiles/batch-{batch}.json"
+    assert run.jobs_dir("tiles") == "results/m1/jobs/tiles"
+    assert run.job_file("train") == "results/m1/jobs/train.json"
+    assert run.scene_job("a") == "results/m1/jobs/tiles/scene-a.json"
     assert run.batch_record("merged", 3) == "results/m1/batches/merged-3.json"
     assert run.shard_dir(1, 2) == "results/m1/predict/batch-1/shard-2"
     assert run.shard_resume_dir(1, 2) == "results/m1/predict/batch-1/shard-2.resume"
@@ -142,6 +147,8 @@ def test_paths_are_spelled_in_one_place():
     assert paths.trained_model("m") == "results/models/m.pt"
     assert paths.model_file("m.metrics.csv") == "results/models/m.metrics.csv"
     assert paths.environment_rank_file(1) == "results/checks/environment/rank-1.json"
+    assert paths.check_job() == "results/checks/environment/job.json"
+    assert paths.synthesis_job("resources/demo", "d") == "resources/demo/jobs/d.json"
     assert paths.stored_plan("ab12") == ".snakemake/rasterscale/plan-ab12.json"
     assert set(paths.SHARED) == {"models", "checks"}
 
@@ -152,14 +159,16 @@ def test_paths_are_spelled_in_one_place():
 
 
 def planned_files(plan: Plan) -> set[str]:
-    """Every file and folder a plan's jobs write: its targets and the report's, each batch's job file, records,
-    shard folders and scenes' (and seams') tile manifests, rank files and merged outputs, the scoring jobs' files,
-    the striped scenes' COGs, the project's job and layers, the trained model's files."""
+    """Every file and folder a plan and its jobs write: its job files (but the environment check's, which every run
+    shares), its targets and the report's, each batch's records, shard folders and scenes' (and seams') tile
+    manifests, rank files and merged outputs, the scoring jobs' files, the striped scenes' COGs, the project's
+    layers, the trained model's files."""
     files = {*plan.final_targets(), *report_targets(plan), *plan.project_outputs().values()}
-    files |= {plan.paths.project_file("job.json"), *(plan.scene_raster(name) for name in plan.untiled)}
+    files |= set(job_files(plan)) - {paths.check_job()}
+    files |= {plan.paths.job_file("project"), *(plan.scene_raster(name) for name in plan.untiled)}
     for batch in plan.batches:
         number = batch.batch
-        files |= {plan.paths.batch_file(number), *plan.batch_files("tiled", number)}
+        files |= set(plan.batch_files("tiled", number))
         files |= {plan.paths.batch_record(step, number) for step in ("tiled", "merged", "scored")}
         files |= {plan.paths.shard_dir(number, shard) for shard in range(plan.shards)}
         files |= {
@@ -181,8 +190,7 @@ def test_two_models_over_the_same_scenes_plan_disjoint_outputs(workdir):
         outside = {path for path in planned if not path.startswith(f"results/{run}/")}
         assert outside == {path for path in planned if path.startswith(f"results/models/{run}")} != set()
     # each run forms its batches from its own recorded ones: m1's kept, m2's not taken from m1's
-    for batch in one.batches:
-        batch.write(one.paths.batch_file(batch.batch))
+    assert write_job_files(one) == len(job_files(one))
     again = {
         name: build_plan(table_config(workdir, scenes_per_job=1) | {"model": {"name": name}}) for name in ("m1", "m2")
     }
@@ -315,37 +323,64 @@ def test_a_batch_job_file_round_trips_with_every_field(workdir):
             "profile": "results/detector/a/predict_profile.json",
         },
     )
-    batch.write(plan.paths.batch_file(0), "batch.log")
-    assert PredictionBatch.read(plan.paths.batch_file(0)) == batch
-    assert read_job_file(plan.paths.batch_file(0)) == list(batch.scenes)
-    assert Path("batch.log").read_text() == "results/detector/batches/batch-0.json: 2 scene(s): a, b\n"
+    job = predict_job(plan, 0)
+    assert job.scenes == batch.scenes and (job.model_file, job.shards) == (plan.prediction_model(), 2)
+    path = plan.paths.job_file("predict", 0)
+    assert job.write(path) and PredictJob.read(path) == job
+    assert read_scenes(path) == list(batch.scenes)
     # on disk, the outputs are flat keys of the scene's entry, as a task's merge reads them
-    entry = json.loads(Path(plan.paths.batch_file(0)).read_text())["scenes"][0]
+    entry = json.loads(Path(path).read_text())["scenes"][0]
     assert entry["gpkg"] == "results/detector/a/detections.gpkg" and entry["rank_files"][0].endswith("a/rank-0")
     assert plan.prediction_batch(1).scenes[0].raster == "results/detector/c/cog.tif"
+    # an unchanged job file is not written again (its job does not rerun); another kind's file is refused
+    mtime = Path(path).stat().st_mtime_ns
+    assert not job.write(path) and Path(path).stat().st_mtime_ns == mtime
+    with pytest.raises(
+        JobFileError, match=r"predict/batch-0.json: a job file of rasterscale-job/1 predict, not .* merge"
+    ):
+        MergeJob.read(path)
 
 
-def test_training_merge_and_evaluation_jobs_round_trip(workdir):
+def test_each_job_file_carries_the_sections_its_job_uses_and_no_other(workdir):
     plan = build_plan(table_config(workdir))
-    training = plan.training_scenes()
-    assert training == TrainingScenes(
-        (Scene("a", "a.tif", "results/detector/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),)
+    carried_by = {path: sorted(carried(job.settings)) for path, job in job_files(plan).items()}
+    run = plan.paths
+    assert carried_by[run.job_file("tiles", 0)] == ["tiling"]
+    assert carried_by[run.job_file("predict", 0)] == ["model", "predict", "task", "tiling"]
+    assert carried_by[run.job_file("merge", 0)] == ["merge", "predict", "task"]
+    assert carried_by[run.job_file("score", 0)] == ["evaluate", "task"]
+    assert carried_by[run.job_file("train")] == ["model", "scenes", "task", "tiling", "train"]
+    assert carried_by[paths.check_job()] == ["dummy", "model", "predict", "scenes", "task", "tiling", "train"]
+    assert len(carried_by[run.job_file("run_page")]) == len(dataclasses.fields(Settings))  # the page shows it all
+    # one field, one value: the tiles and the model read tiling.patch_size from their files, both the config's
+    tiles, predict = (job_files(plan)[run.job_file(kind, 0)] for kind in ("tiles", "predict"))
+    assert tiles.settings.tiling == predict.settings.tiling == plan.settings.tiling
+    # a prediction's and a merge's predict section lists no scene: adding a scene to another batch reruns neither
+    assert (
+        predict.settings.predict.scenes == ()
+        and predict.settings.predict.batch_size == plan.settings.predict.batch_size
     )
-    assert TrainingScenes.from_json(training.to_json()) == training
-    merge = plan.merge_config()
-    assert merge.labels == ("tree",) and "scenes" not in merge.predict and merge.merge == plan.config["merge"]
-    assert MergeConfig.from_json(merge.to_json()) == merge
-    evaluation = plan.evaluation_job("a")
-    assert evaluation.scene.outputs["parquet"] == "results/detector/a/detections.parquet"
-    assert evaluation.config() == {"task": "detection", "evaluate": plan.config["evaluate"]}
-    assert EvaluationJob.from_json(evaluation.to_json()) == evaluation
-    scene = evaluation.scene.as_mapping()
-    assert scene["annotations"] == "a.csv" and scene["parquet"] == "results/detector/a/detections.parquet"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Slurm resources and the launcher prefix
-# ---------------------------------------------------------------------------------------------------------
+    # the training's scenes section holds the training scenes' entries only
+    training = job_files(plan)[run.job_file("train")]
+    assert isinstance(training, TrainJob) and list(training.settings.scenes) == plan.train_scenes == ["a"]
+    assert training.scenes == (
+        Scene("a", "a.tif", "results/detector/a/tiles.parquet", annotations="a.csv", image_path="a.tif"),
+    )
+    merge = job_files(plan)[run.job_file("merge", 0)]
+    assert isinstance(merge, MergeJob) and merge.labels == ("tree",) and merge.settings.merge == plan.settings.merge
+    absent = r"settings.evaluate.iou_threshold: this job's file does not carry the evaluate section"
+    with pytest.raises(LookupError, match=absent):
+        _ = merge.settings.evaluate.iou_threshold
+    with pytest.raises(LookupError, match=r"settings.scenes.a: this job's file does not carry the scenes section"):
+        _ = "a" in merge.settings.scenes
+    score = job_files(plan)[run.job_file("score", 0)]
+    assert isinstance(score, ScoreJob) and [s.scene.name for s in score.scenes] == ["a", "b"]
+    a = score.scenes[0]
+    assert a.scene.outputs["parquet"] == "results/detector/a/detections.parquet" and a.scene.annotations == "a.csv"
+    assert (a.evaluation, a.quicklook) == ("results/detector/a/evaluation.json", "results/detector/a/quicklook.png")
+    for path, job in job_files(plan).items():  # every kind round-trips through its file
+        job.write(path)
+        assert type(job).read(path) == job, path
 
 
 def slurm_plan(workdir: Path, **slurm) -> Plan:
@@ -560,7 +595,7 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
     stat = os.stat("b.tif")
     Path("b.tif").write_bytes(b"\0" * stat.st_size)
     os.utime("b.tif", ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    job = ["--mode", "remote", "--target-jobs", "scene_batch:batch=0", "--cores", "1", "-n", "--quiet"]
+    job = ["--mode", "remote", "--target-jobs", "predict:batch=0,shard=0", "--cores", "1", "-n", "--quiet"]
     loaded = subprocess.run(workflow_command(workdir, config, *job), capture_output=True, text=True)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     for stored in (workdir / ".snakemake/rasterscale").glob("plan-*.json"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.runtime.precision import (
     BF16,
     FP16,
@@ -143,7 +144,7 @@ def test_a_cpu_capped_at_avx2_through_onednn_resolves_to_fp32():
 def test_every_rank_logs_its_precision_and_rank_zero_warns_once_of_an_emulated_value(tmp_path, caplog):
     # 16-mixed is emulated on every CPU (it autocasts to bf16 there)
     config = validate_config({"scenes": {"a": {"path": "a.tif"}}, "train": {"accelerator": "cpu", "precision": FP16}})
-    spec = run_spec(config, "train")
+    spec = run_spec(settings_of(config), "train")
     assert spec.precision == BF16 and spec.resolution is not None
     start_rank(spec, tmp_path, "rasterscale.test_precision")
     text = (tmp_path / "rank-0.log").read_text()

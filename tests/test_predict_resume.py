@@ -25,6 +25,7 @@ import torch
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
+from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.jobs.paths import RunPaths, resume_dir
@@ -117,15 +118,15 @@ def test_a_fingerprint_of_another_world_size_starts_over_with_one_line(tmp_path,
 
 def test_fingerprint_ignores_the_save_interval_only():
     config = {"task": "detection", "predict": {"batch_size": 2, "save_every": 60}}
-    base = prediction_fingerprint(config, "m", 2, 1, 0, [0, 1, 2])
+    settings = job_settings(config)
+    base = prediction_fingerprint(settings, "m", 2, 1, 0, [0, 1, 2])
+    resaved = job_settings({**config, "predict": {"batch_size": 2, "save_every": 5}})
+    assert prediction_fingerprint(resaved, "m", 2, 1, 0, [0, 1, 2]) == base
+    other = job_settings({**config, "predict": {"batch_size": 3}})
+    assert prediction_fingerprint(other, "m", 2, 1, 0, [0, 1, 2]) != base
     assert (
-        prediction_fingerprint({**config, "predict": {"batch_size": 2, "save_every": 5}}, "m", 2, 1, 0, [0, 1, 2])
-        == base
-    )
-    assert prediction_fingerprint({**config, "predict": {"batch_size": 3}}, "m", 2, 1, 0, [0, 1, 2]) != base
-    assert (
-        prediction_fingerprint(config, "m", 2, 1, 0, [0, 1]) != base
-        and prediction_fingerprint(config, "n", 2, 1, 0, [0, 1, 2]) != base
+        prediction_fingerprint(settings, "m", 2, 1, 0, [0, 1]) != base
+        and prediction_fingerprint(settings, "n", 2, 1, 0, [0, 1, 2]) != base
     )
     assert resume_dir("results/m/predict/batch-0/shard-1") == "results/m/predict/batch-0/shard-1.resume"
 
@@ -215,7 +216,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     cores), its rank records checked and its rank files merged by the task's merge; the merged files."""
     from rasterscale.config.schema import validate_config
     from rasterscale.grid.manifest import read_manifest
-    from rasterscale.jobs.files import read_job_file
+    from rasterscale.jobs.files import read_scenes
     from rasterscale.jobs.rankfiles import check_scene_records
     from rasterscale.predict.engine import run_prediction
     from rasterscale.runtime.ranks import run_spec
@@ -226,18 +227,21 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     os.sched_setaffinity(0, {min(affinity)})
     try:
         valid = validate_config(config)
+        settings = settings_of(valid)
         predict = {**{k: v for k, v in valid["predict"].items() if k != "scenes"}, "devices": 1, "shards": 2}
-        job = {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
+        job = job_settings(
+            {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
+        )
         for shard in (0, 1):
-            scenes = read_job_file(RUN.batch_file(0))
-            run_prediction(scenes, valid["model"]["file"], job, run_spec(job, "predict"), out, out / "logs", 2, shard)
-        spec = task_spec(valid["task"])
-        (scene,) = json.loads(Path(RUN.batch_file(0)).read_text())["scenes"]
+            scenes = read_scenes(RUN.job_file("predict", 0))
+            run_prediction(scenes, settings.model.file, job, run_spec(job, "predict"), out, out / "logs", 2, shard)
+        spec = task_spec(settings.task)
+        (scene,) = json.loads(Path(RUN.job_file("predict", 0)).read_text())["scenes"]
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
-        merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(valid)}
-        merge = {"task": valid["task"], "labels": spec.labels(valid), "merge": valid["merge"], "predict": predict}
-        spec.merge({**scene, **merged}, [stem + spec.rank_suffix for stem in stems], merge)
+        merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(settings)}
+        merge = job_settings({"task": valid["task"], "merge": valid["merge"], "predict": predict})  # a merge job's
+        spec.merge({**scene, **merged}, [stem + spec.rank_suffix for stem in stems], merge, spec.labels(settings))
         return merged
     finally:
         os.sched_setaffinity(0, affinity)

@@ -221,6 +221,7 @@ def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, cap
 
 def test_run_spec_prediction_jobs_are_one_node_each():
     from rasterscale.config.schema import validate_config
+    from rasterscale.config.settings import settings_of
     from rasterscale.runtime.ranks import run_spec
 
     config = validate_config(
@@ -230,7 +231,8 @@ def test_run_spec_prediction_jobs_are_one_node_each():
             "predict": {"accelerator": "cpu", "devices": 2, "nodes": 4},
         }
     )
-    train, predict = run_spec(config, "train"), run_spec(config, "predict")
+    settings = settings_of(config)
+    train, predict = run_spec(settings, "train"), run_spec(settings, "predict")
     assert (train.section, train.devices, train.nodes, train.world_size) == ("train", 2, 3, 6)
     assert (predict.section, predict.devices, predict.nodes, predict.world_size) == ("predict", 2, 1, 2)
 

@@ -21,16 +21,18 @@ from rasterio.enums import ColorInterp
 from shapely.geometry import box
 
 from conftest import UTM17N, write_raster, write_rgba
+from rasterscale.config.settings import job_settings
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.manifest import build_manifest
 from rasterscale.grid.project import Footprint, Ownership, Seam, find_seams, is_seam, seam_name, seam_scenes
 from rasterscale.jobs import paths
-from rasterscale.jobs.files import PredictionBatch, ProjectJob
+from rasterscale.jobs.files import ProjectJob, TilesJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.scene import Scene
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
+from rasterscale.workflow import jobfiles
 from rasterscale.workflow.batches import (
     allowed_rules,
     batch_rule,
@@ -40,6 +42,7 @@ from rasterscale.workflow.batches import (
     rule_batches,
 )
 from rasterscale.workflow.checks import build_plan, footprint_of
+from rasterscale.workflow.jobfiles import write_job_files
 
 X0, Y0 = 404000.0, 3285000.0  # the project's lower left corner (EPSG:32617)
 PX = 0.1  # pixel size, m
@@ -348,12 +351,15 @@ def entries(rasters: dict[str, str]) -> Callable[[str, int], Scene]:
 
 
 def record(workdir: Path, batches: dict[int, tuple[Scene, ...]], mtimes: dict[int, int] | None = None) -> None:
-    """Write the batches' job files as the workflow does (times of writing: ``mtimes``, ns)."""
+    """Write the batches' tiles job files as the workflow does (times of writing: ``mtimes``, ns)."""
     for number, scenes in batches.items():
-        path = workdir / RUN.batch_file(number)
-        PredictionBatch(number, scenes).write(path)
+        path = workdir / RUN.job_file("tiles", number)
+        TilesJob(scenes, TILING).write(path)
         if mtimes:
             os.utime(path, ns=(mtimes[number], mtimes[number]))
+
+
+TILING = job_settings({"tiling": {"patch_size": 64, "overlap": 0, "skip_nodata": True}})
 
 
 def names(batches: dict[int, tuple[Scene, ...]]) -> dict[int, list[str]]:
@@ -369,7 +375,7 @@ def rasters(tmp_path) -> dict[str, str]:
 
 
 def form(workdir: Path, members: str, entry: Callable[[str, int], Scene]) -> dict[int, tuple[Scene, ...]]:
-    recorded = read_recorded(RUN.batches_dir(), workdir)
+    recorded = read_recorded(RUN.jobs_dir("tiles"), workdir)
     return form_batches(list(members), entry, 2, recorded, lambda r: (workdir / r).exists())
 
 
@@ -384,8 +390,8 @@ def test_recorded_batches_whose_entries_match_are_kept_whatever_the_members_orde
     entry = entries(rasters)
     fresh = form(tmp_path, "abcde", entry)
     record(tmp_path, fresh)
-    assert [r.batch for r in sorted(read_recorded(RUN.batches_dir(), tmp_path), key=lambda r: r.batch)] == [0, 1, 2]
-    assert read_recorded(paths.RunPaths("other").batches_dir(), tmp_path) == []  # another run's batches are its own
+    assert [r.batch for r in sorted(read_recorded(RUN.jobs_dir("tiles"), tmp_path), key=lambda r: r.batch)] == [0, 1, 2]
+    assert read_recorded(paths.RunPaths("other").jobs_dir("tiles"), tmp_path) == []  # another run's batches are its own
     assert form(tmp_path, "edcba", entry) == fresh
 
 
@@ -430,14 +436,15 @@ def test_when_two_recorded_files_claim_a_member_the_newer_wins(tmp_path, rasters
 def test_batch_files_that_cannot_be_read_are_left_out(tmp_path, rasters):
     entry = entries(rasters)
     record(tmp_path, {3: (entry("a", 3),)})
-    folder = tmp_path / RUN.batches_dir()
+    folder = tmp_path / RUN.jobs_dir("tiles")
     (folder / "batch-4.json").write_text('{"scenes": [')
     (folder / "batch-5.json").write_text('{"batch": 5}')
     (folder / "batch-x.json").write_text('{"scenes": []}')
-    assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(RUN.batches_dir(), tmp_path)] == [
+    TilesJob((entry("b", 0),), TILING).write(folder / "scene-b.json")  # a training-only scene's: no batch
+    assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(RUN.jobs_dir("tiles"), tmp_path)] == [
         (3, ["a"])
     ]
-    assert read_recorded(RUN.batches_dir(), tmp_path / "nowhere") == []
+    assert read_recorded(RUN.jobs_dir("tiles"), tmp_path / "nowhere") == []
 
 
 # the command Snakemake 9 gives a job it spawns (RealExecutor's job args): --target-jobs, then --allowed-rules
@@ -586,15 +593,10 @@ def project_job(tmp_path) -> Callable[[float], dict]:
     sources.append({"name": "d", "crs": UTM17N, "bounds": list(prints["d"].bounds), "parquet": d_parquet})
 
     def job(iou_threshold: float) -> dict:
-        return ProjectJob(
-            task="detection",
-            crs=UTM17N,
-            labels=("tree",),
-            merge={"iou_threshold": 0.9, "edge_tolerance": 2, "containment_threshold": 0.6},
-            project={"crs": None, "iou_threshold": iou_threshold},
-            sources=tuple(sources),
-            outputs={"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")},
-        ).as_mapping()
+        merge = {"iou_threshold": 0.9, "edge_tolerance": 2, "containment_threshold": 0.6}
+        settings = job_settings({"task": "detection", "merge": merge, "project": {"iou_threshold": iou_threshold}})
+        outputs = {"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")}
+        return ProjectJob(UTM17N, ("tree",), tuple(sources), outputs, settings).as_mapping()
 
     return job
 
@@ -696,7 +698,7 @@ def test_predicted_scenes_in_two_crss_without_project_crs_are_one_line_naming_pr
 
 def test_with_project_crs_scenes_in_two_crss_plan_and_the_project_is_in_it(workdir):
     plan = build_plan(two_scene_config(workdir, b_crs=UTM18N, project={"crs": "EPSG:32617"}))
-    assert plan.project_crs() == "EPSG:32617" == plan.project_job().crs
+    assert plan.project_crs() == "EPSG:32617" == jobfiles.project_job(plan).crs
     assert plan.footprints["b"].crs == UTM18N and plan.seams == ()  # no mosaic across CRSs
 
 
@@ -716,7 +718,7 @@ def test_the_plan_of_two_abutting_scenes_predicts_their_seam_and_the_project_job
     mosaic = "results/detector/seams/a+b/mosaic.vrt"  # the run: detector (no model.name, no model.file)
     assert (entry.raster, entry.mosaic, entry.core) == (mosaic, ("a.tif", "b.tif"), seam.core)
     assert entry.manifest == "results/detector/seams/a+b/tiles.parquet"
-    sources = {source["name"]: source for source in plan.project_job().sources}
+    sources = {source["name"]: source for source in jobfiles.project_job(plan).sources}
     assert list(sources) == ["a", "b", "a+b"]
     assert sources["a"]["bounds"] == [X0, Y0, X0 + 60, Y0 + 60] and sources["a"]["crs"] == UTM17N
     assert (
@@ -728,8 +730,7 @@ def test_the_plan_of_two_abutting_scenes_predicts_their_seam_and_the_project_job
 def test_a_plan_keeps_its_recorded_batches_and_puts_a_new_scene_and_seam_in_a_new_one(workdir):
     config = two_scene_config(workdir)
     plan = build_plan(config)
-    for number in plan.batch_numbers:
-        plan.prediction_batch(number).write(plan.paths.batch_file(number))
+    write_job_files(plan)  # the batches' tiles job files record their members
     write_raster(workdir / "c.tif", 300, 300, transform=Affine(PX, 0, X0 + 90, 0, -PX, Y0 + 60))  # east of b
     config["scenes"] = {"c": {"path": "c.tif"}, **config["scenes"]}  # first in the config
     again = build_plan(config)
@@ -826,15 +827,10 @@ def test_the_project_of_crowns_keeps_each_crown_once_by_polygon_iou_across_sourc
         area = {"core": seam.core} if is_seam(name) else {"bounds": list(prints[name].bounds)}
         parquet = write_crowns(tmp_path / f"{name}.parquet", rows)
         sources.append({"name": name, "crs": UTM17N, **area, "parquet": parquet})
-    job = ProjectJob(
-        task="instances",
-        crs=UTM17N,
-        labels=("tree",),
-        merge={"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6},
-        project={"crs": None, "iou_threshold": 0.2},
-        sources=tuple(sources),
-        outputs={"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")},
-    ).as_mapping()
+    merge = {"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6}
+    settings = job_settings({"task": "instances", "merge": merge, "project": {"iou_threshold": 0.2}})
+    outputs = {"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")}
+    job = ProjectJob(UTM17N, ("tree",), tuple(sources), outputs, settings).as_mapping()
     line = merge_crowns(job)
     merged = gpd.read_parquet(job["outputs"]["parquet"])
     assert list(merged.columns) == PROJECT_CROWN_COLUMNS and merged.crs == UTM17N

@@ -4,7 +4,6 @@ what changed is predicted again (batches stay put: rasterscale/workflow/batches.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import geopandas as gpd
@@ -14,7 +13,7 @@ from affine import Affine
 
 from conftest import report, write_raster
 from prediction import PredictScene
-from workflow import run_workflow, workflow_command
+from workflow import jobs_planned, run_workflow
 
 SIDE = 48  # px a scene: one tile each (the model's patch is 128 px)
 COLUMNS = 10
@@ -54,13 +53,7 @@ LAYER = f"{RUN}/project/detections.parquet"  # the target: the project's layer (
 
 
 def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, int]:
-    command = workflow_command(workdir, config, "-n", *([target] if target else []))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    if "Nothing to be done" in result.stdout + result.stderr:
-        return {}
-    table = result.stdout.split("Job stats:")[1].split("total")[0]
-    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+    return jobs_planned(workdir, config, target)
 
 
 def output_times(workdir: Path) -> dict[str, int]:
@@ -91,11 +84,9 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", rows)  # 5 more, each abutting one of the last row: 5 scenes, 5 seams
     jobs = planned_jobs(root, config)
     assert jobs == {
-        "scene_batch": 1,
         "tile_manifests_batch_1": 1,
         "predict": 1,
         "merge_batch_1": 1,
-        "project_job": 1,
         "project_layers": 1,
     }, jobs
     run_workflow(root, config, LAYER)
@@ -119,13 +110,13 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", reordered)
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s003"])
-    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
+    assert planned_jobs(root, config) == {"project_layers": 1}
 
     # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
     # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
     # reads that batch's record)
     (root / RUN / "s006/detections.gpkg").unlink()
-    assert planned_jobs(root, config) == {"project_job": 1, "project_layers": 1}
+    assert planned_jobs(root, config) == {"project_layers": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
     assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything

@@ -335,27 +335,33 @@ def test_the_projects_values_are_a_vrt_over_the_scenes_with_the_seams_drawn_over
 
 
 def test_a_regressor_file_keeps_its_target_scale_and_refuses_keys_that_contradict_it(tmp_path):
+    from rasterscale.config.schema import validate_config
+    from rasterscale.config.settings import settings_of
     from rasterscale.errors import ConfigError
     from rasterscale.tasks.regression.model import build_regressor, load_regressor, save_regressor
-    from rasterscale.tasks.regression.modelfiles import regressor_of_config
+    from rasterscale.tasks.regression.modelfiles import RegressorConfig, regressor_of_config
 
-    cfg = regressor_of_config({"model": {"labels": ["height", "cover"], "loss": "huber"}, "tiling": {"patch_size": 64}})
+    def of_keys(raw: dict) -> RegressorConfig:
+        return regressor_of_config(settings_of(validate_config({"task": "regression", **raw})))
+
+    tiling = {"patch_size": 64, "overlap": 16}
+    cfg = of_keys({"model": {"labels": ["height", "cover"], "loss": "huber"}, "tiling": tiling})
     model = build_regressor(cfg).eval()
     model.set_target_scale([12.0, 0.4], [5.0, 0.2])
     path = tmp_path / "regressor.pt"
     saved = save_regressor(model, cfg, path, steps=1)
     assert saved.target_mean == pytest.approx((12.0, 0.4)) and saved.target_std == pytest.approx((5.0, 0.2))
-    header = regressor_of_config({"model": {"file": str(path)}})
+    header = of_keys({"model": {"file": str(path)}})
     assert header.labels == ("height", "cover") and header.loss == "huber" and header.target_mean == saved.target_mean
     loaded, _, meta = load_regressor(path)
     images = torch.rand(2, 3, 64, 48)
     with torch.no_grad():
         assert torch.allclose(loaded.eval()(images), model(images)) and meta["steps"] == 1
     with pytest.raises(InputError, match=f"{path}: the regressor predicts \\[height, cover\\] but model.labels"):
-        regressor_of_config({"model": {"file": str(path), "labels": ["height"]}})
+        of_keys({"model": {"file": str(path), "labels": ["height"]}})
     with pytest.raises(ConfigError, match=r"'model.loss' is l1 but .* was trained with huber"):
-        regressor_of_config({"model": {"file": str(path), "loss": "l1"}})
-    start = regressor_of_config({"model": {"labels": ["height"]}, "train": {"init": str(path)}})
+        of_keys({"model": {"file": str(path), "loss": "l1"}})
+    start = of_keys({"model": {"labels": ["height"]}, "train": {"init": str(path)}})
     assert start.target_mean == () and start.labels == ("height",)  # training measures its own scale
 
 
@@ -398,6 +404,6 @@ def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
     per_scene = 0
     for name, values in (("left", left), ("right", right)):
         scene = {"values": str(values), **{k: str(tmp_path / name / v) for k, v in TREE_TOPS.items()}}
-        write_tops(values, tree_top_rule(config), scene)
+        write_tops(values, tree_top_rule(config["merge"]["tree_tops"]), scene)
         per_scene += len(read_tree_tops(scene["tops"]))
     assert per_scene == 5  # the cut crown seen twice, once from each side: the project's layer holds it once

@@ -426,14 +426,14 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
         f"remote prediction ({remote_prediction.seconds:.0f} s; 4 scenes of {tiles} tiles, detections identical to "
         "the local scene's): " + "; ".join(lines)
     )
-    # the URLs' secrets are in the jobs' inputs (the job file, results/{run}/batches/), and in no log nor output
+    # the URLs' secrets are in the jobs' inputs (their job files, results/{run}/jobs/), and in no log nor output
     outputs = [p for p in (run / "results").iterdir() if p.name != RUN.run]
-    outputs += [p for p in (run / RUN.root).iterdir() if p.name != "batches"]
+    outputs += [p for p in (run / RUN.root).iterdir() if p.name != "jobs"]
     logged = [run / "logs", run / ".snakemake/log", *outputs]
     result = remote_prediction.result
     text = result.stdout + result.stderr + files_text(*logged)
     assert SECRET not in text and KEY_SECRET not in text
-    assert SECRET in (run / RUN.batch_file(0)).read_text()
+    assert SECRET in (run / RUN.job_file("predict", 0)).read_text()
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ import rasterio
 from affine import Affine
 
 from conftest import write_raster, write_vrt
-from prediction import PredictScene
+from prediction import PREDICT_SECTIONS, PredictScene
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import job_settings
 from rasterscale.errors import ConfigError
 from rasterscale.jobs.rankfiles import read_tile_ids
 from rasterscale.raster.cog import striped_sources
@@ -192,8 +193,7 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "key 'predict.nodes' is deprecated: it is now 'predict.shards'" in result.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
-    assert {k: v for k, v in jobs.items() if k.startswith(("tile", "predict", "merge", "scene_batch"))} == {
-        "scene_batch": "2",
+    assert {k: v for k, v in jobs.items() if k.startswith(("tile", "predict", "merge"))} == {
         "tile_manifests_batch_0": "1",
         "tile_manifests_batch_1": "1",
         "predict": "4",
@@ -204,7 +204,7 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     for batch in (0, 1):
         for shard in (0, 1):
             job = next(job for job in predict_jobs if f"wildcards: batch={batch}, shard={shard}\n" in job)
-            assert f"--job {RUN}/batches/batch-{batch}.json " in job and f" --shard {shard} " in job, job
+            assert f"--job {RUN}/jobs/predict/batch-{batch}.json " in job and f" --shard {shard} " in job, job
     assert "convert_to_cog" not in jobs  # the VRT's sources are tiled
 
 
@@ -322,13 +322,18 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
 
     first = PredictScene.make(tmp_path / "first", 300, 200)
     second = PredictScene.make(tmp_path / "second", 250, 260)
-    predict_cfg = validated({"predict": {"strategy": strategy, "workers": 0, "batch_size": 4}})["predict"]
+    keys = {
+        "task": "detection",
+        "model": {"score_threshold": 0.0},
+        "tiling": {"patch_size": PredictScene.patch_size, "overlap": PredictScene.overlap},
+        "predict": {"strategy": strategy, "workers": 0, "batch_size": 4},
+    }
+    config = job_settings({key: validated(keys)[key] for key in PREDICT_SECTIONS})
     spec = RunSpec("cpu", 1, 1, "32-true")
 
     def job(scene: PredictScene) -> Scene:
         return Scene(scene.raster.parent.name, str(scene.raster), str(scene.manifest))
 
-    config = {"task": "detection", "model": {"score_threshold": 0.0}, "predict": predict_cfg}
     run_prediction([job(first), job(second)], first.model_file, config, spec, tmp_path / "both", tmp_path / "logs")
     for scene in (first, second):
         name = scene.raster.parent.name

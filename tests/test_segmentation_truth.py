@@ -210,12 +210,18 @@ def test_synth_crown_polygons_leave_raster_and_boxes_unchanged(tmp_path: Path) -
 
 
 def test_synthesize_scene_entry_writes_crown_polygons_with_crowns(tmp_path: Path) -> None:
+    from rasterscale.config.settings import job_settings
+    from rasterscale.jobs.files import SynthesisJob
+
     entry = REPO / "scripts" / "synthesize_scene.py"
-    args = ["--width", "128", "--height", "96", "--seed", "3", "--crs", "EPSG:32617", "--pixel-size", "0.1"]
+    scene = {"width": 128, "height": 96, "seed": 3, "nir": False}
+    demo = {"directory": str(tmp_path), "crs": "EPSG:32617", "pixel_size": 0.1, "scenes": {"s": scene}}
+    SynthesisJob("s", job_settings({"demo": demo})).write(tmp_path / "job.json")
     raster, boxes, crowns = tmp_path / "s.tif", tmp_path / "s.gpkg", tmp_path / "s.crowns.gpkg"
-    command = [sys.executable, str(entry), "--raster", str(raster), "--boxes", str(boxes), "--crowns", str(crowns)]
+    command = [sys.executable, str(entry), "--job", str(tmp_path / "job.json"), "--raster", str(raster)]
+    command += ["--boxes", str(boxes), "--crowns", str(crowns)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
-    done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert f"outlines -> {crowns}" in done.stdout
     polygons = gpd.read_file(crowns, layer="crowns")
     assert len(polygons) > 0 and polygons.crs == UTM17N

@@ -188,13 +188,11 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     first, second = rank_stems(run / RUN, "tiny_test", ".tif")
     doubled = int(read_tile_ids(first)[-1])
     write_rank_record(second, [doubled, *read_tile_ids(second).tolist()])
-    job = run / RUN / "batches/batch-0.json"
+    job = run / RUN / "jobs/merge/batch-0.json"
     record = run / RUN / "batches/merged-0.json"
     record.unlink()  # the run's own: the merge below writes it again only when it succeeds
-    config = {"task": "segmentation", "labels": ["background", "tree"], "merge": {}, "predict": {}}
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--config", json.dumps(config)]
-        + ["--record", str(record)],
+        [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--record", str(record)],
         cwd=run,
         capture_output=True,
         text=True,

@@ -65,44 +65,6 @@ TOP = set(SCHEMA["properties"])
 KEYS = TOP | {key for schema in (s for _, s, _ in schema_sections()) for key in schema.get("properties", {})}
 CONFIG_NAMES = re.compile(r"config|cfg", re.IGNORECASE)
 
-# Modules that still read the validated config as a mapping, and how many such reads each has: the count may only
-# fall (issue 29: the tasks, the engines and the job files take typed settings next); a module reaching 0 leaves the
-# list. Any other module with such a read fails.
-NOT_YET_TYPED = {
-    "scripts/rasterscale/predict/engine.py": 9,
-    "scripts/rasterscale/jobs/resume.py": 1,
-    "scripts/rasterscale/runtime/preflight.py": 1,
-    "scripts/rasterscale/runtime/ranks.py": 2,
-    "scripts/rasterscale/tasks/api.py": 2,
-    "scripts/rasterscale/tasks/dense.py": 4,
-    "scripts/rasterscale/tasks/detection/metrics.py": 3,
-    "scripts/rasterscale/tasks/detection/modelfiles.py": 1,
-    "scripts/rasterscale/tasks/detection/spec.py": 1,
-    "scripts/rasterscale/tasks/detectors/merge.py": 3,
-    "scripts/rasterscale/tasks/detectors/modelfiles.py": 10,
-    "scripts/rasterscale/tasks/detectors/spec.py": 3,
-    "scripts/rasterscale/tasks/detectors/task.py": 6,
-    "scripts/rasterscale/tasks/encoders.py": 5,
-    "scripts/rasterscale/tasks/exported/card.py": 2,
-    "scripts/rasterscale/tasks/exported/resolve.py": 5,
-    "scripts/rasterscale/tasks/instances/metrics.py": 3,
-    "scripts/rasterscale/tasks/instances/modelfiles.py": 1,
-    "scripts/rasterscale/tasks/instances/spec.py": 4,
-    "scripts/rasterscale/tasks/modelfiles.py": 2,
-    "scripts/rasterscale/tasks/modelinput.py": 8,
-    "scripts/rasterscale/tasks/regression/modelfiles.py": 4,
-    "scripts/rasterscale/tasks/regression/spec.py": 5,
-    "scripts/rasterscale/tasks/regression/task.py": 1,
-    "scripts/rasterscale/tasks/segmentation/modelfiles.py": 3,
-    "scripts/rasterscale/tasks/segmentation/spec.py": 3,
-    "scripts/rasterscale/tasks/segmentation/task.py": 4,
-    "scripts/rasterscale/tools/envcheck.py": 8,
-    "scripts/rasterscale/train/engine.py": 17,
-    "scripts/rasterscale/train/resume.py": 4,
-    "rules/common.smk": 1,
-    "rules/tiles.smk": 6,
-}
-
 
 def _name(node: ast.expr) -> str | None:
     if isinstance(node, ast.Name):
@@ -166,19 +128,16 @@ f = settings.scenes[name]
 
 def test_no_code_below_config_reads_the_config_as_a_mapping():
     """Code below config/ reads typed settings; the rules and entry scripts too (Snakemake files by pattern)."""
-    counts: dict[str, int] = {}
+    counts: dict[str, list[str]] = {}
     for path in sorted((REPO / "scripts").rglob("*.py")):
         relative = path.relative_to(REPO).as_posix()
         if relative.startswith("scripts/rasterscale/config/"):
             continue
         reads = config_reads(path.read_text())
         if reads:
-            counts[relative] = len(reads)
+            counts[relative] = reads
     for path in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]:
-        reads = re.findall(r"CONFIG\[|config\[\"", path.read_text())
+        reads = re.findall(r"CONFIG\[|config\[\"|DEMO\[", path.read_text())
         if reads:
-            counts[path.relative_to(REPO).as_posix()] = len(reads)
-    grown = {path: n for path, n in counts.items() if n > NOT_YET_TYPED.get(path, 0)}
-    assert not grown, f"config read as a mapping (read the typed settings instead): {grown}"
-    done = sorted(path for path in NOT_YET_TYPED if path not in counts)
-    assert not done, f"no config read left: remove from NOT_YET_TYPED: {done}"
+            counts[path.relative_to(REPO).as_posix()] = reads
+    assert not counts, f"config read as a mapping (read the typed settings instead): {counts}"

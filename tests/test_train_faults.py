@@ -28,6 +28,8 @@ import torch
 from conftest import REPO, report
 from rasterscale.atomic import write_json
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import Settings, job_settings, settings_of
+from rasterscale.jobs.files import TrainJob
 from rasterscale.scene import Scene
 from rasterscale.train.resume import (
     RESUME_FILE,
@@ -64,7 +66,8 @@ class Run:
 
 
 def train_command(workdir: Path) -> list[str]:
-    """The train entry's command line, as rule train_model writes it (validated config, scenes)."""
+    """The train entry's command line, as rule train_model writes it, and its job file (the training scene, the
+    task, model, tiling and train sections and the scene's entry)."""
     config = validate_config(
         tiny_config(
             train={
@@ -76,22 +79,22 @@ def train_command(workdir: Path) -> list[str]:
             }
         )
     )
-    sections = json.dumps({key: config[key] for key in ("task", "model", "tiling", "train")})
-    scenes = [
-        {
-            "name": "tiny_train",
-            "raster": "resources/demo/tiny_train.tif",
-            "manifest": run_paths(config).scene_manifest("tiny_train"),  # results/tiny/: the tiny config's run
-            "annotations": "resources/demo/tiny_train.gpkg",
-            "label_column": None,
-            "image_path": "tiny_train.tif",
-        }
-    ]
+    sections = {key: config[key] for key in ("task", "model", "tiling", "train")}
+    sections["scenes"] = {"tiny_train": config["scenes"]["tiny_train"]}  # the training scenes' entries
+    scene = Scene(
+        name="tiny_train",
+        raster="resources/demo/tiny_train.tif",
+        manifest=run_paths(config).scene_manifest("tiny_train"),  # results/tiny/: the tiny config's run
+        annotations="resources/demo/tiny_train.gpkg",
+        image_path="tiny_train.tif",
+    )
+    job = workdir / "train-job.json"
+    TrainJob((scene,), job_settings(sections)).write(job)
     models = "results/models"
     return [
         sys.executable,
         str(REPO / "scripts/train.py"),
-        *("--scenes", json.dumps(scenes), "--config", sections, "--model", f"{models}/tiny.pt"),
+        *("--job", str(job), "--model", f"{models}/tiny.pt"),
         *("--metrics", f"{models}/tiny.metrics.csv", "--plot", f"{models}/tiny.png", "--log-dir", "logs/train/tiny"),
     ]
 
@@ -242,15 +245,19 @@ def test_the_resumed_runs_train_the_model_of_the_uninterrupted_run(chain):
 def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):
     config = validate_config(tiny_config())
     scenes = [Scene("a", "a.tif", "a.parquet", annotations="a.gpkg")]
-    run = training_fingerprint(config, scenes, 2)
-    assert training_fingerprint({**config, "train": {**config["train"], "log_every_n_steps": 7}}, scenes, 2) == run
-    assert training_fingerprint({**config, "train": {**config["train"], "lr": 0.5}}, scenes, 2) != run
-    assert training_fingerprint(config, scenes, 4) != run
+
+    def trained_with(**train: object) -> Settings:
+        return settings_of({**config, "train": {**config["train"], **train}})
+
+    run = training_fingerprint(settings_of(config), scenes, 2)
+    assert training_fingerprint(trained_with(log_every_n_steps=7), scenes, 2) == run
+    assert training_fingerprint(trained_with(lr=0.5), scenes, 2) != run
+    assert training_fingerprint(settings_of(config), scenes, 4) != run
     assert find_resume_point(tmp_path, run).why == f"no resume checkpoint in {tmp_path}: training from step 0"
     write_json({"fingerprint": run, "step": 4, "checkpoint": "step-0000004.ckpt"}, tmp_path / RESUME_FILE)
     assert "is missing: starting over at step 0" in find_resume_point(tmp_path, run).why
     (tmp_path / "step-0000004.ckpt").write_bytes(b"written by a run")
     point = find_resume_point(tmp_path, run)
     assert (point.checkpoint, point.step) == (tmp_path / "step-0000004.ckpt", 4)
-    other = find_resume_point(tmp_path, training_fingerprint(config, scenes, 4))
+    other = find_resume_point(tmp_path, training_fingerprint(settings_of(config), scenes, 4))
     assert other.checkpoint is None and "written by another run" in other.why and "starting over" in other.why

@@ -79,6 +79,18 @@ def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) ->
     return result
 
 
+def jobs_planned(workdir: Path, config: dict, *targets: str) -> dict[str, int]:
+    """The jobs a dry run of ``config`` in ``workdir`` plans (towards ``targets``, else rule all), by rule."""
+    result = subprocess.run(
+        workflow_command(workdir, config, "-n", *targets), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "Nothing to be done" in result.stdout + result.stderr:
+        return {}
+    table = result.stdout.split("Job stats:")[1].split("total")[0]
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+
+
 def matched_fraction(a: gpd.GeoDataFrame, b: gpd.GeoDataFrame, min_iou: float) -> float:
     """Fraction of boxes of ``a`` with a box of ``b`` at IoU >= min_iou (one-to-one not required)."""
     boxes_a, boxes_b = a[BOX_COLUMNS].to_numpy(float), b[BOX_COLUMNS].to_numpy(float)

@@ -25,6 +25,8 @@ import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
+from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.tasks.detection.model import build_detector, load_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 
@@ -99,7 +101,7 @@ def test_deepforest_lightning_checkpoint_and_state_dict_load_in_rasterscale(tmp_
     module.create_trainer(logger=False, accelerator="cpu", devices=1)
     module.trainer.strategy.connect(module)
     module.trainer.save_checkpoint(tmp_path / "tree.ckpt")
-    overrides = {"model": {"score_threshold": SCORE, "nms_threshold": NMS}}
+    overrides = settings_of(validate_config({"model": {"score_threshold": SCORE, "nms_threshold": NMS}}))
     for path in (tmp_path / "tree.ckpt", tmp_path / "NEON.pt"):
         model, cfg, _ = load_detector(path, overrides)
         assert cfg.resize == (800, 1333)

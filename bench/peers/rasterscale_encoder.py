@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.tasks.registry import task_spec
 
 
@@ -31,14 +32,14 @@ def main() -> None:
     parser.add_argument("--batch", required=True, help="a (N, B, H, W) float tensor (torch.save)")
     parser.add_argument("--out", required=True, help="where the encoder's features go (torch.save)")
     args = parser.parse_args()
-    config = validate_config(json.loads(Path(args.config).read_text()))
-    task = task_spec(config["task"]).load()
-    model_cfg = task.model_config(config)
+    settings = settings_of(validate_config(json.loads(Path(args.config).read_text())))
+    task = task_spec(settings.task).load()
+    model_cfg = task.model_config(settings)
     if model_cfg.input.pending:  # normalize: auto, which training fills from the scenes' manifests (none here)
         count = model_cfg.input.count
         model_cfg = replace(model_cfg, input=model_cfg.input.with_statistics([0.0] * count, [1.0] * count))
     model = task.build_model(model_cfg)
-    print(task.initial_weights(model, model_cfg, config))
+    print(task.initial_weights(model, model_cfg, settings))
     encoder = model.get_submodule("net.encoder").eval()
     with torch.inference_mode():
         features = [f.clone() for f in encoder(torch.load(args.batch))]

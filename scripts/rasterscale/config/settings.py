@@ -227,6 +227,64 @@ def settings_of(config: Mapping[str, Any]) -> Settings:
     return section_of(Settings, config, "config")
 
 
+class AbsentSection:
+    """A section a job's file does not carry (a job reruns when what it uses changes, so it is given only that):
+    reading it is an error naming the section, never a silent default."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._absent(attr)
+
+    def _absent(self, key: object) -> LookupError:
+        return LookupError(f"settings.{self._name}.{key}: this job's file does not carry the {self._name} section")
+
+    # a mapping section (scenes): its items are not there either
+    def __getitem__(self, key: object) -> Any:
+        raise self._absent(key)
+
+    def __contains__(self, key: object) -> bool:
+        raise self._absent(key)
+
+    def __iter__(self) -> Any:
+        raise self._absent("*")
+
+    def __repr__(self) -> str:
+        return f"AbsentSection({self._name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AbsentSection) and other._name == self._name
+
+    def __hash__(self) -> int:
+        return hash(("AbsentSection", self._name))
+
+
+def job_settings(sections: Mapping[str, Any]) -> Settings:
+    """The settings of a job from the sections its file carries (:meth:`Settings.to_dict`'s form, some sections
+    only): the sections it lacks are :class:`AbsentSection` (read one: a LookupError naming it)."""
+    hints = _field_types(Settings)
+    unknown = sorted(set(sections) - hints.keys())
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a config section")
+    built: dict[str, Any] = {
+        name: _value(hint, sections[name], name) if name in sections else AbsentSection(name)
+        for name, hint in hints.items()
+    }
+    return Settings(**built)
+
+
+def carried(settings: Settings) -> dict[str, Any]:
+    """The sections a job's settings carry, as JSON values (:func:`job_settings`'s input)."""
+    return {
+        field.name: to_dict(getattr(settings, field.name))
+        for field in dataclasses.fields(settings)
+        if not isinstance(getattr(settings, field.name), AbsentSection)
+    }
+
+
 def section_of(cls: type[T], values: Mapping[str, Any], key: str) -> T:
     """A settings dataclass from its section's validated values; a key the dataclass lacks is a schema change the
     settings missed (a ValueError naming it: every config key takes effect or is rejected)."""

@@ -1,153 +1,265 @@
-"""What the workflow hands its jobs, typed, one class per job input, each holding its scenes as
-:class:`rasterscale.scene.Scene`: a batch's job file (:class:`PredictionBatch`,
-``results/{run}/batches/batch-{batch}.json``, read by the tile manifest, prediction and merge jobs of the batch), the
-training scenes (:class:`TrainingScenes`), a merge job's config (:class:`MergeConfig`) and a scene's evaluation
-(:class:`EvaluationJob`). The plan writes them (``rasterscale.workflow.plan``), the entry scripts read them with
-``from_json``/``read``. JSON, one writer and one reader each. No torch here: the jobs that read these start in a
-second.
+"""Job files: what the workflow hands each job, typed, one class per kind of job. The plan writes them
+(:mod:`rasterscale.workflow.jobfiles`), every job reads its own with :meth:`JobFile.read` and nothing else: no
+setting reaches a job as a command-line flag, a JSON argument or a reload of the plan (its command line names only
+its job file and the outputs and logs Snakemake gives it).
+
+A job file holds the job's members (its scenes, each a :class:`rasterscale.scene.Scene`; its model file; its
+batch's number ...) and its settings: the :class:`rasterscale.config.settings.Settings` of the sections it uses and
+no other (a job reruns when its file changes, so only when what it uses changes; reading a section it does not
+carry is an error naming it). A setting travels once: ``tiling.patch_size`` reaches a batch's tile manifests and
+its prediction from the same field of the same config, frozen into both jobs' files.
+
+JSON, written atomically; read back into the same classes (a file of another format or kind is an error naming
+it). No torch here: the jobs that read these start in a second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from rasterscale.atomic import atomic_path
+from rasterscale.config.settings import Settings, carried, job_settings
 from rasterscale.scene import Scene
 
-COMPACT = (",", ":")
+FORMAT = "rasterscale-job/1"
+J = TypeVar("J", bound="JobFile")
+
+
+class JobFileError(ValueError):
+    """A job file that is not one this version writes for this job: one line naming it."""
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A job's file: its members (the subclass's fields) and the settings it uses (``settings``)."""
+
+    KIND: ClassVar[str] = ""
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT, "kind": self.KIND}
+        data.update({field.name: _encode(getattr(self, field.name)) for field in dataclasses.fields(self)})
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls: type[J], text: str, source: str = "job file") -> J:
+        data = json.loads(text)
+        if data.get("format") != FORMAT or data.get("kind") != cls.KIND:
+            found = f"{data.get('format')} {data.get('kind')}"
+            raise JobFileError(f"{source}: a job file of {found}, not {FORMAT} {cls.KIND}: rerun the workflow")
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: _decode(hints[f.name], data[f.name]) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def read(cls: type[J], path: str | Path) -> J:
+        try:
+            return cls.from_json(Path(path).read_text(), str(path))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            reason = f"{type(err).__name__}: {err}"
+            raise JobFileError(f"{path}: unreadable job file ({reason}): rerun the workflow") from None
+
+    def write(self, path: str | Path) -> bool:
+        """Write the file atomically when its content differs from what ``path`` holds (an unchanged job file
+        keeps its time: its job does not rerun); whether it wrote."""
+        text = self.to_json() + "\n"
+        target = Path(path)
+        try:
+            if target.read_text() == text:
+                return False
+        except OSError:
+            pass
+        with atomic_path(target) as tmp:
+            Path(tmp).write_text(text)
+        return True
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Settings):
+        return carried(value)
+    if isinstance(value, Scene):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _encode(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _encode(item) for key, item in value.items()}
+    return value
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    if hint is Settings:
+        return job_settings(value)
+    if hint is Scene:
+        return Scene.from_dict(value)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)})
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        return tuple(_decode(args[0], item) for item in value)
+    if origin is dict:
+        return {key: _decode(args[1], item) for key, item in value.items()}
+    return value
+
+
+# -- the plan's batches (stored with the plan; the jobs of a batch get files of their own) -----------------------
 
 
 @dataclass(frozen=True)
 class PredictionBatch:
-    """A batch's job file: its number and its scenes, each with raster, manifest, imagery keys, rank files and
+    """A batch of the plan: its number and its scenes, each with raster, manifest, imagery keys, rank files and
     merged outputs."""
 
     batch: int
     scenes: tuple[Scene, ...]
 
-    def to_json(self) -> str:
-        return json.dumps({"batch": self.batch, "scenes": [s.to_dict() for s in self.scenes]}, indent=1)
 
-    @classmethod
-    def from_json(cls, text: str) -> PredictionBatch:
-        data = json.loads(text)
-        return cls(int(data.get("batch", 0)), tuple(Scene.from_dict(s) for s in data["scenes"]))
-
-    def write(self, path: str | Path, log: str | Path | None = None) -> None:
-        """Write the job file atomically, and one line naming its scenes into ``log``."""
-        with atomic_path(path) as tmp:
-            Path(tmp).write_text(self.to_json() + "\n")
-        if log is not None:
-            names = ", ".join(s.name for s in self.scenes)
-            Path(log).write_text(f"{path}: {len(self.scenes)} scene(s): {names}\n")
-
-    @classmethod
-    def read(cls, path: str | Path) -> PredictionBatch:
-        return cls.from_json(Path(path).read_text())
+# -- one class per job ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TrainingScenes:
-    """The scenes a training job reads (its ``--scenes``): raster, manifest and ground truth each."""
+class TilesJob(JobFile):
+    """Tile manifests (rules tile_manifests_batch_{b}, tile_manifest): each scene's raster (a seam's mosaic of its
+    scenes' rasters, written first), manifest and imagery keys; settings: tiling."""
 
+    KIND: ClassVar[str] = "tiles"
     scenes: tuple[Scene, ...]
-
-    def to_json(self) -> str:
-        return json.dumps([s.to_dict() for s in self.scenes], separators=COMPACT)
-
-    @classmethod
-    def from_json(cls, text: str) -> TrainingScenes:
-        return cls(tuple(Scene.from_dict(s) for s in json.loads(text)))
+    settings: Settings
 
 
 @dataclass(frozen=True)
-class MergeConfig:
-    """What a merge job uses (its ``--config``): the task, the resolved class names, the merge and predict
-    sections."""
+class PredictJob(JobFile):
+    """A batch's prediction (rule predict, one job a shard): its scenes (raster, manifest, imagery, rank files), the
+    model file, the number of shards; settings: task, model, tiling, predict (without predict.scenes: adding a
+    scene to another batch does not rerun this one)."""
 
-    task: str
+    KIND: ClassVar[str] = "predict"
+    batch: int
+    scenes: tuple[Scene, ...]
+    model_file: str
+    shards: int
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class MergeJob(JobFile):
+    """A batch's merge (rules merge_batch_{b}): each scene's rank files into its layers, with the resolved class
+    names; settings: task, merge, predict (without predict.scenes)."""
+
+    KIND: ClassVar[str] = "merge"
+    batch: int
+    scenes: tuple[Scene, ...]
     labels: tuple[str, ...]
-    merge: dict[str, Any]
-    predict: dict[str, Any]
-
-    def as_mapping(self) -> dict[str, Any]:
-        return {"task": self.task, "labels": list(self.labels), "merge": self.merge, "predict": self.predict}
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_mapping(), separators=COMPACT)
-
-    @classmethod
-    def from_json(cls, text: str) -> MergeConfig:
-        data = json.loads(text)
-        return cls(data["task"], tuple(data["labels"]), data.get("merge", {}), data.get("predict", {}))
+    settings: Settings
 
 
 @dataclass(frozen=True)
-class EvaluationJob:
-    """A scene's evaluation (its ``--job``): the scene (raster, merged outputs, ground truth), the task, the
-    ``evaluate`` section and the resolved class names."""
+class ScoredScene:
+    """A scene a scoring job scores and renders: the scene (raster, manifest, ground truth, merged outputs), its
+    evaluation and quicklook files ("" evaluation: no annotations, the quicklook alone) and its report pages."""
 
     scene: Scene
-    task: str
-    evaluate: dict[str, Any]
-    labels: tuple[str, ...]
-
-    def config(self) -> dict[str, Any]:
-        """The config sections a task's evaluation reads."""
-        return {"task": self.task, "evaluate": self.evaluate}
-
-    def to_json(self) -> str:
-        data = {"scene": self.scene.to_dict(), "task": self.task, "evaluate": self.evaluate, "labels": self.labels}
-        return json.dumps(data, separators=COMPACT)
-
-    @classmethod
-    def from_json(cls, text: str) -> EvaluationJob:
-        data = json.loads(text)
-        return cls(Scene.from_dict(data["scene"]), data["task"], data["evaluate"], tuple(data["labels"]))
+    evaluation: str
+    quicklook: str
+    pages: dict[str, str]
 
 
 @dataclass(frozen=True)
-class ProjectJob:
-    """What the project's merge reads (``results/{run}/project/job.json``): the task, the project's CRS, the class
-    names, the merge and project sections, each source (scene or seam) with its merged outputs by key, its CRS, and its
-    footprint (a scene's ``bounds``) or core (a seam's, WKT); and the project's outputs by key."""
+class ScoreJob(JobFile):
+    """A batch's scoring (rules score_batch_{b}): its predicted scenes; settings: task, evaluate."""
 
-    task: str
+    KIND: ClassVar[str] = "score"
+    batch: int
+    scenes: tuple[ScoredScene, ...]
+    labels: tuple[str, ...]
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class ProjectJob(JobFile):
+    """The project's merge (rule project_layers): the project's CRS, the class names, each source (scene or seam)
+    with its merged outputs by key, its CRS and its footprint (a scene's ``bounds``) or core (a seam's, WKT), and the
+    project's outputs by key; settings: task, merge, project."""
+
+    KIND: ClassVar[str] = "project"
     crs: str
     labels: tuple[str, ...]
-    merge: dict[str, Any]
-    project: dict[str, Any]
     sources: tuple[dict[str, Any], ...]
     outputs: dict[str, str]
+    settings: Settings
 
     def as_mapping(self) -> dict[str, Any]:
         """The job as the task's project merge reads it."""
-        data = {"task": self.task, "crs": self.crs, "labels": list(self.labels), "merge": self.merge}
-        data["project"] = self.project
+        data = {"task": self.settings.task, "crs": self.crs, "labels": list(self.labels)}
+        data["merge"] = carried(self.settings)["merge"]
+        data["project"] = carried(self.settings)["project"]
         return {**data, "sources": list(self.sources), "outputs": self.outputs}
 
-    def to_json(self) -> str:
-        return json.dumps(self.as_mapping(), separators=COMPACT)
 
-    @classmethod
-    def from_json(cls, text: str) -> ProjectJob:
-        data = json.loads(text)
-        sources = tuple(data["sources"])
-        labels = tuple(data["labels"])
-        return cls(data["task"], data["crs"], labels, data["merge"], data["project"], sources, data["outputs"])
+@dataclass(frozen=True)
+class TrainJob(JobFile):
+    """The training (rule train_model): its scenes (raster, manifest, ground truth); settings: task, model, tiling,
+    train and the training scenes' entries of ``scenes`` (their bands and normalize make the model's input), not
+    the other scenes' (adding a scene to predict does not retrain)."""
 
-    @classmethod
-    def read(cls, path: str | Path) -> ProjectJob:
-        return cls.from_json(Path(path).read_text())
-
-    def write(self, path: str | Path) -> None:
-        with atomic_path(path) as tmp:
-            Path(tmp).write_text(self.to_json() + "\n")
+    KIND: ClassVar[str] = "train"
+    scenes: tuple[Scene, ...]
+    settings: Settings
 
 
-def read_job_file(path: str | Path) -> list[Scene]:
-    """The scenes of a batch's job file, in order."""
-    return list(PredictionBatch.read(path).scenes)
+@dataclass(frozen=True)
+class CheckJob(JobFile):
+    """The environment check (rule check_environment): settings: task, model, tiling, train (its model starts from
+    train.init when there is no model.file), predict, dummy."""
+
+    KIND: ClassVar[str] = "check"
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class SynthesisJob(JobFile):
+    """A demo scene's synthesis (rule synthesize_scene): its name; settings: demo, with this scene only."""
+
+    KIND: ClassVar[str] = "synthesis"
+    name: str
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class RunPageJob(JobFile):
+    """The report's page of the run (rule report_run): the class names, each DDP section's launch geometry
+    (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains it, each predicted
+    scene's gathered profile (the precision its ranks ran at); settings: all of them (the page shows the config)."""
+
+    KIND: ClassVar[str] = "run_page"
+    labels: tuple[str, ...]
+    geometry: dict[str, dict[str, int]]
+    model_file: str
+    trained: bool
+    profiles: dict[str, str]
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class ProjectMapJob(JobFile):
+    """The report's project map (rule report_project_map): each scene the run reads, with its raster (its header
+    gives the footprint), its roles (``train``, ``predict``) and, for a predicted scene, the counts file its
+    scoring job wrote; settings: task."""
+
+    KIND: ClassVar[str] = "project_map"
+    scenes: tuple[dict[str, Any], ...]
+    settings: Settings
+
+
+def read_scenes(path: str | Path) -> list[Scene]:
+    """The scenes of a tiles, prediction, merge or training job file, in order."""
+    kind = json.loads(Path(path).read_text()).get("kind")
+    classes = {cls.KIND: cls for cls in (TilesJob, PredictJob, MergeJob, TrainJob)}
+    if kind not in classes:
+        raise JobFileError(f"{path}: a job file of kind {kind}, without scenes")
+    return list(classes[kind].read(path).scenes)

@@ -80,9 +80,18 @@ class RunPaths:
         depend on, one file a batch rather than every scene's (:mod:`rasterscale.workflow.batches`)."""
         return f"{self.batches_dir()}/{step}-{batch}.json"
 
-    def batch_file(self, batch: int | str) -> str:
-        """A batch's job file (rule scene_batch)."""
-        return f"{self.batches_dir()}/batch-{batch}.json"
+    def jobs_dir(self, kind: str) -> str:
+        """The folder of a batch job's files by their kind (``tiles``: also the batches' record of their members,
+        :mod:`rasterscale.workflow.batches`)."""
+        return f"{self.root}/jobs/{kind}"
+
+    def job_file(self, kind: str, batch: int | str | None = None) -> str:
+        """A job's file (:mod:`rasterscale.jobs.files`) by its kind, and its batch's number for a batch's job."""
+        return f"{self.root}/jobs/{kind}.json" if batch is None else f"{self.jobs_dir(kind)}/batch-{batch}.json"
+
+    def scene_job(self, scene: str) -> str:
+        """The tile manifest job's file of a scene outside every batch (a training-only scene)."""
+        return f"{self.root}/jobs/tiles/scene-{scene}.json"
 
     def shard_dir(self, batch: int | str, shard: int | str) -> str:
         """The folder a prediction job (batch, shard) writes its ranks' files into (rule predict's output)."""
@@ -138,6 +147,16 @@ def trained_model(name: str) -> str:
 def demo_raster(directory: str, name: str) -> str:
     """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
     return f"{directory}/{name}.tif"
+
+
+def synthesis_job(directory: str, name: str) -> str:
+    """A demo scene's synthesis job file, beside the demo's data (every run that reads the scene shares it)."""
+    return f"{directory}/jobs/{name}.json"
+
+
+def check_job() -> str:
+    """The environment check's job file, beside its outputs."""
+    return f"{RESULTS}/checks/environment/job.json"
 
 
 def environment_rank_file(rank: int) -> str:

@@ -30,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
+from rasterscale.config.settings import Settings, carried, to_dict
 from rasterscale.jobs.paths import rank_stem
 from rasterscale.tasks.spec import Part
 
 RESUME_FORMAT = "rasterscale-resume/1"
 MAX_UNSAVED_BYTES = 16 * 2**20  # finished data a rank output holds before a part is written, whatever the clock
-IGNORED_PREDICT_KEYS = ("save_every",)  # config keys that do not change what a rank writes
+# predict keys that do not change what a rank writes (predict.scenes: the job file lists the scenes, whose tiles
+# the fingerprint holds; a job's settings leave it out)
+IGNORED_PREDICT_KEYS = ("save_every", "scenes")
 
 
 def file_digest(path: str | Path) -> str:
@@ -53,17 +56,17 @@ def file_digest(path: str | Path) -> str:
 
 
 def prediction_fingerprint(
-    config: Mapping[str, Any],
+    settings: Settings,
     model_digest: str,
     world_size: int,
     shards: int,
     shard: int,
     scene_tiles: Sequence[int],
 ) -> dict[str, Any]:
-    """What a rank's saved parts are only valid for: the job's config (but its save interval), the model
+    """What a rank's saved parts are only valid for: the job's settings (but its save interval), the model
     file's content, the launch geometry and the scene's tile_ids (hashed)."""
-    predict = {k: v for k, v in config.get("predict", {}).items() if k not in IGNORED_PREDICT_KEYS}
-    config_text = json.dumps({**config, "predict": predict}, sort_keys=True, default=str)
+    predict = {k: v for k, v in to_dict(settings.predict).items() if k not in IGNORED_PREDICT_KEYS}
+    config_text = json.dumps({**carried(settings), "predict": predict}, sort_keys=True, default=str)
     return {
         "config": hashlib.sha256(config_text.encode()).hexdigest(),
         "model file": model_digest,

@@ -27,7 +27,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence, Sized
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import (
     collate_lists,
     limit_read_cache,
@@ -118,14 +119,14 @@ class RankPlans:
         self,
         task: Task,
         scenes: Sequence[PredictScene],
-        config: Mapping[str, Any],
+        settings: Settings,
         shards: int,
         shard: int,
         resume: tuple[str | Path, str] | None,
         logger: logging.Logger,
     ) -> None:
         """``resume``: the resume folder and the model file's digest (None: no resume folder)."""
-        self.task, self.scenes, self.config, self.shards, self.shard = task, list(scenes), config, shards, shard
+        self.task, self.scenes, self.settings, self.shards, self.shard = task, list(scenes), settings, shards, shard
         self.resume, self.logger = resume, logger
         self.plans: dict[tuple[int, int], RankPlan] = {}
 
@@ -162,7 +163,7 @@ class RankPlans:
         saves = []
         for scene in self.scenes:
             tiles = [t.tile_id for t in scene.tiles]
-            mark = prediction_fingerprint(self.config, model_digest, world, self.shards, self.shard, tiles)
+            mark = prediction_fingerprint(self.settings, model_digest, world, self.shards, self.shard, tiles)
             index = rank_file_index(self.shard, world, rank)
             saves.append(RankSaves(resume_dir, scene.name, index, self.task.spec.rank_suffix, mark))
             saves[-1].load(self.logger)
@@ -180,10 +181,10 @@ class RankOutputs:
         out_dir: str | Path,
         shard: int,
         model_cfg: Any,
-        config: Mapping[str, Any],
+        settings: Settings,
     ) -> None:
         self.task, self.scenes, self.plan_of_rank = task, list(scenes), plan_of_rank
-        self.out_dir, self.shard, self.model_cfg, self.config = out_dir, shard, model_cfg, config
+        self.out_dir, self.shard, self.model_cfg, self.settings = out_dir, shard, model_cfg, settings
 
     def stem(self, world: int, rank: int, scene: int) -> str:
         return rank_stem(self.out_dir, self.scenes[scene].name, rank_file_index(self.shard, world, rank))
@@ -194,7 +195,7 @@ class RankOutputs:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         parts = plan.saves[scene].parts if plan.saves is not None else None
         return self.task.rank_output(
-            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.config, parts
+            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.settings, parts
         )
 
 
@@ -438,7 +439,7 @@ def log_job(
 def run_prediction(
     scenes: Sequence[Scene],
     model_file: str | Path,
-    config: Mapping[str, Any],
+    settings: Settings,
     spec: RunSpec,
     out_dir: str | Path,
     log_dir: str | Path,
@@ -447,23 +448,23 @@ def run_prediction(
     resume_dir: str | Path | None = None,
 ) -> None:
     """Predict one shard of a batch of scenes with one model load and one ``trainer.predict`` per rank.
-    ``config``: the validated config's ``task``, ``predict`` and ``model`` sections (every ``model.*`` key set
+    ``settings``: the job's ``task``, ``model``, ``tiling`` and ``predict`` settings (every ``model.*`` key set
     overrides the model file's). ``resume_dir``: where the ranks save finished tiles and a rerun resumes
     from (none: nothing saved)."""
-    predict_cfg = config["predict"]
+    predict = settings.predict
     logger = start_rank(spec, log_dir, LOGGER_NAME)
-    limit_read_cache(predict_cfg["read_cache_mb"])
-    task = task_spec(config["task"]).load()
-    model, model_cfg = task.load_model(model_file, config)
-    model = task.prepare_for_inference(model, predict_cfg)
+    limit_read_cache(predict.read_cache_mb)
+    task = task_spec(settings.task).load()
+    model, model_cfg = task.load_model(model_file, settings)
+    model = task.prepare_for_inference(model, predict)
     loaded = [load_scene(job) for job in scenes]
-    strategy = predict_cfg["strategy"]
-    workers = loader_workers(strategy, predict_cfg["workers"])
+    strategy = predict.strategy
+    workers = loader_workers(strategy, predict.workers)
     resume = (resume_dir, file_digest(model_file)) if resume_dir is not None else None
-    plans = RankPlans(task, loaded, config, shards, shard, resume, logger)
-    profiler = PredictProfiler(strategy, predict_cfg["batch_size"], workers, shard)
-    outputs = RankOutputs(task, loaded, plans, out_dir, shard, model_cfg, config)
-    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict_cfg["save_every"])
+    plans = RankPlans(task, loaded, settings, shards, shard, resume, logger)
+    profiler = PredictProfiler(strategy, predict.batch_size, workers, shard)
+    outputs = RankOutputs(task, loaded, plans, out_dir, shard, model_cfg, settings)
+    writer = RankWriter(loaded, outputs, profiler, resume_dir, predict.save_every)
     trainer = make_trainer(
         spec,
         logger=False,
@@ -473,10 +474,10 @@ def run_prediction(
     )
     if trainer.is_global_zero:
         logger.info("model %s: %s", model_file, task.describe(model_cfg))
-        log_job(logger, loaded, shards, shard, spec, strategy, predict_cfg["batch_size"], workers)
+        log_job(logger, loaded, shards, shard, spec, strategy, predict.batch_size, workers)
     datamodule = PredictionDataModule(
         functools.partial(rank_dataset, plans, strategy),
-        predict_cfg["batch_size"],
+        predict.batch_size,
         workers,
         pin_memory=spec.accelerator == "gpu" and strategy != "batch",
     )

@@ -27,11 +27,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rasterscale.runtime import peers
 from rasterscale.runtime.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
 from rasterscale.runtime.preflight import launch_geometry, slurm_job_id
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 POLL_SECONDS = 0.5
 EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit
@@ -127,10 +130,10 @@ class LocalRanks:
         exit_at_once(0)
 
 
-def start_local_ranks(config: Mapping[str, Any], section: str, argv: Sequence[str] | None = None) -> LocalRanks:
+def start_local_ranks(settings: Settings, section: str, argv: Sequence[str] | None = None) -> LocalRanks:
     """Start the other local ranks of this job of ``section`` (``train``, ``predict``) with the same command line
     (``argv``, this process' by default), when this process starts them (:func:`starts_local_ranks`)."""
-    geometry = launch_geometry(config, section)
+    geometry = launch_geometry(settings, section)
     if not starts_local_ranks(geometry.world_size, geometry.nodes):
         return LocalRanks()
     script, *arguments = argv or sys.argv

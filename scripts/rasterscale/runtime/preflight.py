@@ -19,7 +19,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 # The executor plugin submits with "slurm"; inside the job, Snakemake runs the rule with "slurm-jobstep".
 SLURM_EXECUTORS = frozenset({"slurm", "slurm-jobstep"})
@@ -57,18 +60,19 @@ class Geometry:
         return f"srun --nodes={self.nodes} --ntasks-per-node={self.devices}"
 
 
-def launch_geometry(config: Mapping[str, Any], section: str) -> Geometry:
+def launch_geometry(settings: Settings, section: str) -> Geometry:
     """The geometry of a validated config's ``train`` or ``predict`` section.
 
     Training spans ``train.nodes`` nodes (multi-node DDP, Lightning's num_nodes) in one job. Prediction runs
     ``predict.shards`` jobs, each on one node: a shard's tiles never need another node's ranks.
     """
-    if section not in ("train", "predict"):
-        raise ValueError(f"no run section '{section}' (train or predict)")
-    values = config[section]
     if section == "train":
-        return Geometry(section, int(values["devices"]), int(values["nodes"]))
-    return Geometry(section, int(values["devices"]), 1, int(values["shards"]))
+        train = settings.train
+        return Geometry(section, train.devices, train.nodes)
+    if section == "predict":
+        predict = settings.predict
+        return Geometry(section, predict.devices, 1, predict.shards)
+    raise ValueError(f"no run section '{section}' (train or predict)")
 
 
 def srun_prefix(nodes: int, tasks_per_node: int, cpus_per_task: int) -> str:

@@ -14,7 +14,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -35,6 +35,9 @@ from rasterscale.runtime.preflight import (
     launch_geometry,
     launched_by_slurm,
 )
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
 RUNTIME_LOGGER = "rasterscale.runtime"
@@ -77,12 +80,13 @@ def resolve_precision(section: str, requested: str, accelerator: str) -> precisi
     return precisions.resolve(f"{section}.precision", requested, capability)
 
 
-def run_spec(config: dict[str, Any], name: str) -> RunSpec:
+def run_spec(settings: Settings, name: str) -> RunSpec:
     """The run of one job of the config's ``train`` or ``predict`` section (its geometry:
     :func:`rasterscale.runtime.preflight.launch_geometry`)."""
-    geometry = launch_geometry(config, name)
-    accelerator = resolve_accelerator(config[name]["accelerator"])
-    resolution = resolve_precision(name, config[name]["precision"], accelerator)
+    geometry = launch_geometry(settings, name)
+    section = settings.run(name)
+    accelerator = resolve_accelerator(section.accelerator)
+    resolution = resolve_precision(name, section.precision, accelerator)
     return RunSpec(
         accelerator=accelerator,
         devices=geometry.devices,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import lightning as L
 import torch
@@ -27,6 +27,9 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.batching import BatchPlan
 from rasterscale.scene import Scene
 from rasterscale.tasks.spec import Part, TaskSpec
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
 
 
 class SizedDataset(Protocol):
@@ -66,9 +69,9 @@ class TrainingModule(L.LightningModule):
     """The Lightning module of every task: the task's model, its loss, and one optimizer and schedule for all
     (AdamW at the batch plan's learning rate, warm-up then cosine)."""
 
-    def __init__(self, model: torch.nn.Module, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, model: torch.nn.Module, plan: BatchPlan, train: TrainSettings) -> None:
         super().__init__()
-        self.model, self.plan, self.train_cfg = model, plan, dict(train_cfg)
+        self.model, self.plan, self.train_settings = model, plan, train  # (Module.train is a method)
 
     def losses(self, batch: Any) -> dict[str, torch.Tensor]:
         """The task's loss terms of a batch (their sum is optimized)."""
@@ -85,9 +88,9 @@ class TrainingModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.plan.lr, weight_decay=self.train_cfg["weight_decay"])
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.plan.lr, weight_decay=self.train_settings.weight_decay)
         total = int(self.trainer.estimated_stepping_batches)
-        warmup = min(self.train_cfg["warmup_steps"], max(0, total // 5))
+        warmup = min(self.train_settings.warmup_steps, max(0, total // 5))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -122,7 +125,7 @@ class Task(ABC):
 
     # --- the model -----------------------------------------------------------------------------------------
     @abstractmethod
-    def model_config(self, config: Mapping[str, Any]) -> Any:
+    def model_config(self, settings: Settings) -> Any:
         """The effective model configuration: the config's model keys over the model file's (dry-run cheap)."""
 
     @abstractmethod
@@ -134,18 +137,18 @@ class Task(ABC):
         """A fresh (untrained) model."""
 
     @abstractmethod
-    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, Any]:
+    def load_model(self, path: str | Path, settings: Settings) -> tuple[torch.nn.Module, Any]:
         """A trained model file's model and its effective configuration."""
 
     # --- training ------------------------------------------------------------------------------------------
     training_module_class: ClassVar[type[TrainingModule]]
 
-    def training_module(self, model_cfg: Any, plan: BatchPlan, train_cfg: Mapping[str, Any]) -> TrainingModule:
+    def training_module(self, model_cfg: Any, plan: BatchPlan, train: TrainSettings) -> TrainingModule:
         """A fresh model in the task's Lightning module."""
-        return self.training_module_class(self.build_model(model_cfg), plan, train_cfg)
+        return self.training_module_class(self.build_model(model_cfg), plan, train)
 
     @abstractmethod
-    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, settings: Settings) -> str:
         """Start the model from train.init / model.backbone_weights (or not); returns what, for the log."""
 
     @abstractmethod
@@ -156,7 +159,7 @@ class Task(ABC):
         train: Sequence[Tile],
         validation: Sequence[Tile],
         spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
+        train_settings: TrainSettings,
     ) -> tuple[FlippableSamples, SizedDataset | None]:
         """A scene's training samples (flipped by the sampler: :mod:`rasterscale.datasets.sampling`) and validation
         samples, made from its tiles."""
@@ -175,7 +178,7 @@ class Task(ABC):
 
     # --- prediction ----------------------------------------------------------------------------------------
     @abstractmethod
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+    def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
         """The model's fast path (eval mode, folded norms, channels_last...)."""
 
     @abstractmethod
@@ -194,7 +197,7 @@ class Task(ABC):
         predicted: Sequence[Tile],
         path: str | Path,
         model_cfg: Any,
-        config: Mapping[str, Any],
+        settings: Settings,
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
         """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``). ``own``: all the rank's tiles

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task
 from rasterscale.tasks.blending import Blender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings, TrainSettings
 
 
 def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,10 +140,10 @@ class DenseTask(Task):
     def describe(self, model_cfg: Any) -> str:
         return model_cfg.describe()
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, settings: Settings) -> str:
         """Start the model's encoder from ``model.encoder_weights``, or the model from ``train.init``
         (:meth:`start_from`), or from scratch."""
-        init, encoder_weights = config["train"]["init"], config["model"]["encoder_weights"]
+        init, encoder_weights = settings.train.init, settings.model.encoder_weights
         if encoder_weights:  # the dry run refuses it beside train.init
             return self.start_encoder(model, model_cfg, encoder_weights)
         if not init:
@@ -162,7 +165,7 @@ class DenseTask(Task):
         train: Sequence[Tile],
         validation: Sequence[Tile],
         spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
+        train_settings: TrainSettings,
     ) -> tuple[FlippableSamples, SizedDataset | None]:
         samples = self.tile_samples(scene, model_cfg, spec)
         return samples(train), (samples(validation) if validation else None)
@@ -192,7 +195,7 @@ class DenseTask(Task):
     def blended_bands(self, model_cfg: Any) -> Any:
         """What the blender blends per pixel, as it takes it: the number of classes, the values' labels."""
 
-    def blend_options(self, config: Mapping[str, Any]) -> dict[str, Any]:
+    def blend_options(self, settings: Settings) -> dict[str, Any]:
         """The blender's options that the config sets (none unless the task says)."""
         return {}
 
@@ -203,7 +206,7 @@ class DenseTask(Task):
         predicted: Sequence[Tile],
         path: str | Path,
         model_cfg: Any,
-        config: Mapping[str, Any],
+        settings: Settings,
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
         blender = self.blender(
@@ -217,7 +220,7 @@ class DenseTask(Task):
             path,
             scene.transform,
             scene.crs,
-            **self.blend_options(config),
+            **self.blend_options(settings),
             parts=[part.path for part in parts or ()],
             keep_unsaved=parts is not None,
         )

@@ -27,10 +27,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.tasks.modelfiles import NotATorchFile, payload_header, torch_payload
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import ModelSettings
 
 # the segmentation-models-pytorch networks a dense task may build (the schema's model.architecture takes them from
 # here); each builds and trains a step at 256 px on the encoders of docs/models.md
@@ -87,20 +90,20 @@ def default_decoder(architecture: str) -> tuple[int, ...] | None:
 
 
 def dense_network(
-    model: Mapping[str, Any], path: str | None, recorded: tuple[str, str] | None, task: str
+    model: ModelSettings, path: str | None, recorded: tuple[str, str] | None, task: str
 ) -> tuple[str, str]:
     """The (architecture, encoder) of a dense task's config: ``model.architecture`` and ``model.encoder`` as set,
     else what the model file ``path`` records (``recorded``), else a U-Net on ResNet-18. A key that contradicts the
     file, or ``model.backbone`` (detection's and instances' key), fails with one line."""
-    if model.get("backbone") is not None:
+    if model.backbone is not None:
         raise ConfigError(
             f"config: key 'model.backbone' is for detection and instances; {task}'s network takes model.encoder "
-            f"(e.g. encoder: {model['backbone']})"
+            f"(e.g. encoder: {model.backbone})"
         )
-    architecture = model.get("architecture") or (recorded[0] if recorded else DEFAULT_ARCHITECTURE)
+    architecture = model.architecture or (recorded[0] if recorded else DEFAULT_ARCHITECTURE)
     if architecture not in ARCHITECTURES:
         raise ConfigError(f"config: key 'model.architecture' is {architecture!r} (one of {', '.join(ARCHITECTURES)})")
-    given = model.get("encoder")
+    given = model.encoder
     encoder = encoder_name(given) if given else (recorded[1] if recorded else DEFAULT_ENCODER)
     refused = next((prefix for arch, prefix in REFUSED if arch == architecture and encoder.startswith(prefix)), None)
     if refused is not None:
@@ -183,11 +186,11 @@ def check_encoder_weights(value: str, bands: int) -> EncoderWeights:
     return EncoderWeights(str(path), first, channels, len(state))
 
 
-def checked_encoder_weights(model: Mapping[str, Any], path: str | None, new_head: bool, bands: int) -> str:
+def checked_encoder_weights(model: ModelSettings, path: str | None, new_head: bool, bands: int) -> str:
     """``model.encoder_weights`` of a dense task's config, checked (:func:`check_encoder_weights`): it starts a new
     network's encoder, so it is refused beside ``model.file`` (nothing trains) or ``train.init`` (which starts
     every weight). Empty: none."""
-    value = str(model.get("encoder_weights") or "")
+    value = model.encoder_weights
     if not value:
         return ""
     if path is not None:

@@ -14,23 +14,26 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 
 class NotATorchFile(InputError):
     """A file that torch cannot load as a whole torch-saved file of tensors and plain containers."""
 
 
-def model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+def model_file(settings: Settings) -> tuple[str | None, bool]:
     """The model file the config starts from and whether it is a starting point for training:
     (``model.file``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
-    predicted_with = config.get("model", {}).get("file")
+    predicted_with = settings.model.file
     if predicted_with:
         return predicted_with, False
-    init = config.get("train", {}).get("init")
+    init = settings.train.init
     return (init, True) if init else (None, False)
 
 

@@ -10,27 +10,25 @@ the plan checks at dry run and every task's model configuration records.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.errors import ConfigError
 from rasterscale.raster.bands import InputBands, check_normalize, default_band_names, input_of_keys
 
+if TYPE_CHECKING:
+    from rasterscale.config.settings import SceneSettings, Settings
+
 DEFAULT_COUNT = 3
 
 
-def scene_band_count(scene: Mapping[str, Any]) -> int:
-    return len(scene.get("bands") or range(DEFAULT_COUNT))
+def scene_band_count(scene: SceneSettings) -> int:
+    return len(scene.bands or range(DEFAULT_COUNT))
 
 
-def training_scene_names(config: Mapping[str, Any]) -> list[str]:
-    scenes = config.get("train", {}).get("scenes") or []
-    return [scenes] if isinstance(scenes, str) else list(scenes)
-
-
-def _agreed(config: Mapping[str, Any], names: Sequence[str], what: str, value: Any) -> Any:
+def _agreed(settings: Settings, names: Sequence[str], what: str, value: Callable[[SceneSettings], Any]) -> Any:
     """One value of the scenes ``names`` (``value(scene)``), which must agree: one line naming two that differ."""
-    scenes = config.get("scenes", {})
+    scenes = settings.scenes
     found: dict[str, Any] = {}
     for name in names:
         if name in scenes:
@@ -45,20 +43,20 @@ def _agreed(config: Mapping[str, Any], names: Sequence[str], what: str, value: A
     return next(iter(found.values()), None)
 
 
-def configured_input(config: Mapping[str, Any]) -> InputBands:
+def configured_input(settings: Settings) -> InputBands:
     """The input the config's keys ask a model to be trained for (see the module docstring)."""
-    model = config.get("model", {})
-    names = training_scene_names(config)
-    count = _agreed(config, names, "their number of bands (bands)", scene_band_count) or DEFAULT_COUNT
-    band_names = model.get("band_names")
+    model = settings.model
+    names = list(settings.train.scenes)
+    count = _agreed(settings, names, "their number of bands (bands)", scene_band_count) or DEFAULT_COUNT
+    band_names = model.band_names
     if band_names is not None and len(band_names) != count:
         raise ConfigError(
             f"config: key 'model.band_names' names {len(band_names)} band(s) but the training scenes' bands give "
             f"{count}"
         )
-    normalize = model.get("normalize")
+    normalize = model.normalize
     if normalize is None:
-        normalize = _agreed(config, names, "normalize", lambda scene: scene.get("normalize"))
+        normalize = _agreed(settings, names, "normalize", lambda scene: scene.normalize)
         check_normalize(normalize, count, f"scenes.{names[0] if names else 'X'}.normalize")
     else:
         check_normalize(normalize, count, "model.normalize")
@@ -68,19 +66,19 @@ def configured_input(config: Mapping[str, Any]) -> InputBands:
         raise ConfigError(f"config: key 'model.band_names': {err}") from None
 
 
-def model_input(config: Mapping[str, Any], recorded: InputBands | None, predicting: bool) -> InputBands:
+def model_input(settings: Settings, recorded: InputBands | None, predicting: bool) -> InputBands:
     """The effective input of a config's model: a model file's (``recorded``) when ``predicting`` with it, else
     :func:`configured_input`. A key that contradicts the file: one line naming both."""
     if recorded is None or not predicting:
-        return configured_input(config)
-    model = config.get("model", {})
-    names = model.get("band_names")
+        return configured_input(settings)
+    model = settings.model
+    names = model.band_names
     if names is not None and [n.casefold() for n in names] != [n.casefold() for n in recorded.names]:
         raise ConfigError(
             f"config: key 'model.band_names' is [{', '.join(names)}] but the model file takes "
             f"[{', '.join(recorded.names)}]: leave it out to use the file's"
         )
-    if model.get("normalize") is not None:
+    if model.normalize is not None:
         raise ConfigError(
             "config: key 'model.normalize' is set but the model file records its own normalization "
             f"({recorded.describe()}): leave it out"

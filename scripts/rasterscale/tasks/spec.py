@@ -14,6 +14,7 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 
 if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
     from rasterscale.tasks.api import Task
 
 
@@ -25,28 +26,29 @@ MODEL_FILES = {"model": "{name}.pt", "metrics": "{name}.metrics.csv", "plot": "{
 class TaskSpec:
     """What a task is, as the workflow sees it.
 
-    - ``scene_outputs(config)``: a scene's merged outputs, ``{key: file name}`` under ``results/{run}/{scene}/``;
+    - ``scene_outputs(settings)``: a scene's merged outputs, ``{key: file name}`` under ``results/{run}/{scene}/``;
       ``evaluated_output`` is the key the evaluation reads; ``rank_suffix`` the suffix of a rank's output;
     - ``model_files``: what training writes, ``{key: file under results/models/}`` with ``{name}`` for the model's;
     - ``default_model_name``: ``model.name`` when the config leaves it null;
     - ``config_keys``: keys (by section) that only this task reads: set under another task, they are an error;
       ``scene_keys``: keys of a scene (``scenes.X.*``) that only this task reads, the same;
     - ``schema_enums``: the allowed values of this task's keys (``"section.key"``), which the schema takes from here;
-    - ``labels(config)``: the effective class names (``model.labels`` over the model file's header, else the
-      task's default), cheap enough for a dry run; ``model_input(config)``: the bands the model takes (its file's
+    - ``labels(settings)``: the effective class names (``model.labels`` over the model file's header, else the
+      task's default), cheap enough for a dry run; ``model_input(settings)``: the bands the model takes (its file's
       when predicting with one, else the training scenes' and ``model.band_names``/``normalize``:
       :func:`rasterscale.tasks.modelinput.model_input`);
     - ``check_annotations(path, raster, labels, label_column, image_name)``: header checks of a scene's ground
       truth, one-line :class:`~rasterscale.errors.InputError` naming the file; its warnings (a file that is likely
       a mistake), each ``(scene key, line)``: the dry run says the line (``{scene}`` the scene's name) unless the
       scene sets that key true;
-    - ``merge(scene, outputs, config)``: a scene's rank outputs into its layers; a line for the log;
-    - ``evaluate(scene, config, labels, out, quicklook)``: the merged output scored against the annotations,
+    - ``merge(scene, outputs, settings, labels)``: a scene's rank outputs into its layers (``labels``: the resolved
+      class names); a line for the log;
+    - ``evaluate(scene, settings, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
-    - ``project_outputs(config)``: the project's layers, ``{key: file name}`` under ``results/{run}/project/``;
+    - ``project_outputs(settings)``: the project's layers, ``{key: file name}`` under ``results/{run}/project/``;
       ``merge_project(job)`` merges them (``job``: :class:`rasterscale.jobs.files.ProjectJob` as a mapping),
       a line for the log;
-    - ``quicklook(scene, config, png, title)``: the same picture of a scene's merged output over its imagery, for a
+    - ``quicklook(scene, settings, png, title)``: the same picture of a scene's merged output over its imagery, for a
       scene without annotations (no ground truth drawn);
     - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
       tables and project map);
@@ -58,22 +60,22 @@ class TaskSpec:
 
     name: str
     rank_suffix: str
-    scene_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
+    scene_outputs: Callable[[Settings], dict[str, str]]
     evaluated_output: str
     model_files: dict[str, str]
     default_model_name: str
-    labels: Callable[[Mapping[str, Any]], list[str]]
+    labels: Callable[[Settings], list[str]]
     check_annotations: Callable[[str, RasterInfo, list[str], str | None, str], Sequence[tuple[str, str]] | None]
-    merge: Callable[[Mapping[str, Any], Sequence[str], Mapping[str, Any]], str]
+    merge: Callable[[Mapping[str, Any], Sequence[str], Settings, Sequence[str]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]
-    project_outputs: Callable[[Mapping[str, Any]], dict[str, str]]
+    project_outputs: Callable[[Settings], dict[str, str]]
     merge_project: Callable[[Mapping[str, Any]], str]
-    quicklook: Callable[[Mapping[str, Any], Mapping[str, Any], str | Path, str], None]
+    quicklook: Callable[[Mapping[str, Any], Settings, str | Path, str], None]
     counts: Callable[[Mapping[str, Any], Sequence[str]], dict[str, int]]
     count_unit: str
     implementation: str
-    model_input: Callable[[Mapping[str, Any]], InputBands]
+    model_input: Callable[[Settings], InputBands]
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scene_keys: tuple[str, ...] = ()
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

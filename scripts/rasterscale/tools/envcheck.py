@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rasterscale.atomic import write_json
+from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import DummyDataset
 from rasterscale.grid.sharding import split_balanced
 from rasterscale.predict.engine import BatchEndCallback, PredictionDataModule, PredictionModule
@@ -60,13 +60,13 @@ class ThroughputReport(BatchEndCallback):
         logging.getLogger(LOGGER_NAME).info("environment check: %s", report)
 
 
-def run_environment_check(config: Mapping[str, Any], spec: RunSpec, out_dir: str | Path, log_dir: str | Path) -> None:
+def run_environment_check(settings: Settings, spec: RunSpec, out_dir: str | Path, log_dir: str | Path) -> None:
     """Every rank predicts its share of ``dummy.count`` random tiles with the task's untrained model."""
     start_rank(spec, log_dir, LOGGER_NAME)
-    dummy_cfg, predict_cfg = config["dummy"], config["predict"]
-    task = task_spec(config["task"]).load()
-    model = task.prepare_for_inference(task.build_model(task.model_config(config)), predict_cfg)
-    dataset = DummyDataset(dummy_cfg["count"], dummy_cfg["size"], dummy_cfg["delay"])
+    dummy, predict = settings.dummy, settings.predict
+    task = task_spec(settings.task).load()
+    model = task.prepare_for_inference(task.build_model(task.model_config(settings)), predict)
+    dataset = DummyDataset(dummy.count, dummy.size, dummy.delay)
     indices = list(range(len(dataset)))
 
     def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
@@ -75,7 +75,7 @@ def run_environment_check(config: Mapping[str, Any], spec: RunSpec, out_dir: str
     report = ThroughputReport(out_dir)
     trainer = make_trainer(spec, logger=False, callbacks=[report], use_distributed_sampler=False)
     datamodule = PredictionDataModule(
-        dataset_for_rank, predict_cfg["batch_size"], predict_cfg["workers"], pin_memory=spec.accelerator == "gpu"
+        dataset_for_rank, predict.batch_size, predict.workers, pin_memory=spec.accelerator == "gpu"
     )
     trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
     report.write(trainer)

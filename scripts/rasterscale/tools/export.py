@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from rasterscale.atomic import atomic_path
+from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
 from rasterscale.tasks.exported.card import FORMS, card_path, form_of
 from rasterscale.tasks.modelfiles import NotATorchFile, torch_payload
@@ -85,7 +86,7 @@ def export_model(model_file: str | Path, out: str | Path, form: str | None = Non
     spec = task_spec(task)
     if not spec.exported_outputs:
         raise InputError(f"{model_file}: {task} models are not exported (only tasks that predict a value per pixel)")
-    model, cfg = spec.load().load_model(model_file, {"task": task, "model": {}})
+    model, cfg = spec.load().load_model(model_file, job_settings({"task": task, "model": {}}))  # no model key set
     model.eval()
     example = torch.rand(2, cfg.input.count, cfg.patch_size, cfg.patch_size)
     with atomic_path(out) as tmp:  # a sibling of the same suffix: torch.export.save wants .pt2

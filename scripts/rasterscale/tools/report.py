@@ -25,10 +25,11 @@ import yaml
 
 from rasterscale.atomic import atomic_path, save_figure, write_json
 from rasterscale.config.settings import ModelSettings, to_dict
+from rasterscale.jobs.files import ProjectMapJob, RunPageJob, ScoredScene
 from rasterscale.jobs.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow.reportfiles import SCENE_FILES, ProjectScenes, RunFacts, SceneReport
+from rasterscale.workflow.reportfiles import SCENE_FILES
 
 LISTED_SCENES = 200  # scenes the run's page lists by name; more are counted
 LABELLED_FOOTPRINTS = 30  # footprints the project map names; more get their colour only
@@ -156,13 +157,13 @@ GEOMETRY_COLUMNS = [
 
 
 def overview_rows(
-    facts: RunFacts, model: str, trained: Sequence[str], predicted: Sequence[str]
+    facts: RunPageJob, model: str, trained: Sequence[str], predicted: Sequence[str]
 ) -> list[tuple[str, Any]]:
     """The run's page's overview: task, model, classes, model file, training and predicted scenes, tiles."""
     tiling = facts.settings.tiling
     origin = "trained by this run" if facts.trained else "model.file"
     return [
-        ("task", facts.task),
+        ("task", facts.settings.task),
         ("model", model),
         ("classes", ", ".join(facts.labels)),
         ("model file", f"{facts.model_file} ({origin})" if facts.model_file else "none"),
@@ -184,7 +185,7 @@ def model_rows(model: ModelSettings, meta: Mapping[str, Any] | None) -> list[tup
 
 
 def precision_rows(
-    facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]], predicted: bool
+    facts: RunPageJob, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]], predicted: bool
 ) -> list[tuple[str, Any, Any]]:
     """The precision each section that ran asked for (config) and ran at (the model file's record, the ranks'
     profiles)."""
@@ -197,7 +198,7 @@ def precision_rows(
     return rows
 
 
-def geometry_rows(facts: RunFacts, predicted: bool) -> list[tuple[Any, ...]]:
+def geometry_rows(facts: RunPageJob, predicted: bool) -> list[tuple[Any, ...]]:
     """The launch geometry of each section that ran (:data:`GEOMETRY_COLUMNS`)."""
     rows = []
     for name, values in facts.geometry.items():
@@ -221,7 +222,7 @@ def geometry_rows(facts: RunFacts, predicted: bool) -> list[tuple[Any, ...]]:
     return rows
 
 
-def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]]) -> str:
+def run_page(facts: RunPageJob, meta: Mapping[str, Any] | None, profiles: Mapping[str, Mapping[str, Any]]) -> str:
     """The run's page: task and model, what the model file records of its training (``meta``), precision asked
     and used per section, launch geometry, scenes, the validated config."""
     settings = facts.settings
@@ -231,7 +232,7 @@ def run_page(facts: RunFacts, meta: Mapping[str, Any] | None, profiles: Mapping[
     shown = {key: value for key, value in to_dict(settings).items() if key != "scenes"}
     listed = [(name, scene.path, scene.annotations or "-") for name, scene in list(scenes.items())[:LISTED_SCENES]]
     return page(
-        f"Run: {facts.task}, model {model.name}",
+        f"Run: {facts.settings.task}, model {model.name}",
         f"{len(predicted)} scene(s) predicted, {len(trained)} trained on.",
         section("Overview", key_values(overview_rows(facts, str(model.name), trained, predicted))),
         section("Model", key_values(model_rows(model, meta))),
@@ -377,15 +378,16 @@ def plot_profile(scene: str, profile: Mapping[str, Any], png: str | Path) -> Non
     save_figure(fig, png, dpi=100)
 
 
-def render_scene(job: SceneReport, spec: TaskSpec, outputs: Mapping[str, str]) -> dict[str, int]:
-    """Write a scene's renderings (``outputs`` by the keys of :data:`SCENE_FILES`): its counts (JSON, what the
+def render_scene(scored: ScoredScene, labels: Sequence[str], spec: TaskSpec) -> dict[str, int]:
+    """Write a scene's renderings (its ``pages`` by the keys of :data:`SCENE_FILES`): its counts (JSON, what the
     project map reads), scores and profile pages, the profile's plot. Returns the counts."""
+    outputs = scored.pages
     if set(outputs) != set(SCENE_FILES):
         raise ValueError(f"a scene's renderings are {sorted(SCENE_FILES)}, not {sorted(outputs)}")
-    scene = job.scene
-    counts = spec.counts(scene.as_mapping(), list(job.labels))
+    scene = scored.scene
+    counts = spec.counts(scene.as_mapping(), list(labels))
     write_json({"unit": spec.count_unit, "counts": counts, "total": sum(counts.values())}, outputs["counts"])
-    metrics = read_json(job.evaluation) if job.evaluation else None
+    metrics = read_json(scored.evaluation) if scored.evaluation else None
     summary = spec.summarize(metrics) if metrics is not None else ""
     write_text(scores_page(scene.name, metrics, summary, counts, spec.count_unit), outputs["scores"])
     profile = read_json(scene.outputs["profile"])
@@ -421,7 +423,7 @@ def raster_outline(path: str | Path, points_per_edge: int = 16) -> tuple[Any, np
     return info.crs, np.column_stack([xs, ys])
 
 
-def map_footprints(job: ProjectScenes) -> tuple[Any, list[Footprint]]:
+def map_footprints(job: ProjectMapJob) -> tuple[Any, list[Footprint]]:
     """The scenes' outlines in one CRS (theirs when they share one, else longitude/latitude) with their counts."""
     from rasterio.crs import CRS
     from rasterio.warp import transform
@@ -534,6 +536,6 @@ def place_labels(fig: Any, ax: Any, labels: Sequence[tuple[np.ndarray, str, str]
         placed.append(chosen)
 
 
-def render_project_map(job: ProjectScenes, unit: str, png: str | Path) -> None:
+def render_project_map(job: ProjectMapJob, unit: str, png: str | Path) -> None:
     crs, footprints = map_footprints(job)
     plot_project_map(crs, footprints, unit, png)

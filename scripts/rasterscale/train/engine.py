@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from rasterscale.atomic import save_figure
+from rasterscale.config.settings import Settings, TrainSettings
 from rasterscale.datasets.sampling import EpochSampler, FlippableSamples, KeyedSamples
 from rasterscale.errors import InputError
 from rasterscale.grid.manifest import read_manifest, tiles_from_frame
@@ -58,11 +59,9 @@ class TrainingDataModule(L.LightningDataModule):
     each rank takes its share of every epoch's samples (:mod:`rasterscale.datasets.sampling`), from where an interrupted
     run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
 
-    def __init__(
-        self, task: Task, scenes: list[Scene], model_cfg: Any, plan: BatchPlan, cfg: Mapping[str, Any]
-    ) -> None:
+    def __init__(self, task: Task, scenes: list[Scene], model_cfg: Any, plan: BatchPlan, train: TrainSettings) -> None:
         super().__init__()
-        self.task, self.scenes, self.model_cfg, self.plan, self.cfg = task, scenes, model_cfg, plan, cfg
+        self.task, self.scenes, self.model_cfg, self.plan, self.train = task, scenes, model_cfg, plan, train
         self.train_sets: list[FlippableSamples] = []
         self.val_sets: list[SizedDataset] = []
         self.resumed: tuple[int, int] | None = None  # (epoch, batches its interrupted run took)
@@ -74,18 +73,18 @@ class TrainingDataModule(L.LightningDataModule):
         for scene in self.scenes:
             raster = check_raster(scene.raster)
             tiles = tiles_from_frame(read_manifest(scene.manifest))
-            train, validation = split_train_validation(tiles, raster.height, self.cfg["validation_fraction"])
+            train, validation = split_train_validation(tiles, raster.height, self.train.validation_fraction)
             spec = read_spec(scene.manifest)
-            train_set, val_set = self.task.training_datasets(scene, self.model_cfg, train, validation, spec, self.cfg)
+            train_set, val_set = self.task.training_datasets(scene, self.model_cfg, train, validation, spec, self.train)
             self.train_sets.append(train_set)
             if val_set is not None:
                 self.val_sets.append(val_set)
 
     def train_dataloader(self) -> DataLoader:
-        workers = self.cfg["workers"]
-        samples = KeyedSamples(self.train_sets, self.cfg["seed"])
+        workers = self.train.workers
+        samples = KeyedSamples(self.train_sets, self.train.seed)
         trainer, batch = attached_trainer(self), self.plan.per_device_batch
-        sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.cfg["seed"], batch)
+        sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.train.seed, batch)
         if self.resumed is not None:
             sampler.resume_at(*self.resumed)
         return DataLoader(
@@ -217,27 +216,21 @@ def with_input_statistics(model_cfg: Any, scenes: Sequence[Scene]) -> Any:
         raise InputError(f"normalize: auto over {', '.join(s.name for s in scenes)}: {err}") from None
 
 
-def batch_plan(train_cfg: Mapping[str, Any], world_size: int) -> BatchPlan:
+def batch_plan(train: TrainSettings, world_size: int) -> BatchPlan:
     """The batch plan of the ``train`` section's batch size and learning rate over ``world_size`` ranks."""
-    return plan_batches(
-        train_cfg["batch_size"],
-        world_size,
-        train_cfg["lr"],
-        train_cfg["lr_reference_batch"],
-        train_cfg["lr_scaling"],
-    )
+    return plan_batches(train.batch_size, world_size, train.lr, train.lr_reference_batch, train.lr_scaling)
 
 
 def training_trainer(
-    spec: RunSpec, train_cfg: Mapping[str, Any], csv_logger: CSVLogger, callbacks: list[L.Callback]
+    spec: RunSpec, train: TrainSettings, csv_logger: CSVLogger, callbacks: list[L.Callback]
 ) -> L.Trainer:
     """The trainer of the run: the ``train`` section's epochs, steps and logging, the run's ranks."""
     return make_trainer(
         spec,
-        max_epochs=train_cfg["epochs"],
-        max_steps=train_cfg["max_steps"],
+        max_epochs=train.epochs,
+        max_steps=train.max_steps,
         logger=csv_logger,
-        log_every_n_steps=train_cfg["log_every_n_steps"],
+        log_every_n_steps=train.log_every_n_steps,
         callbacks=callbacks,
         use_distributed_sampler=False,  # each rank's share is the EpochSampler's
         enable_checkpointing=False,
@@ -295,7 +288,7 @@ def save_trained(
 
 def run_training(
     scenes: list[Scene],
-    config: Mapping[str, Any],
+    settings: Settings,
     spec: RunSpec,
     model_path: str | Path,
     metrics_path: str | Path,
@@ -305,27 +298,27 @@ def run_training(
     """Train the config's task with ``spec.world_size`` ranks, starting from ``train.init`` or
     ``model.backbone_weights`` when given; rank 0 writes the model (and what the task writes beside it), the
     metrics CSV and the plot."""
-    train_cfg = config["train"]
+    train = settings.train
     logger = start_rank(spec, log_dir, LOGGER_NAME)
-    task = task_spec(config["task"]).load()
-    model_cfg = with_input_statistics(task.model_config(config), scenes)
-    plan = batch_plan(train_cfg, spec.world_size)
-    L.seed_everything(train_cfg["seed"], workers=True, verbose=False)
-    datamodule = TrainingDataModule(task, scenes, model_cfg, plan, train_cfg)
-    module = task.training_module(model_cfg, plan, train_cfg)
-    loaded = task.initial_weights(module.model, model_cfg, config)
-    validation = RankZeroValidation(task, datamodule, train_cfg["val_every_n_epochs"], plan.per_device_batch)
+    task = task_spec(settings.task).load()
+    model_cfg = with_input_statistics(task.model_config(settings), scenes)
+    plan = batch_plan(train, spec.world_size)
+    L.seed_everything(train.seed, workers=True, verbose=False)
+    datamodule = TrainingDataModule(task, scenes, model_cfg, plan, train)
+    module = task.training_module(model_cfg, plan, train)
+    loaded = task.initial_weights(module.model, model_cfg, settings)
+    validation = RankZeroValidation(task, datamodule, train.val_every_n_epochs, plan.per_device_batch)
     folder = training_resume_dir(model_path)
-    run_fingerprint = training_fingerprint(config, scenes, spec.world_size)
+    run_fingerprint = training_fingerprint(settings, scenes, spec.world_size)
     resume = find_resume_point(folder, run_fingerprint)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     logged = Path(csv_logger.log_dir, "metrics.csv")
-    every = train_cfg["checkpoint_every_n_steps"]
+    every = train.checkpoint_every_n_steps
     checkpoints = ResumeCheckpoints(
         folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged), datamodule.resume_at
     )
-    callbacks = [RankZeroProgress(train_cfg["log_every_n_steps"], plan), validation, checkpoints]
-    trainer = training_trainer(spec, train_cfg, csv_logger, callbacks)
+    callbacks = [RankZeroProgress(train.log_every_n_steps, plan), validation, checkpoints]
+    trainer = training_trainer(spec, train, csv_logger, callbacks)
     if trainer.is_global_zero:
         logger.info("batch plan: %s", plan.describe())
         logger.info("run: %s", spec)

@@ -44,6 +44,7 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
 from rasterscale.atomic import atomic_path, write_json
+from rasterscale.config.settings import Settings, to_dict
 from rasterscale.runtime.lifetime import SIGTERM_EXIT_CODE, bind_worker, exit_at_once
 from rasterscale.runtime.ranks import gather_to_all
 
@@ -102,14 +103,15 @@ def training_resume_dir(model_path: str | Path) -> Path:
     return model.with_name(f".{model.stem}.resume")
 
 
-def training_fingerprint(config: Mapping[str, Any], scenes: Sequence[Any], world_size: int) -> str:
-    """What a checkpoint must have been trained with to be resumed from: the task, model, tiling and train config
-    (but the keys of :data:`UNFINGERPRINTED_TRAIN_KEYS`), the training scenes and the world size."""
-    train = {key: value for key, value in config["train"].items() if key not in UNFINGERPRINTED_TRAIN_KEYS}
+def training_fingerprint(settings: Settings, scenes: Sequence[Any], world_size: int) -> str:
+    """What a checkpoint must have been trained with to be resumed from: the task, model, tiling and train settings
+    (but the keys of :data:`UNFINGERPRINTED_TRAIN_KEYS`), the training scenes and the world size (their JSON
+    values, hashed)."""
+    train = {key: value for key, value in to_dict(settings.train).items() if key not in UNFINGERPRINTED_TRAIN_KEYS}
     what = {
-        "task": config["task"],
-        "model": config["model"],
-        "tiling": config["tiling"],
+        "task": settings.task,
+        "model": to_dict(settings.model),
+        "tiling": to_dict(settings.tiling),
         "train": train,
         "scenes": [asdict(scene) for scene in scenes],
         "world_size": world_size,

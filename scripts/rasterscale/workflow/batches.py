@@ -1,6 +1,7 @@
 """Batches of scenes that stay put: which prediction job predicts which scenes (and seams).
 
-A batch's job file (``results/{run}/batches/batch-{b}.json``) records its members. When the workflow plans again, every
+A batch's tiles job file (``results/{run}/jobs/tiles/batch-{b}.json``, written with the plan's other job files
+before the DAG: :mod:`rasterscale.workflow.jobfiles`) records its members. When the workflow plans again, every
 recorded batch whose members the plan would still write as recorded is kept as it is, under its number: its jobs'
 inputs do not change, so Snakemake redoes none of them. Only members in no kept batch (new scenes and seams, or
 those whose entry changed: another raster, imagery keys, shards) form new batches, ``size`` scenes at a time with
@@ -42,10 +43,10 @@ class Recorded:
     scenes: tuple[dict[str, Any], ...]
 
 
-def read_recorded(batches_dir: str, workdir: str | Path = ".") -> list[Recorded]:
-    """The batch job files in a run's ``batches_dir`` (``results/{run}/batches/``; unreadable ones are left out:
-    formed again)."""
-    folder = Path(workdir) / batches_dir
+def read_recorded(jobs_dir: str, workdir: str | Path = ".") -> list[Recorded]:
+    """The batches' tiles job files in a run's ``jobs_dir`` (``results/{run}/jobs/tiles/``; unreadable ones are left
+    out: formed again)."""
+    folder = Path(workdir) / jobs_dir
     recorded = []
     for path in folder.glob("batch-*.json") if folder.is_dir() else ():
         match = BATCH_FILE.match(path.name)

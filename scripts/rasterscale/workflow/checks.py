@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +63,10 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
             f"config: model.name {settings.model.name!r}{named} names the run's folder "
             f"results/{settings.model.name}/, which every run shares; name the model otherwise"
         )
-    geometry = {section: launch_geometry(config, section) for section in SECTIONS}
+    geometry = {section: launch_geometry(settings, section) for section in SECTIONS}
     task = task_spec(settings.task)
-    labels = tuple(task.labels(config))  # use these, never model.labels
-    model_input = task.model_input(config)
+    labels = tuple(task.labels(settings))  # use these, never model.labels
+    model_input = task.model_input(settings)
     plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input)
     untiled = {}
     footprints = {}
@@ -79,12 +78,12 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
         if raster is not None and name in predicted:
             footprints[name] = footprint_of(raster)
     inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(settings)}
-    plan = replace(plan, untiled=untiled, inputs=inputs, footprints=footprints)
+    plan = plan.with_(untiled=untiled, inputs=inputs, footprints=footprints)
     if plan.has_project():
         check_project_crs(plan)
         if settings.project.seams:
-            plan = replace(plan, seams=tuple(find_seams(footprints, settings.tiling.overlap)))
-    plan = replace(plan, batches=_batches(plan, workdir))
+            plan = plan.with_(seams=tuple(find_seams(footprints, settings.tiling.overlap)))
+    plan = plan.with_(batches=_batches(plan, workdir))
     for line in plan.striped_warnings():
         say(line)
     return plan
@@ -131,7 +130,7 @@ def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
     members = plan.project_sources() if plan.has_project() else plan.predict_scenes
     size = plan.settings.predict.scenes_per_job
     base = Path(workdir)
-    recorded = read_recorded(plan.paths.batches_dir(), workdir)
+    recorded = read_recorded(plan.paths.jobs_dir("tiles"), workdir)
     batches = form_batches(members, plan.batch_entry, size, recorded, lambda r: (base / r).exists())
     return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
 

@@ -1,11 +1,8 @@
 """The Snakemake report (``snakemake --report report.zip``): its categories, the files the workflow renders for it
-under ``results/{run}/report/`` (paths in :mod:`rasterscale.jobs.paths`), and what the plan hands the jobs that
-render them: :class:`RunFacts` (the run's page), :class:`SceneReport` (a scene's tables and plot) and
-:class:`ProjectScenes` (the project map). The rules flag these files, the quicklooks and the training curves with
-Snakemake's ``report()`` (``rules/report.smk``); the renderings are :mod:`rasterscale.tools.report`'s. The jobs
-(Snakemake ``script:`` entries) load the stored plan (:func:`rasterscale.workflow.storage.workflow_plan`) and take what
-they need from it here: neither a command line nor the report's listing of a job's params grows with the number of
-scenes. No torch, no matplotlib here: the workflow reads this module when it loads.
+under ``results/{run}/report/`` (paths in :mod:`rasterscale.jobs.paths`), and which scenes the jobs that
+render them take (their job files: :mod:`rasterscale.workflow.jobfiles`). The rules flag these files, the quicklooks
+and the training curves with Snakemake's ``report()`` (``rules/report.smk``); the renderings are
+:mod:`rasterscale.tools.report`'s. No torch, no matplotlib here: the workflow reads this module when it loads.
 """
 
 from __future__ import annotations
@@ -13,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rasterscale.config.settings import Settings
 from rasterscale.raster.remote import local_files
-from rasterscale.scene import Scene
 from rasterscale.workflow.batches import recorded_targets
-from rasterscale.workflow.plan import SECTIONS, Plan
+from rasterscale.workflow.plan import Plan
 
 # The report's categories, numbered: Snakemake's report lists categories in the order of their names.
 RUN = "1. Run"
@@ -66,64 +61,15 @@ def model_file(plan: Plan) -> str:
 # -- the run's page ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunFacts:
-    """What the run's page shows from the plan: the typed settings, the task and its class names, each section's
-    launch geometry (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains
-    it, and each predicted scene's gathered profile (the precision its ranks ran at)."""
-
-    task: str
-    labels: tuple[str, ...]
-    settings: Settings
-    geometry: dict[str, dict[str, int]]
-    model_file: str
-    trained: bool
-    profiles: dict[str, str]
-
-
-def run_facts(plan: Plan) -> RunFacts:
-    geometry = {
-        section: {
-            "devices": plan.geometry[section].devices,
-            "nodes": plan.geometry[section].nodes,
-            "world_size": plan.world_size(section),
-            "shards": plan.geometry[section].shards,
-            "threads": plan.rank_threads(section),
-        }
-        for section in SECTIONS
-    }
-    trained = bool(plan.train_scenes) and not plan.settings.model.file
-    profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
-    return RunFacts(plan.task.name, plan.labels, plan.settings, geometry, model_file(plan), trained, profiles)
-
-
 def run_inputs(plan: Plan) -> dict[str, Any]:
     """Rule report_run's input: the model file (when there is one), the merge records of the batches whose
     scenes' profiles it reads."""
     model = model_file(plan)
-    profiles = plan.batch_records("merged", run_facts(plan).profiles)  # the merges write the profiles
+    profiles = plan.batch_records("merged", plan.predict_scenes)  # the merges write the profiles
     return {**({"model": model} if model else {}), "profiles": profiles}
 
 
 # -- a scene's renderings ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SceneReport:
-    """A predicted scene's renderings' job: the scene (raster, merged outputs and gathered profile by key), the
-    task, its class names, and the scene's evaluation file ("" when it has no annotations)."""
-
-    scene: Scene
-    task: str
-    labels: tuple[str, ...]
-    evaluation: str = ""
-
-
-def scene_report(plan: Plan, name: str) -> SceneReport:
-    evaluated = plan.is_evaluated(name)
-    scene = Scene(name, plan.scene_raster(name), plan.paths.scene_manifest(name), outputs=plan.scene_outputs(name))
-    evaluation = plan.paths.evaluation_file(name) if evaluated else ""
-    return SceneReport(scene, plan.task.name, plan.labels, evaluation)
 
 
 def scored_scenes(plan: Plan, batch: int) -> list[str]:
@@ -182,30 +128,11 @@ def score_inputs(plan: Plan, batch: int) -> list[str]:
 # -- the project map --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProjectScenes:
-    """The project map's job: each scene the run reads, with its raster (its header gives the footprint), its
-    roles (``train``, ``predict``) and, for a predicted scene, the counts file its renderings' job wrote; the
-    task."""
-
-    task: str
-    scenes: tuple[dict[str, Any], ...]
-
-
-def project_scenes(plan: Plan) -> ProjectScenes:
-    train, predict = set(plan.train_scenes), set(plan.predict_scenes)
-    scenes = []
-    for name in mapped_scenes(plan):
-        roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
-        counts = scene_files(plan, name)["counts"] if name in predict else ""
-        scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
-    return ProjectScenes(plan.task.name, tuple(scenes))
-
-
 def project_inputs(plan: Plan) -> dict[str, list[str]]:
     """Rule report_project_map's input: the scenes' rasters and the records of the scoring jobs that write the
     predicted scenes' counts."""
-    scenes = project_scenes(plan).scenes
-    rasters = plan.raster_inputs(*(s["name"] for s in scenes))  # the local ones: no URL is a file to wait for
-    scored = [s["name"] for s in scenes if s["counts"]]
+    scenes = mapped_scenes(plan)
+    rasters = plan.raster_inputs(*scenes)  # the local ones: no URL is a file to wait for
+    predicted = set(plan.predict_scenes)
+    scored = [name for name in scenes if name in predicted]
     return {"rasters": rasters, "counts": plan.batch_records("scored", scored)}  # the scoring jobs write the counts

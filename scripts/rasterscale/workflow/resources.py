@@ -210,8 +210,3 @@ def report_mb(plan: Plan) -> int:
     names = plan.predict_scenes
     held = max((0 if is_dense(plan) else objects_bytes(plan, scene_size(plan, name)) for name in names), default=0)
     return job_mb(held + QUICKLOOK_MB * MB)
-
-
-def job_file_mb(plan: Plan) -> int:
-    """A job file's writer (a batch's or the project's JSON from the rule's params): the process alone."""
-    return job_mb(0)

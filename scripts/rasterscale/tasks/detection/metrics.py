@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_object
 from rasterscale.tasks.detectors.metrics import average_precision as average_precision  # detection's API, shared
 from rasterscale.tasks.detectors.metrics import precision_recall_f1 as precision_recall_f1
 from rasterscale.tasks.labels import label_indexes
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import EvaluateSettings
 
 
 def boxes_of(boxes: Any) -> np.ndarray:
@@ -67,7 +70,7 @@ def evaluate_scene(
     annotations_path: str | Path,
     labels: list[str],
     label_column: str | None,
-    evaluate_cfg: dict[str, float],
+    evaluate: EvaluateSettings,
     json_path: str | Path,
     quicklook_path: str | Path,
     image_path: str | None = None,
@@ -85,11 +88,11 @@ def evaluate_scene(
         label_indexes(str(detections_path), detections["label"].astype(str).to_numpy(), labels),
         truth.boxes,
         truth.labels,
-        iou_threshold=evaluate_cfg["iou_threshold"],
-        score_threshold=evaluate_cfg["score_threshold"],
+        iou_threshold=evaluate.iou_threshold,
+        score_threshold=evaluate.score_threshold,
     )
     title = record_scores(metrics, raster_path, json_path)
-    kept = detections["score"].to_numpy() >= evaluate_cfg["score_threshold"]
+    kept = detections["score"].to_numpy() >= evaluate.score_threshold
     render_detections_quicklook(
         raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title
     )

@@ -12,9 +12,8 @@ Model files (formats, headers, the effective configuration) are :mod:`rasterscal
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torchvision.models.detection import RetinaNet
@@ -32,6 +31,9 @@ from rasterscale.tasks.detection.modelfiles import (
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.modelfiles import save_payload
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
 
@@ -65,13 +67,14 @@ def save_detector(model: torch.nn.Module, cfg: DetectorConfig, path: str | Path,
 
 
 def load_detector(
-    path: str | Path, config: Mapping[str, Any] | None = None
+    path: str | Path, settings: Settings | None = None
 ) -> tuple[RetinaNet, DetectorConfig, dict[str, Any]]:
     """The detector of any model file rasterscale reads (:mod:`rasterscale.tasks.detection.modelfiles`), built with the
-    effective configuration: what the file says, overridden by every ``model.*`` key set in ``config`` (a validated
-    config). Returns the model, its configuration and the file's metadata (training figures of rasterscale's)."""
+    effective configuration: what the file says, overridden by every ``model.*`` key set in ``settings`` (a validated
+    config's; None: the file's alone). Returns the model, its configuration and the file's metadata (training
+    figures of rasterscale's)."""
     header, state = read_model_file(path)
-    cfg = resolve_detector(config or {}, header)
+    cfg = resolve_detector(settings, header)
     model = build_detector(cfg)
     load_weights(model, state, path)
     return model, cfg, header.meta

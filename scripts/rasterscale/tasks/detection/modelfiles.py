@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.tasks.detectors.modelfiles import (
     DEEPFOREST_RESIZE,
@@ -39,6 +39,9 @@ from rasterscale.tasks.detectors.modelfiles import (
     write_hub_folder,
 )
 from rasterscale.tasks.modelfiles import is_state_dict, model_file_error, other_tasks_model, shapes_of
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 DETECTOR_FORMAT = "rasterscale-detector/1"
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location
@@ -114,19 +117,19 @@ def _header_of_payload(path: Path, payload: Any) -> tuple[ModelHeader, dict[str,
         # a Lightning checkpoint of DeepForest's module: the detector is its `model` attribute
         state = {k.removeprefix("model."): v for k, v in payload["state_dict"].items() if k.startswith("model.")}
         backbone, classes, fpn_channels = architecture(path, shapes_of(state))
-        config = (payload.get("hyper_parameters") or {}).get("config") or {}
-        label_dict = payload.get("label_dict") or config.get("label_dict")
+        hyper = (payload.get("hyper_parameters") or {}).get("config") or {}  # DeepForest's config
+        label_dict = payload.get("label_dict") or hyper.get("label_dict")
         header = ModelHeader(
             str(path),
             "DeepForest Lightning checkpoint",
             backbone,
             classes,
             labels_from_dict(path, label_dict, classes) if label_dict else None,
-            config.get("score_thresh"),
-            config.get("nms_thresh"),
-            config.get("detections_per_img"),
+            hyper.get("score_thresh"),
+            hyper.get("nms_thresh"),
+            hyper.get("detections_per_img"),
             DEEPFOREST_RESIZE,
-            config.get("patch_size"),
+            hyper.get("patch_size"),
             fpn_channels=fpn_channels,
         )
         return header, state
@@ -162,18 +165,18 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
 # --- resolving ------------------------------------------------------------------------------------------------
 
 
-def resolve_detector(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
+def resolve_detector(settings: Settings | None, header: ModelHeader | None, new_head: bool = False) -> DetectorConfig:
     """The effective detector: each ``model.*`` key the user set, else what the model file says, else rasterscale's
     default. ``new_head``: the file is a starting point (``train.init``), so other labels replace its class head;
     otherwise (prediction) the labels must number the file's classes
     (:func:`rasterscale.tasks.detectors.modelfiles.resolve_detector_keys`).
     """
-    return DetectorConfig(**resolve_detector_keys(config, header, new_head, DetectorConfig))
+    return DetectorConfig(**resolve_detector_keys(settings, header, new_head, DetectorConfig))
 
 
-def detector_of_config(config: Mapping[str, Any]) -> tuple[DetectorConfig, ModelHeader | None]:
+def detector_of_config(settings: Settings) -> tuple[DetectorConfig, ModelHeader | None]:
     """The effective detector of a validated config, reading the header of the model file it names."""
-    return effective_model(config, read_header, resolve_detector)
+    return effective_model(settings, read_header, resolve_detector)
 
 
 # --- writing --------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,9 +19,12 @@ from rasterscale.tasks.detection.project import merge_project
 from rasterscale.tasks.detection.quicklook import render_detections_quicklook, scored_boxes
 from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
 
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
+
 
 def evaluate(
-    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     return evaluate_scene(
         scene["parquet"],
@@ -29,7 +32,7 @@ def evaluate(
         scene["annotations"],
         list(labels),
         scene.get("label_column") or None,
-        config["evaluate"],
+        settings.evaluate,
         out,
         quicklook,
         scene.get("image_path"),

@@ -10,10 +10,10 @@ scores against ground truth are :mod:`rasterscale.tasks.detectors.metrics`'.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import geopandas as gpd
 import numpy as np
@@ -26,6 +26,9 @@ from rasterscale.atomic import atomic_path, write_geoparquet, write_gpkg
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import MergeSettings
 
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]  # an object's box in raster pixels, in every frame
 
@@ -137,16 +140,17 @@ def merge_rank_files(
     rank_files: Sequence[str | Path],
     manifest_path: str | Path,
     raster_path: str | Path,
-    merge_cfg: Mapping[str, float],
+    settings: MergeSettings,
     empty: Callable[[Any], gpd.GeoDataFrame],
     merge: CrossTileMerge,
 ) -> tuple[gpd.GeoDataFrame, RasterInfo]:
     """A scene's rank files (their records already checked: :mod:`rasterscale.jobs.rankfiles`), the objects on
-    valid pixels, merged across tile overlaps with ``merge.*``; the merged frame and the scene's raster."""
+    valid pixels, merged across tile overlaps with ``merge.*`` (``settings``); the merged frame and the scene's
+    raster."""
     manifest = read_manifest(manifest_path)
     raster = check_raster(raster_path)
     objects = drop_masked(read_rank_files(rank_files, empty), raster_path, read_spec(manifest_path))
-    thresholds = (merge_cfg["iou_threshold"], merge_cfg["edge_tolerance"], merge_cfg["containment_threshold"])
+    thresholds = (settings.iou_threshold, settings.edge_tolerance, settings.containment_threshold)
     merged = merge(objects, manifest, raster.width, raster.height, *thresholds)
     return merged, raster
 
@@ -170,12 +174,12 @@ def merge_scene(
     raster_path: str | Path,
     gpkg_path: str | Path,
     parquet_path: str | Path,
-    merge_cfg: Mapping[str, float],
+    settings: MergeSettings,
 ) -> gpd.GeoDataFrame:
     """Merge a scene's rank files (their records already checked: :mod:`rasterscale.jobs.rankfiles`) across tile
     overlaps (:func:`merge_rank_files`); write its ``layer`` as GeoParquet and GeoPackage (atomically); its rows. A
     task's ``merge_scene`` binds its layer (:func:`functools.partial`)."""
-    merged, raster = merge_rank_files(rank_files, manifest_path, raster_path, merge_cfg, layer.empty, layer.merge)
+    merged, raster = merge_rank_files(rank_files, manifest_path, raster_path, settings, layer.empty, layer.merge)
     rows = layer.rows(merged, raster.crs)
     write_geoparquet(rows, parquet_path)
     write_gpkg(rows, gpkg_path, layer=layer.name)

@@ -19,12 +19,15 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.modelfiles import NotATorchFile, model_file, model_file_error, torch_payload
 from rasterscale.tasks.modelinput import model_input
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
 FOLDER_FILES = ("config.json", "model.safetensors")
@@ -141,11 +144,11 @@ def config_error(problem: str) -> Exception:
     return ConfigError(f"config: {problem}")
 
 
-def detector_model_file(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+def detector_model_file(settings: Settings) -> tuple[str | None, bool]:
     """:func:`model_file` of a torchvision detector's config, which starts from a model file or from ImageNet
     weights for its backbone (``model.backbone_weights``), not both."""
-    path, new_head = model_file(config)
-    if new_head and config.get("model", {}).get("backbone_weights"):
+    path, new_head = model_file(settings)
+    if new_head and settings.model.backbone_weights:
         raise config_error("train.init and model.backbone_weights are both set: keep one of them")
     return path, new_head
 
@@ -259,30 +262,60 @@ class DetectorHeader:
 
 
 def resolve_detector_keys(
-    config: Mapping[str, Any], header: DetectorHeader | None, new_head: bool, model_class: type[ResNetFPNConfig]
+    settings: Settings | None, header: DetectorHeader | None, new_head: bool, model_class: type[ResNetFPNConfig]
 ) -> dict[str, Any]:
     """The effective settings a torchvision detector of any task has (backbone, labels, patch_size, resize,
     fpn_channels, score_threshold, nms_threshold, detections_per_tile): each ``model.*`` key the user set, else
     what the model file says, else ``model_class``'s default. ``new_head``: the file is a starting point
     (``train.init``), so other labels replace its class head; otherwise (prediction) the labels must number the
-    file's classes. A key that contradicts the file's architecture or classes: one-line :class:`ConfigError`."""
-    model = config.get("model", {})
+    file's classes. A key that contradicts the file's architecture or classes: one-line :class:`ConfigError`.
+    ``settings`` None: no key set (a model file's own model, ``header`` given)."""
+    model = settings.model if settings is not None else None
     defaults: dict[str, Any] = {f.name: f.default for f in fields(model_class)}
-    if header and model.get("backbone") not in (None, header.backbone):
+    backbone, fpn_channels = (model.backbone, model.fpn_channels) if model else (None, None)
+    if header and backbone not in (None, header.backbone):
         raise config_error(
-            f"key 'model.backbone' is {model['backbone']} but {header.path} is a {header.backbone}: "
+            f"key 'model.backbone' is {backbone} but {header.path} is a {header.backbone}: "
             "leave model.backbone out to use the file's"
         )
-    if header and model.get("fpn_channels") not in (None, header.fpn_channels):
+    if header and fpn_channels not in (None, header.fpn_channels):
         raise config_error(
-            f"key 'model.fpn_channels' is {model['fpn_channels']} but {header.path} has a "
+            f"key 'model.fpn_channels' is {fpn_channels} but {header.path} has a "
             f"{header.fpn_channels}-channel feature pyramid: leave model.fpn_channels out to use the file's"
         )
-    labels = tuple(model["labels"]) if model.get("labels") else None
-    if labels is None:
+    labels = resolve_labels(model.labels if model else None, header, new_head, tuple(defaults["labels"]))
+    resize = configured_resize(model.resize if model else None)
+    if resize is None:
+        resize = header.resize if header else None
+    patch_size = settings.tiling.patch_size if settings is not None else (header and header.patch_size)
+    return {
+        "backbone": pick(backbone, header and header.backbone, defaults["backbone"]),
+        "fpn_channels": pick(fpn_channels, header and header.fpn_channels, defaults["fpn_channels"]),
+        "score_threshold": pick(
+            model and model.score_threshold, header and header.score_threshold, defaults["score_threshold"]
+        ),
+        "nms_threshold": pick(
+            model and model.nms_threshold, header and header.nms_threshold, defaults["nms_threshold"]
+        ),
+        "detections_per_tile": pick(
+            model and model.detections_per_tile, header and header.detections_per_tile, defaults["detections_per_tile"]
+        ),
+        "labels": labels,
+        "patch_size": patch_size or defaults["patch_size"],
+        "resize": None if resize == "native" else resize,
+        "input": detector_input(settings, header, new_head),
+    }
+
+
+def resolve_labels(
+    labels: tuple[str, ...] | None, header: DetectorHeader | None, new_head: bool, default: tuple[str, ...]
+) -> tuple[str, ...]:
+    """``model.labels`` (``labels``) as set, else the model file's names, else ``default``; labels that do not
+    number or name the file's classes when predicting with it (not ``new_head``): one-line :class:`ConfigError`."""
+    if not labels:
         labels = header.labels if header and header.labels else None
     if labels is None:
-        labels = tuple(defaults["labels"])
+        labels = default
         if header and header.num_classes != len(labels):
             raise config_error(
                 f"{header.path} has {header.num_classes} classes and no names for them: set model.labels"
@@ -297,18 +330,16 @@ def resolve_detector_keys(
             f"key 'model.labels' is [{', '.join(labels)}] but {header.path} predicts [{', '.join(header.labels)}]: "
             "leave model.labels out to use the file's (to train other classes, give the file as train.init)"
         )
-    resize = configured_resize(model.get("resize"))
-    if resize is None:
-        resize = header.resize if header else None
-    patch_size = config.get("tiling", {}).get("patch_size") or (header and header.patch_size) or defaults["patch_size"]
-    keys = ("backbone", "fpn_channels", "score_threshold", "nms_threshold", "detections_per_tile")
-    return {
-        **{key: pick(model.get(key), header and getattr(header, key), defaults[key]) for key in keys},
-        "labels": labels,
-        "patch_size": patch_size,
-        "resize": None if resize == "native" else resize,
-        "input": model_input(config, header.input if header else None, predicting=header is not None and not new_head),
-    }
+    return labels
+
+
+def detector_input(settings: Settings | None, header: DetectorHeader | None, new_head: bool) -> InputBands:
+    """The input bands of a detector (:func:`~rasterscale.tasks.modelinput.model_input`); ``settings`` None: the
+    model file's (none: RGB, scaled)."""
+    recorded = header.input if header else None
+    if settings is None:
+        return recorded if recorded is not None else InputBands()
+    return model_input(settings, recorded, predicting=header is not None and not new_head)
 
 
 @dataclass(frozen=True)
@@ -434,12 +465,12 @@ Config = TypeVar("Config", bound="ResNetFPNConfig")
 
 
 def effective_model(
-    config: Mapping[str, Any],
+    settings: Settings,
     read_header: Callable[[str], Header],
-    resolve: Callable[[Mapping[str, Any], Header | None, bool], Config],
+    resolve: Callable[[Settings, Header | None, bool], Config],
 ) -> tuple[Config, Header | None]:
     """The effective model of a validated config (``resolve``: each ``model.*`` key over the file's header), reading
     the header of the model file it names (``model.file``, else ``train.init``: :func:`detector_model_file`)."""
-    path, new_head = detector_model_file(config)
+    path, new_head = detector_model_file(settings)
     header = read_header(path) if path else None
-    return resolve(config, header, new_head), header
+    return resolve(settings, header, new_head), header

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detectors.merge import count_labels
 from rasterscale.tasks.detectors.modelfiles import ResNetFPNConfig
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 # a model that DeepForest reads too: every task's model files and its DeepForest model folder
 MODEL_FILES_WITH_DEEPFOREST = {
@@ -28,7 +31,7 @@ MODEL_KEYS = ("score_threshold", "nms_threshold", "detections_per_tile", "resize
 MERGE_KEYS = ("iou_threshold", "edge_tolerance", "containment_threshold")
 PROJECT_KEYS = ("iou_threshold",)
 
-# a task's merge of a scene: (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge section) -> the
+# a task's merge of a scene: (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge settings) -> the
 # scene's merged objects
 SceneMerge = Callable[..., Sized]
 # a scene's shapes (by its paths: the scene as a mapping) scoring at least a score, in the raster's pixels
@@ -48,23 +51,23 @@ class ObjectLayer:
     layer: str
     shapes: str
     ap_name: str
-    of_config: Callable[[Mapping[str, Any]], tuple[ResNetFPNConfig, Any]]
+    of_config: Callable[[Settings], tuple[ResNetFPNConfig, Any]]
     merge_scene: SceneMerge
     scored: ScoredShapes
     render_quicklook: Quicklook
 
-    def layers(self, config: Mapping[str, Any]) -> dict[str, str]:
+    def layers(self, settings: Settings) -> dict[str, str]:
         return {"gpkg": f"{self.layer}.gpkg", "parquet": f"{self.layer}.parquet"}
 
-    def labels(self, config: Mapping[str, Any]) -> list[str]:
-        return list(self.of_config(config)[0].labels)
+    def labels(self, settings: Settings) -> list[str]:
+        return list(self.of_config(settings)[0].labels)
 
-    def model_input(self, config: Mapping[str, Any]) -> InputBands:
-        return self.of_config(config)[0].input
+    def model_input(self, settings: Settings) -> InputBands:
+        return self.of_config(settings)[0].input
 
-    def merge(self, scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
+    def merge(self, scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
         merged = self.merge_scene(
-            outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], config["merge"]
+            outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], settings.merge
         )
         return f"{len(merged)} {self.layer} -> {scene['gpkg']}"
 
@@ -74,9 +77,9 @@ class ObjectLayer:
             f"{self.ap_name}={metrics['map50']:.3f}"
         )
 
-    def quicklook(self, scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+    def quicklook(self, scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
         """The evaluation's picture without ground truth: the shapes scoring at least evaluate.score_threshold."""
-        threshold = config["evaluate"]["score_threshold"]
+        threshold = settings.evaluate.score_threshold
         found = self.scored(scene, threshold)
         text = f"{title}: {len(found)} {self.shapes} of score >= {threshold}"
         self.render_quicklook(scene["raster"], found, None, png, title=text)

@@ -31,6 +31,8 @@ from rasterscale.tasks.spec import Part
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
 
+    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
+
 LOGGER = logging.getLogger("rasterscale.train")
 
 
@@ -45,9 +47,9 @@ class DetectorModel:
     network: str
     called: str
     deepforest_class: str
-    of_config: Callable[[Mapping[str, Any]], tuple[ResNetFPNConfig, Any]]
+    of_config: Callable[[Settings], tuple[ResNetFPNConfig, Any]]
     build: Callable[[Any], torch.nn.Module]
-    load: Callable[[str | Path, Mapping[str, Any]], tuple[torch.nn.Module, Any, Any]]
+    load: Callable[[str | Path, Settings], tuple[torch.nn.Module, Any, Any]]
     init_from_file: Callable[[Any, Any, str | Path], str]
     save: Callable[..., None]
     write_folder: Callable[[Mapping[str, Any], Any, str | Path], Path]
@@ -70,8 +72,8 @@ class DetectorTask(Task):
     detector: ClassVar[DetectorModel]
     rank_output_class: ClassVar[type[ObjectsRankOutput]]
 
-    def model_config(self, config: Mapping[str, Any]) -> Any:
-        return self.detector.of_config(config)[0]
+    def model_config(self, settings: Settings) -> Any:
+        return self.detector.of_config(settings)[0]
 
     def describe(self, model_cfg: Any) -> str:
         return f"{self.detector.network} {model_cfg.backbone}, {model_cfg.describe()}"
@@ -79,16 +81,16 @@ class DetectorTask(Task):
     def build_model(self, model_cfg: Any) -> torch.nn.Module:
         return self.detector.build(model_cfg)  # its transform resizes as the model records (model.resize)
 
-    def load_model(self, path: str | Path, config: Mapping[str, Any]) -> tuple[torch.nn.Module, Any]:
-        model, cfg, _ = self.detector.load(path, config)
+    def load_model(self, path: str | Path, settings: Settings) -> tuple[torch.nn.Module, Any]:
+        model, cfg, _ = self.detector.load(path, settings)
         return model, cfg
 
-    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, config: Mapping[str, Any]) -> str:
+    def initial_weights(self, model: torch.nn.Module, model_cfg: Any, settings: Settings) -> str:
         """Start the model from ``train.init`` (a model file), or its backbone from ``model.backbone_weights`` (a
         torchvision ImageNet ResNet), or from scratch. A pretrained backbone is fine-tuned as DeepForest does
         (frozen batch norms and stem)."""
         net = cast("RetinaNet | MaskRCNN", model)
-        init, backbone_weights = config["train"]["init"], config["model"]["backbone_weights"]
+        init, backbone_weights = settings.train.init, settings.model.backbone_weights
         if init:
             loaded = self.detector.init_from_file(net, model_cfg, init)
         elif backbone_weights:
@@ -120,13 +122,13 @@ class DetectorTask(Task):
         train: Sequence[Tile],
         validation: Sequence[Tile],
         spec: ImageSpec,
-        train_cfg: Mapping[str, Any],
+        train_settings: TrainSettings,
     ) -> tuple[FlippableSamples, SizedDataset | None]:
         """A scene's samples of its training and validation tiles, its ground truth read once for both."""
         raster = check_raster(scene.raster)
         labels = list(model_cfg.labels)
         truth = self.read_truth(scene.annotations, raster, labels, scene.label_column, scene.image_path)
-        samples = self.tile_samples(scene.raster, truth, spec, train_cfg["min_visible_fraction"])
+        samples = self.tile_samples(scene.raster, truth, spec, train_settings.min_visible_fraction)
         return samples(train), (samples(validation) if validation else None)
 
     def collate(self, batch: list[Any]) -> Any:
@@ -144,8 +146,8 @@ class DetectorTask(Task):
             LOGGER.warning(note)
         return [Path(model_path), folder]
 
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
-        return prepare_for_inference(model, channels_last=predict_cfg["channels_last"])
+    def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
+        return prepare_for_inference(model, channels_last=predict.channels_last)
 
     def rank_output(
         self,
@@ -154,7 +156,7 @@ class DetectorTask(Task):
         predicted: Sequence[Tile],
         path: str | Path,
         model_cfg: Any,
-        config: Mapping[str, Any],
+        settings: Settings,
         parts: Sequence[Part] | None = None,
     ) -> RankOutput:
         return self.rank_output_class.of_model(scene, model_cfg, path, parts or ())

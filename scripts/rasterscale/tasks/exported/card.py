@@ -22,12 +22,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import ModelSettings
 
 FORMS = ("onnx", "torch.export", "torchscript")
 SUFFIX_FORMS = {".onnx": "onnx", ".pt2": "torch.export"}
@@ -84,20 +87,20 @@ def form_of(path: str | Path) -> str:
     return SUFFIX_FORMS.get(Path(path).suffix.lower(), "torchscript")
 
 
-def is_exported(path: str | Path, model: Mapping[str, Any]) -> bool:
+def is_exported(path: str | Path, model: ModelSettings) -> bool:
     """Whether ``path`` is an exported model: its suffix says so, a card lies beside it, or ``model.card`` is set."""
-    return Path(path).suffix.lower() in SUFFIX_FORMS or bool(model.get("card")) or card_path(path).is_file()
+    return Path(path).suffix.lower() in SUFFIX_FORMS or bool(model.card) or card_path(path).is_file()
 
 
 def card_error(source: str, problem: str) -> InputError:
     return InputError(f"{source}: {problem}")
 
 
-def read_card_mapping(path: str | Path, model: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+def read_card_mapping(path: str | Path, model: ModelSettings) -> tuple[dict[str, Any], str]:
     """The card's keys and where they came from: ``model.card`` in the config, else ``<file>.yaml``. Both, or
     neither: one line naming the file."""
     beside = card_path(path)
-    given = model.get("card")
+    given = model.card
     if given and beside.is_file():
         raise card_error(str(beside), "a card beside the model file and model.card in the config: keep one")
     if given:
@@ -163,7 +166,7 @@ class CardRules:
     min_labels: int = 1
 
 
-def read_card(path: str | Path, model: Mapping[str, Any], rules: CardRules, patch_size: int | None) -> ModelCard:
+def read_card(path: str | Path, model: ModelSettings, rules: CardRules, patch_size: int | None) -> ModelCard:
     """The card of exported model file ``path`` for a task (``rules``), checked key by key (one line naming the
     card and the key). ``patch_size``: ``tiling.patch_size`` (None: the card's tile size); a fixed tile size must
     equal it."""

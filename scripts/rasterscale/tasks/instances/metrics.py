@@ -91,14 +91,15 @@ def evaluate_scene(
     truth_polygons: np.ndarray,
     truth_labels: np.ndarray,
     labels: Sequence[str],
-    evaluate_cfg: Mapping[str, float],
+    thresholds: Mapping[str, float],
     json_path: str | Path,
     quicklook_path: str | Path,
     manifest_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Score a scene's layer of crowns against ground truth (polygons in the raster's pixels, 0-based indexes into
-    ``labels``); write the JSON (atomically) and the quicklook. With the scene's tile manifest, the scores of the
-    crowns at tile edges and of the others too."""
+    ``labels``) at ``thresholds`` (``iou_threshold``: of their masks, ``score_threshold``); write the JSON
+    (atomically) and the quicklook. With the scene's tile manifest, the scores of the crowns at tile edges and of the
+    others too."""
     import geopandas as gpd
 
     raster = check_raster(raster_path)
@@ -116,12 +117,12 @@ def evaluate_scene(
         label_indexes(str(crowns_path), crowns["label"].astype(str).to_numpy(), list(labels)),
         truth_polygons,
         np.asarray(truth_labels),
-        iou_threshold=evaluate_cfg["iou_threshold"],
-        score_threshold=evaluate_cfg["score_threshold"],
+        iou_threshold=thresholds["iou_threshold"],
+        score_threshold=thresholds["score_threshold"],
         **edges,
     )
     title = record_scores(metrics, raster_path, json_path)
-    kept = crowns["score"].to_numpy() >= evaluate_cfg["score_threshold"]
+    kept = crowns["score"].to_numpy() >= thresholds["score_threshold"]
     if "edge" in metrics:
         title += f" (F1 at tile edges {metrics['edge']['f1']:.2f}, inside {metrics['interior']['f1']:.2f})"
     render_instances_quicklook(raster_path, predicted[kept], truth_polygons, quicklook_path, title=title)

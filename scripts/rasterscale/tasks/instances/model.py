@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
 )
 from rasterscale.tasks.modelfiles import save_payload
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 __all__ = [
     "InstanceConfig",
@@ -121,14 +124,14 @@ def save_instance_model(model: torch.nn.Module, cfg: InstanceConfig, path: str |
 
 
 def load_instance_model(
-    path: str | Path, config: Mapping[str, Any] | None = None
+    path: str | Path, settings: Settings | None = None
 ) -> tuple[InstanceSegmenter, InstanceConfig, dict[str, Any]]:
     """The instance model of a model file (a rasterscale ``.pt`` file or a DeepForest Mask R-CNN folder), built
-    with the effective configuration: what the file says, overridden by every ``model.*`` key set in ``config`` (a
-    validated config), its weights loaded strictly. Returns the model, its configuration and the file's metadata
-    (training figures of rasterscale's)."""
+    with the effective configuration: what the file says, overridden by every ``model.*`` key set in ``settings`` (a
+    validated config's; None: the file's alone), its weights loaded strictly. Returns the model, its configuration
+    and the file's metadata (training figures of rasterscale's)."""
     header, state = read_model_file(path)
-    cfg = resolve_instances(config or {}, header)
+    cfg = resolve_instances(settings, header)
     model = build_instance_model(cfg)
     load_weights(model, state, path, what="the instance model")
     return model, cfg, header.meta

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.tasks.detectors.modelfiles import (
     DetectorHeader,
@@ -41,6 +41,9 @@ from rasterscale.tasks.detectors.modelfiles import (
     write_hub_folder,
 )
 from rasterscale.tasks.modelfiles import model_file_error, other_tasks_model, payload_header, shapes_of
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 TASK = "instances"
 INSTANCES_FORMAT = "rasterscale-instances/1"
@@ -193,23 +196,25 @@ def read_model_file(path: str | Path) -> tuple[ModelHeader, dict[str, Any]]:
 # --- resolving ------------------------------------------------------------------------------------------------
 
 
-def resolve_instances(config: Mapping[str, Any], header: ModelHeader | None, new_head: bool = False) -> InstanceConfig:
+def resolve_instances(settings: Settings | None, header: ModelHeader | None, new_head: bool = False) -> InstanceConfig:
     """The effective instance model: each ``model.*`` key the user set, else what the model file says, else
     rasterscale's default. ``new_head``: the file is a starting point (``train.init``), so other labels replace
     its class layers; otherwise (prediction) the labels must number the file's classes
     (:func:`rasterscale.tasks.detectors.modelfiles.resolve_detector_keys`)."""
     mask_threshold = pick(
-        config.get("model", {}).get("mask_threshold"), header and header.mask_threshold, InstanceConfig.mask_threshold
+        settings.model.mask_threshold if settings is not None else None,
+        header and header.mask_threshold,
+        InstanceConfig.mask_threshold,
     )
     return InstanceConfig(
-        **resolve_detector_keys(config, header, new_head, InstanceConfig), mask_threshold=mask_threshold
+        **resolve_detector_keys(settings, header, new_head, InstanceConfig), mask_threshold=mask_threshold
     )
 
 
-def instances_of_config(config: Mapping[str, Any]) -> tuple[InstanceConfig, ModelHeader | None]:
+def instances_of_config(settings: Settings) -> tuple[InstanceConfig, ModelHeader | None]:
     """The effective instance model of a validated config, reading the header of the model file it names
     (``model.file``, else ``train.init``)."""
-    return effective_model(config, read_header, resolve_instances)
+    return effective_model(settings, read_header, resolve_instances)
 
 
 # --- writing --------------------------------------------------------------------------------------------------

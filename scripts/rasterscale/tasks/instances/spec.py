@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,11 +20,14 @@ from rasterscale.tasks.instances.modelfiles import instances_of_config
 from rasterscale.tasks.instances.project import merge_project
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
 
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
+
 RECTANGLES_WARNED = 0.9  # the share of a file's polygons that are rectangles from which the dry run warns
 
 
 def evaluate(
-    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     """The scene's crowns against its ground truth at ``evaluate.mask_iou_threshold``, with the scores of the crowns
     crossing an inner tile edge and of the others (the tile manifest's edges)."""
@@ -32,8 +35,8 @@ def evaluate(
     column, image = scene.get("label_column") or None, scene.get("image_path") or None
     truth = read_ground_truth(scene["annotations"], raster, list(labels), column, image)
     thresholds = {
-        "iou_threshold": config["evaluate"]["mask_iou_threshold"],
-        "score_threshold": config["evaluate"]["score_threshold"],
+        "iou_threshold": settings.evaluate.mask_iou_threshold,
+        "score_threshold": settings.evaluate.score_threshold,
     }
     return evaluate_scene(
         scene["parquet"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
@@ -27,6 +27,9 @@ from rasterscale.tasks.encoders import (
 )
 from rasterscale.tasks.modelfiles import model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 REGRESSOR_FORMAT = "rasterscale-regressor/1"
 LOSSES: tuple[str, ...] = ("l1", "mse", "huber")  # the schema's model.loss takes them from here
@@ -133,16 +136,16 @@ def read_regressor_header(path: str | Path) -> RegressorConfig:
     return config_of_payload(path, regressor_payload(path))
 
 
-def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
+def regressor_of_config(settings: Settings) -> RegressorConfig:
     """The effective regressor of a validated config: each ``model.*`` key set, else what the model file
     (``model.file``, else ``train.init``) records, else the defaults (one value, ``height``; a U-Net on ResNet-18;
     loss l1); tiles of ``tiling.patch_size``. Predicting with a file, its values, network and target scale are the
     file's: keys that contradict them fail with one line naming the file (at dry run), as do encoder weights that
     cannot start the network (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`)."""
-    model = config.get("model", {})
-    path, new_head = model_file(config)
+    model = settings.model
+    path, new_head = model_file(settings)
     header = read_regressor_header(path) if path else None
-    labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
+    labels = tuple(model.labels or (header.labels if header else DEFAULT_LABELS))
     if header is not None and not new_head and [x.casefold() for x in labels] != [x.casefold() for x in header.labels]:
         raise InputError(
             f"{path}: the regressor predicts [{', '.join(header.labels)}] but model.labels is [{', '.join(labels)}]; "
@@ -150,7 +153,7 @@ def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
         )
     recorded = (header.architecture, header.encoder) if header else None
     architecture, encoder = dense_network(model, path, recorded, "regression")
-    loss = model.get("loss") or (header.loss if header else DEFAULT_LOSS)
+    loss = model.loss or (header.loss if header else DEFAULT_LOSS)
     if loss not in LOSSES:
         raise ConfigError(f"config: key 'model.loss' is {loss!r} (one of {', '.join(LOSSES)})")
     if header is not None and not new_head and loss != header.loss:
@@ -158,9 +161,9 @@ def regressor_of_config(config: Mapping[str, Any]) -> RegressorConfig:
             f"config: key 'model.loss' is {loss} but {path} was trained with {header.loss}, and a loss applies to "
             "training only: leave it out (or give the file as train.init to train on)"
         )
-    patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
+    patch_size = settings.tiling.patch_size
     decoder = header.decoder_channels if header else None
-    bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
+    bands = model_input(settings, header.input if header else None, predicting=header is not None and not new_head)
     checked_encoder_weights(model, path, new_head, bands.count)
     keeps_scale = header is not None and not new_head  # predicting with the file: its targets' scale
     mean = header.target_mean if keeps_scale and header is not None else ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.atomic import write_json
 from rasterscale.errors import InputError
@@ -38,18 +38,20 @@ from rasterscale.tasks.regression.treetops import (
 )
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
+
 VALUES = "values.tif"  # a scene's merged values (every label a band of it)
 TREE_TOPS = {"tops": "tree_tops.parquet", "tops_gpkg": "tree_tops.gpkg"}  # with merge.tree_tops
 
 
-def tree_top_rule(config: Mapping[str, Any]) -> TreeTopRule | None:
+def tree_top_rule(tree_tops: Mapping[str, Any] | None) -> TreeTopRule | None:
     """The tree-top rule of ``merge.tree_tops`` (None: no tree tops)."""
-    settings = config.get("merge", {}).get("tree_tops")
-    return TreeTopRule(**settings) if settings else None
+    return TreeTopRule(**tree_tops) if tree_tops else None
 
 
-def tree_top_outputs(config: Mapping[str, Any]) -> dict[str, str]:
-    return dict(TREE_TOPS) if config.get("merge", {}).get("tree_tops") else {}
+def tree_top_outputs(settings: Settings) -> dict[str, str]:
+    return dict(TREE_TOPS) if settings.merge.tree_tops else {}
 
 
 def write_tops(values: str | Path, rule: TreeTopRule, outputs: Mapping[str, str]) -> str:
@@ -76,17 +78,18 @@ def summarize(metrics: Mapping[str, Any]) -> str:
     return line
 
 
-def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-    labels = config["labels"]
-    summary = merge_value_rasters(list(outputs), scene["raster"], read_spec(scene["manifest"]), scene["values"], labels)
+def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
+    summary = merge_value_rasters(
+        list(outputs), scene["raster"], read_spec(scene["manifest"]), scene["values"], list(labels)
+    )
     means = ", ".join(f"mean {label} {_number(mean)}" for label, mean in summary["mean"].items())
     line = f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
-    rule = tree_top_rule(config)
+    rule = tree_top_rule(settings.merge.tree_tops)
     return line if rule is None else f"{line}; {write_tops(scene['values'], rule, scene)}"
 
 
 def evaluate(
-    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     targets = read_targets(scene["annotations"], scene["raster"], list(labels))
     metrics, histograms = evaluate_values(scene["values"], targets, list(labels))
@@ -94,7 +97,7 @@ def evaluate(
     if scene.get("tree_tops") and scene.get("tops"):  # true tops, and the tops merge.tree_tops found
         truth = read_tree_tops(scene["tree_tops"])
         metrics["tree_tops"] = score_tree_tops(
-            read_tree_tops(scene["tops"]), truth, config["evaluate"]["tree_top_distance"]
+            read_tree_tops(scene["tops"]), truth, settings.evaluate.tree_top_distance
         )
     write_json(metrics, out)
     title = f"{file_name(scene['raster'])}: {summarize(metrics)}"
@@ -108,11 +111,11 @@ def merge_project(job: Mapping[str, Any]) -> str:
     outputs = job["outputs"]
     rasters = write_project_mosaic(job, "values", "regression")
     line = f"{outputs['values']} over {rasters} value rasters"
-    rule = tree_top_rule(job)
+    rule = tree_top_rule(job.get("merge", {}).get("tree_tops"))
     return line if rule is None else f"{line}; {write_tops(outputs['values'], rule, outputs)}"
 
 
-def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+def quicklook(scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
     render_values_quicklook(scene["values"], png, title=title)
 
 
@@ -124,18 +127,18 @@ def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
 CARD = CardRules("regression", ("values",))
 
 
-def regression_model(config: Mapping[str, Any], check: bool = True) -> RegressorConfig | ModelCard:
+def regression_model(settings: Settings, check: bool = True) -> RegressorConfig | ModelCard:
     """The config's regression model: an exported file's card (checked against the file when ``check``), else
     the regressor that the keys and the model file make."""
-    return exported_card(config, CARD, check) or regressor_of_config(config)
+    return exported_card(settings, CARD, check) or regressor_of_config(settings)
 
 
-def labels(config: Mapping[str, Any]) -> list[str]:
-    return list(regression_model(config).labels)
+def labels(settings: Settings) -> list[str]:
+    return list(regression_model(settings).labels)
 
 
-def model_input(config: Mapping[str, Any]) -> InputBands:
-    return regression_model(config).input
+def model_input(settings: Settings) -> InputBands:
+    return regression_model(settings).input
 
 
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
@@ -150,7 +153,7 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
 REGRESSION = TaskSpec(
     name="regression",
     rank_suffix=".tif",
-    scene_outputs=lambda config: {"values": VALUES, **tree_top_outputs(config)},
+    scene_outputs=lambda settings: {"values": VALUES, **tree_top_outputs(settings)},
     evaluated_output="values",
     model_files=MODEL_FILES,
     default_model_name="regressor",
@@ -159,7 +162,7 @@ REGRESSION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
-    project_outputs=lambda config: {"values": "values.vrt", **tree_top_outputs(config)},
+    project_outputs=lambda settings: {"values": "values.vrt", **tree_top_outputs(settings)},
     merge_project=merge_project,
     quicklook=quicklook,
     counts=counts,

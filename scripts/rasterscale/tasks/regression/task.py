@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ from rasterscale.tasks.regression.model import (
 )
 from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.regression.spec import CARD, REGRESSION, regression_model
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
 
 HUBER_DELTA = 1.0  # in standardized units: one std of the targets
 TRAIN_LOGGER = "rasterscale.train"  # the training job's log
@@ -125,22 +128,20 @@ class RegressionTask(DenseTask):
     blender = ValueBlender
     blended = "values"
 
-    def model_config(self, config: Mapping[str, Any]) -> RegressorConfig | ModelCard:
-        return regression_model(config, check=False)
+    def model_config(self, settings: Settings) -> RegressorConfig | ModelCard:
+        return regression_model(settings, check=False)
 
     def build_model(self, model_cfg: RegressorConfig) -> torch.nn.Module:
         return build_regressor(model_cfg)
 
-    def training_module(self, model_cfg: RegressorConfig, plan: Any, train_cfg: Mapping[str, Any]) -> TrainingModule:
-        module = super().training_module(model_cfg, plan, train_cfg)
+    def training_module(self, model_cfg: RegressorConfig, plan: Any, train: TrainSettings) -> TrainingModule:
+        module = super().training_module(model_cfg, plan, train)
         regression = cast(RegressionTrainingModule, module)
         regression.loss_kind, regression.labels = model_cfg.loss, model_cfg.labels
         return module
 
-    def load_model(
-        self, path: str | Path, config: Mapping[str, Any]
-    ) -> tuple[torch.nn.Module, RegressorConfig | ModelCard]:
-        exported = exported_model(path, config, CARD)
+    def load_model(self, path: str | Path, settings: Settings) -> tuple[torch.nn.Module, RegressorConfig | ModelCard]:
+        exported = exported_model(path, settings, CARD)
         if exported is not None:
             return exported
         model, cfg, _ = load_regressor(path)
@@ -175,10 +176,10 @@ class RegressionTask(DenseTask):
         save_regressor(model, model_cfg, model_path, **meta)
         return [Path(model_path)]
 
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+    def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
         if isinstance(model, ExportedDense):
             return model.eval()
-        return prepare_dense_for_inference(model, regressor_of(model).net, predict_cfg["channels_last"])
+        return prepare_dense_for_inference(model, regressor_of(model).net, predict.channels_last)
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
         values = model(torch.stack(images)).float()

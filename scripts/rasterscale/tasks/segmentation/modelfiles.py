@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
@@ -27,6 +27,9 @@ from rasterscale.tasks.encoders import (
 )
 from rasterscale.tasks.modelfiles import model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
 
 __all__ = ["ARCHITECTURES", "UNET_DECODER", "SegmenterConfig", "segmenter_of_config"]
 
@@ -108,16 +111,16 @@ def read_segmenter_header(path: str | Path) -> SegmenterConfig:
 DEFAULT_LABELS = ("background", "tree")
 
 
-def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
+def segmenter_of_config(settings: Settings) -> SegmenterConfig:
     """The effective segmenter of a validated config: each ``model.*`` key set, else what the model file
     (``model.file``, else ``train.init``) records, else the defaults (labels background, tree; a U-Net on
     ResNet-18); tiles of ``tiling.patch_size``. A file that is not a segmenter, or whose classes or network the
     config's keys contradict, and encoder weights that cannot start the network
     (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`) raise a one-line error naming it (at dry run)."""
-    model = config.get("model", {})
-    path, new_head = model_file(config)
+    model = settings.model
+    path, new_head = model_file(settings)
     header = read_segmenter_header(path) if path else None
-    labels = tuple(model.get("labels") or (header.labels if header else DEFAULT_LABELS))
+    labels = tuple(model.labels or (header.labels if header else DEFAULT_LABELS))
     if header is not None and len(labels) != header.num_classes:
         raise InputError(
             f"{path}: model.labels names {len(labels)} classes but the segmenter has {header.num_classes} "
@@ -132,8 +135,8 @@ def segmenter_of_config(config: Mapping[str, Any]) -> SegmenterConfig:
         raise InputError(f"model.labels: a segmenter needs at least 2 classes (e.g. [background, tree]), got {labels}")
     recorded = (header.architecture, header.encoder) if header else None
     architecture, encoder = dense_network(model, path, recorded, "segmentation")
-    patch_size = config.get("tiling", {}).get("patch_size") or (header.patch_size if header else 400)
+    patch_size = settings.tiling.patch_size
     decoder = header.decoder_channels if header else None
-    bands = model_input(config, header.input if header else None, predicting=header is not None and not new_head)
+    bands = model_input(settings, header.input if header else None, predicting=header is not None and not new_head)
     checked_encoder_weights(model, path, new_head, bands.count)
     return SegmenterConfig(labels, architecture, encoder, int(patch_size), decoder, bands)

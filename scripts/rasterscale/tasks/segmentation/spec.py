@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rasterscale.atomic import write_json
 from rasterscale.raster.bands import InputBands
@@ -22,29 +22,31 @@ from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, SegmenterCo
 from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
+if TYPE_CHECKING:
+    from rasterscale.config.settings import Settings
+
 
 def summarize(metrics: Mapping[str, Any]) -> str:
     ious = " ".join(f"iou[{name}]={value:.3f}" for name, value in metrics["iou"].items() if value is not None)
     return f"miou={metrics['miou']:.3f} pixel_accuracy={metrics['pixel_accuracy']:.3f} {ious}"
 
 
-def merge(scene: Mapping[str, Any], outputs: Sequence[str], config: Mapping[str, Any]) -> str:
-    labels = config["labels"]
+def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
     summary = merge_class_rasters(
         list(outputs),
         scene["raster"],
         read_spec(scene["manifest"]),
         scene["classes"],
         scene.get("probabilities"),
-        labels,
+        list(labels),
     )
-    polygons = vectorize_classes(scene["classes"], scene["gpkg"], labels)
+    polygons = vectorize_classes(scene["classes"], scene["gpkg"], list(labels))
     pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
     return f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
 
 
 def evaluate(
-    scene: Mapping[str, Any], config: Mapping[str, Any], labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
     metrics = evaluate_class_map(scene["classes"], truth)
@@ -64,7 +66,7 @@ def merge_project(job: Mapping[str, Any]) -> str:
     return f"{outputs['classes']} over {rasters} class rasters, {polygons} polygons -> {outputs['gpkg']}"
 
 
-def quicklook(scene: Mapping[str, Any], config: Mapping[str, Any], png: str | Path, title: str) -> None:
+def quicklook(scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
     render_segmentation_quicklook(scene["raster"], scene["classes"], None, png, title=title)
 
 
@@ -76,18 +78,18 @@ def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
 CARD = CardRules("segmentation", ("logits", "probabilities"), min_labels=2)
 
 
-def segmentation_model(config: Mapping[str, Any], check: bool = True) -> SegmenterConfig | ModelCard:
+def segmentation_model(settings: Settings, check: bool = True) -> SegmenterConfig | ModelCard:
     """The config's segmentation model: an exported file's card (checked against the file when ``check``), else
     the segmenter that the keys and the model file make."""
-    return exported_card(config, CARD, check) or segmenter_of_config(config)
+    return exported_card(settings, CARD, check) or segmenter_of_config(settings)
 
 
-def labels(config: Mapping[str, Any]) -> list[str]:
-    return list(segmentation_model(config).labels)
+def labels(settings: Settings) -> list[str]:
+    return list(segmentation_model(settings).labels)
 
 
-def model_input(config: Mapping[str, Any]) -> InputBands:
-    return segmentation_model(config).input
+def model_input(settings: Settings) -> InputBands:
+    return segmentation_model(settings).input
 
 
 def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_column: str | None, image: str) -> None:
@@ -97,10 +99,10 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
 SEGMENTATION = TaskSpec(
     name="segmentation",
     rank_suffix=".tif",
-    scene_outputs=lambda config: {
+    scene_outputs=lambda settings: {
         "classes": "classes.tif",
         "gpkg": "classes.gpkg",
-        **({"probabilities": "probabilities.tif"} if config["predict"]["probabilities"] else {}),
+        **({"probabilities": "probabilities.tif"} if settings.predict.probabilities else {}),
     },
     evaluated_output="classes",
     model_files=MODEL_FILES,
@@ -110,7 +112,7 @@ SEGMENTATION = TaskSpec(
     merge=merge,
     evaluate=evaluate,
     summarize=summarize,
-    project_outputs=lambda config: {"classes": "classes.vrt", "gpkg": "classes.gpkg"},
+    project_outputs=lambda settings: {"classes": "classes.vrt", "gpkg": "classes.gpkg"},
     merge_project=merge_project,
     quicklook=quicklook,
     counts=counts,

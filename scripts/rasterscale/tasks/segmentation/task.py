@@ -10,9 +10,9 @@ merge assembles the cores into ``classes.tif`` (:mod:`rasterscale.tasks.segmenta
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from rasterscale.tasks.segmentation.model import (
 )
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from rasterscale.tasks.segmentation.spec import CARD, SEGMENTATION, segmentation_model
+
+if TYPE_CHECKING:
+    from rasterscale.config.settings import PredictSettings, Settings
 
 
 class SegmentationTrainingModule(TrainingModule):
@@ -75,19 +78,17 @@ class SegmentationTask(DenseTask):
     blender = TileBlender
     blended = "classes"
 
-    def model_config(self, config: Mapping[str, Any]) -> SegmenterConfig | ModelCard:
-        return segmentation_model(config, check=False)
+    def model_config(self, settings: Settings) -> SegmenterConfig | ModelCard:
+        return segmentation_model(settings, check=False)
 
     def build_model(self, model_cfg: SegmenterConfig) -> torch.nn.Module:
         return build_segmenter(model_cfg)
 
-    def load_model(
-        self, path: str | Path, config: Mapping[str, Any]
-    ) -> tuple[torch.nn.Module, SegmenterConfig | ModelCard]:
-        exported = exported_model(path, config, CARD)
+    def load_model(self, path: str | Path, settings: Settings) -> tuple[torch.nn.Module, SegmenterConfig | ModelCard]:
+        exported = exported_model(path, settings, CARD)
         if exported is not None:
             return exported
-        model, cfg, _ = load_segmenter(path, config.get("model", {}).get("labels"))
+        model, cfg, _ = load_segmenter(path, settings.model.labels)
         return model, cfg
 
     def start_encoder(self, model: torch.nn.Module, model_cfg: SegmenterConfig, path: str) -> str:
@@ -116,10 +117,10 @@ class SegmentationTask(DenseTask):
         save_segmenter(model, model_cfg, model_path, **meta)
         return [Path(model_path)]
 
-    def prepare_for_inference(self, model: torch.nn.Module, predict_cfg: Mapping[str, Any]) -> torch.nn.Module:
+    def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
         if isinstance(model, ExportedDense):
             return model.eval()
-        return prepare_dense_for_inference(model, cast(Segmenter, model).net, predict_cfg["channels_last"])
+        return prepare_dense_for_inference(model, cast(Segmenter, model).net, predict.channels_last)
 
     def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
         probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
@@ -128,6 +129,6 @@ class SegmentationTask(DenseTask):
     def blended_bands(self, model_cfg: SegmenterConfig | ModelCard) -> int:
         return model_cfg.num_classes
 
-    def blend_options(self, config: Mapping[str, Any]) -> dict[str, Any]:
+    def blend_options(self, settings: Settings) -> dict[str, Any]:
         """Whether the rank rasters hold the probabilities too (``predict.probabilities``)."""
-        return {"probabilities": config["predict"]["probabilities"]}
+        return {"probabilities": settings.predict.probabilities}

@@ -1,0 +1,179 @@
+"""The job files of a plan (:mod:`rasterscale.jobs.files`): which jobs it has, what each one's file holds, and where
+it lies (:mod:`rasterscale.jobs.paths`). The main Snakemake process writes them all when it has built the plan
+(:func:`write_job_files`), before the DAG: each is an input of its job's rule, rewritten only when its content
+changes, so that a job reruns exactly when what it uses changed (and a job's re-parse writes nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rasterscale.config.settings import Settings, job_settings, to_dict
+from rasterscale.grid.project import is_seam
+from rasterscale.jobs import paths
+from rasterscale.jobs.files import (
+    CheckJob,
+    JobFile,
+    MergeJob,
+    PredictJob,
+    ProjectJob,
+    ProjectMapJob,
+    RunPageJob,
+    ScoredScene,
+    ScoreJob,
+    SynthesisJob,
+    TilesJob,
+    TrainJob,
+)
+from rasterscale.workflow.plan import SECTIONS, Plan
+from rasterscale.workflow.reportfiles import mapped_scenes, model_file, scene_files, scored_batches, scored_scenes
+
+
+def carrying(plan: Plan, *names: str, **values: Any) -> Settings:
+    """The settings of a job that uses these sections of the plan's config (``values``: a section as the job
+    gets it, in the JSON form)."""
+    sections = {name: to_dict(getattr(plan.settings, name)) for name in names}
+    return job_settings({**sections, **values})
+
+
+def predict_section(plan: Plan) -> dict[str, Any]:
+    """The predict section without predict.scenes (a job's file lists its scenes: adding a scene to another batch
+    reruns none of this one's jobs)."""
+    return to_dict(dataclasses.replace(plan.settings.predict, scenes=()))
+
+
+def tiles_job(plan: Plan, batch: int) -> TilesJob:
+    return TilesJob(plan.prediction_batch(batch).scenes, carrying(plan, "tiling"))
+
+
+def scene_tiles_job(plan: Plan, name: str) -> TilesJob:
+    """A training-only scene's tile manifest (rule tile_manifest)."""
+    scene = dataclasses.replace(plan.batch_entry(name, 0), rank_files=(), outputs={})
+    return TilesJob((scene,), carrying(plan, "tiling"))
+
+
+def predict_job(plan: Plan, batch: int) -> PredictJob:
+    settings = carrying(plan, "task", "model", "tiling", predict=predict_section(plan))
+    scenes = plan.prediction_batch(batch).scenes
+    return PredictJob(batch, scenes, plan.prediction_model(), plan.shards, settings)
+
+
+def merge_job(plan: Plan, batch: int) -> MergeJob:
+    settings = carrying(plan, "task", "merge", predict=predict_section(plan))
+    return MergeJob(batch, plan.prediction_batch(batch).scenes, plan.labels, settings)
+
+
+def score_job(plan: Plan, batch: int) -> ScoreJob:
+    scenes = []
+    for name in scored_scenes(plan, batch):
+        scene = plan.truth_scene(name, outputs=plan.scene_outputs(name))
+        evaluation = plan.paths.evaluation_file(name) if plan.is_evaluated(name) else ""
+        scenes.append(ScoredScene(scene, evaluation, plan.paths.quicklook_file(name), scene_files(plan, name)))
+    return ScoreJob(batch, tuple(scenes), plan.labels, carrying(plan, "task", "evaluate"))
+
+
+def project_job(plan: Plan) -> ProjectJob:
+    """What the project's merge reads: each source's layers, footprint and CRS, the seams' cores."""
+    sources: list[dict[str, Any]] = []
+    for name in plan.project_sources():
+        outputs = plan.scene_outputs(name)
+        if is_seam(name):
+            seam = plan.seam(name)
+            entry = {"name": name, "crs": plan.footprints[seam.a].crs, "core": seam.core, **outputs}
+        else:
+            footprint = plan.footprints.get(name)
+            area = {"crs": footprint.crs, "bounds": list(footprint.bounds)} if footprint else {}
+            entry = {"name": name, **area, **outputs}  # type: ignore[dict-item]
+        sources.append(entry)
+    settings = carrying(plan, "task", "merge", "project")
+    return ProjectJob(plan.project_crs(), plan.labels, tuple(sources), plan.project_outputs(), settings)
+
+
+def training_entries(plan: Plan) -> dict[str, Any]:
+    """The training scenes' entries of ``scenes`` (their bands and normalize make the model's input), not the
+    others' (adding a scene to predict changes no training)."""
+    return {name: to_dict(plan.scenes[name]) for name in plan.train_scenes}
+
+
+def train_job(plan: Plan) -> TrainJob:
+    settings = carrying(plan, "task", "model", "tiling", "train", scenes=training_entries(plan))
+    return TrainJob(tuple(plan.truth_scene(name) for name in plan.train_scenes), settings)
+
+
+def check_job(plan: Plan) -> CheckJob:
+    """The environment check's settings: its model is the config's, as training would build it without
+    model.file (train.init, the training scenes' bands)."""
+    settings = carrying(plan, "task", "model", "tiling", "train", "predict", "dummy", scenes=training_entries(plan))
+    return CheckJob(settings)
+
+
+def synthesis_job(plan: Plan, name: str) -> SynthesisJob:
+    """A demo scene's synthesis: the demo section with this scene only (another config's demo scenes change
+    nothing)."""
+    demo = plan.settings.demo
+    return SynthesisJob(
+        name, job_settings({"demo": to_dict(dataclasses.replace(demo, scenes={name: demo.scenes[name]}))})
+    )
+
+
+def demo_scenes(plan: Plan) -> list[str]:
+    """The demo scenes the config reads (a config without them writes nothing into demo.directory)."""
+    read = {scene.path for scene in plan.scenes.values()}
+    return [name for name in plan.settings.demo.scenes if plan.demo_raster(name) in read]
+
+
+def run_page_job(plan: Plan) -> RunPageJob:
+    geometry = {
+        section: {
+            "devices": plan.geometry[section].devices,
+            "nodes": plan.geometry[section].nodes,
+            "world_size": plan.world_size(section),
+            "shards": plan.geometry[section].shards,
+            "threads": plan.rank_threads(section),
+        }
+        for section in SECTIONS
+    }
+    trained = bool(plan.train_scenes) and not plan.settings.model.file
+    profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
+    return RunPageJob(plan.labels, geometry, model_file(plan), trained, profiles, plan.settings)
+
+
+def project_map_job(plan: Plan) -> ProjectMapJob:
+    train, predict = set(plan.train_scenes), set(plan.predict_scenes)
+    scenes = []
+    for name in mapped_scenes(plan):
+        roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
+        counts = scene_files(plan, name)["counts"] if name in predict else ""
+        scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
+    return ProjectMapJob(tuple(scenes), carrying(plan, "task"))
+
+
+def job_files(plan: Plan) -> dict[str, JobFile]:
+    """Every job file of the plan by its path."""
+    files: dict[str, JobFile] = {paths.check_job(): check_job(plan)}
+    run = plan.paths
+    for number in plan.batch_numbers:
+        files[run.job_file("tiles", number)] = tiles_job(plan, number)
+        files[run.job_file("predict", number)] = predict_job(plan, number)
+        files[run.job_file("merge", number)] = merge_job(plan, number)
+    for number in scored_batches(plan):
+        files[run.job_file("score", number)] = score_job(plan, number)
+    for name in plan.unbatched_scenes():
+        files[run.scene_job(name)] = scene_tiles_job(plan, name)
+    if plan.train_scenes:
+        files[run.job_file("train")] = train_job(plan)
+    if plan.has_project():
+        files[run.job_file("project")] = project_job(plan)
+    for name in demo_scenes(plan):
+        files[paths.synthesis_job(plan.settings.demo.directory, name)] = synthesis_job(plan, name)
+    files[run.job_file("run_page")] = run_page_job(plan)
+    files[run.job_file("project_map")] = project_map_job(plan)
+    return files
+
+
+def write_job_files(plan: Plan, workdir: str | Path = ".") -> int:
+    """Write the plan's job files whose content changed (or that are missing); how many were written."""
+    base = Path(workdir)
+    return sum(job.write(base / path) for path, job in job_files(plan).items())
