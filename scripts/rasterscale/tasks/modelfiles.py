@@ -11,13 +11,16 @@ from __future__ import annotations
 import pickle
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
+from rasterscale.raster.bands import InputBands
+
+C = TypeVar("C")
 
 if TYPE_CHECKING:
     from rasterscale.config.settings import Settings
@@ -108,6 +111,38 @@ def task_payload(path: str | Path, task: str, file_format: str, not_ours: str) -
             raise InputError(f"{path}: a {file_format} file without its model or state_dict")
         return dict(payload)
     raise InputError(f"{path}: {other_tasks_model(path, payload, task) or not_ours}")
+
+
+def payload_config(path: str | Path, payload: Mapping[str, Any], from_dict: Callable[[Any], C], what: str) -> C:
+    """The model configuration a payload records (``from_dict`` of its ``model``); a one-line InputError naming the
+    file and ``what`` it is (``segmenter``, ``regressor``) otherwise."""
+    try:
+        return from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: bad {what} configuration ({err})") from None
+
+
+def smp_record(config: Any) -> dict[str, Any]:
+    """A dense task's network configuration (a dataclass with ``labels``, ``decoder_channels`` and ``input``) as
+    its model file records it: JSON lists and the input bands' dict."""
+    data = asdict(config)
+    data["labels"] = list(config.labels)
+    data["decoder_channels"] = list(config.decoder_channels) if config.decoder_channels else None
+    data["input"] = config.input.to_dict()
+    return data
+
+
+def smp_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A dense task's recorded network configuration as its dataclass's fields: tuples, the input bands, and the
+    encoder of files of before model.encoder (recorded as ``backbone``)."""
+    fields = dict(data)
+    if "backbone" in fields and "encoder" not in fields:
+        fields["encoder"] = fields.pop("backbone")
+    fields["labels"] = tuple(fields["labels"])
+    if fields.get("decoder_channels") is not None:
+        fields["decoder_channels"] = tuple(fields["decoder_channels"])
+    fields["input"] = InputBands.from_dict(fields.get("input"))
+    return fields
 
 
 def is_state_dict(value: Any) -> bool:

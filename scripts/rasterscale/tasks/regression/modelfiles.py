@@ -11,7 +11,7 @@ to target units. Anything else is refused with one line naming the file.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, task_payload
+from rasterscale.tasks.modelfiles import model_file, payload_config, smp_fields, smp_record, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 if TYPE_CHECKING:
@@ -85,26 +85,15 @@ class RegressorConfig:
         return (0.0,) * self.outputs, (1.0,) * self.outputs
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("labels", "target_mean", "target_std"):
-            data[key] = list(getattr(self, key))
-        data["decoder_channels"] = list(self.decoder_channels) if self.decoder_channels else None
-        data["input"] = self.input.to_dict()
-        return data
+        return {**smp_record(self), "target_mean": list(self.target_mean), "target_std": list(self.target_std)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RegressorConfig:
-        """A file's record (files of before model.encoder record a U-Net's encoder as ``backbone``)."""
-        data = dict(data)
-        if "backbone" in data and "encoder" not in data:
-            data["encoder"] = data.pop("backbone")
-        data["labels"] = tuple(data["labels"])
-        if data.get("decoder_channels") is not None:
-            data["decoder_channels"] = tuple(data["decoder_channels"])
+        """A file's record."""
+        fields = smp_fields(data)
         for key in ("target_mean", "target_std"):
-            data[key] = tuple(float(v) for v in data.get(key) or ())
-        data["input"] = InputBands.from_dict(data.get("input"))
-        return cls(**data)
+            fields[key] = tuple(float(v) for v in fields.get(key) or ())
+        return cls(**fields)
 
     def describe(self) -> str:
         """One line for the logs."""
@@ -125,10 +114,7 @@ def regressor_payload(path: str | Path) -> dict[str, Any]:
 
 
 def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> RegressorConfig:
-    try:
-        return RegressorConfig.from_dict(payload["model"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise InputError(f"{path}: bad regressor configuration ({err})") from None
+    return payload_config(path, payload, RegressorConfig.from_dict, "regressor")
 
 
 def read_regressor_header(path: str | Path) -> RegressorConfig:

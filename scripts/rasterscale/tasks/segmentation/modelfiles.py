@@ -10,7 +10,7 @@ config, "state_dict": weights, "meta": training figures}``. Anything else is ref
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, task_payload
+from rasterscale.tasks.modelfiles import model_file, payload_config, smp_fields, smp_record, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 if TYPE_CHECKING:
@@ -64,23 +64,12 @@ class SegmenterConfig:
         return len(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["labels"] = list(self.labels)
-        data["decoder_channels"] = list(self.decoder_channels) if self.decoder_channels else None
-        data["input"] = self.input.to_dict()
-        return data
+        return smp_record(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SegmenterConfig:
-        """A file's record (files of before model.encoder record the encoder as ``backbone``)."""
-        data = dict(data)
-        if "backbone" in data and "encoder" not in data:
-            data["encoder"] = data.pop("backbone")
-        data["labels"] = tuple(data["labels"])
-        if data.get("decoder_channels") is not None:
-            data["decoder_channels"] = tuple(data["decoder_channels"])
-        data["input"] = InputBands.from_dict(data.get("input"))
-        return cls(**data)
+        """A file's record."""
+        return cls(**smp_fields(data))
 
     def describe(self) -> str:
         """One line for the logs."""
@@ -97,10 +86,7 @@ def segmenter_payload(path: str | Path) -> dict[str, Any]:
 
 
 def config_of_payload(path: str | Path, payload: Mapping[str, Any]) -> SegmenterConfig:
-    try:
-        return SegmenterConfig.from_dict(payload["model"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise InputError(f"{path}: bad segmenter configuration ({err})") from None
+    return payload_config(path, payload, SegmenterConfig.from_dict, "segmenter")
 
 
 def read_segmenter_header(path: str | Path) -> SegmenterConfig:
