@@ -264,7 +264,8 @@ def resize_key(resize: tuple[int, int] | None) -> Any:
 
 
 def train_config(bench: Bench, precision: str) -> dict[str, Any]:
-    """The sections the train_model rule hands its job: a few dozen steps, no validation, no resume checkpoints."""
+    """The sections the train_model rule's job file carries (the training scene's entry among them): a few dozen
+    steps, no validation, no resume checkpoints."""
     s, scene = bench.sizes, bench.train_scene
     config = validate_config(
         {
@@ -286,7 +287,8 @@ def train_config(bench: Bench, precision: str) -> dict[str, Any]:
             },
         }
     )
-    return {name: config[name] for name in ("task", "model", "tiling", "train")}
+    sections = {name: config[name] for name in ("task", "model", "tiling", "train")}
+    return {**sections, "scenes": {TRAIN_SCENE: config["scenes"][TRAIN_SCENE]}}  # the training scene's entry
 
 
 def train_summary(job: TrainResult, config: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +381,7 @@ def predict_once(bench: Bench, precision: str) -> dict[str, Any]:
         "workers": workers_per_rank(s.predict_workers, bench.ranks),
         "precision": precision,
     }
-    config = predict_config(predict, SCORE_THRESHOLD)
+    config = predict_config(predict, SCORE_THRESHOLD, {"patch_size": s.patch, "overlap": s.overlap})
     workdir = bench.workdir / f"predict-{precision}"
     job = run_predict_job(workdir, raster, manifest, bench.model_file, predict, timeout=s.job_timeout_s, config=config)
     summary = job_summary(job)

@@ -44,12 +44,19 @@ class JobResult:
         return sum(p["tiles"] for p in self.profiles)
 
 
-def predict_config(predict: dict[str, Any], score_threshold: float = 0.3) -> dict[str, Any]:
-    """The task, model and predict sections of a validated config (defaults filled in), CPU ranks."""
+def predict_config(
+    predict: dict[str, Any], score_threshold: float = 0.3, tiling: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The task, model, tiling and predict sections a prediction job's file carries (defaults filled in; ``tiling``
+    as the bench's manifests cut their tiles), CPU ranks unless ``predict`` says otherwise."""
     config = validate_config(
-        {"model": {"score_threshold": score_threshold}, "predict": {"accelerator": "cpu", **predict}}
+        {
+            "model": {"score_threshold": score_threshold},
+            "tiling": tiling or {},
+            "predict": {"accelerator": "cpu", **predict},
+        }
     )
-    return {"task": config["task"], "model": config["model"], "predict": config["predict"]}
+    return {key: config[key] for key in ("task", "model", "tiling", "predict")}
 
 
 def run_job(what: str, command: list[str], cores: Iterable[int] | None, timeout: float) -> float:

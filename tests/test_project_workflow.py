@@ -53,7 +53,7 @@ LAYER = f"{RUN}/project/detections.parquet"  # the target: the project's layer (
 
 
 def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, int]:
-    return jobs_planned(workdir, config, target)
+    return jobs_planned(workdir, config, *([target] if target else []))
 
 
 def output_times(workdir: Path) -> dict[str, int]:
