@@ -123,16 +123,16 @@ def report(text: str) -> None:
 # The test files that run longest here (minutes: real workflows, a Slurm cluster, servers), slowest first. CI runs
 # the suite on 2 workers a file at a time, handing out files in collection order: these go first, so that no
 # worker is left running a long file alone at the end.
-SLOWEST_FIRST = (  # by their time in the suite; the Slurm module first: it waits on the cluster more than it computes
+SLOWEST_FIRST = (  # by their time in the suite (the first two start together, one on each worker)
     "test_slurm_workflow.py",
     "test_segmentation_workflow.py",
+    "test_project_borders.py",
     "test_workflow.py",
     "test_faults_predict.py",
     "test_instances_workflow.py",
     "test_project_workflow.py",
-    "test_project_borders.py",
-    "test_predict_resume.py",
     "test_train_faults.py",
+    "test_predict_resume.py",
     "test_remote.py",
     "test_scenes.py",
     "test_deepforest_workflow.py",

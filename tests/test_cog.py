@@ -10,6 +10,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from conftest import write_raster
 from prediction import PredictScene
+from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.headers import check_raster
 from workflow import run_workflow
@@ -63,7 +64,8 @@ def test_tiled_input_is_read_as_it_is(tmp_path):
 def test_striped_scene_is_predicted_from_its_cog(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     workdir = tmp_path / "run"
-    run_workflow(workdir, striped_config(striped, scene.model_file))
+    merged = RunPaths("model").batch_record("merged", 0)  # up to the merged layers: no quicklook or report pages
+    run_workflow(workdir, striped_config(striped, scene.model_file), merged)
     cog = workdir / RUN / "striped/cog.tif"
     assert check_raster(cog).is_tiled
     manifest = gpd.read_parquet(workdir / RUN / "striped/tiles.parquet")

@@ -9,7 +9,7 @@ import pytest
 
 from deepforest_files import torchvision_retinanet, write_folder
 from rasterscale.tasks.detection.modelfiles import read_header
-from workflow import run_dir, run_workflow, tiny_config, workflow_command
+from workflow import run_dir, run_paths, run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     # 4 tiles: DeepForest's models resize each 256 px tile to 800 px (about 4 s a tile on 2 CPU cores)
     config["demo"]["scenes"]["tiny_test"] = {"width": 448, "height": 448, "seed": 12}
     config["model"] = model_section(file=str(deepforest_folder), score_threshold=0.005)
-    run_workflow(tmp_path, config)
+    run_workflow(tmp_path, config, run_paths(config).batch_record("scored", 0))  # not the report's run pages, map
     run = run_dir(tmp_path, config)
     assert run == tmp_path / "results/tiny"  # model.name tiny (tiny.yaml's), not the folder's name
     detections = gpd.read_parquet(run / "tiny_test/detections.parquet")
@@ -49,7 +49,7 @@ def test_fine_tune_from_a_deepforest_folder_writes_a_deepforest_folder(tmp_path,
     config = tiny_config(train=train, predict={"scenes": []})
     config["demo"]["scenes"]["tiny_train"] = {"width": 512, "height": 512, "seed": 11}  # 9 tiles, 3 validated
     config["model"] = model_section(labels=["crown"])
-    run_workflow(tmp_path, config)
+    run_workflow(tmp_path, config, "results/models/tiny.pt")  # the training alone: not the report's run pages
     log = (tmp_path / "logs/train/tiny.log").read_text()
     assert f"start: weights from {deepforest_folder} (DeepForest folder, resnet18, Tree)" in log
     untrained = "backbone batch norms hold no trained statistics"  # the test's folder is untrained: trains whole

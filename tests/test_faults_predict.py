@@ -41,6 +41,7 @@ WIDTH, HEIGHT = 800, 600  # 48 tiles of 128 px: a few seconds of prediction per 
 SCENE = "scene"
 RUN = RunPaths("model")  # the run of model.file model.pt (no model.name: the file's stem): results/model/
 MERGED = RUN.scene_file(SCENE, "detections.parquet")
+LAYERS = (MERGED, RUN.scene_file(SCENE, "detections.gpkg"))  # what the uninterrupted run is asked for
 JOB_ENDED_WITHIN_S = 30  # measured 1-4 s (snakemake notices the failed job; seconds more on a loaded machine)
 PROCESSES_GONE_WITHIN_S = 20  # ranks and their dataloader workers: measured 0-1.2 s (die with their parent)
 LOCK_MESSAGE = "Error: Directory cannot be locked."
@@ -213,7 +214,7 @@ def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reference")
     make_inputs(workdir)
     started = time.monotonic()
-    first = start_workflow(workdir, "first")
+    first = start_workflow(workdir, "first", *LAYERS)  # the layers alone: no scores or report pages to wait for
     wait_locked(first, workdir)
     refused = {"at its start": finish(start_workflow(workdir, "second"), timeout=120)}
     job = wait_mid_prediction(first, workdir)

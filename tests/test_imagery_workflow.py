@@ -18,7 +18,7 @@ from rasterscale.raster.geo import geometries_to_pixel_boxes
 from rasterscale.raster.imagery import SPEC_KEY
 from rasterscale.tasks.detection.modelfiles import read_header
 from rasterscale.tools.synth import synthesize_scene
-from workflow import rank_stems, run_dir, run_workflow, tiny_config, workflow_command
+from workflow import rank_stems, run_dir, run_paths, run_workflow, tiny_config, workflow_command
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def user_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("user_imagery")
     config = user_config(workdir)
     assert run_dir(workdir, config) == workdir / RUN
-    result = run_workflow(workdir, config)
+    result = run_workflow(workdir, config, run_paths(config).batch_record("scored", 0))  # not the report's pages
     return workdir, result
 
 

@@ -39,6 +39,7 @@ TRANSFORM = Affine(0.5, 0, 404000.0, 0, -0.5, 3285000.0)
 PRINT = {"config": "a", "model file": "b", "world size": 2, "shards": [1, 0], "tiles": "c"}
 LOGGER = logging.getLogger("rasterscale.predict")
 RUN = RunPaths("model")  # the run of scene_config's model.file model.pt (no model.name: the file's stem)
+MERGED = RUN.batch_record("merged", 0)  # the runs' target: the merged layers (no scores, quicklooks or report pages)
 
 
 # --- library level --------------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def kill_job_once_saved(workdir: Path, config: dict, min_done: int) -> tuple[int
     the resume folder), and wait for snakemake to fail; the tiles saved and the seconds it took to end."""
     folder = workdir / RUN.shard_resume_dir(0, 0)
     process = subprocess.Popen(
-        workflow_command(workdir, config, "--cores", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        workflow_command(workdir, config, "--cores", "2", MERGED), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     deadline = time.monotonic() + 240
     while done_tiles(folder) < min_done:
@@ -254,7 +255,7 @@ def resume_case(tmp_path: Path, config: dict, scene: str, suffix: str, min_done:
     t0 = time.monotonic()
     done, seconds = kill_job_once_saved(resumed, config, min_done)
     t1 = time.monotonic()
-    run_workflow(resumed, config)
+    run_workflow(resumed, config, MERGED)  # the same command again
     t2 = time.monotonic()
     log = (resumed / "logs/predict/batch-0/shard-0.log").read_text()
     assert "resuming: " in log and f"tiles already done in {RUN.shard_resume_dir(0, 0)}" in log

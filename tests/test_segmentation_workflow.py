@@ -15,7 +15,7 @@ import rasterio
 import yaml
 from rasterio.features import rasterize
 
-from borders import BAND_M, PREDICT, TILING, class_maps_near_borders, predict_as_project
+from borders import BAND_M, TILING, class_maps_near_borders, predict_as_project
 from conftest import REPO, report
 from rasterscale.jobs.rankfiles import read_tile_ids, write_rank_record
 from rasterscale.raster.imagery import read_spec
@@ -135,42 +135,51 @@ def test_no_seams_at_inner_tile_edges(seg_run):
     assert abs(at_edges - away) <= 0.005
 
 
-def test_two_shards_of_three_ranks_give_the_two_rank_class_map(seg_run, tmp_path):
+@pytest.fixture(scope="module")
+def shards_run(seg_run, tmp_path_factory):
+    """The trained segmenter over the test scene and over a held-out 1024 px scene of crowns, in one run of 2 shards
+    x 3 ranks (6 rank rasters a scene), up to their class maps (no evaluation; no seams: the two scenes overlap, they
+    are no survey): the run's work folder, the held-out scene's raster and its crowns' outlines."""
+    workdir, _ = seg_run
+    run = tmp_path_factory.mktemp("shards")
+    shutil.copytree(workdir / "resources", run / "resources")
+    raster, outlines = run / "heldout.tif", run / "heldout.crowns.gpkg"
+    synthesize_scene(raster, run / "heldout.gpkg", width=1024, height=1024, seed=5, crowns_path=outlines, nir=True)
+    predict = {"devices": 3, "shards": 2, "scenes": ["tiny_test", "heldout"]}
+    model = {"file": str(workdir / "results/models/tiny_seg.pt")}
+    config = seg_config(model=model, train={"scenes": []}, predict=predict, project={"seams": False})
+    config["scenes"]["heldout"] = {"path": str(raster), "bands": BANDS}
+    assert config["tiling"] == TILING  # the tiling of the held-out scene's project (borders.predict_as_project)
+    assert run_dir(run, config) == run / RUN  # model.name kept: the run's outputs are where the fixture's are
+    run_workflow(run, config, *(f"{RUN}/{scene}/classes.tif" for scene in ("tiny_test", "heldout")))
+    return run, raster, outlines
+
+
+def test_two_shards_of_three_ranks_give_the_two_rank_class_map(seg_run, shards_run):
     """The trained segmenter's class map of the test scene from 2 shards x 3 ranks (6 rank rasters: other ranks and
     other shards than the fixture's 2 ranks, in one run) is the 2-rank run's: its tiles' scores blend across ranks
     and shards alike. One rank against two is tests/test_exported_models.py's (the same blending, from a TorchScript
     file on 1 rank and an ONNX file on 2)."""
     workdir, _ = seg_run
     two = classes_of(workdir)
-    model = workdir / "results/models/tiny_seg.pt"
-    run = tmp_path / "shards"
-    shutil.copytree(workdir / "resources", run / "resources")
-    predict = {"devices": 3, "shards": 2}
-    config = seg_config(model={"file": str(model)}, train={"scenes": []}, predict=predict)
-    assert run_dir(run, config) == run / RUN  # model.name kept: the run's outputs are where the fixture's are
-    run_workflow(run, config, f"{RUN}/tiny_test/classes.tif")  # the class map alone: no evaluation
+    run = shards_run[0]
     equal = float((classes_of(run) == two).mean())
     print(f"\n2 shards x 3 ranks: {equal:.6%} of pixels equal to the 2-rank class map")
     assert equal >= 0.9999
     assert len(rank_stems(run / RUN, "tiny_test", ".tif")) == 6
 
 
-def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes(seg_run, tmp_path):
-    """The trained segmenter over a held-out 1024 px scene of crowns, whole and as 2 x 2 abutting scenes: within
-    2 m of the inner borders the project's classes (seams read across the borders) score as the whole scene's,
-    and differ from them in fewer pixels than the four scenes' own class maps side by side."""
+def test_a_2x2_projects_classes_near_its_inner_borders_score_as_the_whole_scenes(seg_run, shards_run, tmp_path):
+    """The trained segmenter over a held-out 1024 px scene of crowns, whole (its class map of ``shards_run``) and as
+    2 x 2 abutting scenes: within 2 m of the inner borders the project's classes (seams read across the borders)
+    score as the whole scene's, and differ from them in fewer pixels than the four scenes' own class maps side by
+    side."""
     workdir, _ = seg_run
-    raster, outlines = tmp_path / "heldout.tif", tmp_path / "heldout.crowns.gpkg"
-    synthesize_scene(raster, tmp_path / "heldout.gpkg", width=1024, height=1024, seed=5, crowns_path=outlines, nir=True)
+    run, raster, outlines = shards_run
     model = {**seg_config()["model"], "file": str(workdir / "results/models/tiny_seg.pt")}
-    scenes = {"heldout": {"path": str(raster), "bands": BANDS}}
-    whole = {"task": "segmentation", "tiling": TILING, "model": model, "scenes": scenes}
-    run_workflow(tmp_path / "whole", whole | {"predict": PREDICT}, f"{RUN}/heldout/classes.tif")
     four = predict_as_project(tmp_path, raster, "segmentation", model, "classes.vrt", bands=BANDS)
     assert four == tmp_path / "four" / RUN
-    scores, changed, pixels, cover = class_maps_near_borders(
-        raster, outlines, tmp_path / "whole" / RUN / "heldout/classes.tif", four
-    )
+    scores, changed, pixels, cover = class_maps_near_borders(raster, outlines, run / RUN / "heldout/classes.tif", four)
     report(
         f"\n[borders, segmentation] mIoU within {BAND_M:g} m of the inner borders ({pixels} px, {cover:.0%} crowns): "
         + ", ".join(f"{name} {scores[name]:.4f} ({changed[name]} px not the whole scene's class)" for name in scores)

@@ -33,6 +33,7 @@ from workflow import (
     matched_polygons,
     rank_stems,
     rank_tile_ids,
+    run_paths,
     run_workflow,
     tiny_config,
     workflow_command,
@@ -130,8 +131,22 @@ class ClusterRun:
     seconds: float
 
 
-def start_cluster_run(cluster: SlurmCluster, base: Path, config: dict) -> subprocess.Popen:
-    command = workflow_command(base / "work", config, "--profile", str(edited_profile(base / "profile", cluster)))
+# The executor's wait between two status checks grows by 10 s each time none of its jobs has ended (up to 3 min: a
+# fixed rule of snakemake-executor-plugin-slurm, no setting): on this cluster, whose jobs take seconds, a run spent
+# most of its time waiting for jobs long ended (300 s a run, 180 s with this). The tests' snakemake checks every 2 s
+# instead; what it submits, how, and how it reads the jobs' states are the plugin's own.
+STEADY_STATUS_CHECKS = (
+    "import sys; from snakemake_executor_plugin_slurm import Executor; "
+    "Executor.next_seconds_between_status_checks = property(lambda self: 2, lambda self, value: None); "
+    "from snakemake.cli import main; sys.argv[0] = 'snakemake'; main()"
+)
+
+
+def start_cluster_run(cluster: SlurmCluster, base: Path, config: dict, *targets: str) -> subprocess.Popen:
+    profile = edited_profile(base / "profile", cluster)
+    command = workflow_command(base / "work", config, "--profile", str(profile), *targets)
+    assert command[1:3] == ["-m", "snakemake"], command
+    command[1:3] = ["-c", STEADY_STATUS_CHECKS]  # python -c: snakemake's own entry, after the one change above
     out = (base / "snakemake.out").open("w")
     return subprocess.Popen(command, env=cluster_env(cluster, base / "bin"), stdout=out, stderr=subprocess.STDOUT)
 
@@ -168,10 +183,8 @@ def segmentation_inputs(run: Path) -> dict:
     from rasterscale.raster.bands import InputBands
     from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
     from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
-    from rasterscale.tools.synth import synthesize_scene
 
-    (run / "resources/demo").mkdir(parents=True)
-    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12, nir=True)
+    run.mkdir(parents=True)
     bands = InputBands(("red", "green", "blue", "nir"), (90.0, 100.0, 70.0, 110.0), (30.0, 30.0, 25.0, 50.0), raw=True)
     cfg = SegmenterConfig(("background", "tree"), patch_size=256, input=bands)  # four raw bands, as the config's
     save_segmenter(build_segmenter(cfg), cfg, run / "segmenter.pt")
@@ -192,10 +205,8 @@ def instances_inputs(run: Path) -> dict:
 
     from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
     from rasterscale.tasks.instances.modelfiles import InstanceConfig
-    from rasterscale.tools.synth import synthesize_scene
 
-    (run / "resources/demo").mkdir(parents=True)
-    synthesize_scene(run / "resources/demo/tiny_test.tif", run / "boxes.gpkg", width=900, height=700, seed=12)
+    run.mkdir(parents=True)
     torch.manual_seed(0)
     cfg = InstanceConfig(backbone="resnet18", fpn_channels=64, patch_size=256, score_threshold=0.05)
     save_instance_model(build_instance_model(cfg), cfg, run / "crowns.pt")
@@ -211,21 +222,24 @@ def instances_inputs(run: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
-    """Two workflows submitted to the cluster at once (their jobs share its two nodes; most of a run's wall time
-    is the executor's waits between status checks, which grow by 10 s each time no job has ended): the tiny
-    detection config (training on 2 nodes, prediction in 2 shards), a segmentation config and an instances config
-    (2 shards each)."""
+    """Three workflows submitted to the cluster at once (their jobs share its two nodes): the tiny detection config
+    (training on 2 nodes, prediction in 2 shards), a segmentation config and an instances config (2 shards each),
+    each up to what its tests read: the detection run to its scores (its merge and evaluation jobs are under test),
+    the other two to their merged layers; no run builds the report's pages."""
     base = tmp_path_factory.mktemp("slurm-run")
     started = time.monotonic()
     segmentation_config = segmentation_inputs(base / "segmentation/work")
     instances_config = instances_inputs(base / "instances/work")
-    # the demo's scenes made locally first: their synthesis is not what runs on the cluster under test
-    demo = [f"resources/demo/{name}.tif" for name in ("tiny_train", "tiny_test")]
-    run_workflow(base / "detection/work", slurm_config(), *demo)
+    configs = {"detection": slurm_config(), "segmentation": segmentation_config, "instances": instances_config}
+    # the demo's scenes made locally first, by the workflow (their job files then older than they are): their
+    # synthesis is not what runs on the cluster under test
+    demo = {"detection": ("tiny_train", "tiny_test"), "segmentation": ("tiny_test",), "instances": ("tiny_test",)}
+    for name, config in configs.items():
+        run_workflow(base / name / "work", config, *(f"resources/demo/{scene}.tif" for scene in demo[name]))
+    steps = {"detection": "scored", "segmentation": "merged", "instances": "merged"}
     processes = {
-        "detection": start_cluster_run(cluster, base / "detection", slurm_config()),
-        "segmentation": start_cluster_run(cluster, base / "segmentation", segmentation_config),
-        "instances": start_cluster_run(cluster, base / "instances", instances_config),
+        name: start_cluster_run(cluster, base / name, config, run_paths(config).batch_record(steps[name], 0))
+        for name, config in configs.items()
     }
     runs = {name: finish_cluster_run(cluster, base / name, proc, started) for name, proc in processes.items()}
     for name, run in runs.items():
@@ -430,12 +444,14 @@ def test_on_the_cluster_bad_launches_fail_fast_with_one_line(cluster, tmp_path):
     )
     out = tmp_path / "job.out"
     proc = cluster.run(
-        ["sbatch", "--parsable", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={out}", str(script)],
-        cwd=tmp_path,
-        timeout=300,
+        ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={out}", str(script)], cwd=tmp_path
     )
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    # polled (0.2 s), not sbatch --wait: its checks 2, 10 and 42 s after submission found this 15 s job at 42 s
+    state = cluster.wait_job(job_id, timeout=300)
     text = out.read_text()
-    report(f"\n[bad launches] job {proc.stdout.strip()}:\n{text}")
+    report(f"\n[bad launches] job {job_id} ({state}):\n{text}")
     sections = dict(re.findall(r"## (.+?)\n(.*?)(?=\n## |\Z)", text, flags=re.S))
     expected = {
         "one-task step, 2 ranks (Lightning)": "is the only task of Slurm step",
