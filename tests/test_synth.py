@@ -339,11 +339,16 @@ def test_tree_tops(rich: Scene) -> None:
     assert (local_max(1.0)[rows, cols] == heights).mean() >= 0.95
 
 
-def test_entry_script_passes_the_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_entry_script_synthesizes_the_scene_its_job_file_describes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from rasterscale.config.settings import job_settings
+    from rasterscale.jobs.files import SynthesisJob
+
     paths = {name: tmp_path / name for name in ("s.tif", "b.gpkg", "h.tif", "t.gpkg")}
-    argv = ["synthesize_scene", "--raster", str(paths["s.tif"]), "--boxes", str(paths["b.gpkg"])]
-    argv += ["--width", "128", "--height", "96", "--seed", "3", "--crs", "EPSG:32617", "--pixel-size", "0.1"]
-    argv += ["--nir", "--canopy-height", str(paths["h.tif"]), "--tops", str(paths["t.gpkg"])]
+    scene = {"width": 128, "height": 96, "seed": 3, "nir": True}
+    demo = {"directory": str(tmp_path), "crs": "EPSG:32617", "pixel_size": 0.1, "scenes": {"s": scene}}
+    SynthesisJob("s", job_settings({"demo": demo})).write(tmp_path / "job.json")
+    argv = ["synthesize_scene", "--job", str(tmp_path / "job.json"), "--raster", str(paths["s.tif"])]
+    argv += ["--boxes", str(paths["b.gpkg"]), "--canopy-height", str(paths["h.tif"]), "--tops", str(paths["t.gpkg"])]
     monkeypatch.setattr(sys, "argv", argv)
     entry.main()
     printed = capsys.readouterr().out
