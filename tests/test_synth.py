@@ -339,7 +339,9 @@ def test_tree_tops(rich: Scene) -> None:
     assert (local_max(1.0)[rows, cols] == heights).mean() >= 0.95
 
 
-def test_entry_script_synthesizes_the_scene_its_job_file_describes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_entry_script_synthesizes_the_scene_its_job_file_describes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     from rasterscale.config.settings import job_settings
     from rasterscale.jobs.files import SynthesisJob
 
