@@ -20,7 +20,7 @@ from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import Settings, SlurmSettings, carried, section_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.jobs import paths
-from rasterscale.jobs.files import JobFileError, MergeJob, PredictJob, ScoreJob, TrainJob, read_scenes
+from rasterscale.jobs.files import JobFileError, MergeJob, PredictJob, ScoreJob, TrainJob
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
 from rasterscale.scene import Imagery, Scene
 from rasterscale.workflow import reports
@@ -327,7 +327,7 @@ def test_a_batch_job_file_round_trips_with_every_field(workdir):
     assert job.scenes == batch.scenes and (job.model_file, job.shards) == (plan.prediction_model(), 2)
     path = plan.paths.job_file("predict", 0)
     assert job.write(path) and PredictJob.read(path) == job
-    assert read_scenes(path) == list(batch.scenes)
+    assert PredictJob.read(path).scenes == batch.scenes
     # on disk, the outputs are flat keys of the scene's entry, as a task's merge reads them
     entry = json.loads(Path(path).read_text())["scenes"][0]
     assert entry["gpkg"] == "results/detector/a/detections.gpkg" and entry["rank_files"][0].endswith("a/rank-0")

@@ -217,7 +217,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     cores), its rank records checked and its rank files merged by the task's merge; the merged files."""
     from rasterscale.config.schema import validate_config
     from rasterscale.grid.manifest import read_manifest
-    from rasterscale.jobs.files import read_scenes
+    from rasterscale.jobs.files import PredictJob
     from rasterscale.jobs.rankfiles import check_scene_records
     from rasterscale.predict.engine import run_prediction
     from rasterscale.runtime.ranks import run_spec
@@ -234,7 +234,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
             {"task": valid["task"], "model": valid["model"], "tiling": valid["tiling"], "predict": predict}
         )
         for shard in (0, 1):
-            scenes = read_scenes(RUN.job_file("predict", 0))
+            scenes = list(PredictJob.read(RUN.job_file("predict", 0)).scenes)
             run_prediction(scenes, settings.model.file, job, run_spec(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(settings.task)
         (scene,) = json.loads(Path(RUN.job_file("predict", 0)).read_text())["scenes"]

@@ -195,9 +195,9 @@ class ProjectJob(JobFile):
 
     def as_mapping(self) -> dict[str, Any]:
         """The job as the task's project merge reads it."""
+        sections = carried(self.settings)
         data = {"task": self.settings.task, "crs": self.crs, "labels": list(self.labels)}
-        data["merge"] = carried(self.settings)["merge"]
-        data["project"] = carried(self.settings)["project"]
+        data |= {"merge": sections["merge"], "project": sections["project"]}
         return {**data, "sources": list(self.sources), "outputs": self.outputs}
 
 
@@ -254,12 +254,3 @@ class ProjectMapJob(JobFile):
     KIND: ClassVar[str] = "project_map"
     scenes: tuple[dict[str, Any], ...]
     settings: Settings
-
-
-def read_scenes(path: str | Path) -> list[Scene]:
-    """The scenes of a tiles, prediction, merge or training job file, in order."""
-    kind = json.loads(Path(path).read_text()).get("kind")
-    classes = {cls.KIND: cls for cls in (TilesJob, PredictJob, MergeJob, TrainJob)}
-    if kind not in classes:
-        raise JobFileError(f"{path}: a job file of kind {kind}, without scenes")
-    return list(classes[kind].read(path).scenes)

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from rasterscale.config.settings import Settings, job_settings, to_dict
+from rasterscale.config.settings import PredictSettings, SceneSettings, Settings, sections_only
 from rasterscale.grid.project import is_seam
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import (
@@ -27,21 +27,21 @@ from rasterscale.jobs.files import (
     TilesJob,
     TrainJob,
 )
+from rasterscale.scene import Scene
 from rasterscale.workflow.plan import SECTIONS, Plan
 from rasterscale.workflow.reportfiles import mapped_scenes, model_file, scene_files, scored_batches, scored_scenes
 
 
-def carrying(plan: Plan, *names: str, **values: Any) -> Settings:
-    """The settings of a job that uses these sections of the plan's config (``values``: a section as the job
-    gets it, in the JSON form)."""
-    sections = {name: to_dict(getattr(plan.settings, name)) for name in names}
-    return job_settings({**sections, **values})
+def carrying(plan: Plan, *names: str, **sections: Any) -> Settings:
+    """The settings of a job that uses these sections of the plan's config (``sections``: a section as the job
+    gets it)."""
+    return sections_only(plan.settings, *names, **sections)
 
 
-def predict_section(plan: Plan) -> dict[str, Any]:
+def predict_section(plan: Plan) -> PredictSettings:
     """The predict section without predict.scenes (a job's file lists its scenes: adding a scene to another batch
     reruns none of this one's jobs)."""
-    return to_dict(dataclasses.replace(plan.settings.predict, scenes=()))
+    return dataclasses.replace(plan.settings.predict, scenes=())
 
 
 def tiles_job(plan: Plan, batch: int) -> TilesJob:
@@ -50,7 +50,7 @@ def tiles_job(plan: Plan, batch: int) -> TilesJob:
 
 def scene_tiles_job(plan: Plan, name: str) -> TilesJob:
     """A training-only scene's tile manifest (rule tile_manifest)."""
-    scene = dataclasses.replace(plan.batch_entry(name, 0), rank_files=(), outputs={})
+    scene = Scene(name, plan.scene_raster(name), plan.paths.scene_manifest(name), plan.scene_imagery(name))
     return TilesJob((scene,), carrying(plan, "tiling"))
 
 
@@ -91,10 +91,10 @@ def project_job(plan: Plan) -> ProjectJob:
     return ProjectJob(plan.project_crs(), plan.labels, tuple(sources), plan.project_outputs(), settings)
 
 
-def training_entries(plan: Plan) -> dict[str, Any]:
+def training_entries(plan: Plan) -> dict[str, SceneSettings]:
     """The training scenes' entries of ``scenes`` (their bands and normalize make the model's input), not the
     others' (adding a scene to predict changes no training)."""
-    return {name: to_dict(plan.scenes[name]) for name in plan.train_scenes}
+    return {name: plan.scenes[name] for name in plan.train_scenes}
 
 
 def train_job(plan: Plan) -> TrainJob:
@@ -113,9 +113,7 @@ def synthesis_job(plan: Plan, name: str) -> SynthesisJob:
     """A demo scene's synthesis: the demo section with this scene only (another config's demo scenes change
     nothing)."""
     demo = plan.settings.demo
-    return SynthesisJob(
-        name, job_settings({"demo": to_dict(dataclasses.replace(demo, scenes={name: demo.scenes[name]}))})
-    )
+    return SynthesisJob(name, carrying(plan, demo=dataclasses.replace(demo, scenes={name: demo.scenes[name]})))
 
 
 def demo_scenes(plan: Plan) -> list[str]:
