@@ -1,10 +1,13 @@
 """Entry: DDP prediction over random tiles, no raster needed (checks ranks, devices, throughput), as its job file
-says. Run locally, this process starts the job's other ranks first (rasterscale.runtime.launch)."""
+says. Run locally, this process forks the job's other ranks once it has imported what they run
+(rasterscale.runtime.launch)."""
 
 import argparse
 
 from rasterscale.jobs.files import CheckJob
 from rasterscale.runtime.launch import start_local_ranks
+from rasterscale.runtime.ranks import run_spec
+from rasterscale.tools.envcheck import run_environment_check
 
 
 def main() -> None:
@@ -15,9 +18,6 @@ def main() -> None:
     args = parser.parse_args()
     job = CheckJob.read(args.job)
     ranks = start_local_ranks(job.settings, "predict")
-    # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.runtime.ranks import run_spec
-    from rasterscale.tools.envcheck import run_environment_check
 
     run_environment_check(job.settings, run_spec(job.settings, "predict"), args.out_dir, args.log_dir)
     ranks.finish()

@@ -1,10 +1,12 @@
-"""Entry: DDP prediction of one shard of a batch of scenes, as its job file says. Run locally, this process starts
-the job's other ranks first (rasterscale.runtime.launch); under srun every rank runs it."""
+"""Entry: DDP prediction of one shard of a batch of scenes, as its job file says. Run locally, this process forks
+the job's other ranks once it has imported what they run (rasterscale.runtime.launch); under srun every rank runs it."""
 
 import argparse
 
 from rasterscale.jobs.files import PredictJob
+from rasterscale.predict.engine import run_prediction
 from rasterscale.runtime.launch import start_local_ranks
+from rasterscale.runtime.ranks import run_spec
 
 
 def main() -> None:
@@ -17,9 +19,6 @@ def main() -> None:
     args = parser.parse_args()
     job = PredictJob.read(args.job)
     ranks = start_local_ranks(job.settings, "predict")
-    # imported once the other ranks are started, so that every rank imports torch at the same time
-    from rasterscale.predict.engine import run_prediction
-    from rasterscale.runtime.ranks import run_spec
 
     run_prediction(
         scenes=list(job.scenes),

@@ -101,26 +101,27 @@ def is_entry(process: psutil.Process, script: str = "predict.py") -> bool:
 
 def job_processes(root: int) -> dict[str, psutil.Process]:
     """The prediction processes under snakemake (pid ``root``) by role: rank0 (started by the rule's shell), rank1
-    (started by rank 0, LOCAL_RANK=1), and the ranks' dataloader workers (their forked children)."""
+    (forked by rank 0 once it has imported the engine, so before any dataloader worker: rank 0's first child), and
+    the ranks' dataloader workers (their forked children)."""
     try:
         processes = [p for p in psutil.Process(root).children(recursive=True) if is_entry(p)]
     except psutil.NoSuchProcess:
         return {}
     pids = {p.pid for p in processes}
     roles: dict[str, psutil.Process] = {}
-    for process in processes:
-        try:
-            parent, environ = process.ppid(), process.environ()
-        except psutil.Error:
-            continue
-        if parent not in pids:
-            roles["rank0"] = process
-        elif environ.get("LOCAL_RANK") == "1" and "rank1" not in roles:
-            roles["rank1"] = process
-    for rank in [r for r in ("rank0", "rank1") if r in roles]:
-        for child in roles[rank].children():
-            if child.pid in pids and child.pid != roles.get("rank1", child).pid:
-                roles[f"{rank} worker"] = child
+    try:
+        for process in processes:
+            if process.ppid() not in pids:
+                roles["rank0"] = process
+        if "rank0" in roles:
+            children = sorted((p for p in roles["rank0"].children() if p.pid in pids), key=lambda p: p.create_time())
+            roles.update({"rank1": children[0]} if children else {})
+        for rank in [r for r in ("rank0", "rank1") if r in roles]:
+            for child in roles[rank].children():
+                if child.pid in pids and child.pid != roles.get("rank1", child).pid:
+                    roles[f"{rank} worker"] = child
+    except psutil.Error:
+        return {}
     return roles
 
 

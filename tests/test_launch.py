@@ -1,5 +1,5 @@
-"""rasterscale.runtime.launch: a local job's process starts the other ranks first, before it imports torch, gives each
-its place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
+"""rasterscale.runtime.launch: a local job's process forks the other ranks once it has imported what they run, gives
+each its place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
 
 import json
 import os
@@ -26,13 +26,15 @@ RANK = textwrap.dedent(
     from rasterscale.runtime import launch
     from rasterscale.runtime.launch import start_local_ranks
     out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    fail_code, zero_stops_after = int(sys.argv[4]), float(sys.argv[5])
+    fail_code, zero_stops_after, imports = int(sys.argv[4]), float(sys.argv[5]), sys.argv[6:]
+    for module in imports:  # what an entry imports before it starts the ranks
+        __import__(module)
     launch.STOP_GRACE_SECONDS = 3.0
     ranks = start_local_ranks(job_settings({{"predict": {{"devices": devices, "shards": 1}}}}), "predict")
     rank = int(os.environ["LOCAL_RANK"])
     names = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RASTERSCALE_RANK_LAUNCHER")
     place = {{name: os.environ.get(name) for name in names}}
-    place.update(pid=os.getpid(), ppid=os.getppid(), torch="torch" in sys.modules)
+    place.update(pid=os.getpid(), ppid=os.getppid(), torch="torch" in sys.modules, cpu_s=sum(os.times()[:2]))
     (out / f"rank-{{rank}}.json").write_text(json.dumps(place))
     if rank == fail_rank:
         sys.exit(fail_code)
@@ -47,15 +49,20 @@ RANK = textwrap.dedent(
 
 
 def run_ranks(
-    tmp_path: Path, devices: int, fail_rank: int = -1, fail_code: int = 3, zero_stops_after: float = -1
+    tmp_path: Path,
+    devices: int,
+    fail_rank: int = -1,
+    fail_code: int = 3,
+    zero_stops_after: float = -1,
+    imports: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run a job of ``devices`` local ranks; rank ``fail_rank`` exits with ``fail_code``; rank 0 exits with 143
-    after ``zero_stops_after`` seconds where that is not negative."""
+    """Run a job of ``devices`` local ranks, started once ``imports`` are imported; rank ``fail_rank`` exits with
+    ``fail_code``; rank 0 exits with 143 after ``zero_stops_after`` seconds where that is not negative."""
     script = tmp_path / "rank.py"
     script.write_text(RANK.format(scripts=str(SCRIPTS)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("LOCAL_RANK", "RANK")}
     command = [sys.executable, str(script), str(tmp_path), str(fail_rank), str(devices), str(fail_code)]
-    command.append(str(zero_stops_after))
+    command += [str(zero_stops_after), *imports]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -123,16 +130,27 @@ def test_a_rank_stopped_on_sigterm_ends_the_job_with_143_when_rank_zero_does_not
     ]
 
 
+def test_the_ranks_are_forked_with_what_rank_zero_imported_and_import_nothing_again(tmp_path):
+    """A node imports torch once: the ranks rank 0 starts begin with its modules loaded, having spent no CPU time
+    of their own (a rank that imported torch itself spent seconds)."""
+    result = run_ranks(tmp_path, devices=3, imports=("torch",))
+    assert result.returncode == 0, result.stderr
+    ranks = [json.loads((tmp_path / f"rank-{k}.json").read_text()) for k in range(3)]
+    assert all(rank["torch"] for rank in ranks)
+    assert ranks[0]["cpu_s"] > 0.5, ranks[0]  # rank 0 imported torch
+    assert all(rank["cpu_s"] < 0.2 for rank in ranks[1:]), ranks
+
+
 @pytest.mark.parametrize("entry", ["predict.py", "train.py", "check_environment.py"])
-def test_an_entry_starts_the_ranks_before_it_imports_torch(entry):
-    """What an entry runs before start_local_ranks (its module's imports) imports no torch, so the ranks import it
-    at the same time."""
+def test_an_entry_imports_what_its_ranks_run_before_it_starts_them(entry):
+    """What an entry runs before start_local_ranks (its module's imports) imports torch and the engine, so that the
+    ranks it forks import nothing again."""
     code = (
         "import importlib.util, sys; "
         f"spec = importlib.util.spec_from_file_location('entry', {str(SCRIPTS / entry)!r}); "
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
-        "assert hasattr(module, 'start_local_ranks'); print('torch' in sys.modules)"
+        "assert hasattr(module, 'start_local_ranks'); print('torch' in sys.modules, 'lightning' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "True True"

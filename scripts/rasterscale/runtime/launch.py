@@ -1,7 +1,11 @@
-"""A job's local ranks start together: the job's process (local rank 0) starts the node's other ranks as its first
-act, before it imports torch or loads anything, so that every rank imports, loads its model and reads its scenes at
-the same time (as torchrun does). Lightning's own local launcher started them only once rank 0 had done all that,
-inside ``trainer.fit``/``trainer.predict``: every job paid the start of one rank, then of the others.
+"""A job's local ranks start together, once the job's process (local rank 0) has imported the package: it forks the
+node's other ranks (Linux), which begin with torch, Lightning and the engine already loaded, so that a node imports
+them once, not once per rank (each rank's import cost 5-6 s of CPU; eight ranks read the environment's files from a
+shared filesystem once, not eight times), and every rank then loads its model and reads its scenes at the same
+time (as torchrun does). Lightning's own local launcher started them only once rank 0 had done all that, inside
+``trainer.fit``/``trainer.predict``: every job paid the start of one rank, then of the others. The fork comes
+before anything starts a thread of its own or touches a GPU (it checks both); elsewhere than on Linux the ranks
+are started as new processes with the same command line.
 
 The ranks learn their place from the variables Lightning's launcher sets (``MASTER_ADDR``, ``MASTER_PORT``,
 ``NODE_RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); with ``LOCAL_RANK`` set, Lightning's ``LightningEnvironment`` says
@@ -14,8 +18,8 @@ exits with one line (``rank 0: ending: rank 1 failed (see its line above)`` wher
 :mod:`rasterscale.runtime.peers`). One that exits with the code of a stop on SIGTERM (143: a training job stops on
 all its ranks at the same step, once its checkpoint is written) leaves rank 0 :data:`STOP_GRACE_SECONDS` to stop on
 its own; the job then exits with 143, not as a failure. A rank started here dies with rank 0
-(:mod:`rasterscale.runtime.lifetime`, which reads :data:`~rasterscale.runtime.lifetime.RANK_LAUNCHER`). This
-module imports no torch: entry scripts call :func:`start_local_ranks` before they import the rest of the package.
+(:mod:`rasterscale.runtime.lifetime`, which reads :data:`~rasterscale.runtime.lifetime.RANK_LAUNCHER`). Entry
+scripts import what their ranks run, then call :func:`start_local_ranks`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from rasterscale.runtime import peers
 from rasterscale.runtime.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
@@ -40,6 +44,7 @@ POLL_SECONDS = 0.5
 EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit
 STOP_GRACE_SECONDS = 20.0  # how long rank 0 has to stop on its own once a rank it started stopped on SIGTERM
 PLACE_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+FORKS_RANKS = sys.platform.startswith("linux")  # elsewhere (macOS: fork after loading system frameworks) new processes
 
 
 def starts_local_ranks(ranks: int, nodes: int, env: Mapping[str, str] | None = None) -> bool:
@@ -64,11 +69,47 @@ def rank_environments(ranks: int, base: Mapping[str, str], port: int, launcher: 
     return environments
 
 
+class RankProcess(Protocol):
+    """A rank this process started: a :class:`ForkedRank`, or a ``subprocess.Popen``."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ForkedRank:
+    """A rank forked from this process, with ``subprocess.Popen``'s ``poll`` and ``wait``: its exit code, negative
+    for a signal, None while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._reaping = threading.Lock()  # polled by the watching thread while the main thread waits
+
+    def poll(self) -> int | None:
+        with self._reaping:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"local rank (pid {self.pid})", timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+
 class LocalRanks:
     """The ranks this process started (none where it starts none), watched from a daemon thread: one that exits
     with an error ends the job (:meth:`end_job`). :meth:`finish` at a rank's normal end."""
 
-    def __init__(self, processes: Sequence[subprocess.Popen] = ()) -> None:
+    def __init__(self, processes: Sequence[RankProcess] = ()) -> None:
         self.processes = list(processes)
         self.done = threading.Event()
         if self.processes:
@@ -130,14 +171,45 @@ class LocalRanks:
         exit_at_once(0)
 
 
+def check_forkable() -> None:
+    """The fork is safe: no thread of this process' own is running yet and no GPU has been touched (a CUDA context
+    does not survive a fork). A failure here is a change in what the entries import, not a user's error."""
+    threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if threads:
+        raise RuntimeError(f"rasterscale: cannot fork the local ranks: threads already run ({', '.join(threads)})")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("rasterscale: cannot fork the local ranks: CUDA is already initialized in rank 0")
+
+
+def fork_ranks(environments: Sequence[Mapping[str, str]]) -> LocalRanks:
+    """Fork one rank per environment. In each forked rank this returns no ranks (it starts none) with the
+    environment its own; in this process, the ranks it forked."""
+    check_forkable()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    forked: list[RankProcess] = []
+    for environment in environments:
+        pid = os.fork()
+        if pid == 0:
+            os.environ.clear()
+            os.environ.update(environment)
+            return LocalRanks()
+        forked.append(ForkedRank(pid))
+    return LocalRanks(forked)
+
+
 def start_local_ranks(settings: Settings, section: str, argv: Sequence[str] | None = None) -> LocalRanks:
-    """Start the other local ranks of this job of ``section`` (``train``, ``predict``) with the same command line
-    (``argv``, this process' by default), when this process starts them (:func:`starts_local_ranks`)."""
+    """Start the other local ranks of this job of ``section`` (``train``, ``predict``), when this process starts
+    them (:func:`starts_local_ranks`): forked (:func:`fork_ranks`), or elsewhere than on Linux new processes with
+    the same command line (``argv``, this process' by default)."""
     geometry = launch_geometry(settings, section)
     if not starts_local_ranks(geometry.world_size, geometry.nodes):
         return LocalRanks()
-    script, *arguments = argv or sys.argv
-    command = [sys.executable, os.path.abspath(script), *arguments]
     environments = rank_environments(geometry.world_size, os.environ, free_port(), str(this_process()))
     os.environ.update({name: environments[0][name] for name in PLACE_VARIABLES})
+    if FORKS_RANKS:
+        return fork_ranks(environments[1:])
+    script, *arguments = argv or sys.argv
+    command = [sys.executable, os.path.abspath(script), *arguments]
     return LocalRanks([subprocess.Popen(command, env=env) for env in environments[1:]])
