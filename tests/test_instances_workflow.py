@@ -1,7 +1,6 @@
 """Crown polygons (task instances) through the real workflow on the tiny config: synthesis, tiling, 2-rank DDP
 training of a Mask R-CNN and prediction (CPU ranks over gloo), the merge by mask IoU, evaluation, the DeepForest
-folder; then the same model predicted with 1 and 3 ranks: the same crowns (2 shards of 2 ranks: on the Slurm
-cluster, tests/test_slurm_workflow.py)."""
+folder; then the same model predicted by 1 rank and by 2 shards of 3 ranks: the same crowns."""
 
 from __future__ import annotations
 
@@ -113,24 +112,28 @@ def test_evaluation_scores_mask_iou_and_splits_tile_edges_from_the_rest(tiny_run
     assert "mask_ap50=" in result.stdout + result.stderr
 
 
-def test_one_rank_and_three_ranks_give_the_crowns_of_two(tiny_run, tmp_path):
-    """The same model over the same scene: one rank (in this process, merged as a merge job does), three ranks
-    (the workflow), and the tiny run's two give the same crowns. Two shards of two ranks: the loopback Slurm
-    cluster's run (tests/test_slurm_workflow.py)."""
+def test_one_rank_and_two_shards_of_three_ranks_give_the_crowns_of_two(tiny_run, tmp_path):
+    """The same model over the same scene: one rank (in this process, merged as a merge job does), two shard jobs
+    of three ranks each (the workflow: six rank files, merged across ranks and shards), and the tiny run's two ranks
+    give the same crowns."""
     workdir, _ = tiny_run
     model = workdir / "results/models/tiny_crowns.pt"
     two = crowns(workdir)
     keys = {key: tiny_instances()["model"][key] for key in ("score_threshold", "detections_per_tile")}
     raster, manifest = workdir / f"resources/demo/{SCENE}.tif", workdir / RUN / SCENE / "tiles.parquet"
     one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, model, tmp_path / "one", keys))
-    shutil.copytree(workdir / "resources", tmp_path / "three/resources")  # the tiny run's scenes, not made again
-    config = tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict={"devices": 3})
+    shutil.copytree(workdir / "resources", tmp_path / "shards/resources")  # the tiny run's scenes, not made again
+    predict = {"devices": 3, "shards": 2}
+    config = tiny_instances(model={"file": str(model)}, train={"scenes": []}, predict=predict)
     layer = run_paths(config).scene_file(SCENE, "crowns.parquet")
-    run_workflow(tmp_path / "three", config, layer)  # the layer alone: no scores, quicklooks or report pages
-    assert len(rank_stems(tmp_path / "three" / RUN, SCENE)) == 3
-    three = crowns(tmp_path / "three")
+    run_workflow(tmp_path / "shards", config, layer)  # the layer alone: no scores, quicklooks or report pages
+    stems = rank_stems(tmp_path / "shards" / RUN, SCENE)
+    assert [(stem.parent.parent.name, stem.name) for stem in stems] == [
+        (f"shard-{r // 3}", f"rank-{r}") for r in range(6)
+    ]
+    shards = crowns(tmp_path / "shards")
     assert len(two) > 20
-    for name, other in (("1 rank", one), ("3 ranks", three)):
+    for name, other in (("1 rank", one), ("2 shards x 3 ranks", shards)):
         assert len(other) == len(two), name
         assert matched_polygons(other, two, 0.99) == 1.0 and matched_polygons(two, other, 0.99) == 1.0, name
         np.testing.assert_allclose(np.sort(other["score"]), np.sort(two["score"]), rtol=1e-5)

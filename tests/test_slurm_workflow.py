@@ -2,9 +2,10 @@
 
 On the tiny config (CPU ranks; its demo scenes made locally first): training as multi-node DDP on 2 nodes x 1
 rank, prediction split into 2 shard jobs of 2 ranks each (one per node), merge and evaluation as ordinary one-task
-jobs; at the same time a segmentation config in 2 shard jobs. The merged layer must equal a local
-(`--cores 2`) run's with the same model file. Also on the cluster: a failing rank takes its job down at
-once, and the in-process pre-flight checks turn bad launches into one-line errors.
+jobs; at the same time a segmentation config in 2 shard jobs (a raster task's rank files and merge; the launch is
+the same for every task, and the instances task's shards are merged in tests/test_instances_workflow.py). The
+merged layer must equal a local (`--cores 2`) run's with the same model file. Also on the cluster: a failing rank
+takes its job down at once, and the in-process pre-flight checks turn bad launches into one-line errors.
 
 Needs root and Debian's slurm packages (installed on demand by tests/slurm_cluster.py); skips with the reason
 otherwise. Run with `pytest -s` to see the evidence (job ids, nodes, ranks).
@@ -26,11 +27,9 @@ import pytest
 import yaml
 
 from conftest import REPO, report
-from prediction import predict_crowns_in_process
 from slurm_cluster import SlurmCluster
 from workflow import (
     matched_fraction,
-    matched_polygons,
     rank_stems,
     rank_tile_ids,
     run_paths,
@@ -43,7 +42,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = REPO / "profiles/slurm/config.yaml"
 # each run's outputs, results/{run}/: the tiny config's model.name; the model files' stems (segmenter.pt, crowns.pt)
-RUNS = {"detection": "results/tiny", "segmentation": "results/segmenter", "instances": "results/crowns"}
+RUNS = {"detection": "results/tiny", "segmentation": "results/segmenter"}
 # the executor's log path: .snakemake/slurm_logs/rule_<rule>/[<wildcard values joined by _>/]<jobid>.log
 SUBMITTED = re.compile(
     r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+?)/(?:([^/\s]+)/)?[^/\s]+\.log"
@@ -198,45 +197,22 @@ def segmentation_inputs(run: Path) -> dict:
     return config
 
 
-def instances_inputs(run: Path) -> dict:
-    """An instances (crown polygons) config over one scene, with an untrained Mask R-CNN at a low score threshold
-    (plenty of crowns: the machinery is under test): 2 shard jobs of 2 ranks."""
-    import torch
-
-    from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
-    from rasterscale.tasks.instances.modelfiles import InstanceConfig
-
-    run.mkdir(parents=True)
-    torch.manual_seed(0)
-    cfg = InstanceConfig(backbone="resnet18", fpn_channels=64, patch_size=256, score_threshold=0.05)
-    save_instance_model(build_instance_model(cfg), cfg, run / "crowns.pt")
-    config = yaml.safe_load((REPO / "tests/configs/tiny_instances.yaml").read_text())
-    config["scenes"]["tiny_test"].pop("annotations")
-    config.update(
-        model={"file": "crowns.pt", "detections_per_tile": 30},
-        train={"scenes": []},
-        predict={"scenes": ["tiny_test"], "accelerator": "cpu", "devices": 2, "shards": 2, "workers": 0},
-    )
-    return config
-
-
 @pytest.fixture(scope="module")
 def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
-    """Three workflows submitted to the cluster at once (their jobs share its two nodes): the tiny detection config
-    (training on 2 nodes, prediction in 2 shards), a segmentation config and an instances config (2 shards each),
-    each up to what its tests read: the detection run to its scores (its merge and evaluation jobs are under test),
-    the other two to their merged layers; no run builds the report's pages."""
+    """Two workflows submitted to the cluster at once (their jobs share its two nodes): the tiny detection config
+    (training on 2 nodes, prediction in 2 shards) and a segmentation config (2 shards), each up to what its tests
+    read: the detection run to its scores (its merge and evaluation jobs are under test), the segmentation run to
+    its merged class map; no run builds the report's pages."""
     base = tmp_path_factory.mktemp("slurm-run")
     started = time.monotonic()
     segmentation_config = segmentation_inputs(base / "segmentation/work")
-    instances_config = instances_inputs(base / "instances/work")
-    configs = {"detection": slurm_config(), "segmentation": segmentation_config, "instances": instances_config}
+    configs = {"detection": slurm_config(), "segmentation": segmentation_config}
     # the demo's scenes made locally first, by the workflow (their job files then older than they are): their
     # synthesis is not what runs on the cluster under test
-    demo = {"detection": ("tiny_train", "tiny_test"), "segmentation": ("tiny_test",), "instances": ("tiny_test",)}
+    demo = {"detection": ("tiny_train", "tiny_test"), "segmentation": ("tiny_test",)}
     for name, config in configs.items():
         run_workflow(base / name / "work", config, *(f"resources/demo/{scene}.tif" for scene in demo[name]))
-    steps = {"detection": "scored", "segmentation": "merged", "instances": "merged"}
+    steps = {"detection": "scored", "segmentation": "merged"}
     processes = {
         name: start_cluster_run(cluster, base / name, config, run_paths(config).batch_record(steps[name], 0))
         for name, config in configs.items()
@@ -366,34 +342,6 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
     valid, errors, _ = cog_validate(str(outputs / "tiny_test/classes.tif"))
     assert valid, errors
-
-
-def test_instances_run_two_shards_on_the_cluster_with_the_crowns_of_one_rank(cluster, cluster_runs, tmp_path):
-    """Crown polygons through the same launch, shard and record machinery: 2 shard jobs of 2 ranks, every tile
-    once, one merged layer of polygons: the crowns one rank finds with the same model."""
-    from rasterscale.jobs.rankfiles import read_tile_ids
-
-    run = cluster_runs["instances"]
-    shards = {key.split("/")[1]: job_ids for key, job_ids in run.jobs.items() if key.startswith("predict/")}
-    assert sorted(shards) == ["0_0", "0_1"] and all(len(job_ids) == 1 for job_ids in shards.values())
-    infos = {shard: scontrol_job(cluster, job_ids[0]) for shard, job_ids in shards.items()}
-    report(f"[instances on slurm] shard jobs {shards} on nodes {[i['NodeList'] for i in infos.values()]}")
-    for info in infos.values():
-        assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "2")
-    outputs = run.workdir / RUNS["instances"]
-    manifest = gpd.read_parquet(outputs / "tiny_test/tiles.parquet")
-    stems = rank_stems(outputs, "tiny_test")
-    assert len(stems) == 4
-    processed = np.concatenate([read_tile_ids(stem) for stem in stems])
-    assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
-    layer = gpd.read_parquet(outputs / "tiny_test/crowns.parquet")
-    assert len(layer) > 20 and set(layer.geometry.geom_type) == {"Polygon"}
-    # the same crowns as one rank's (in this process, merged as a merge job does) with the same model
-    raster, manifest = run.workdir / "resources/demo/tiny_test.tif", outputs / "tiny_test/tiles.parquet"
-    model = {"detections_per_tile": 30}
-    one = gpd.read_parquet(predict_crowns_in_process(raster, manifest, run.workdir / "crowns.pt", tmp_path, model))
-    assert len(one) == len(layer)
-    assert matched_polygons(one, layer, 0.99) == 1.0 and matched_polygons(layer, one, 0.99) == 1.0
 
 
 PROBE = """
