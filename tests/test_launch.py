@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from rasterscale.runtime.launch import rank_environments, starts_local_ranks
 from rasterscale.runtime.lifetime import RANK_LAUNCHER
@@ -141,16 +140,25 @@ def test_the_ranks_are_forked_with_what_rank_zero_imported_and_import_nothing_ag
     assert all(rank["cpu_s"] < 0.2 for rank in ranks[1:]), ranks
 
 
-@pytest.mark.parametrize("entry", ["predict.py", "train.py", "check_environment.py"])
-def test_an_entry_imports_what_its_ranks_run_before_it_starts_them(entry):
-    """What an entry runs before start_local_ranks (its module's imports) imports torch and the engine, so that the
-    ranks it forks import nothing again."""
+ENTRIES = {  # each entry and the module of what its ranks run
+    "predict.py": "rasterscale.predict.engine",
+    "train.py": "rasterscale.train.engine",
+    "check_environment.py": "rasterscale.tools.envcheck",
+}
+
+
+def test_each_entry_imports_what_its_ranks_run_before_it_starts_them():
+    """What an entry runs before start_local_ranks (its module's imports) imports torch, Lightning and its engine,
+    so that the ranks it forks import nothing again. (The entries loaded one after the other in one process: torch
+    once.)"""
     code = (
-        "import importlib.util, sys; "
-        f"spec = importlib.util.spec_from_file_location('entry', {str(SCRIPTS / entry)!r}); "
-        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
-        "assert hasattr(module, 'start_local_ranks'); print('torch' in sys.modules, 'lightning' in sys.modules)"
+        "import importlib.util, json, sys\n"
+        f"for entry, engine in {ENTRIES!r}.items():\n"
+        f"    spec = importlib.util.spec_from_file_location('entry', {str(SCRIPTS)!r} + '/' + entry)\n"
+        "    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "    assert hasattr(module, 'start_local_ranks'), entry\n"
+        "    print(json.dumps([entry, engine in sys.modules, 'torch' in sys.modules, 'lightning' in sys.modules]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True True"
+    assert [json.loads(line) for line in out.splitlines()] == [[entry, True, True, True] for entry in ENTRIES]

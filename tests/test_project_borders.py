@@ -19,7 +19,7 @@ from discs import disc_scene
 from project_borders import f1_in, inner_borders, max_iou_across_scenes
 from workflow import run_dir, run_paths, run_workflow
 
-TRAIN = {"scenes": ["train"], "devices": 2, "batch_size": 8, "lr": 0.002, "epochs": 100, "max_steps": 80}
+TRAIN = {"scenes": ["train"], "devices": 2, "batch_size": 4, "lr": 0.002, "epochs": 100, "max_steps": 80}
 TRAIN |= {"warmup_steps": 5, "validation_fraction": 0, "workers": 0}
 MODEL = {"name": "discs", "backbone": "resnet18", "fpn_channels": 64, "score_threshold": 0.4}
 
