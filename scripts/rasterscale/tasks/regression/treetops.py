@@ -43,16 +43,13 @@ import rasterio
 from affine import Affine
 from rasterio.transform import xy
 from rasterio.windows import Window
-from scipy import ndimage
-from scipy.optimize import linear_sum_assignment
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
 
 from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.errors import InputError
 from rasterscale.raster.remote import open_raster, shown
 
+# scipy is imported in the functions that use it: every parse of the workflow imports this module (through the
+# task registry), and only tree tops need scipy (0.3 s of each parse and job start)
 LOGGER = logging.getLogger(__name__)
 
 LAYER = "tree_tops"
@@ -137,6 +134,8 @@ def window_maxima(heights: np.ndarray, pixel_size: float, rule: TreeTopRule) -> 
     """The mask of pixels at least ``rule.min_height`` high that no pixel of their own window exceeds (ties
     included: plateaus are resolved by :func:`plateau_tops`). ``heights`` as from :func:`prepared_heights`;
     pixels beyond the array's edge do not exist."""
+    from scipy import ndimage
+
     eligible = heights >= rule.min_height
     if not eligible.any():
         return eligible
@@ -181,6 +180,8 @@ def plateau_tops(candidates: np.ndarray, row0: int = 0, col0: int = 0) -> tuple[
     by row then column, measured in raster pixel coordinates (the array's pixel (0, 0) is the raster's (row0,
     col0)) so that the choice depends on the group alone, not on where the array was cut. Touching candidates are
     each in the other's window, hence tied: a group is a plateau."""
+    from scipy import ndimage
+
     labels, count = ndimage.label(candidates, structure=EIGHT_CONNECTED)
     rows, cols = np.nonzero(labels)
     if count == 0:
@@ -265,6 +266,8 @@ def _block_tops(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A block's tops (raster rows, cols, heights): found on the core with its halo, kept in the core. The halo
     grows while a plateau holding a core pixel reaches pixels whose maxima the cut may have changed."""
+    from scipy import ndimage
+
     shape, reach = (src.height, src.width), rule.max_radius_px(pixel_size)
     while True:
         window = core.haloed(reach + margin, shape)
@@ -363,6 +366,10 @@ def match_points(predicted: np.ndarray, truth: np.ndarray, max_distance: float) 
     least total distance (an optimal assignment). Candidate pairs come from KD-trees; the assignment is solved per
     connected group of candidates (a handful of points each), so it scales to 100k points. Returns the matched
     (predicted, true) indexes."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
     if len(predicted) == 0 or len(truth) == 0:
         return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
     pairs = cKDTree(predicted).sparse_distance_matrix(cKDTree(truth), max_distance, output_type="ndarray")
@@ -386,6 +393,8 @@ def match_points(predicted: np.ndarray, truth: np.ndarray, max_distance: float) 
 def _assign(p: np.ndarray, t: np.ndarray, d: np.ndarray, max_distance: float) -> tuple[np.ndarray, np.ndarray]:
     """The optimal assignment within one group of candidate pairs: as many pairs as possible, then the least total
     distance (a candidate pair costs its distance less a bonus larger than any group's total distance)."""
+    from scipy.optimize import linear_sum_assignment
+
     rows, p_index = np.unique(p, return_inverse=True)
     cols, t_index = np.unique(t, return_inverse=True)
     bonus = max_distance * (min(rows.size, cols.size) + 1) + 1.0
