@@ -20,6 +20,7 @@ from rasterscale.grid.project import is_seam
 
 RESULTS = "results"
 PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.storage)
+HEADER_CACHE = f"{PLAN_DIR}/headers.sqlite"  # the plan's raster headers (rasterscale.raster.header_cache)
 SHARED = ("models", "checks")  # results/ folders every run shares: no run may be named so
 
 BatchStep = Literal["tiled", "merged", "scored"]

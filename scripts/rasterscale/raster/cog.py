@@ -54,9 +54,10 @@ def convert_to_cog(
 def striped_sources(path: str | Path) -> list[str]:
     """The striped rasters a read of ``path`` decodes: ``path`` itself when striped, or, for a mosaic (a GDAL
     VRT, whose own 128 px blocks say nothing of its sources' layout), its striped source files."""
-    if not check_raster(path).is_tiled:
+    info = check_raster(path)
+    if not info.is_tiled:
         return [str(path)]
-    if not is_remote(path) and Path(path).suffix.lower() != ".vrt":
+    if info.driver != "VRT":  # from the header: a remote GeoTIFF is not fetched again to list its files
         return []
     with open_raster(path) as src:
         sources = [name for name in src.files if not _same_file(name, path)]

@@ -17,6 +17,10 @@ GDAL's own: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`
 ``~/.aws/credentials`` and ``~/.aws/config``, an instance's role; ``AWS_S3_ENDPOINT``, ``AWS_HTTPS``,
 ``AWS_VIRTUAL_HOSTING`` for other S3 servers, ``AWS_NO_SIGN_REQUEST=YES`` for public buckets. Nothing here reads
 or logs them, and what a message shows of a URL is redacted (:func:`shown`).
+
+What tells one version of a remote raster from another (its ETag or Last-Modified, and size: the plan's header
+cache keys remote headers by it) comes from the answer to the request GDAL makes for the file's size at every open
+(:func:`remote_version`), so it costs no request of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import rasterio
 from rasterio.session import DummySession
 
 from rasterscale.errors import InputError, redact
+from rasterscale.raster.vsi import http_headers
 
 SCHEMES = {"s3://": "/vsis3/", "https://": "/vsicurl/https://", "http://": "/vsicurl/http://"}
 VIRTUAL = "/vsi"  # any GDAL virtual file system path: no file on the local disk
@@ -112,6 +117,26 @@ def open_raster(path: str | Path) -> rasterio.io.DatasetReader:
     configure_network()
     with rasterio.Env(session=DummySession(), **open_settings()):
         return rasterio.open(gdal_path(path))
+
+
+def remote_version(path: str | Path) -> str | None:
+    """What tells one version of a remote raster from another without reading it: its ETag (else its
+    Last-Modified) and its size, from the response GDAL gets for the file's size (:func:`http_headers`). GDAL makes
+    that request at every open anyway and keeps its answer, so an open after this one makes no other. None when the
+    server gives no validator or no size, or the path is on no network file system."""
+    configure_network()
+    with rasterio.Env(session=DummySession(), **open_settings()):
+        headers = http_headers(gdal_path(path))
+    if not headers:
+        return None
+    validator = headers.get("etag") or headers.get("last-modified")
+    if "content-range" in headers:  # the answer to a range request (bytes 0-16383/197016): the file's size last
+        size = headers["content-range"].rpartition("/")[2]
+    else:
+        size = headers.get("content-length", "")
+    if not validator or not size.isdigit():
+        return None
+    return f"{validator} {size}"
 
 
 def remote_open_error(path: str | Path, err: BaseException) -> InputError:

@@ -25,6 +25,7 @@ from rasterscale.jobs import paths
 from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import differs_wildly
 from rasterscale.raster.cog import striped_sources
+from rasterscale.raster.header_cache import plan_headers
 from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
@@ -37,10 +38,18 @@ STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, 
 WORKFLOW_FOLDERS = ("results", "results/models", "logs", "benchmarks", ".snakemake")
 
 
-def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[[str], None] | None = None) -> Plan:
+def build_plan(
+    raw: Mapping[str, Any],
+    workdir: str | Path = ".",
+    warn: Callable[[str], None] | None = None,
+    cache_headers: bool = False,
+) -> Plan:
     """Validate the raw config, check every scene's existing inputs (so also on ``snakemake -n``) and return the
     plan. ``warn`` gets each notice as soon as the config is validated (so before a later error) and each striped
-    scene's warning. Raises ConfigError or InputError; an error of a scene from a scene table names its line."""
+    scene's warning. Raises ConfigError or InputError; an error of a scene from a scene table names its line.
+
+    The scenes' headers are read ahead of their checks by a thread pool; with ``cache_headers`` (the main
+    process's plan), through the header cache of ``workdir`` (:mod:`rasterscale.raster.header_cache`)."""
     origins: dict[str, str] = {}
     notices: list[str] = []
     default_bands: set[str] = set()
@@ -71,12 +80,14 @@ def build_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable
     untiled = {}
     footprints = {}
     predicted = set(plan.predict_scenes)
-    for name, scene in settings.scenes.items():
-        striped, raster = _check_scene(plan, name, scene, default_bands, say)
-        if striped:
-            untiled[name] = tuple(striped)
-        if raster is not None and name in predicted:
-            footprints[name] = footprint_of(raster)
+    cache = Path(workdir) / paths.HEADER_CACHE if cache_headers else None
+    with plan_headers((scene.path for scene in settings.scenes.values()), cache, say):
+        for name, scene in settings.scenes.items():
+            striped, raster = _check_scene(plan, name, scene, default_bands, say)
+            if striped:
+                untiled[name] = tuple(striped)
+            if raster is not None and name in predicted:
+                footprints[name] = footprint_of(raster)
     inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(settings)}
     plan = plan.with_(untiled=untiled, inputs=inputs, footprints=footprints)
     if plan.has_project():

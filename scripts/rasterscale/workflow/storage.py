@@ -2,7 +2,9 @@
 (:func:`store_plan`), the fingerprint a hash of the raw config; with it the files its checks read, by size and
 mtime. The main Snakemake process builds and stores it every invocation; a job's re-parse (cluster or subprocess)
 loads it (:func:`load_plan`) instead of reading every header again, and builds it itself when none is stored for
-its config or an input changed since (:func:`workflow_plan`).
+its config or an input changed since (:func:`workflow_plan`). The main process's plan reads the scenes' headers
+through the header cache (``.snakemake/rasterscale/headers.sqlite``, :mod:`rasterscale.raster.header_cache`), so
+its next invocation reads only those of rasters that changed; a job's does not use it.
 """
 
 from __future__ import annotations
@@ -73,15 +75,16 @@ def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
 def workflow_plan(
     raw: Mapping[str, Any], main_process: bool, workdir: str | Path = ".", warn: Callable[[str], None] | None = None
 ) -> Plan:
-    """The plan of this parse: the main process builds it with every check and stores it; a job's re-parse loads
-    the stored one, and builds it (without storing) when none is stored for its config or it is stale."""
+    """The plan of this parse: the main process builds it with every check (its headers through the header cache
+    of ``workdir``) and stores it; a job's re-parse loads the stored one, and builds it (without storing, nor using
+    the header cache) when none is stored for its config or it is stale."""
     key = fingerprint(raw)
     if not main_process:
         stored = load_plan(key, workdir)
         if stored is not None:
             return stored
-        return build_plan(raw, workdir, warn)
-    plan = build_plan(raw, workdir, warn)
+        return build_plan(raw, workdir, warn)  # no header cache: a job neither reads nor writes it
+    plan = build_plan(raw, workdir, warn, cache_headers=True)
     store_plan(plan, key, workdir)
     return plan
 
