@@ -1,5 +1,6 @@
 """make bench-gpu: GPU acceptance in one command (not part of the tests). Writes results/bench-gpu.json and
-results/bench-gpu.txt, and prints the table.
+results/bench-gpu.txt, prints the table, and on GPUs records their entry of results/throughput.json (the prediction
+and training jobs' rates per GPU, for the dry run's cost estimate).
 
 On every visible GPU (one rank each): a short training and a prediction with the real jobs at ``auto`` and at
 ``32-true``, the prediction job's tiles/s against the model's pure forward at DeepForest's scale, torch.compile
@@ -27,7 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_measures import SECTIONS, attempt, make_bench, nvml_devices, ok, run_sections  # noqa: E402
+from rasterscale.jobs.paths import throughput_file  # noqa: E402
+from rasterscale.workflow.throughput import record  # noqa: E402
 from suite import machine  # noqa: E402
+from throughput import gpu_entry  # noqa: E402
 
 Row = tuple[str, str, str, str]  # section, figure, value, how
 
@@ -291,6 +295,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "results/bench-gpu.json"))
     parser.add_argument("--cpu", action="store_true", help="the short CPU run, also where CUDA is available")
     parser.add_argument("--workdir", help="scratch folder (default: a temporary one, removed afterwards)")
+    parser.add_argument(
+        "--throughput",
+        default=str(REPO / throughput_file()),
+        help="the file the GPU's throughput entry goes to (a GPU run's only; '' for none)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="rasterscale-bench-gpu-", dir=args.workdir) as workdir:
@@ -298,6 +307,9 @@ def main() -> None:
     write_result(result, out)
     print(format_table(result))
     print(f"-> {out}, {out.with_suffix('.txt')}")
+    entry = gpu_entry(result)
+    if args.throughput and entry is not None:  # a CPU run's tiny sizes are no throughput figure
+        print(f"-> {record(entry, args.throughput)} (this GPU's throughput)")
 
 
 if __name__ == "__main__":

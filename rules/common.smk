@@ -14,7 +14,7 @@
 #   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
 #   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
 #   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
-#   scene_input, pattern, fail, warn   input functions, wildcard constraints, the one-line exit
+#   scene_input, pattern, fail, warn, note   input functions, wildcard constraints, the one-line exit, notices
 #   DEMO        the demo section (typed): its folder and scenes
 import importlib.util
 import os
@@ -33,6 +33,10 @@ def fail(message):
 
 def warn(message):
     sys.stderr.write(f"rasterscale: warning: {message}\n")
+
+
+def note(message):
+    sys.stderr.write(f"rasterscale: {message}\n")
 
 
 # This workflow's own files, from the folder of the file being parsed (rules/, workflow.current_basedir), never
@@ -64,6 +68,7 @@ from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.jobs import paths  # noqa: E402
 from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow.estimate import print_estimate  # noqa: E402
 from rasterscale.workflow.storage import workflow_plan  # noqa: E402
 from rasterscale.workflow import resources as job_memory  # noqa: E402
 
@@ -73,9 +78,11 @@ except (ConfigError, InputError) as err:
     fail(err)
 
 # The jobs' files, written by the main process only (a job's re-parse reads its own), each only when its content
-# changed: a job reruns when what it uses changed, and only then.
+# changed: a job reruns when what it uses changed, and only then. Then the plan's cost estimate, one line a section,
+# from the bench results in results/throughput.json here or in this checkout (rasterscale.workflow.estimate).
 if workflow.is_main_process:
     jobfiles.write_job_files(PLAN)
+    print_estimate(PLAN, note, SCRIPTS.parent if SCRIPTS is not None else None)
 
 # Every rank ends when this snakemake process is gone (rasterscale.runtime.lifetime): the rule's shell outlives a
 # killed snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from geopandas.io.arrow import _geopandas_to_arrow
 from rasterio.crs import CRS
 
 from rasterscale.atomic import atomic_path
-from rasterscale.grid.project import tile_region
+from rasterscale.grid.project import Footprint, Seam, tile_region, tile_regions
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.raster.headers import DEFAULT_BANDS, raster_info
@@ -47,6 +48,11 @@ def tile_offsets(length: int, patch_size: int, overlap: int) -> list[int]:
     offsets = [i * stride for i in range(count - 1)]
     offsets.append(length - patch_size)
     return offsets
+
+
+def tile_count(width: int, height: int, patch_size: int, overlap: int) -> int:
+    """The tiles :func:`tile_grid` lays over a raster of this size: its manifest's count when no tile is masked."""
+    return len(tile_offsets(width, patch_size, overlap)) * len(tile_offsets(height, patch_size, overlap))
 
 
 def tile_grid(width: int, height: int, patch_size: int, overlap: int) -> np.ndarray:
@@ -104,6 +110,61 @@ def tiles_meeting(grid: np.ndarray, transform: Affine, region: shapely.Geometry)
     col_off, row_off, width, height = (grid[:, k] for k in range(4))
     boxes = np.stack([col_off, row_off, col_off + width, row_off + height], axis=1)
     return np.asarray(shapely.intersects(pixel_boxes_to_polygons(boxes, transform), region), dtype=bool)
+
+
+def seam_tile_counts(
+    seams: Sequence[Seam], footprints: Mapping[str, Footprint], patch_size: int, overlap: int
+) -> list[int]:
+    """At most the tiles of each seam's manifest (:func:`build_manifest` of its mosaic with its core, no tile masked),
+    from its scenes' footprints, all seams at once: the tiles of the mosaic's grid whose footprint meets the bounding
+    box of the seam's tile region (touching counts, as for shapely's ``intersects``). That is its count where the
+    region is a rectangle (scenes that abut), and an upper bound otherwise. The mosaic is
+    :func:`rasterscale.raster.mosaic.mosaic_xml`'s (the union of the two scenes' bounds at the first one's pixel size,
+    north-up), its tiles' corners computed as :func:`rasterscale.raster.geo.pixel_boxes_to_polygons` computes them."""
+    if not seams:
+        return []
+    pixel = np.array([footprints[seam.a].pixel for seam in seams])
+    first = np.array([footprints[seam.a].bounds for seam in seams])
+    second = np.array([footprints[seam.b].bounds for seam in seams])
+    lows, highs = np.minimum(first, second), np.maximum(first, second)
+    left, bottom, right, top = lows[:, 0], lows[:, 1], highs[:, 2], highs[:, 3]
+    widths = np.rint((right - left) / pixel[:, 0]).astype(np.int64)
+    heights = np.rint((top - bottom) / pixel[:, 1]).astype(np.int64)
+    region = region_bounds([seam.core for seam in seams], overlap * pixel.max(axis=1))
+    counts = np.zeros(len(seams), dtype=np.int64)
+    for width, height in set(zip(widths.tolist(), heights.tolist(), strict=True)):
+        k = np.flatnonzero((widths == width) & (heights == height))
+        cols = axis_tiles(width, patch_size, overlap, pixel[k, 0], left[k], region[k, 0], region[k, 2])
+        rows = axis_tiles(height, patch_size, overlap, -pixel[k, 1], top[k], region[k, 1], region[k, 3])
+        counts[k] = cols * rows
+    return counts.tolist()
+
+
+def axis_tiles(
+    length: int, patch_size: int, overlap: int, scale: np.ndarray, origin: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> np.ndarray:
+    """Along one axis of rasters ``length`` px long, for each raster (its pixel ``scale`` and ``origin`` in CRS units),
+    how many of :func:`tile_offsets`' tiles reach into [``low``, ``high``]."""
+    offsets = np.asarray(tile_offsets(length, patch_size, overlap), dtype=np.float64)
+    starts = scale[:, None] * offsets + origin[:, None]
+    ends = scale[:, None] * (offsets + min(patch_size, length)) + origin[:, None]
+    reach = (np.maximum(starts, ends) >= low[:, None]) & (np.minimum(starts, ends) <= high[:, None])
+    return np.count_nonzero(reach, axis=1)
+
+
+def region_bounds(cores: Sequence[str], margins: np.ndarray) -> np.ndarray:
+    """The bounds of :func:`rasterscale.grid.project.tile_regions`. A rectilinear core's (every edge along an axis, as
+    the cores of scenes' axis-aligned footprints are) are its own widened by the margin, which its mitred buffer's
+    are exactly; only the others are buffered."""
+    geometries = shapely.from_wkt(np.asarray(cores, dtype=object))
+    widened = shapely.bounds(geometries) + margins[:, None] * np.array([-1.0, -1.0, 1.0, 1.0])
+    coordinates, index = shapely.get_coordinates(geometries, return_index=True)
+    step = np.diff(coordinates, axis=0)
+    slanted = (index[1:] == index[:-1]) & (step[:, 0] != 0) & (step[:, 1] != 0)  # (or from one ring to the next)
+    others = np.unique(index[1:][slanted])
+    if len(others):
+        widened[others] = shapely.bounds(tile_regions([cores[k] for k in others], margins[others]))
+    return widened
 
 
 def build_manifest(

@@ -48,6 +48,11 @@ class Footprint:
     def polygon(self) -> Polygon:
         return box(*self.bounds)
 
+    def raster_size(self) -> tuple[int, int]:
+        """The raster's width and height in pixels (its bounds over its pixel size)."""
+        xmin, ymin, xmax, ymax = self.bounds
+        return round((xmax - xmin) / self.pixel[0]), round((ymax - ymin) / self.pixel[1])
+
     def to_list(self) -> list[Any]:
         return [self.crs, list(self.bounds), list(self.pixel), self.count, self.dtype]
 
@@ -130,7 +135,12 @@ def find_seams(footprints: Mapping[str, Footprint], margin_px: int) -> list[Seam
 
 def tile_region(core: str, margin: float) -> shapely.Geometry:
     """Where a seam's tiles go: its core (WKT) widened by ``margin`` (CRS units)."""
-    return shapely.from_wkt(core).buffer(margin, join_style="mitre")
+    return tile_regions([core], np.array([margin]))[0]
+
+
+def tile_regions(cores: Sequence[str], margins: np.ndarray) -> np.ndarray:
+    """:func:`tile_region` of many seams at once (shapely's array functions): each core widened by its margin."""
+    return np.asarray(shapely.buffer(shapely.from_wkt(np.asarray(cores, dtype=object)), margins, join_style="mitre"))
 
 
 def _tolerance(footprints: Mapping[str, Footprint], names: Sequence[str]) -> float:

@@ -164,5 +164,11 @@ def environment_rank_file(rank: int) -> str:
     return f"{RESULTS}/checks/environment/rank-{rank}.json"
 
 
+def throughput_file() -> str:
+    """The last bench results of this machine or cluster, per kind of device (written by make bench and make
+    bench-gpu in the workflow's checkout; read by the dry run's cost estimate: rasterscale.workflow.throughput)."""
+    return f"{RESULTS}/throughput.json"
+
+
 def stored_plan(fingerprint: str) -> str:
     return f"{PLAN_DIR}/plan-{fingerprint}.json"
