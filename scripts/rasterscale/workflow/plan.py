@@ -89,6 +89,11 @@ class Plan:
     def predict_scenes(self) -> list[str]:
         return list(self.settings.predict.scenes)
 
+    @property
+    def trains(self) -> bool:
+        """Whether the run trains its model: it has training scenes and no model.file."""
+        return bool(self.train_scenes) and not self.settings.model.file
+
     def section(self, name: str) -> RunSettings:
         """A DDP section's settings by name ("train" or "predict")."""
         return self.settings.run(name)
@@ -327,7 +332,7 @@ class Plan:
         project's layers. The scoring jobs' evaluations come with the report's targets
         (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
         targets: list[str] = []
-        if self.train_scenes and not self.settings.model.file:
+        if self.trains:
             targets += list(self.trained_model_outputs(str(self.settings.model.name)).values())
         numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
         for step in ("tiled", "merged"):

@@ -53,7 +53,7 @@ def report_targets(plan: Plan) -> list[str]:
 def model_file(plan: Plan) -> str:
     """The model file the run predicts with (trained by it, or model.file); "" when it trains none and
     predicts nothing."""
-    if plan.predict_scenes or (plan.train_scenes and not plan.settings.model.file):
+    if plan.predict_scenes or plan.trains:
         return plan.prediction_model()
     return ""
 
