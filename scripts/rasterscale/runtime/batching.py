@@ -36,6 +36,11 @@ def per_device_batch(batch_size: int, world_size: int) -> int:
     return math.ceil(batch_size / world_size)
 
 
+def effective_batch(batch_size: int, world_size: int) -> int:
+    """Images one optimizer step sees across all ranks: the per-device batch on every rank."""
+    return per_device_batch(batch_size, world_size) * world_size
+
+
 def scaled_lr(base_lr: float, effective_batch: int, reference_batch: int, scaling: str) -> float:
     if scaling == "none":
         return base_lr
@@ -45,12 +50,11 @@ def scaled_lr(base_lr: float, effective_batch: int, reference_batch: int, scalin
 
 
 def plan_batches(batch_size: int, world_size: int, base_lr: float, reference_batch: int, scaling: str) -> BatchPlan:
-    per_device = per_device_batch(batch_size, world_size)
-    effective = per_device * world_size
+    effective = effective_batch(batch_size, world_size)
     return BatchPlan(
         world_size=world_size,
         requested_batch=batch_size,
-        per_device_batch=per_device,
+        per_device_batch=per_device_batch(batch_size, world_size),
         effective_batch=effective,
         base_lr=base_lr,
         reference_batch=reference_batch,

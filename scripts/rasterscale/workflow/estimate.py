@@ -30,7 +30,7 @@ import numpy as np
 
 from rasterscale.grid.manifest import seam_tile_counts, tile_count
 from rasterscale.jobs import paths
-from rasterscale.runtime.batching import per_device_batch
+from rasterscale.runtime import batching
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.throughput import CPU, GPU, Throughput, first_throughputs, predicting, training
 
@@ -122,15 +122,9 @@ def predict_line(plan: Plan, work: Work, entries: Mapping[str, Throughput]) -> s
     return f"{PREFIX}predict: {members}, {tiles}: {alternatives}"
 
 
-def trains(plan: Plan) -> bool:
-    """Whether the run trains its model (training scenes and no model file)."""
-    return bool(plan.train_scenes) and not plan.settings.model.file
-
-
 def effective_batch(plan: Plan) -> int:
     """Images one optimizer step sees across all ranks (:mod:`rasterscale.runtime.batching`)."""
-    world = plan.world_size("train")
-    return per_device_batch(plan.settings.train.batch_size, world) * world
+    return batching.effective_batch(plan.settings.train.batch_size, plan.world_size("train"))
 
 
 def train_images(plan: Plan) -> int | None:
@@ -233,11 +227,11 @@ def estimate_lines(plan: Plan, entries: Mapping[str, Throughput]) -> list[str]:
     work = prediction_work(plan) if plan.predict_scenes else None
     if work is not None:
         lines.append(predict_line(plan, work, entries))
-    if trains(plan):
+    if plan.trains:
         lines.append(train_line(plan, entries))
     if slurm and work is not None and plan.batches:
         lines.append(slurm_predict_line(plan, work, entries))
-    if slurm and trains(plan):
+    if slurm and plan.trains:
         lines.append(slurm_train_line(plan, entries))
     return lines
 
