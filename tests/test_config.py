@@ -6,6 +6,7 @@ import sys
 import pytest
 import yaml
 
+import snakemake_forks
 from conftest import REPO, schema_keys
 from rasterscale.config.schema import load_config, load_schema, validate_config
 from rasterscale.errors import ConfigError
@@ -70,23 +71,8 @@ def test_shipped_configs_are_valid(path):
 def snakemake_dry_run(tmp_path, config: dict):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-n",
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "--configfile",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(REPO / "Snakefile")]
+    return snakemake_forks.run([*command, "--directory", str(tmp_path), "--configfile", str(path)], timeout=120)
 
 
 def test_dry_run_fails_with_one_line_on_a_config_typo(tmp_path):
@@ -131,7 +117,7 @@ def test_a_configfile_replaces_the_demo_config(tmp_path):
     mine = tmp_path / "my.yaml"
     mine.write_text(yaml.safe_dump(tiny_config(predict={"scenes": "all"})))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-    result = subprocess.run([*command, "-n", "--configfile", str(mine)], capture_output=True, text=True, timeout=300)
+    result = snakemake_forks.run([*command, "-n", "--configfile", str(mine)], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     planned = set(re.findall(r"results/(\w+)/(\w+)/detections\.parquet", result.stdout)) - {("tiny", "project")}
     assert planned == {("tiny", "tiny_train"), ("tiny", "tiny_test")}, planned  # under the config's run: tiny

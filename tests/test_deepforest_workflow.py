@@ -7,6 +7,7 @@ import subprocess
 import geopandas as gpd
 import pytest
 
+import snakemake_forks
 from deepforest_files import torchvision_retinanet, write_folder
 from rasterscale.tasks.detection.modelfiles import read_header
 from workflow import run_dir, run_paths, run_workflow, tiny_config, workflow_command
@@ -75,6 +76,6 @@ def test_a_bad_model_file_or_contradicting_labels_stop_the_dry_run_in_one_line(t
     }
     for model, (keys, message) in cases.items():
         config["model"] = model_section(file=model, **keys)
-        result = subprocess.run(workflow_command(tmp_path / "run", config, "-n"), capture_output=True, text=True)
+        result = snakemake_forks.run(workflow_command(tmp_path / "run", config, "-n"))
         assert result.returncode != 0
         assert message in result.stderr and "Traceback" not in result.stderr

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import snakemake_forks
 from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import tile_offsets
@@ -155,7 +156,7 @@ def module_snakefile(snakefile: str) -> str:
 def run_module(folder: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """snakemake in ``folder`` (its Snakefile and config.yaml), as a user of the module runs it."""
     command = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=600, env=env)
+    result = snakemake_forks.run(command, cwd=folder, timeout=600, env=env)
     if check and result.returncode != 0:
         logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("logs/**/*.log")))
         raise AssertionError(f"module run failed ({result.returncode}):\n{result.stderr[-4000:]}\n{logs}")

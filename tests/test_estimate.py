@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from affine import Affine
 
+import snakemake_forks
 from conftest import REPO, write_raster
 from rasterscale.grid.manifest import build_manifest, tile_grid
 from rasterscale.jobs.paths import throughput_file
@@ -249,7 +250,7 @@ def test_the_benches_record_their_entries_and_keep_the_others(tmp_path):
 
 def test_a_dry_run_prints_each_line_once(tmp_path):
     config = project(tmp_path)
-    result = subprocess.run(workflow_command(tmp_path, config, "-n"), capture_output=True, text=True, timeout=300)
+    result = snakemake_forks.run(workflow_command(tmp_path, config, "-n"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale: plan: ")]
     assert [line.split(":")[2] for line in lines] == [" predict", " train"], result.stderr[-3000:]

@@ -18,6 +18,7 @@ import yaml
 from rasterio.windows import Window
 from scipy import ndimage
 
+import snakemake_forks
 from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
 from rasterscale.tasks.exported.card import ModelCard, card_path
@@ -385,7 +386,7 @@ def test_a_bad_exported_file_stops_snakemake_n_in_one_line(data, tmp_path):
 
     path = truncated(data / FILES["onnx"], tmp_path / "cut.onnx")
     config = predict_config(data, path, 1, card=card())
-    result = subprocess.run(workflow_command(tmp_path / "run", config, "-n"), capture_output=True, text=True)
+    result = snakemake_forks.run(workflow_command(tmp_path / "run", config, "-n"))
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
     assert len(lines) == 1 and lines[0].startswith(f"rasterscale: {path}: not a readable ONNX model ("), result.stderr

@@ -31,6 +31,7 @@ import pytest
 import rasterio
 import torch
 
+import snakemake_forks
 from conftest import REPO, report, write_raster
 from rasterscale.jobs.paths import RunPaths
 from workflow import workflow_command
@@ -291,9 +292,7 @@ def faults(reference, tmp_path_factory):
     found = {"snakemake": kill_mid_prediction(workdir, "snakemake")}
     found["locks"] = sorted(p.name for p in (workdir / ".snakemake/locks").iterdir())
     found["incomplete"] = len(list((workdir / ".snakemake/incomplete").iterdir()))
-    unlock = subprocess.run(
-        workflow_command(workdir, scene_config(), "--unlock"), capture_output=True, text=True, timeout=120
-    )
+    unlock = snakemake_forks.run(workflow_command(workdir, scene_config(), "--unlock"), timeout=120)
     assert unlock.returncode == 0, unlock.stderr
     found["rank0"] = kill_mid_prediction(workdir, "rank0", "--rerun-incomplete")
     found["rank1"] = kill_mid_prediction(workdir, "rank1")

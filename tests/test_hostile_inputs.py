@@ -20,6 +20,7 @@ import pytest
 import rasterio
 import shapely
 
+import snakemake_forks
 from conftest import REPO, damage_block, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import settings_of
@@ -130,7 +131,7 @@ def config_of(data: Path, task: str = "detection", **sections: dict) -> dict:
 
 
 def dry_run(workdir: Path, config: dict, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, *workflow_command(workdir, config, "-n")], capture_output=True, text=True)
+    return snakemake_forks.run([*prefix, *workflow_command(workdir, config, "-n")])
 
 
 def the_one_line(result: subprocess.CompletedProcess) -> str:
@@ -343,7 +344,7 @@ def test_a_block_that_will_not_decode_fails_the_rank_in_one_line_naming_the_tile
         predict={"scenes": ["damaged"], "workers": 1, "batch_size": 2},
     )
     workdir = tmp_path / "my run"
-    result = subprocess.run(workflow_command(workdir, config, "--cores", "2"), capture_output=True, text=True)
+    result = snakemake_forks.run(workflow_command(workdir, config, "--cores", "2"))
     assert result.returncode != 0 and "Error in rule predict" in result.stderr, result.stderr
     job_log = (workdir / "logs/predict/batch-0/shard-0.log").read_text()
     lines = [line for line in job_log.splitlines() if line.startswith("rasterscale:")]
@@ -377,7 +378,7 @@ def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(d
     )
     workdir = tmp_path / "run"
     target = "results/my_model/odm/tiles.parquet"  # the run of model.file "my model.pt" (no model.name): my_model
-    result = subprocess.run(workflow_command(workdir, config, "--cores", "1", target), capture_output=True, text=True)
+    result = snakemake_forks.run(workflow_command(workdir, config, "--cores", "1", target))
     assert result.returncode != 0 and "Error in rule tile_manifests_batch_0" in result.stderr, result.stderr
     log = (workdir / "logs/tile_manifest/batch-0.log").read_text()
     lines = [line for line in log.splitlines() if line.startswith("rasterscale:")]

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import rasterio
 
+import snakemake_forks
 from conftest import write_raster, write_rgba
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.raster.bands import scaled_input
@@ -144,7 +145,7 @@ def test_csv_rows_of_other_images_are_counted_in_the_log_and_voc_scores(user_run
 
 def dry_run_error(tmp_path, scene):
     config = {"scenes": {"ortho": scene}}  # every scene is checked at load, used or not
-    result = subprocess.run(workflow_command(tmp_path, config, "-n"), capture_output=True, text=True)
+    result = snakemake_forks.run(workflow_command(tmp_path, config, "-n"))
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
     assert len(lines) == 1, result.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from affine import Affine
 
+import snakemake_forks
 from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import Settings, SlurmSettings, carried, section_of
@@ -588,7 +589,7 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
     from workflow import workflow_command
 
     config = table_config(workdir)
-    main = subprocess.run(workflow_command(workdir, config, "-n", "--quiet"), capture_output=True, text=True)
+    main = snakemake_forks.run(workflow_command(workdir, config, "-n", "--quiet"))
     assert main.returncode == 0, main.stderr[-3000:]
     assert len(list((workdir / ".snakemake/rasterscale").glob("plan-*.json"))) == 1
     # b.tif's header damaged behind the plan's back: same size, same mtime; reading it would stop the parse
@@ -596,11 +597,11 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
     Path("b.tif").write_bytes(b"\0" * stat.st_size)
     os.utime("b.tif", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     job = ["--mode", "remote", "--target-jobs", "predict:batch=0,shard=0", "--cores", "1", "-n", "--quiet"]
-    loaded = subprocess.run(workflow_command(workdir, config, *job), capture_output=True, text=True)
+    loaded = snakemake_forks.run(workflow_command(workdir, config, *job))
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     for stored in (workdir / ".snakemake/rasterscale").glob("plan-*.json"):
         stored.unlink()
-    built = subprocess.run(workflow_command(workdir, config, *job), capture_output=True, text=True)
+    built = snakemake_forks.run(workflow_command(workdir, config, *job))
     assert built.returncode == 1 and "rasterscale: b.tif: " in built.stderr  # none stored: the job read it
 
 

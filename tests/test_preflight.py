@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import snakemake_forks
 from conftest import REPO
 from rasterscale.runtime.preflight import (
     Geometry,
@@ -247,7 +248,7 @@ SLURM_2X4 = REPO / "tests/configs/slurm_2x4.yaml"
 def snakemake(tmp_path, *args: str, config=SLURM_2X4, env=None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
     command += ["--directory", str(tmp_path), "--configfile", str(config), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    return snakemake_forks.run(command, timeout=300, check=False, env=env)
 
 
 def plan_line(line: str) -> bool:

@@ -27,6 +27,7 @@ import pytest
 import rasterio
 from affine import Affine
 
+import snakemake_forks
 from conftest import report, write_raster
 from prediction import PredictScene
 from rasterscale.config.schema import validate_config
@@ -360,7 +361,7 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
     scenes, stac = all_scenes(site)
     site.reset()
     command = workflow_command(tmp_path, predict_config(site, scenes, stac=stac), "-n")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    result = snakemake_forks.run(command, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
     assert {k: jobs.get(k) for k in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == dict.fromkeys(
@@ -457,9 +458,7 @@ def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_re
     config["predict"]["scenes"] = ["web"]
     server.stop_when = lambda ranges: sum(not header.startswith("bytes=0-") for _, header in ranges) >= 2
     run, layer = tmp_path / "run", RUN.scene_file("web", "detections.parquet")
-    failed = subprocess.run(
-        workflow_command(run, config, "--cores", "2", layer), capture_output=True, text=True, timeout=600
-    )
+    failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2", layer), timeout=600)
     assert failed.returncode != 0
     assert server.stop_when is None  # it stopped
     served = sum(server.counter.bytes.values())

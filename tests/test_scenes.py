@@ -14,6 +14,7 @@ import pytest
 import rasterio
 from affine import Affine
 
+import snakemake_forks
 from conftest import write_raster, write_vrt
 from prediction import PREDICT_SECTIONS, PredictScene
 from rasterscale.config.schema import validate_config
@@ -183,7 +184,7 @@ def table_config(model: PredictScene, **predict) -> dict:
 
 def dry_run(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
     command = workflow_command(workdir, config, "-n", *args)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    return snakemake_forks.run(command, timeout=300, check=False)
 
 
 def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import snakemake_forks
 from conftest import REPO, report
 from rasterscale.atomic import write_json
 from rasterscale.config.schema import validate_config
@@ -178,7 +179,7 @@ def chain(tmp_path_factory) -> dict[str, Run]:
     workdir = tmp_path_factory.mktemp("train_faults")
     manifest = run_paths(tiny_config()).scene_manifest("tiny_train")
     command = workflow_command(workdir, tiny_config(), "--cores", "2", manifest)
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    snakemake_forks.run(command, check=True, timeout=300)
     reference = workdir.parent / "uninterrupted"
     shutil.copytree(workdir, reference)
     runs = {"uninterrupted": run_training(reference, "uninterrupted")}

@@ -17,6 +17,7 @@ import numpy as np
 import shapely
 import yaml
 
+import snakemake_forks
 from conftest import REPO
 from rasterscale.config.schema import default_model_name
 from rasterscale.jobs.paths import RunPaths
@@ -72,7 +73,7 @@ def workflow_command(workdir: Path, config: dict, *args: str) -> list[str]:
 def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run the workflow locally on 2 cores; a failure raises with the tails of every log."""
     command = workflow_command(workdir, config, "--cores", "2", *args)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    result = snakemake_forks.run(command, timeout=timeout)
     if result.returncode != 0:
         logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
         raise AssertionError(f"workflow failed ({result.returncode}):\n{result.stderr[-4000:]}\n{logs}")
@@ -81,9 +82,7 @@ def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) ->
 
 def jobs_planned(workdir: Path, config: dict, *targets: str) -> dict[str, int]:
     """The jobs a dry run of ``config`` in ``workdir`` plans (towards ``targets``, else rule all), by rule."""
-    result = subprocess.run(
-        workflow_command(workdir, config, "-n", *targets), capture_output=True, text=True, timeout=300
-    )
+    result = snakemake_forks.run(workflow_command(workdir, config, "-n", *targets), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     if "Nothing to be done" in result.stdout + result.stderr:
         return {}
