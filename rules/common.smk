@@ -12,6 +12,7 @@
 #   jobfiles    the plan's job files (rasterscale.workflow.jobfiles), written here before the DAG: every job reads
 #               its own and nothing else (no setting reaches a job as a flag or a param)
 #   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
+#   REQUESTED   the files the command line names (a batch rule declares those of its files)
 #   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
 #   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
 #   scene_input, pattern, fail, warn, note   input functions, wildcard constraints, the one-line exit, notices
@@ -91,6 +92,8 @@ os.environ[JOB_PARENT] = str(this_process())
 # The batches whose rules (tile_manifests_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
 # or in a job's re-parse those of its --allowed-rules (its parse does not grow with the project).
 RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
+# The files the command line may ask for: a batch's rule declares its record, its files gone since, and these
+REQUESTED = batches.requested_files(sys.argv)
 PATHS = PLAN.paths  # this run's outputs: results/{run}/
 DEMO = PLAN.settings.demo
 # the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's
@@ -169,12 +172,18 @@ def report_flag(path, caption, category, item, subcategory):
 
 def scored_outputs(batch):
     """A batch's scoring job's outputs: its record (written last) and its scenes' files, those the report shows
-    flagged under the scene's name."""
+    flagged under the scene's name; in a run of more than batches.REPORTED_SCENES predicted scenes only those gone
+    since the job ran and those the command line names, as PLAN.declared_files (the report then shows the run and the
+    project, not every scene)."""
+    record = PATHS.batch_record("scored", batch)
+    scored = reportfiles.scored_files(PLAN, batch)
+    if len(PLAN.settings.predict.scenes) > batches.REPORTED_SCENES:
+        gone = set(batches.missing_files(record, [f.path for f in scored]))
+        scored = [f for f in scored if f.path in gone or f.path in REQUESTED]
     files = [
-        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path
-        for f in reportfiles.scored_files(PLAN, batch)
+        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path for f in scored
     ]
-    return {"record": PATHS.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
+    return {"record": record, "files": files}  # the record first: rules/merge.smk
 
 
 def training_outputs(model):

@@ -5,6 +5,7 @@
 # shard folders: the rasters and manifests it reads are the prediction's inputs, upstream.
 # Its record comes first among its outputs: Snakemake finds the producer of a file by trying the rule's outputs in
 # order, and what reads the batch asks for the record (at 10,000 scenes, last it cost the DAG about 6 s).
+# It stands for the batch's layers: only those gone since the job ran are declared (PLAN.declared_files), and remade.
 for batch in RULE_BATCHES:
 
     rule:
@@ -15,7 +16,7 @@ for batch in RULE_BATCHES:
             shards=[PATHS.shard_dir(batch, shard) for shard in range(PLAN.shards)],
         output:
             record=PATHS.batch_record("merged", batch),
-            files=PLAN.batch_outputs(batch),
+            files=PLAN.declared_files("merged", batch, REQUESTED),
         log:
             f"logs/merge/batch-{batch}.log",
         benchmark:

@@ -22,7 +22,8 @@ rule tile_manifest:
         "{params.entry} --job {input.job:q} > {log:q} 2>&1"
 
 
-# A seam's manifest comes with the mosaic of its scenes' rasters it is cut from.
+# A seam's manifest comes with the mosaic of its scenes' rasters it is cut from. The job's record stands for its
+# manifests and mosaics (PLAN.declared_files: only those gone since it ran are declared, and remade).
 for batch in RULE_BATCHES:
 
     rule:
@@ -33,7 +34,7 @@ for batch in RULE_BATCHES:
             job=PATHS.job_file("tiles", batch),
         output:
             record=PATHS.batch_record("tiled", batch),
-            files=PLAN.batch_files("tiled", batch),
+            files=PLAN.declared_files("tiled", batch, REQUESTED),
         log:
             f"logs/tile_manifest/batch-{batch}.log",
         benchmark:

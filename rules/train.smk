@@ -5,7 +5,7 @@ rule train_model:
         unpack(lambda wildcards: PLAN.train_start_inputs()),
         rasters=PLAN.raster_inputs(*PLAN.train_scenes),
         annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
-        manifests=[PATHS.scene_manifest(name) for name in PLAN.train_scenes],
+        manifests=PLAN.manifest_inputs(PLAN.train_scenes),
         job=PATHS.job_file("train"),
     output:
         **training_outputs("{model}"),

@@ -11,7 +11,8 @@ is only what the imports made, in its pristine state: the helper runs nothing el
 
 Only ``[sys.executable, "-m", "snakemake", ...]`` commands in the worker's own environment (no ``env`` given) go
 through the helper (:func:`run`); any other command (another Python, an environment of the test's own, e.g. one
-where the package is not on the path, a process the test signals) is a plain subprocess. ``RASTERSCALE_TEST_FORKS=0`` turns the helper off.
+where the package is not on the path, a process the test signals) is a plain subprocess.
+``RASTERSCALE_TEST_FORKS=0`` turns the helper off.
 """
 
 from __future__ import annotations

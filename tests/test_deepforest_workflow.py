@@ -2,7 +2,6 @@
 fine-tune one (train.init, new labels) into a model that is written again as a DeepForest folder."""
 
 import json
-import subprocess
 
 import geopandas as gpd
 import pytest

@@ -382,7 +382,6 @@ def test_a_bad_exported_file_stops_the_plan_in_one_line(data, tmp_path, case):
 
 
 def test_a_bad_exported_file_stops_snakemake_n_in_one_line(data, tmp_path):
-    import subprocess
 
     path = truncated(data / FILES["onnx"], tmp_path / "cut.onnx")
     config = predict_config(data, path, 1, card=card())

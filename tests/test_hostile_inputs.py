@@ -426,7 +426,7 @@ def test_bands_and_normalization_that_cannot_work_stop_the_plan_in_one_line(data
         ),
         (
             {"scenes": {"test": rgbn}, "model": {"file": str(detector_file)}, "train": {"scenes": []}},
-            InputError,
+            ConfigError,
             f"{data / 'rgbn.tif'}: scenes.test.bands gives 4 band(s) but {detector_file} takes 3 [red, green, blue]; "
             "set scenes.test.bands to 3 bands",
         ),

@@ -3,7 +3,6 @@
 detector on, a 16-bit one with Pascal VOC boxes to predict and score; and the dry run's one-line errors."""
 
 import json
-import subprocess
 
 import geopandas as gpd
 import numpy as np

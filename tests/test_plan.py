@@ -100,6 +100,7 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
         *(f"results/detector/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
         "results/detector/project/detections.gpkg",
         "results/detector/project/detections.parquet",
+        "results/detector/project/summary.tif",
     ]
     assert set(plan.inputs) == {"a.tif", "a.csv", "b.tif", "c.tif"} and all(plan.inputs.values())
 

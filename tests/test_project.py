@@ -39,6 +39,7 @@ from rasterscale.workflow.batches import (
     form_batches,
     read_recorded,
     recorded_targets,
+    requested_files,
     rule_batches,
 )
 from rasterscale.workflow.checks import build_plan, footprint_of
@@ -843,3 +844,24 @@ def test_the_project_of_crowns_keeps_each_crown_once_by_polygon_iou_across_sourc
     np.testing.assert_allclose(merged["area_m2"], merged.geometry.area)
     counts = "4 crowns from 2 scenes and 1 seams (5 owned, 1 duplicates across sources)"
     assert line == f"{counts} -> {job['outputs']['parquet']}"
+
+
+def test_recorded_targets_look_only_in_folders_changed_since_the_record(tmp_path):
+    folder = tmp_path / "results" / "s1"
+    folder.mkdir(parents=True)
+    (folder / "a").touch()
+    record = tmp_path / "results" / "done.json"
+    record.touch()
+    later = folder.stat().st_mtime_ns + 10**9
+    os.utime(record, ns=(later, later))  # written a second after the folder last changed
+    files = {"results/done.json": ["results/s1/a", "results/s1/b"]}
+    # b was never written, and its folder is older than the record: not looked for (no stat)
+    assert recorded_targets(files, tmp_path) == ["results/done.json"]
+    (folder / "a").unlink()  # a deletion sets the folder's mtime: both files looked for again
+    os.utime(folder, ns=(later, later))  # even within the record's clock tick
+    assert recorded_targets(files, tmp_path) == ["results/done.json", "results/s1/a", "results/s1/b"]
+
+
+def test_requested_files_are_the_command_lines_words_as_paths_of_the_working_directory(tmp_path):
+    argv = ["snakemake", "--cores", "2", "results/m/a/detections.gpkg", str(tmp_path / "results/m/b/x.tif"), "all"]
+    assert requested_files(argv, tmp_path) == {"2", "results/m/a/detections.gpkg", "results/m/b/x.tif", "all"}

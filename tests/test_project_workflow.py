@@ -1,5 +1,6 @@
 """Projects through real `snakemake` runs: a survey of abutting scenes grows, shrinks and is reordered, and only
-what changed is predicted again (batches stay put: rasterscale/workflow/batches.py)."""
+what changed is predicted again (batches stay put: rasterscale/workflow/batches.py), its project layer partitioned
+(project.partition_scenes: 1): only the partitions the new scenes touch are written again."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import geopandas as gpd
 import numpy as np
 import pytest
+import rasterio
 from affine import Affine
 
 from conftest import report, write_raster
@@ -44,12 +46,14 @@ def project_config(model: PredictScene) -> dict:
         "scenes": "scenes.tsv",
         "model": {"backbone": "resnet18", "file": str(model.model_file), "score_threshold": 0.0},
         "tiling": {"patch_size": model.patch_size, "overlap": model.overlap},
-        "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 8, "scenes_per_job": 1000},
+        "predict": {"scenes": "all", "accelerator": "cpu", "workers": 0, "batch_size": 8, "scenes_per_job": 10},
+        "project": {"partition_scenes": 1},  # a partitioned layer: a GeoParquet file a batch (a row of the survey)
     }
 
 
 RUN = "results/model"  # the run of PredictScene's model.pt, given as model.file without model.name: the file's stem
-LAYER = f"{RUN}/project/detections.parquet"  # the target: the project's layer (the report's pages left out)
+LAYER = f"{RUN}/project/summary.tif"  # the target: the project's summary, over its partitions (no report pages)
+PARTITIONS = f"{RUN}/project/detections"  # the partitioned layer: batch-{b}.parquet
 
 
 def planned_jobs(workdir: Path, config: dict, target: str = LAYER) -> dict[str, int]:
@@ -84,15 +88,20 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", rows)  # 5 more, each abutting one of the last row: 5 scenes, 5 seams
     jobs = planned_jobs(root, config)
     assert jobs == {
-        "tile_manifests_batch_1": 1,
+        "tile_manifests_batch_2": 1,
         "predict": 1,
-        "merge_batch_1": 1,
-        "project_layers": 1,
+        "merge_batch_2": 1,
+        "project_partition": 2,  # the new batch's and the row beside it (its scenes' seams took their borders)
+        "project_summary": 1,
     }, jobs
+    partitions = {path.name: path.stat().st_mtime_ns for path in (root / PARTITIONS).glob("*.parquet")}
     run_workflow(root, config, LAYER)
     after = output_times(root)
     changed = sorted(path for path, mtime in before.items() if after[path] != mtime)
     assert changed == [], changed
+    rewritten = {path.name: path.stat().st_mtime_ns for path in (root / PARTITIONS).glob("*.parquet")}
+    assert rewritten["batch-0.parquet"] == partitions["batch-0.parquet"]  # the first row: untouched
+    assert rewritten["batch-1.parquet"] != partitions["batch-1.parquet"] and "batch-2.parquet" in rewritten
     added = sorted(set(after) - set(before))
     new_seams = {path.split("/")[1] for path in added if path.startswith("seams/")}
     assert {path.split("/")[0] for path in added if re.match(r"s\d+/", path)} == {
@@ -100,8 +109,14 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     }
     above = SURVEYED - COLUMNS  # the first scene of the last row of the survey
     assert new_seams == {f"s{above + k:03d}+s{SURVEYED + k:03d}" for k in range(ADDED)}
-    project = gpd.read_parquet(root / LAYER)
+    project = gpd.read_parquet(root / PARTITIONS)  # the folder: one layer
     assert set(project["scene"]) == {f"s{index:03d}" for index in range(SURVEYED + ADDED)}
+    owners = [set(gpd.read_parquet(path)["source"]) for path in sorted((root / PARTITIONS).glob("*.parquet"))]
+    assert sum(map(len, owners)) == len(set().union(*owners))  # each source's objects in one partition only
+    assert project.crs == "EPSG:32617"
+    with rasterio.open(root / LAYER) as summary:  # every object, per hectare
+        area = abs(summary.res[0] * summary.res[1]) / 10_000
+        assert summary.read(1).sum() * area == pytest.approx(len(project), rel=1e-4)
     report(
         f"project: {SURVEYED} scenes + {ADDED} added: {len(added)} new outputs, {len(before)} kept with their mtimes"
     )
@@ -110,13 +125,13 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", reordered)
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s003"])
-    assert planned_jobs(root, config) == {"project_layers": 1}
+    assert planned_jobs(root, config) == {"project_partition": 1, "project_summary": 1}  # s003's row only
 
     # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
     # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
     # reads that batch's record)
     (root / RUN / "s006/detections.gpkg").unlink()
-    assert planned_jobs(root, config) == {"project_layers": 1}
+    assert planned_jobs(root, config) == {"project_partition": 1, "project_summary": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
     assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything

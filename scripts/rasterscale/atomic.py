@@ -40,10 +40,10 @@ def save_figure(figure: Any, path: str | Path, **savefig: Any) -> None:
     plt.close(figure)
 
 
-def write_geoparquet(frame: Any, path: str | Path) -> None:
-    """Write a GeoDataFrame as GeoParquet, atomically."""
+def write_geoparquet(frame: Any, path: str | Path, **options: Any) -> None:
+    """Write a GeoDataFrame as GeoParquet, atomically (``options``: GeoDataFrame.to_parquet's)."""
     with atomic_path(path) as tmp:
-        frame.to_parquet(tmp, index=False)
+        frame.to_parquet(tmp, index=False, **options)
 
 
 def write_gpkg(frame: Any, path: str | Path, layer: str) -> None:

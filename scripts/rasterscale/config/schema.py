@@ -26,6 +26,7 @@ import yaml
 from rasterscale.config.scenes import expand_all, expand_scenes, sanitized_scene_name
 from rasterscale.config.stac import add_section_scenes, resolve_scene_items
 from rasterscale.errors import ConfigError
+from rasterscale.raster.item_header import ItemHeader
 from rasterscale.tasks.registry import TASKS
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
@@ -137,19 +138,22 @@ def validate_part(value: Any, schema: dict[str, Any], key: str) -> None:
 
 
 def expand_stac(
-    instance: dict[str, Any], schema: dict[str, Any], origins: dict[str, str]
+    instance: dict[str, Any],
+    schema: dict[str, Any],
+    origins: dict[str, str],
+    headers: dict[str, ItemHeader] | None = None,
 ) -> tuple[Any, dict[str, str]]:
     """The scenes with the STAC items' read: each scene's ``stac`` item gives its ``path``, and the ``stac``
-    section's items add a scene each; where each scene came from."""
+    section's items add a scene each; where each scene came from (``headers``: the items' trusted headers)."""
     scenes = instance["scenes"]
     if not isinstance(scenes, dict):
         return scenes, origins  # the schema says what is wrong
     origins = dict(origins)
-    resolve_scene_items(scenes, origins)
+    resolve_scene_items(scenes, origins, headers)
     if "stac" not in instance:
         return scenes, origins
     validate_part(instance["stac"], schema["properties"]["stac"], "stac")
-    return add_section_scenes(scenes, origins, instance["stac"])
+    return add_section_scenes(scenes, origins, instance["stac"], headers)
 
 
 def validate_config(
@@ -158,17 +162,19 @@ def validate_config(
     origins: dict[str, str] | None = None,
     notices: list[str] | None = None,
     default_bands: set[str] | None = None,
+    item_headers: dict[str, ItemHeader] | None = None,
 ) -> dict[str, Any]:
     """Return a validated copy of ``config`` with defaults filled in; raise ConfigError on the first problem.
 
     ``origins``, when given, is filled with where each scene of a table or glob came from (see
     :func:`scene_key`); ``notices`` with warnings: renamed keys, scenes scored on their own training data;
-    ``default_bands`` with the scenes whose ``bands`` are the default (not the user's choice)."""
+    ``default_bands`` with the scenes whose ``bands`` are the default (not the user's choice); ``item_headers``
+    with the header each scene's STAC item gives (:mod:`rasterscale.raster.item_header`), where it gives one."""
     instance = copy.deepcopy(dict(config))
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
-    instance["scenes"], found = expand_stac(instance, schema, found)
+    instance["scenes"], found = expand_stac(instance, schema, found, item_headers)
     if origins is not None:
         origins.update(found)
     if default_bands is not None and isinstance(instance["scenes"], dict):  # which scenes' bands the user left out

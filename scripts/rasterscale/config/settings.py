@@ -46,6 +46,7 @@ class StacSettings:
     bands: tuple[int, ...] | None
     normalize: Any
     scale: Mapping[str, Any] | None
+    data_type: str | None
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class ProjectSettings:
     crs: str | None
     seams: bool
     iou_threshold: float
+    partition_scenes: int
+    summary_cell: float
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ class Settings:
     task: str
     scenes: dict[str, SceneSettings]
     stac: StacSettings
+    scenes_on_error: str  # stop | skip
     demo: DemoSettings
     tiling: TilingSettings
     model: ModelSettings
@@ -220,6 +224,17 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+def config_without_scenes(config: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    """A validated config without the scenes ``names`` (scenes_on_error: skip), in ``scenes``, ``train.scenes`` and
+    ``predict.scenes``; the rest shared with ``config``."""
+    sections = {
+        section: {**config[section], "scenes": [name for name in config[section]["scenes"] if name not in names]}
+        for section in ("train", "predict")
+    }
+    scenes = {name: scene for name, scene in config["scenes"].items() if name not in names}
+    return {**config, **sections, "scenes": scenes}
 
 
 def settings_of(config: Mapping[str, Any]) -> Settings:

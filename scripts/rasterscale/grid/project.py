@@ -143,6 +143,23 @@ def tile_regions(cores: Sequence[str], margins: np.ndarray) -> np.ndarray:
     return np.asarray(shapely.buffer(shapely.from_wkt(np.asarray(cores, dtype=object)), margins, join_style="mitre"))
 
 
+def source_area(source: Mapping[str, Any], crs: str) -> shapely.Geometry | None:
+    """A project source's footprint (a scene's ``bounds``) or core (a seam's, WKT), in the project's CRS ``crs``;
+    None for a scene whose header the plan did not read (a demo scene not yet made)."""
+    if "core" in source:
+        area = shapely.from_wkt(source["core"])
+    elif "bounds" in source:
+        area = box(*source["bounds"])
+    else:
+        return None
+    if source["crs"] == crs:
+        return area
+    import geopandas as gpd
+
+    step = max(area.length / 256, 1e-9)  # densified: a straight edge bends in another CRS
+    return gpd.GeoSeries([shapely.segmentize(area, step)], crs=source["crs"]).to_crs(crs).iloc[0]
+
+
 def _tolerance(footprints: Mapping[str, Footprint], names: Sequence[str]) -> float:
     """A hundredth of the largest pixel: abutting scenes whose bounds differ by rounding still touch."""
     return max((max(footprints[n].pixel) for n in names), default=0.0) / 100

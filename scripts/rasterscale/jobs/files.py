@@ -130,6 +130,25 @@ class TilesJob(JobFile):
     KIND: ClassVar[str] = "tiles"
     scenes: tuple[Scene, ...]
     settings: Settings
+    # scene -> the header the plan trusted (rasterscale.raster.item_header.ItemHeader.to_dict): the job compares
+    trusted: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    records: str = ""  # the folder of the records of scenes whose raster is not what their STAC item said
+
+    def to_json(self) -> str:
+        """Without ``trusted`` and ``records`` when no scene's header was trusted: the file of a job without STAC
+        items is as before (an unchanged job file does not rerun its job)."""
+        if self.trusted:
+            return super().to_json()
+        data = json.loads(super().to_json())
+        del data["trusted"], data["records"]
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "job file") -> TilesJob:
+        data = json.loads(text)
+        data.setdefault("trusted", {})
+        data.setdefault("records", "")
+        return super().from_json(json.dumps(data), source)
 
 
 @dataclass(frozen=True)
@@ -182,9 +201,12 @@ class ScoreJob(JobFile):
 
 @dataclass(frozen=True)
 class ProjectJob(JobFile):
-    """The project's merge (rule project_layers): the project's CRS, the class names, each source (scene or seam)
-    with its merged outputs by key, its CRS and its footprint (a scene's ``bounds``) or core (a seam's, WKT), and the
-    project's outputs by key; settings: task, merge, project."""
+    """The project's merge (rule project_layers), or one partition's (rule project_partition,
+    :mod:`rasterscale.grid.partitions`): the project's CRS, the class names, each source (scene or seam) whose
+    objects it reads, with its merged outputs by key, its CRS and its footprint (a scene's ``bounds``) or core (a
+    seam's, WKT), and the project's outputs by key (a partition's: ``partition``); a partition's also the sources
+    it keeps the objects of (``owners``) and the ``areas`` (sources without outputs) of its neighbours' neighbours;
+    settings: task, merge, project."""
 
     KIND: ClassVar[str] = "project"
     crs: str
@@ -192,13 +214,30 @@ class ProjectJob(JobFile):
     sources: tuple[dict[str, Any], ...]
     outputs: dict[str, str]
     settings: Settings
+    owners: tuple[str, ...] = ()
+    areas: tuple[dict[str, Any], ...] = ()
 
     def as_mapping(self) -> dict[str, Any]:
         """The job as the task's project merge reads it."""
         sections = carried(self.settings)
-        data = {"task": self.settings.task, "crs": self.crs, "labels": list(self.labels)}
+        data: dict[str, Any] = {"task": self.settings.task, "crs": self.crs, "labels": list(self.labels)}
         data |= {"merge": sections["merge"], "project": sections["project"]}
+        data |= {"owners": list(self.owners), "areas": list(self.areas)}
         return {**data, "sources": list(self.sources), "outputs": self.outputs}
+
+
+@dataclass(frozen=True)
+class SummaryJob(JobFile):
+    """The project's summary raster (rule project_summary, :mod:`rasterscale.raster.summary`): the project's CRS,
+    the class names, the layer files it reads (a partitioned layer's files, the layer's GeoParquet file, or the
+    mosaic of a raster task), the file it writes; settings: task, project."""
+
+    KIND: ClassVar[str] = "summary"
+    crs: str
+    labels: tuple[str, ...]
+    layers: tuple[str, ...]
+    output: str
+    settings: Settings
 
 
 @dataclass(frozen=True)
@@ -234,7 +273,8 @@ class SynthesisJob(JobFile):
 class RunPageJob(JobFile):
     """The report's page of the run (rule report_run): the class names, each DDP section's launch geometry
     (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains it, each predicted
-    scene's gathered profile (the precision its ranks ran at); settings: all of them (the page shows the config)."""
+    scene's gathered profile (the precision its ranks ran at), the scenes left out (scenes_on_error: skip) and why;
+    settings: all of them (the page shows the config)."""
 
     KIND: ClassVar[str] = "run_page"
     labels: tuple[str, ...]
@@ -243,14 +283,16 @@ class RunPageJob(JobFile):
     trained: bool
     profiles: dict[str, str]
     settings: Settings
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # scene -> why (scenes_on_error: skip)
 
 
 @dataclass(frozen=True)
 class ProjectMapJob(JobFile):
     """The report's project map (rule report_project_map): each scene the run reads, with its raster (its header
     gives the footprint), its roles (``train``, ``predict``) and, for a predicted scene, the counts file its
-    scoring job wrote; settings: task."""
+    scoring job wrote; the project's summary raster when the run has a project; settings: task."""
 
     KIND: ClassVar[str] = "project_map"
     scenes: tuple[dict[str, Any], ...]
     settings: Settings
+    summary: str = ""  # the project's summary raster, drawn under the footprints (a run of several scenes)

@@ -55,7 +55,11 @@ class TaskSpec:
     - ``implementation``: ``"module:Class"`` of the torch half;
     - ``exported_outputs``: the output layouts an exported model file of this task may give (its model card's
       ``output``; the first is what the task's own models give), empty when the task takes no exported files;
-    - ``outlines``: its objects are outlines (polygons), not boxes (a merge's memory estimate).
+    - ``outlines``: its objects are outlines (polygons), not boxes (a merge's memory estimate);
+    - ``project_summary``: what the project's summary raster (:mod:`rasterscale.raster.summary`) holds: ``objects``
+      per hectare (the project layer ``parquet``; a large project's is partitioned, ``merge_project`` writing one
+      partition when its job names ``owners``), the ``classes``' cover or the ``values``' mean (the project layer
+      of that key).
     """
 
     name: str
@@ -81,6 +85,7 @@ class TaskSpec:
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     exported_outputs: tuple[str, ...] = ()
     outlines: bool = False
+    project_summary: str = "objects"
 
     def load(self) -> Task:
         """The task's torch half. The one import of a task's torch side, done here (lazily) so that the workflow,

@@ -247,7 +247,19 @@ def run_page(facts: RunPageJob, meta: Mapping[str, Any] | None, profiles: Mappin
             table(["scene", "raster", "annotations"], listed),
             note(_names(list(scenes))) if len(scenes) > LISTED_SCENES else "",
         ),
+        skipped_section(facts.skipped),
         section("Config (validated, scenes listed above)", f"<pre>{html.escape(yaml.safe_dump(shown))}</pre>"),
+    )
+
+
+def skipped_section(skipped: Mapping[str, str]) -> str:
+    """The scenes left out of the run (scenes_on_error: skip), each with why; nothing when none was."""
+    if not skipped:
+        return ""
+    return section(
+        f"Skipped scenes ({len(skipped)})",
+        table(["scene", "why"], list(skipped.items())),
+        note("scenes_on_error: skip left them out of the plan; fix them and run again to add them."),
     )
 
 
@@ -536,6 +548,57 @@ def place_labels(fig: Any, ax: Any, labels: Sequence[tuple[np.ndarray, str, str]
         placed.append(chosen)
 
 
+MAP_PIXELS = 1000  # the summary raster is read decimated to at most this many pixels a side
+OUTLINED_SCENES = 500  # scenes outlined over the summary raster, at most (each outline reads a header)
+
+
+def read_summary(path: str | Path, bands: int = 4) -> tuple[Any, np.ma.MaskedArray, tuple[float, ...], list[str]]:
+    """A summary raster's CRS, first ``bands`` bands decimated to :data:`MAP_PIXELS` (its overviews), extent
+    (left, right, bottom, top) and band names."""
+    import rasterio
+
+    with rasterio.open(path) as src:
+        step = max(1, -(-max(src.width, src.height) // MAP_PIXELS))
+        count = min(bands, src.count)
+        shape = (count, max(1, src.height // step), max(1, src.width // step))
+        data = src.read(list(range(1, count + 1)), out_shape=shape, masked=True)
+        names = [src.descriptions[i] or f"band {i + 1}" for i in range(count)]
+        extent = (src.bounds.left, src.bounds.right, src.bounds.bottom, src.bounds.top)
+        return src.crs, data, extent, names
+
+
+def plot_summary_map(summary: str | Path, crs: Any, footprints: Sequence[Footprint], png: str | Path) -> None:
+    """The project's summary raster (objects per hectare, class cover or mean value a cell; up to 4 bands side
+    by side), the scenes outlined over it when the map's CRS is the raster's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Polygon
+
+    raster_crs, data, extent, names = read_summary(summary)
+    fig, axes = plt.subplots(1, len(names), figsize=(10 * len(names) ** 0.5, 8), squeeze=False)
+    for ax, band, name in zip(axes[0], data, names, strict=True):
+        image = ax.imshow(band, extent=extent, cmap="viridis", interpolation="nearest")
+        fig.colorbar(image, ax=ax, shrink=0.8).set_label(name)
+        if crs == raster_crs:
+            for footprint in footprints:
+                ax.add_patch(Polygon(footprint.outline, closed=True, fill=False, lw=0.6, edgecolor="white"))
+        ax.set_aspect("equal")
+        ax.ticklabel_format(useOffset=False, style="plain")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.set_title(name)
+    cell = abs(extent[1] - extent[0]) / max(data.shape[2], 1)
+    fig.suptitle(f"project summary ({raster_crs.to_string()}, cells of {cell:g} on this map)", fontsize=12)
+    fig.tight_layout()
+    save_figure(fig, png, dpi=100)
+
+
 def render_project_map(job: ProjectMapJob, unit: str, png: str | Path) -> None:
+    """The project's summary raster (a run of several scenes), else the scenes' footprints and counts."""
+    if job.summary:
+        crs, footprints = map_footprints(job) if len(job.scenes) <= OUTLINED_SCENES else (None, [])
+        plot_summary_map(job.summary, crs, footprints, png)
+        return
     crs, footprints = map_footprints(job)
     plot_project_map(crs, footprints, unit, png)

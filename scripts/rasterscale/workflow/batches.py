@@ -15,7 +15,8 @@ Each of a batch's jobs (its tile manifests, its merge, its scoring) writes a rec
 (``RunPaths.batch_record``), and what reads a batch's files depends on that one file: a DAG of 10,000 scenes would
 otherwise look up the producer of every scene's files (tens of seconds). Snakemake remakes a job's missing output
 only when something asks for that very file, so the targets also name the files that a recorded job wrote and
-are gone (:func:`recorded_targets`).
+are gone (:func:`recorded_targets`), looked for only in the folders changed since the job's record
+(:func:`missing_since`).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def _still_valid(
 
 # -- the per-batch rules a parse defines ----------------------------------------------------------------------------
 
+# a run predicting more scenes than this declares, of its scoring jobs' files, only those gone since they ran (as
+# the other batch rules always do: Plan.declared_files), and its report shows no scene's pages: 5 a scene
+REPORTED_SCENES = 1000
 BATCH_RULES = ("tile_manifests", "merge", "score")  # rules defined once per batch: {kind}_batch_{b}
 BATCH_RULE = re.compile(rf"^(?:{'|'.join(BATCH_RULES)})_batch_(\d+)$")
 
@@ -160,11 +164,53 @@ def rule_batches(numbers: Sequence[int], main_process: bool, argv: Sequence[str]
 
 def recorded_targets(files_of_records: Mapping[str, Sequence[str]], workdir: str | Path = ".") -> list[str]:
     """Targets standing for batch jobs' files: each record (with the files its job writes besides it) and, of a
-    record that exists, the files that do not (their job runs again). A job without its record runs anyway."""
+    record that exists, the files that do not (their job runs again: :func:`missing_since`). A job without its
+    record runs anyway."""
     root = str(workdir)
     targets = []
     for record, files in files_of_records.items():
         targets.append(record)
-        if os.path.exists(os.path.join(root, record)):
-            targets += [path for path in files if not os.path.exists(os.path.join(root, path))]
+        targets += missing_files(record, files, root)
     return targets
+
+
+def missing_files(record: str, files: Sequence[str], workdir: str | Path = ".") -> list[str]:
+    """Of the files a job writes before its ``record``, those gone since it wrote the record (none while it has
+    not: the job runs anyway)."""
+    root = str(workdir)
+    written = mtime_ns(os.path.join(root, record))
+    return [] if written is None else missing_since(files, written, root)
+
+
+def missing_since(files: Sequence[str], written: int, root: str = ".") -> list[str]:
+    """Of the ``files`` a job wrote before its record (written at ``written``, ns), those that do not exist. A
+    folder whose mtime is before the record's has lost none of them: removing, adding or renaming an entry sets a
+    folder's mtime, and the job's files were there when it wrote its record (Snakemake checks a job's outputs). So
+    only the files of a folder changed since are looked at: one stat a folder instead of one a file (a 200,000-scene
+    project's jobs write millions of files, which a stat each would cost ~3.5 us apiece on every plan)."""
+    by_folder: dict[str, list[str]] = {}
+    for path in files:
+        by_folder.setdefault(os.path.dirname(path), []).append(path)
+    gone = []
+    for folder, paths in by_folder.items():
+        changed = mtime_ns(os.path.join(root, folder))
+        if changed is None or changed >= written:  # the same tick as the record's: looked at
+            gone += [path for path in paths if not os.path.exists(os.path.join(root, path))]
+    return gone
+
+
+def requested_files(argv: Sequence[str], workdir: str | Path = ".") -> frozenset[str]:
+    """The words of a Snakemake command line that may be files it asks for, as paths relative to ``workdir``: a
+    batch rule declares those of its files (with the files gone: :meth:`rasterscale.workflow.plan.Plan.declared_files`)
+    so that ``snakemake results/{run}/{scene}/detections.gpkg`` finds its producer."""
+    base = os.path.abspath(workdir)
+    words = [word for word in argv[1:] if word and not word.startswith("-")]
+    return frozenset(os.path.relpath(word, base) if os.path.isabs(word) else os.path.normpath(word) for word in words)
+
+
+def mtime_ns(path: str) -> int | None:
+    """A file's or folder's mtime (ns), None when it does not exist."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None

@@ -7,6 +7,7 @@ file, and a scene table's line).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from rasterio.errors import CRSError
 
 from rasterscale.config.scenes import scene_key
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import SceneSettings, Settings, settings_of
+from rasterscale.config.settings import SceneSettings, Settings, config_without_scenes, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.project import Footprint, find_seams
 from rasterscale.grid.split import check_validation_band
@@ -26,8 +27,10 @@ from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import differs_wildly
 from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.header_cache import plan_headers
-from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
+from rasterscale.raster.headers import DEFAULT_BANDS, CheckedHeader, RasterInfo, check_raster, headers_from
 from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
+from rasterscale.raster.item_header import ItemHeader
+from rasterscale.raster.item_header import recorded_skips as recorded_skips_in
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
 from rasterscale.runtime.preflight import launch_geometry
 from rasterscale.tasks.registry import task_spec
@@ -35,6 +38,7 @@ from rasterscale.workflow.batches import form_batches, read_recorded
 from rasterscale.workflow.plan import SECTIONS, Plan
 
 STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)
+SKIPPED = "skipped"  # results/{run}/jobs/skipped/{scene}.json: a scene its tile-manifest job found not as trusted
 WORKFLOW_FOLDERS = ("results", "results/models", "logs", "benchmarks", ".snakemake")
 
 
@@ -53,7 +57,8 @@ def build_plan(
     origins: dict[str, str] = {}
     notices: list[str] = []
     default_bands: set[str] = set()
-    config = validate_config(raw, origins=origins, notices=notices, default_bands=default_bands)
+    items: dict[str, ItemHeader] = {}
+    config = validate_config(raw, origins=origins, notices=notices, default_bands=default_bands, item_headers=items)
     say = warn if warn is not None else _silent
     for notice in notices:
         say(notice)
@@ -76,20 +81,15 @@ def build_plan(
     task = task_spec(settings.task)
     labels = tuple(task.labels(settings))  # use these, never model.labels
     model_input = task.model_input(settings)
-    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input)
-    untiled = {}
-    footprints = {}
-    predicted = set(plan.predict_scenes)
-    cache = Path(workdir) / paths.HEADER_CACHE if cache_headers else None
-    with plan_headers((scene.path for scene in settings.scenes.values()), cache, say):
-        for name, scene in settings.scenes.items():
-            striped, raster = _check_scene(plan, name, scene, default_bands, say)
-            if striped:
-                untiled[name] = tuple(striped)
-            if raster is not None and name in predicted:
-                footprints[name] = footprint_of(raster)
+    plan = Plan(config, tuple(notices), origins, labels, geometry=geometry, model_input=model_input, trusted=items)
+    skipped = recorded_skips(plan, workdir) if settings.scenes_on_error == "skip" else {}
+    for name, reason in skipped.items():
+        say(f"scene {name} is left out (scenes_on_error: skip), as its tile-manifest job found: {reason}")
+    untiled, footprints, found = _check_scenes(plan, default_bands, skipped, workdir if cache_headers else None, say)
     inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(settings)}
     plan = plan.with_(untiled=untiled, inputs=inputs, footprints=footprints)
+    if skipped or found:
+        plan = without_scenes(plan, {**skipped, **found})
     if plan.has_project():
         check_project_crs(plan)
         if settings.project.seams:
@@ -102,6 +102,68 @@ def build_plan(
 
 def _silent(line: str) -> None:
     pass
+
+
+def _check_scenes(
+    plan: Plan,
+    default_bands: set[str],
+    skipped: Mapping[str, str],
+    cached: str | Path | None,
+    say: Callable[[str], None],
+) -> tuple[dict[str, tuple[str, ...]], dict[str, Footprint], dict[str, str]]:
+    """Check every scene but ``skipped``: its striped rasters, the footprints of the predicted ones, and (with
+    scenes_on_error: skip) the scenes that failed, each with its one line (a warning each); with ``stop`` a scene's
+    error is raised. A scene whose STAC item gives its header (``plan.trusted``) is checked against that header: its
+    raster is not opened. The others' headers are read ahead, through the header cache of ``cached`` when given."""
+    settings = plan.settings
+    skip = settings.scenes_on_error == "skip"
+    trusted = {s.path: plan.trusted[n] for n, s in settings.scenes.items() if n in plan.trusted and n not in skipped}
+    read = (s.path for n, s in settings.scenes.items() if n not in skipped and s.path not in trusted)
+    untiled, footprints, failed = {}, {}, {}
+    predicted = set(plan.predict_scenes)
+    roles = (frozenset(predicted), frozenset(settings.train.scenes))  # a list's `in` a scene: quadratic
+    cache = Path(cached) / paths.HEADER_CACHE if cached is not None else None
+
+    def header(path: str) -> CheckedHeader:  # a trusted raster's built when asked (not 200,000 held at once)
+        return (trusted[path].raster_info(path), None) if path in trusted else reads.header(path)
+
+    with plan_headers(read, cache, say) as reads, headers_from(header):
+        for name, scene in settings.scenes.items():
+            if name in skipped:
+                continue
+            try:
+                striped, raster = _check_scene(plan, name, scene, default_bands, say, roles)
+            except InputError as err:
+                if not skip:
+                    raise
+                failed[name] = str(err)
+                say(f"scene {name} is left out (scenes_on_error: skip): {err}")
+                continue
+            if striped:
+                untiled[name] = tuple(striped)
+            if raster is not None and name in predicted:
+                footprints[name] = footprint_of(raster)
+    return untiled, footprints, failed
+
+
+def recorded_skips(plan: Plan, workdir: str | Path) -> dict[str, str]:
+    """The scenes whose tile-manifest job found their raster unreadable or not what their STAC item says (its record
+    under results/{run}/jobs/skipped/ matches the item and raster of this plan), with the job's reason."""
+    trusted = {name: (plan.scenes[name].path, header) for name, header in plan.trusted.items()}
+    return recorded_skips_in(Path(workdir) / plan.paths.jobs_dir(SKIPPED), trusted)
+
+
+def without_scenes(plan: Plan, skipped: Mapping[str, str]) -> Plan:
+    """The plan without the ``skipped`` scenes (scenes_on_error: skip), and with them and why in ``skipped``; one
+    line when no scene is left to train on or to predict."""
+    settings = plan.settings
+    for section, listed in (("train", settings.train.scenes), ("predict", settings.predict.scenes)):
+        if listed and all(name in skipped for name in listed):
+            first = next(iter(skipped.values()))
+            raise InputError(f"{section}.scenes: every scene of it is left out (scenes_on_error: skip): {first}")
+    config = config_without_scenes(plan.config, set(skipped))
+    kept_trusted = {name: header for name, header in plan.trusted.items() if name not in skipped}
+    return dataclasses.replace(plan, config=config, trusted=kept_trusted, skipped=dict(skipped))
 
 
 def footprint_of(raster: RasterInfo) -> Footprint:
@@ -147,10 +209,15 @@ def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
 
 
 def _check_scene(
-    plan: Plan, name: str, scene: SceneSettings, default_bands: set[str], say: Callable[[str], None] = print
+    plan: Plan,
+    name: str,
+    scene: SceneSettings,
+    default_bands: set[str],
+    say: Callable[[str], None],
+    roles: tuple[frozenset[str], frozenset[str]],
 ) -> tuple[list[str], RasterInfo | None]:
-    """Header checks of one scene's existing inputs; its striped rasters (none when tiled or absent) and its
-    header (none when absent)."""
+    """Header checks of one scene's existing inputs (``roles``: the predicted and the training scenes); its striped
+    rasters (none when tiled or absent) and its header (none when absent)."""
     settings = plan.settings
     path = scene.path
     demo = name in settings.demo.scenes
@@ -164,9 +231,9 @@ def _check_scene(
         raster = check_raster(path)
         bands = None if name in default_bands else scene.bands
         check_imagery(raster, bands, scene.scale, f"scenes.{name}", plan.model_input.raw)
-        if name in plan.predict_scenes:
+        if name in roles[0]:
             check_scene_input(plan, name, scene, say)
-        if name in settings.train.scenes and not settings.model.file:
+        if name in roles[1] and not settings.model.file:
             tiling, train = settings.tiling, settings.train
             check_validation_band(raster, name, tiling.patch_size, tiling.overlap, train.validation_fraction)
         striped = striped_sources(path)
@@ -195,8 +262,8 @@ def check_scene_input(plan: Plan, name: str, scene: SceneSettings, say: Callable
     model = plan.model_input
     count = len(scene.bands or DEFAULT_BANDS)
     source = plan.settings.model.file or "the model"
-    if count != model.count:
-        raise InputError(
+    if count != model.count:  # the config's keys disagree whatever the raster: never skipped (scenes_on_error)
+        raise ConfigError(
             f"{scene.path}: scenes.{name}.bands gives {count} band(s) but {source} takes {model.count} "
             f"[{', '.join(model.names)}]; set scenes.{name}.bands to {model.count} bands"
         )
@@ -206,7 +273,8 @@ def check_scene_input(plan: Plan, name: str, scene: SceneSettings, say: Callable
             f"statistics are used ({model.describe()}); normalize: auto computes them from training scenes (set it on "
             "those, or model.normalize)"
         )
-    if model.raw and not model.pending and plan.settings.model.file and not is_remote(scene.path):
+    local = not is_remote(scene.path) and name not in plan.trusted  # a trusted item's raster is not opened
+    if model.raw and not model.pending and plan.settings.model.file and local:
         spec = ImageSpec(tuple(scene.bands or DEFAULT_BANDS), *mask_of(check_raster(scene.path)), raw=True)
         difference = differs_wildly(band_statistics(scene.path, spec, f"scenes.{name}", STATISTICS_SIDE), model)
         if difference:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config.settings import PredictSettings, SceneSettings, Settings, sections_only
-from rasterscale.grid.project import is_seam
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import (
     CheckJob,
@@ -23,11 +22,14 @@ from rasterscale.jobs.files import (
     RunPageJob,
     ScoredScene,
     ScoreJob,
+    SummaryJob,
     SynthesisJob,
     TilesJob,
     TrainJob,
 )
 from rasterscale.scene import Scene
+from rasterscale.workflow import partitions
+from rasterscale.workflow.checks import SKIPPED
 from rasterscale.workflow.plan import SECTIONS, Plan
 from rasterscale.workflow.reportfiles import mapped_scenes, model_file, scene_files, scored_batches, scored_scenes
 
@@ -45,13 +47,21 @@ def predict_section(plan: Plan) -> PredictSettings:
 
 
 def tiles_job(plan: Plan, batch: int) -> TilesJob:
-    return TilesJob(plan.prediction_batch(batch).scenes, carrying(plan, "tiling"))
+    return trusting(plan, plan.prediction_batch(batch).scenes)
 
 
 def scene_tiles_job(plan: Plan, name: str) -> TilesJob:
     """A training-only scene's tile manifest (rule tile_manifest)."""
     scene = Scene(name, plan.scene_raster(name), plan.paths.scene_manifest(name), plan.scene_imagery(name))
-    return TilesJob((scene,), carrying(plan, "tiling"))
+    return trusting(plan, (scene,))
+
+
+def trusting(plan: Plan, scenes: tuple[Scene, ...]) -> TilesJob:
+    """The tiles job of ``scenes``, with the headers the plan trusted (from STAC items) for the job to compare, and
+    the folder where it records a scene whose raster is not what its item said (rasterscale.workflow.checks)."""
+    trusted = {scene.name: plan.trusted[scene.name].to_dict() for scene in scenes if scene.name in plan.trusted}
+    records = plan.paths.jobs_dir(SKIPPED) if trusted else ""
+    return TilesJob(scenes, carrying(plan, "tiling"), trusted, records)
 
 
 def predict_job(plan: Plan, batch: int) -> PredictJob:
@@ -76,19 +86,26 @@ def score_job(plan: Plan, batch: int) -> ScoreJob:
 
 def project_job(plan: Plan) -> ProjectJob:
     """What the project's merge reads: each source's layers, footprint and CRS, the seams' cores."""
-    sources: list[dict[str, Any]] = []
-    for name in plan.project_sources():
-        outputs = plan.scene_outputs(name)
-        if is_seam(name):
-            seam = plan.seam(name)
-            entry = {"name": name, "crs": plan.footprints[seam.a].crs, "core": seam.core, **outputs}
-        else:
-            footprint = plan.footprints.get(name)
-            area = {"crs": footprint.crs, "bounds": list(footprint.bounds)} if footprint else {}
-            entry = {"name": name, **area, **outputs}  # type: ignore[dict-item]
-        sources.append(entry)
+    sources = tuple(partitions.source_entry(plan, name) for name in plan.project_sources())
     settings = carrying(plan, "task", "merge", "project")
-    return ProjectJob(plan.project_crs(), plan.labels, tuple(sources), plan.project_outputs(), settings)
+    return ProjectJob(plan.project_crs(), plan.labels, sources, plan.project_outputs(), settings)
+
+
+def partition_job(plan: Plan, batch: int) -> ProjectJob:
+    """What a partition's merge reads: its batch's sources and their neighbours (their layers), their neighbours'
+    areas (:mod:`rasterscale.grid.partitions`)."""
+    near = partitions.partition_neighbourhoods(plan)[batch]
+    sources = tuple(partitions.source_entry(plan, name) for name in [*near.owners, *near.neighbours])
+    areas = tuple(partitions.source_entry(plan, name, outputs=False) for name in near.outer)
+    outputs = {"partition": partitions.partition_file(plan, batch)}
+    settings = carrying(plan, "task", "merge", "project")
+    return ProjectJob(plan.project_crs(), plan.labels, sources, outputs, settings, near.owners, areas)
+
+
+def summary_job(plan: Plan) -> SummaryJob:
+    layers = tuple(partitions.summary_layers(plan))
+    settings = carrying(plan, "task", "project")
+    return SummaryJob(plan.project_crs(), plan.labels, layers, partitions.summary_file(plan), settings)
 
 
 def training_entries(plan: Plan) -> dict[str, SceneSettings]:
@@ -135,7 +152,7 @@ def run_page_job(plan: Plan) -> RunPageJob:
     }
     trained = bool(plan.train_scenes) and not plan.settings.model.file
     profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
-    return RunPageJob(plan.labels, geometry, model_file(plan), trained, profiles, plan.settings)
+    return RunPageJob(plan.labels, geometry, model_file(plan), trained, profiles, plan.settings, plan.skipped)
 
 
 def project_map_job(plan: Plan) -> ProjectMapJob:
@@ -145,7 +162,8 @@ def project_map_job(plan: Plan) -> ProjectMapJob:
         roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
         counts = scene_files(plan, name)["counts"] if name in predict else ""
         scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
-    return ProjectMapJob(tuple(scenes), carrying(plan, "task"))
+    summary = partitions.summary_file(plan) if plan.has_project() else ""
+    return ProjectMapJob(tuple(scenes), carrying(plan, "task"), summary)
 
 
 def job_files(plan: Plan) -> dict[str, JobFile]:
@@ -162,8 +180,13 @@ def job_files(plan: Plan) -> dict[str, JobFile]:
         files[run.scene_job(name)] = scene_tiles_job(plan, name)
     if plan.train_scenes:
         files[run.job_file("train")] = train_job(plan)
-    if plan.has_project():
+    if partitions.partitioned(plan):
+        for number in partitions.partition_groups(plan):
+            files[run.job_file("project", number)] = partition_job(plan, number)
+    elif plan.has_project():
         files[run.job_file("project")] = project_job(plan)
+    if plan.has_project():
+        files[run.job_file("summary")] = summary_job(plan)
     for name in demo_scenes(plan):
         files[paths.synthesis_job(plan.settings.demo.directory, name)] = synthesis_job(plan, name)
     files[run.job_file("run_page")] = run_page_job(plan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +24,14 @@ from rasterscale.jobs import paths
 from rasterscale.jobs.files import PredictionBatch
 from rasterscale.jobs.paths import BatchStep, RunPaths
 from rasterscale.raster.bands import InputBands
+from rasterscale.raster.item_header import ItemHeader
 from rasterscale.raster.remote import file_name, local_files
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow.batches import recorded_targets
+from rasterscale.workflow import partitions
+from rasterscale.workflow.batches import missing_files
 
 SECTIONS = ("train", "predict")
 
@@ -48,6 +51,10 @@ class Plan:
     footprints: dict[str, Footprint] = field(default_factory=dict)  # predicted scene -> its header's footprint
     seams: tuple[Seam, ...] = ()  # between the predicted scenes
     model_input: InputBands = field(default_factory=InputBands)  # the model's bands (config keys over its file's)
+    # scene -> the header its STAC item gave, which the plan trusted (its tile-manifest job compares); scene -> why
+    # it was left out (scenes_on_error: skip). Both the main process's only: a job's re-parse needs neither.
+    trusted: dict[str, ItemHeader] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     # -- the config -------------------------------------------------------------------------------------------
 
@@ -88,6 +95,15 @@ class Plan:
     @property
     def predict_scenes(self) -> list[str]:
         return list(self.settings.predict.scenes)
+
+    def is_predicted(self, name: str) -> bool:
+        """Whether predict.scenes names this scene (a set's lookup: the rules ask once a batch or a scene, and a
+        list's `in` over 200,000 scenes each time would make the plan quadratic)."""
+        return name in self._predicted_set
+
+    @functools.cached_property
+    def _predicted_set(self) -> frozenset[str]:
+        return frozenset(self.settings.predict.scenes)
 
     @property
     def trains(self) -> bool:
@@ -258,10 +274,50 @@ class Plan:
             return self.batch_outputs(batch)
         raise ValueError(f"the plan does not list the files of step {step!r}")
 
+    def declared_files(self, step: BatchStep, batch: int, requested: AbstractSet[str] = frozenset()) -> list[str]:
+        """What a batch's rule of ``step`` ("tiled", "merged") declares besides its record: the files its job wrote
+        that are gone since it wrote the record, which rule all asks for so that the job runs again
+        (:func:`rasterscale.workflow.batches.missing_files`); none while they are all there, or before the job ran.
+        The record stands for the rest: Snakemake's DAG spends tens of microseconds on every declared output
+        (its file object, existence, mtime, the directory-output check, the dry run's listing of it), which at
+        200,000 scenes would be several millions of files. Looked for once a plan. Also those ``requested`` (the
+        files named on the command line: :func:`rasterscale.workflow.batches.requested_files`), so that a scene's
+        layer can be asked for by its path."""
+        key = (step, batch)
+        if key not in self._declared:
+            self._declared[key] = missing_files(self.paths.batch_record(step, batch), self.batch_files(step, batch))
+        gone = self._declared[key]
+        if not requested:
+            return gone
+        return gone + [path for path in self.batch_files(step, batch) if path in requested and path not in gone]
+
+    @functools.cached_property
+    def _declared(self) -> dict[tuple[str, int], list[str]]:
+        return {}
+
     def batches_of(self, names: Iterable[str]) -> list[int]:
         """The batches holding any of these scenes or seams."""
-        wanted = set(names)
-        return [batch.batch for batch in self.batches if any(scene.name in wanted for scene in batch.scenes)]
+        index = self._batch_positions
+        positions = {position for name in names for position in index.get(name, ())}
+        return [self.batches[position].batch for position in sorted(positions)]
+
+    @functools.cached_property
+    def _batch_positions(self) -> dict[str, list[int]]:
+        """Each member's batches (their positions in ``batches``): a query a batch (its partition's inputs) would
+        otherwise go through every batch's members, quadratic in the scenes."""
+        index: dict[str, list[int]] = {}
+        for position, batch in enumerate(self.batches):
+            for scene in batch.scenes:
+                index.setdefault(scene.name, []).append(position)
+        return index
+
+    def manifest_inputs(self, names: Iterable[str]) -> list[str]:
+        """What a job reading these scenes' tile manifests depends on: the manifest of a scene that is not
+        predicted (rule tile_manifest), and for the predicted ones their batches' tiled records (a batch's rule
+        declares its record, not its manifests: :meth:`declared_files`)."""
+        listed = list(names)
+        own = [self.paths.scene_manifest(name) for name in listed if not self.is_predicted(name)]
+        return own + self.batch_records("tiled", [name for name in listed if self.is_predicted(name)])
 
     def batch_records(self, step: BatchStep, names: Iterable[str]) -> list[str]:
         """The records of ``step`` of the batches holding any of these scenes or seams: what a job that reads
@@ -272,7 +328,7 @@ class Plan:
 
     def has_project(self) -> bool:
         """Whether the run writes the project's layers: it predicts several scenes."""
-        return len(self.predict_scenes) > 1
+        return len(self.settings.predict.scenes) > 1  # not a copy of 200,000 names a call
 
     def project_outputs(self) -> dict[str, str]:
         return {key: self.paths.project_file(file) for key, file in self.task.project_outputs(self.settings).items()}
@@ -288,6 +344,10 @@ class Plan:
 
     def project_crs(self) -> str:
         """project.crs, else the predicted scenes' one CRS (checked when the plan is built)."""
+        return self._project_crs
+
+    @functools.cached_property
+    def _project_crs(self) -> str:  # once: every partition's job asks, and it goes through every footprint
         crs = {footprint.crs for footprint in self.footprints.values()}
         return str(self.settings.project.crs or (crs.pop() if len(crs) == 1 else ""))
 
@@ -328,15 +388,14 @@ class Plan:
 
     def final_targets(self) -> list[str]:
         """Everything the config asks for besides the report: the trained model, the predicted scenes' manifests
-        and merged layers (by their batches' records: :func:`rasterscale.workflow.batches.recorded_targets`), the
-        project's layers. The scoring jobs' evaluations come with the report's targets
-        (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
+        and merged layers (by their batches' records, and a recorded batch's files gone: :meth:`declared_files`),
+        the project's layers and summary raster (:mod:`rasterscale.workflow.partitions`). The scoring jobs' evaluations
+        come with the report's targets (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
         targets: list[str] = []
         if self.trains:
             targets += list(self.trained_model_outputs(str(self.settings.model.name)).values())
         numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
         for step in ("tiled", "merged"):
-            targets += recorded_targets({self.paths.batch_record(step, b): self.batch_files(step, b) for b in numbers})
-        if self.has_project():
-            targets += list(self.project_outputs().values())
-        return targets
+            for number in numbers:
+                targets += [self.paths.batch_record(step, number), *self.declared_files(step, number)]
+        return targets + partitions.project_targets(self)

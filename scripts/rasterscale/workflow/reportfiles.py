@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rasterscale.raster.remote import local_files
+from rasterscale.workflow import partitions
 from rasterscale.workflow.batches import recorded_targets
 from rasterscale.workflow.plan import Plan
 
@@ -75,8 +76,7 @@ def run_inputs(plan: Plan) -> dict[str, Any]:
 def scored_scenes(plan: Plan, batch: int) -> list[str]:
     """The scenes of a batch that its scoring job scores and renders: the predicted ones (not its seams, nor a
     scene the config no longer names)."""
-    predicted = set(plan.predict_scenes)
-    return [scene.name for scene in plan.prediction_batch(batch).scenes if scene.name in predicted]
+    return [scene.name for scene in plan.prediction_batch(batch).scenes if plan.is_predicted(scene.name)]
 
 
 def scored_batches(plan: Plan) -> list[int]:
@@ -129,10 +129,11 @@ def score_inputs(plan: Plan, batch: int) -> list[str]:
 
 
 def project_inputs(plan: Plan) -> dict[str, list[str]]:
-    """Rule report_project_map's input: the scenes' rasters and the records of the scoring jobs that write the
-    predicted scenes' counts."""
+    """Rule report_project_map's input: the scenes' rasters, the records of the scoring jobs that write the
+    predicted scenes' counts and the project's summary raster (a run of several scenes)."""
     scenes = mapped_scenes(plan)
     rasters = plan.raster_inputs(*scenes)  # the local ones: no URL is a file to wait for
     predicted = set(plan.predict_scenes)
     scored = [name for name in scenes if name in predicted]
-    return {"rasters": rasters, "counts": plan.batch_records("scored", scored)}  # the scoring jobs write the counts
+    summary = [partitions.summary_file(plan)] if plan.has_project() else []
+    return {"rasters": rasters, "counts": plan.batch_records("scored", scored), "summary": summary}

@@ -12,10 +12,9 @@ from typing import Any
 import geopandas as gpd
 import numpy as np
 
-from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
 from rasterscale.tasks.detectors.merge import greedy_nms
-from rasterscale.tasks.detectors.project import PROJECT_COLUMNS, apart, owned_layer, summary
+from rasterscale.tasks.detectors.project import PROJECT_COLUMNS, apart, owned_layer, write_project
 
 __all__ = ["PROJECT_COLUMNS", "cross_source_duplicates", "merge_project"]
 
@@ -34,11 +33,9 @@ def cross_source_duplicates(frame: gpd.GeoDataFrame, iou: float, containment: fl
 
 
 def merge_project(job: Mapping[str, Any]) -> str:
-    """Write the project's detections (GeoParquet and GeoPackage); a line for the log."""
+    """Write the project's detections (GeoParquet and GeoPackage, or a partition of them:
+    :func:`~rasterscale.tasks.detectors.project.write_project`); a line for the log."""
     frame, owned = owned_layer(job)
     keep = cross_source_duplicates(frame, job["project"]["iou_threshold"], job["merge"]["containment_threshold"])
     merged = frame[keep].sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
-    outputs = job["outputs"]
-    write_geoparquet(merged, outputs["parquet"])
-    write_gpkg(merged, outputs["gpkg"], layer="detections")
-    return summary(job, len(merged), owned, "detections")
+    return write_project(job, merged, owned, "detections", layer="detections")

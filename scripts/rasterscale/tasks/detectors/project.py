@@ -17,26 +17,13 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 import shapely
-from shapely.geometry import box
 
-from rasterscale.grid.project import Ownership, is_seam
+from rasterscale.atomic import write_geoparquet, write_gpkg
+from rasterscale.grid.project import Ownership, is_seam, source_area
 
 PROJECT_COLUMNS = ["scene", "source", "label", "score", "geometry"]
-
-
-def source_area(source: Mapping[str, Any], crs: str) -> shapely.Geometry | None:
-    """A source's footprint (a scene's) or core (a seam's), in the project's CRS; None for a scene whose header
-    the plan did not read (a demo scene not yet made)."""
-    if "core" in source:
-        area = shapely.from_wkt(source["core"])
-    elif "bounds" in source:
-        area = box(*source["bounds"])
-    else:
-        return None
-    if source["crs"] == crs:
-        return area
-    step = max(area.length / 256, 1e-9)  # densified: a straight edge bends in another CRS
-    return gpd.GeoSeries([shapely.segmentize(area, step)], crs=source["crs"]).to_crs(crs).iloc[0]
+# GeoParquet 1.1 with its bbox covering column: readers filter row groups by it without decoding a geometry
+COVERING: dict[str, Any] = {"write_covering_bbox": True, "schema_version": "1.1.0", "row_group_size": 65536}
 
 
 def ownership_of(sources: Sequence[Mapping[str, Any]], crs: str) -> Ownership:
@@ -66,9 +53,11 @@ def owned_objects(source: Mapping[str, Any], crs: str, ownership: Ownership) -> 
 
 
 def owned_layer(job: Mapping[str, Any]) -> tuple[gpd.GeoDataFrame, int]:
-    """Every source's owned objects of a project's job in one frame (project CRS), and how many they are."""
+    """Every source's owned objects of a project's job in one frame (project CRS), and how many they are. A
+    partition's job (:mod:`rasterscale.grid.partitions`) also gives the ``areas`` of its neighbours' neighbours,
+    whose objects it does not read."""
     crs = job["crs"]
-    ownership = ownership_of(job["sources"], crs)
+    ownership = ownership_of([*job["sources"], *job.get("areas", ())], crs)
     frames = [owned_objects(source, crs, ownership) for source in job["sources"]]
     present = [f for f in frames if len(f)] or frames[:1]
     frame = gpd.GeoDataFrame(pd.concat(present, ignore_index=True), geometry="geometry", crs=crs)
@@ -84,10 +73,32 @@ def apart(frame: gpd.GeoDataFrame, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     return ((sources[i] != sources[j]) | (scenes[i] != scenes[j])) & (labels[i] == labels[j])
 
 
-def summary(job: Mapping[str, Any], kept: int, owned: int, unit: str) -> str:
-    """The project merge's line for the log."""
-    seams = sum(is_seam(source["name"]) for source in job["sources"])
-    return (
-        f"{kept} {unit} from {len(job['sources']) - seams} scenes and {seams} seams "
-        f"({owned} owned, {owned - kept} duplicates across sources) -> {job['outputs']['parquet']}"
-    )
+def summary(job: Mapping[str, Any], kept: int, owned: int, unit: str, output: str) -> str:
+    """The project merge's line for the log (a partition's: its owners' objects, of those it read)."""
+    owners = job.get("owners") or [source["name"] for source in job["sources"]]
+    seams = sum(is_seam(name) for name in owners)
+    read = f"{owned} owned, {owned - kept} duplicates across sources"
+    if job.get("owners"):
+        read = f"{owned} owned by them and {len(job['sources']) - len(owners)} neighbouring sources, {kept} theirs"
+    return f"{kept} {unit} from {len(owners) - seams} scenes and {seams} seams ({read}) -> {output}"
+
+
+def write_project(job: Mapping[str, Any], frame: gpd.GeoDataFrame, owned: int, unit: str, layer: str) -> str:
+    """Write a project's merged objects: a partition's job (``owners`` set) its owners' objects to one GeoParquet
+    file of the partitioned layer, in Hilbert order (each row group a compact area: a reader's bbox filter skips
+    the others); else the whole layer as GeoParquet and GeoPackage. Both with GeoParquet 1.1's ``bbox`` covering
+    column. A line for the log."""
+    outputs = job["outputs"]
+    owners = job.get("owners")
+    if owners:
+        frame = frame[frame["source"].isin(owners)]
+        if len(frame):
+            frame = frame.iloc[np.argsort(frame.geometry.hilbert_distance(), kind="stable")]
+        frame = frame.reset_index(drop=True)
+        output = outputs["partition"]
+        write_geoparquet(frame, output, **COVERING)
+    else:
+        output = outputs["parquet"]
+        write_geoparquet(frame, output, **COVERING)
+        write_gpkg(frame, outputs["gpkg"], layer=layer)
+    return summary(job, len(frame), owned, unit, output)

@@ -29,7 +29,7 @@ MODEL_FILES_WITH_DEEPFOREST = {
 # the keys of a torchvision detector's model, its cross-tile merge and its project layer
 MODEL_KEYS = ("score_threshold", "nms_threshold", "detections_per_tile", "resize", "backbone_weights", "fpn_channels")
 MERGE_KEYS = ("iou_threshold", "edge_tolerance", "containment_threshold")
-PROJECT_KEYS = ("iou_threshold",)
+PROJECT_KEYS = ("iou_threshold", "partition_scenes")
 
 # a task's merge of a scene: (rank files, tile manifest, raster, GeoPackage, GeoParquet, the merge settings) -> the
 # scene's merged objects

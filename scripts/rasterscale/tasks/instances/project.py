@@ -13,9 +13,8 @@ import geopandas as gpd
 import numpy as np
 import shapely
 
-from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.tasks.detectors.merge import greedy_nms
-from rasterscale.tasks.detectors.project import apart, owned_layer, summary
+from rasterscale.tasks.detectors.project import apart, owned_layer, write_project
 from rasterscale.tasks.instances.merge import LAYER, crown_layer
 from rasterscale.tasks.instances.polygons import ious_of, overlap_areas, polygon_pairs
 
@@ -37,15 +36,12 @@ def cross_source_duplicates(frame: gpd.GeoDataFrame, iou: float, containment: fl
 
 
 def merge_project(job: Mapping[str, Any]) -> str:
-    """Write the project's crowns (GeoParquet and GeoPackage); a line for the log."""
+    """Write the project's crowns (GeoParquet and GeoPackage, or a partition of them:
+    :func:`~rasterscale.tasks.detectors.project.write_project`); a line for the log."""
     frame, owned = owned_layer(job)
     keep = cross_source_duplicates(frame, job["project"]["iou_threshold"], job["merge"]["containment_threshold"])
     merged = frame[keep].sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
     crowns = crown_layer(merged, job["crs"]).assign(
         scene=merged["scene"].to_numpy(), source=merged["source"].to_numpy()
     )
-    crowns = crowns[PROJECT_CROWN_COLUMNS]
-    outputs = job["outputs"]
-    write_geoparquet(crowns, outputs["parquet"])
-    write_gpkg(crowns, outputs["gpkg"], layer=LAYER)
-    return summary(job, len(crowns), owned, "crowns")
+    return write_project(job, crowns[PROJECT_CROWN_COLUMNS], owned, "crowns", layer=LAYER)

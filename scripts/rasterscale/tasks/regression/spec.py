@@ -177,4 +177,5 @@ REGRESSION = TaskSpec(
     scene_keys=("tree_tops",),
     schema_enums={"model.loss": LOSSES, "model.architecture": ARCHITECTURES},
     exported_outputs=CARD.outputs,
+    project_summary="values",
 )

@@ -122,4 +122,5 @@ SEGMENTATION = TaskSpec(
     config_keys={"model": ("architecture", "encoder", "encoder_weights", "card"), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},
     exported_outputs=CARD.outputs,
+    project_summary="classes",
 )

@@ -1,0 +1,104 @@
+"""The project's layer and summary in the plan: whether the layer is partitioned (a task of objects, more predicted
+scenes than ``project.partition_scenes``), its files (one a batch holding project sources:
+``results/{run}/project/{layer}/batch-{b}.parquet``), what each partition's job reads (its batch's sources'
+objects and their neighbours', :mod:`rasterscale.grid.partitions`) and depends on (the merge records of the
+batches holding them), and the summary raster (:mod:`rasterscale.raster.summary`) over the layer.
+
+A partition's job depends on its neighbours' batches' merge records and its job file lists its neighbourhood: a
+batch of new scenes reruns the partitions of the batches beside it (their ownership changes), no other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rasterscale.grid.partitions import Neighbourhood, adjacency, neighbourhoods
+from rasterscale.grid.project import is_seam, source_area
+
+if TYPE_CHECKING:
+    from rasterscale.workflow.plan import Plan
+
+SUMMARY = "summary.tif"
+_CACHE: list[tuple[Plan, dict[int, Neighbourhood]]] = []  # the last plan's neighbourhoods (one plan a process)
+
+
+def partitioned(plan: Plan) -> bool:
+    """Whether the project's layer is a partitioned GeoParquet dataset."""
+    objects = plan.task.project_summary == "objects"
+    return plan.has_project() and objects and len(plan.predict_scenes) > plan.settings.project.partition_scenes
+
+
+def layer_name(plan: Plan) -> str:
+    """The project layer's name (``detections``, ``crowns``): its GeoParquet file's stem, its partitions' folder."""
+    return Path(plan.task.project_outputs(plan.settings)["parquet"]).stem
+
+
+def partition_file(plan: Plan, batch: int | str) -> str:
+    return plan.paths.project_file(f"{layer_name(plan)}/batch-{batch}.parquet")
+
+
+def summary_file(plan: Plan) -> str:
+    return plan.paths.project_file(SUMMARY)
+
+
+def project_targets(plan: Plan) -> list[str]:
+    """The project's files: its layers (a partitioned layer's files instead of its GeoPackage and GeoParquet) and
+    its summary raster."""
+    if not plan.has_project():
+        return []
+    if partitioned(plan):
+        layers = [partition_file(plan, batch) for batch in partition_groups(plan)]
+    else:
+        layers = list(plan.project_outputs().values())
+    return [*layers, summary_file(plan)]
+
+
+def summary_layers(plan: Plan) -> list[str]:
+    """What the summary raster reads: the partitions, the layer's GeoParquet file, or a raster task's mosaic."""
+    if partitioned(plan):
+        return [partition_file(plan, batch) for batch in partition_groups(plan)]
+    kind = plan.task.project_summary
+    return [plan.project_outputs()["parquet" if kind == "objects" else kind]]
+
+
+def source_entry(plan: Plan, name: str, outputs: bool = True) -> dict[str, Any]:
+    """A project source as a project job lists it: its name, CRS and footprint (a scene's ``bounds``) or core (a
+    seam's), and (``outputs``) its merged layers by key."""
+    layers = plan.scene_outputs(name) if outputs else {}
+    if is_seam(name):
+        seam = plan.seam(name)
+        return {"name": name, "crs": plan.footprints[seam.a].crs, "core": seam.core, **layers}
+    footprint = plan.footprints.get(name)
+    area = {"crs": footprint.crs, "bounds": list(footprint.bounds)} if footprint else {}
+    return {"name": name, **area, **layers}
+
+
+def partition_groups(plan: Plan) -> dict[int, list[str]]:
+    """The batches holding project sources, with those sources (a batch holding none has no partition)."""
+    sources = set(plan.project_sources())
+    groups = {batch.batch: [s.name for s in batch.scenes if s.name in sources] for batch in plan.batches}
+    return {batch: names for batch, names in sorted(groups.items()) if names}
+
+
+def partition_neighbourhoods(plan: Plan) -> dict[int, Neighbourhood]:
+    """Each partition's :class:`~rasterscale.grid.partitions.Neighbourhood` (computed once a process)."""
+    if _CACHE and _CACHE[0][0] is plan:
+        return _CACHE[0][1]
+    crs = plan.project_crs()
+    areas = {}
+    for name in plan.project_sources():
+        area = source_area(source_entry(plan, name, outputs=False), crs)
+        if area is not None:
+            areas[name] = area
+    pixel = max((max(footprint.pixel) for footprint in plan.footprints.values()), default=0.0)
+    found = neighbourhoods(partition_groups(plan), adjacency(areas, pixel / 100))
+    _CACHE[:] = [(plan, found)]
+    return found
+
+
+def partition_inputs(plan: Plan, batch: int) -> list[str]:
+    """What a partition's job depends on: the merge records of the batches holding its sources and their
+    neighbours (it reads their layers)."""
+    near = partition_neighbourhoods(plan)[batch]
+    return plan.batch_records("merged", [*near.owners, *near.neighbours])
