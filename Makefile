@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances demo-height demo-byom test docs envs lint format bench bench-gpu bench-scenes bench-parse bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
+.PHONY: demo demo-segmentation demo-instances demo-height demo-byom test docs envs lint format bench bench-gpu bench-scenes bench-parse bench-continental bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -91,6 +91,11 @@ bench-project: $(STAMP)
 # a DeepForest RGB model folder fine-tuned on RGBN against scratch, same steps, and at step 0 (bench/rgbn_start.py)
 bench-rgbn: $(STAMP)
 	$(BIN)/python bench/rgbn_start.py
+
+# a simulated continental run: a STAC ItemCollection of 200,000 items planned by snakemake -n, two batches run for
+# real, every process's time and peak RSS (bench/continental.py; --items N, --source survey: local rasters)
+bench-continental: $(STAMP)
+	$(BIN)/python bench/continental.py
 
 # how long Snakemake parses the workflow with 1000 scenes: dry run, a job's re-parse (bench/parse_time.py; --scenes N)
 bench-parse: $(STAMP)
