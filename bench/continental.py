@@ -52,11 +52,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from parse_time import job_command, snakemake  # noqa: E402
+from parse_time import TIME, job_command, snakemake  # noqa: E402
+from rasterscale.runtime.precision import cpu_info  # noqa: E402
 from synthetic import CRS, TRANSFORM, write_detector, write_raster  # noqa: E402
 
 SIDE = 256
-TIME = shutil.which("time") or "/usr/bin/time"  # GNU time: %M the peak RSS (KiB) of the process it runs
 TARGETS = {100_000: (150.0, 4096.0, 5.0), 200_000: (300.0, 4096.0, 5.0)}  # scenes: dry run s, RSS MiB, re-parse s
 
 
@@ -259,10 +259,7 @@ def format_report(results: dict[str, Any]) -> str:
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
-    return f"{os.cpu_count()} CPUs"
+    return f"{os.cpu_count()} x {cpu_info()[0]}"
 
 
 def write_inputs(workdir: Path, args: argparse.Namespace) -> None:
