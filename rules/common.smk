@@ -172,18 +172,13 @@ def report_flag(path, caption, category, item, subcategory):
 
 def scored_outputs(batch):
     """A batch's scoring job's outputs: its record (written last) and its scenes' files, those the report shows
-    flagged under the scene's name; in a run of more than batches.REPORTED_SCENES predicted scenes only those gone
-    since the job ran and those the command line names, as PLAN.declared_files (the report then shows the run and the
-    project, not every scene)."""
-    record = PATHS.batch_record("scored", batch)
-    scored = reportfiles.scored_files(PLAN, batch)
-    if len(PLAN.settings.predict.scenes) > batches.REPORTED_SCENES:
-        gone = set(batches.missing_files(record, [f.path for f in scored]))
-        scored = [f for f in scored if f.path in gone or f.path in REQUESTED]
+    flagged under the scene's name (in a large run only those gone since the job ran and those the command line
+    names: reportfiles.declared_scored_files)."""
     files = [
-        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path for f in scored
+        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path
+        for f in reportfiles.declared_scored_files(PLAN, batch, REQUESTED)
     ]
-    return {"record": record, "files": files}  # the record first: rules/merge.smk
+    return {"record": PATHS.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
 
 
 def training_outputs(model):

@@ -94,7 +94,7 @@ def project_job(plan: Plan) -> ProjectJob:
 def partition_job(plan: Plan, batch: int) -> ProjectJob:
     """What a partition's merge reads: its batch's sources and their neighbours (their layers), their neighbours'
     areas (:mod:`rasterscale.grid.partitions`)."""
-    near = partitions.partition_neighbourhoods(plan)[batch]
+    near = plan.partition_neighbourhoods[batch]
     sources = tuple(partitions.source_entry(plan, name) for name in [*near.owners, *near.neighbours])
     areas = tuple(partitions.source_entry(plan, name, outputs=False) for name in near.outer)
     outputs = {"partition": partitions.partition_file(plan, batch)}

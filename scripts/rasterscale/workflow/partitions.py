@@ -20,13 +20,12 @@ if TYPE_CHECKING:
     from rasterscale.workflow.plan import Plan
 
 SUMMARY = "summary.tif"
-_CACHE: list[tuple[Plan, dict[int, Neighbourhood]]] = []  # the last plan's neighbourhoods (one plan a process)
 
 
 def partitioned(plan: Plan) -> bool:
     """Whether the project's layer is a partitioned GeoParquet dataset."""
     objects = plan.task.project_summary == "objects"
-    return plan.has_project() and objects and len(plan.predict_scenes) > plan.settings.project.partition_scenes
+    return plan.has_project() and objects and len(plan.settings.predict.scenes) > plan.settings.project.partition_scenes
 
 
 def layer_name(plan: Plan) -> str:
@@ -82,9 +81,8 @@ def partition_groups(plan: Plan) -> dict[int, list[str]]:
 
 
 def partition_neighbourhoods(plan: Plan) -> dict[int, Neighbourhood]:
-    """Each partition's :class:`~rasterscale.grid.partitions.Neighbourhood` (computed once a process)."""
-    if _CACHE and _CACHE[0][0] is plan:
-        return _CACHE[0][1]
+    """Each partition's :class:`~rasterscale.grid.partitions.Neighbourhood` (the plan keeps them:
+    ``Plan.partition_neighbourhoods``)."""
     crs = plan.project_crs()
     areas = {}
     for name in plan.project_sources():
@@ -92,13 +90,11 @@ def partition_neighbourhoods(plan: Plan) -> dict[int, Neighbourhood]:
         if area is not None:
             areas[name] = area
     pixel = max((max(footprint.pixel) for footprint in plan.footprints.values()), default=0.0)
-    found = neighbourhoods(partition_groups(plan), adjacency(areas, pixel / 100))
-    _CACHE[:] = [(plan, found)]
-    return found
+    return neighbourhoods(partition_groups(plan), adjacency(areas, pixel / 100))
 
 
 def partition_inputs(plan: Plan, batch: int) -> list[str]:
     """What a partition's job depends on: the merge records of the batches holding its sources and their
     neighbours (it reads their layers)."""
-    near = partition_neighbourhoods(plan)[batch]
+    near = plan.partition_neighbourhoods[batch]
     return plan.batch_records("merged", [*near.owners, *near.neighbours])

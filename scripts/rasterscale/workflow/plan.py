@@ -19,6 +19,7 @@ from typing import Any
 
 from rasterscale.config.schema import nothing_to_do
 from rasterscale.config.settings import RunSettings, SceneSettings, Settings, settings_of
+from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import PredictionBatch
@@ -192,8 +193,7 @@ class Plan:
 
     def unbatched_scenes(self) -> list[str]:
         """The scenes no batch makes the manifest of (training-only scenes: rule tile_manifest)."""
-        predicted = set(self.predict_scenes)
-        return [name for name in self.scenes if name not in predicted]
+        return [name for name in self.scenes if not self.is_predicted(name)]
 
     def striped_warnings(self) -> list[str]:
         """One warning per striped scene the run reads: it is read from a tiled COG."""
@@ -294,6 +294,12 @@ class Plan:
     @functools.cached_property
     def _declared(self) -> dict[tuple[str, int], list[str]]:
         return {}
+
+    @functools.cached_property
+    def partition_neighbourhoods(self) -> dict[int, Neighbourhood]:
+        """Each partition's sources and neighbours (:func:`rasterscale.workflow.partitions.partition_neighbourhoods`),
+        computed once a plan: every partition's job and rule asks."""
+        return partitions.partition_neighbourhoods(self)
 
     def batches_of(self, names: Iterable[str]) -> list[int]:
         """The batches holding any of these scenes or seams."""

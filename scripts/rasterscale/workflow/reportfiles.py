@@ -7,12 +7,13 @@ and the training curves with Snakemake's ``report()`` (``rules/report.smk``); th
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
 from rasterscale.raster.remote import local_files
 from rasterscale.workflow import partitions
-from rasterscale.workflow.batches import recorded_targets
+from rasterscale.workflow.batches import REPORTED_SCENES, missing_files, recorded_targets
 from rasterscale.workflow.plan import Plan
 
 # The report's categories, numbered: Snakemake's report lists categories in the order of their names.
@@ -115,6 +116,18 @@ def scored_files(plan: Plan, batch: int) -> list[ScoredFile]:
     return files
 
 
+def declared_scored_files(plan: Plan, batch: int, requested: AbstractSet[str]) -> list[ScoredFile]:
+    """The files a batch's scoring rule declares besides its record: every one while the run predicts at most
+    :data:`~rasterscale.workflow.batches.REPORTED_SCENES` scenes (the report shows each scene's pages); beyond, as
+    the other batch rules (:meth:`Plan.declared_files`), those gone since the job ran and those ``requested`` (named
+    on the command line), and the report shows the run and the project, not every scene."""
+    scored = scored_files(plan, batch)
+    if len(plan.settings.predict.scenes) <= REPORTED_SCENES:
+        return scored
+    gone = set(missing_files(plan.paths.batch_record("scored", batch), [f.path for f in scored]))
+    return [f for f in scored if f.path in gone or f.path in requested]
+
+
 def score_inputs(plan: Plan, batch: int) -> list[str]:
     """A batch's scoring job's inputs: its merge record (the scenes' merged outputs; their rasters come before
     them) and its scenes' annotations."""
@@ -133,7 +146,6 @@ def project_inputs(plan: Plan) -> dict[str, list[str]]:
     predicted scenes' counts and the project's summary raster (a run of several scenes)."""
     scenes = mapped_scenes(plan)
     rasters = plan.raster_inputs(*scenes)  # the local ones: no URL is a file to wait for
-    predicted = set(plan.predict_scenes)
-    scored = [name for name in scenes if name in predicted]
+    scored = [name for name in scenes if plan.is_predicted(name)]
     summary = [partitions.summary_file(plan)] if plan.has_project() else []
     return {"rasters": rasters, "counts": plan.batch_records("scored", scored), "summary": summary}
