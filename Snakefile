@@ -31,6 +31,9 @@ include: "rules/check.smk"
 include: "rules/report.smk"
 
 
+forget_batch_rule_functions()  # rules/common.smk: Snakemake copies the globals for every job's command
+
+
 rule all:
     default_target: True
     input:

@@ -23,7 +23,7 @@ if partitions.partitioned(PLAN):
         conda:
             "../envs/environment.yaml"
         resources:
-            mem_mb=mem_mb("project"),
+            mem_mb=scene_mem_mb("partition", "batch"),
         params:
             entry=entry_point("project"),
         shell:

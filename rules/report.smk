@@ -29,7 +29,7 @@ rule report_run:
 
 rule report_project_map:
     input:
-        **reportfiles.project_inputs(PLAN),
+        unpack(lambda wildcards: reportfiles.project_inputs(PLAN)),
         job=PATHS.job_file("project_map"),
     output:
         report_flag(

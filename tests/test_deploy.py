@@ -25,8 +25,6 @@ from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
 from rasterscale.grid.manifest import tile_offsets
 from rasterscale.grid.project import Footprint, seam_name
-from rasterscale.jobs.files import PredictionBatch
-from rasterscale.scene import Scene
 from rasterscale.tools.condaenv import parse_requirements, render_environment
 from rasterscale.workflow import resources
 from rasterscale.workflow.plan import Plan
@@ -74,11 +72,8 @@ def plan_of(footprints: dict[str, Footprint], batches: list[list[str]], **sectio
     scenes = {name: {"path": f"{name}.tif"} for name in footprints}
     model = {"file": "model.pt", **sections.pop("model", {})}
     config = validate_config({"scenes": scenes, "model": model, "predict": {"scenes": list(footprints)}, **sections})
-    jobs = tuple(
-        PredictionBatch(b, tuple(Scene(name, f"{name}.tif", f"{name}.parquet") for name in names))
-        for b, names in enumerate(batches)
-    )
-    return Plan(config=config, footprints=footprints, batches=jobs)
+    members = {b: tuple(names) for b, names in enumerate(batches)}
+    return Plan(config=config, footprints=footprints, members=members)
 
 
 def test_estimates_grow_with_the_scene_and_are_whole_steps_above_the_process():

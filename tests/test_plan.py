@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +199,19 @@ def test_two_models_over_the_same_scenes_plan_disjoint_outputs(workdir):
     }
     assert [[s.name for s in b.scenes] for b in again["m1"].batches] == [["a", "b"], ["c"]]
     assert [[s.name for s in b.scenes] for b in again["m2"].batches] == [["a"], ["b"], ["c"]]
+
+
+def test_a_job_file_is_written_only_when_its_values_change_and_another_layout_keeps_its_time(workdir):
+    plan = build_plan(table_config(workdir))
+    assert write_job_files(plan) == len(job_files(plan)) and write_job_files(plan) == 0
+    path = Path(plan.paths.job_file("merge", 0))
+    indented = json.dumps(json.loads(path.read_text()), indent=1) + "\n"  # an earlier version's layout
+    path.write_text(indented)
+    os.utime(path, ns=(10**18, 10**18))
+    assert write_job_files(plan) == 0  # the same values: its job does not rerun
+    assert path.read_text() != indented and path.stat().st_mtime_ns == 10**18  # now in this layout, its time kept
+    changed = build_plan(table_config(workdir) | {"merge": {"iou_threshold": 0.2}})
+    assert write_job_files(changed) >= 1 and path.stat().st_mtime_ns != 10**18  # a value changed: rewritten
 
 
 def test_a_model_file_without_a_name_names_the_run_after_its_file(workdir):
@@ -600,10 +614,94 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
     job = ["--mode", "remote", "--target-jobs", "predict:batch=0,shard=0", "--cores", "1", "-n", "--quiet"]
     loaded = snakemake_forks.run(workflow_command(workdir, config, *job))
     assert loaded.returncode == 0, loaded.stderr[-3000:]
-    for stored in (workdir / ".snakemake/rasterscale").glob("plan-*.json"):
-        stored.unlink()
+    (whole,) = (workdir / ".snakemake/rasterscale").glob("plan-*.json")
+    whole.unlink()  # a job of batch 0 loads its batch's plan: the whole one is not read
+    assert (whole.with_suffix("") / "batch-0.json").exists()
+    loaded = snakemake_forks.run(workflow_command(workdir, config, *job))
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    for stored in (workdir / ".snakemake/rasterscale").glob("plan-*"):  # the plan and its batches' plans
+        shutil.rmtree(stored) if stored.is_dir() else stored.unlink()
     built = snakemake_forks.run(workflow_command(workdir, config, *job))
     assert built.returncode == 1 and "rasterscale: b.tif: " in built.stderr  # none stored: the job read it
+
+
+def grid_config(workdir: Path) -> dict:
+    """Nine 64 px scenes abutting in a row (8 seams), one striped, two annotated, one trained on; every one
+    predicted, 2 a batch, the project's layer partitioned (more than 2 scenes)."""
+    scenes = {}
+    for index in range(9):
+        transform = Affine(0.1, 0, 404000.0 + index * 6.4, 0, -0.1, 3285000.0)
+        write_raster(workdir / f"s{index}.tif", 64, 64, transform=transform, tiled=index != 4)
+        scenes[f"s{index}"] = {"path": f"s{index}.tif"}
+    for name in ("s0", "s5"):
+        (workdir / f"{name}.csv").write_text(f"image_path,xmin,ymin,xmax,ymax,label\n{name}.tif,1,1,9,9,tree\n")
+        scenes[name]["annotations"] = f"{name}.csv"
+    return {
+        "scenes": scenes,
+        "tiling": {"patch_size": 32, "overlap": 8},
+        "train": {"scenes": ["s0"], "validation_fraction": 0.5},
+        "predict": {"scenes": "all", "scenes_per_job": 2, "shards": 2},
+        "project": {"partition_scenes": 2},
+    }
+
+
+def test_a_batch_plan_answers_what_its_batchs_jobs_ask_as_the_whole_plan_does(workdir):
+    """A job of one batch loads its batch's plan (storage.batch_plan): every rule of the batch (tile manifests,
+    prediction, merge, scoring, partition) gets the same inputs, declared files and memory from it, and its job
+    files come out the same (but a partition's, which lists its neighbours' areas), while it holds a fraction of the
+    scenes."""
+    from rasterscale.workflow import partitions, reportfiles, resources
+    from rasterscale.workflow.jobfiles import merge_job, score_job, tiles_job
+
+    plan = build_plan(grid_config(workdir))
+    assert partitions.partitioned(plan) and len(plan.seams) == 8 and plan.untiled and len(plan.members) == 5
+    Path(plan.paths.batch_record("tiled", 0)).parent.mkdir(parents=True)
+    Path(plan.paths.batch_record("tiled", 0)).write_text("{}")  # batch 0 ran, and its files are gone
+    scored = scored_batches(plan)
+    for number in plan.batch_numbers:
+        scoped = plan_from_json(plan_to_json(plan_storage.batch_plan(plan, number)))
+        assert scoped.scope == number and len(scoped.scenes) < len(plan.scenes)
+        for job in (tiles_job, predict_job, merge_job):
+            assert job(scoped, number) == job(plan, number)
+        assert scoped.batch_inputs(number) == plan.batch_inputs(number)
+        entries = plan.prediction_batch(number).scenes  # the batch's files, as its entries name them
+        assert plan.batch_inputs(number)["manifests"] == [scene.manifest for scene in entries]
+        assert plan.batch_outputs(number) == [path for scene in entries for path in scene.outputs.values()]
+        for step in ("tiled", "merged"):
+            asked = frozenset(plan.batch_files(step, number)[:1])
+            assert scoped.declared_files(step, number, asked) == plan.declared_files(step, number, asked)
+        assert (number == 0) == bool(scoped.declared_files("tiled", number))
+        for estimate in ("batch_tile_manifest", "merge", "score"):
+            function = getattr(resources, f"{estimate}_mb")
+            assert function(scoped, number) == function(plan, number)
+        assert (number in scored) == (number in scored_batches(scoped))
+        if number in scored:
+            assert score_job(scoped, number) == score_job(plan, number)
+            assert reportfiles.score_inputs(scoped, number) == reportfiles.score_inputs(plan, number)
+            files = reportfiles.declared_scored_files(scoped, number, frozenset())
+            assert files == reportfiles.declared_scored_files(plan, number, frozenset())
+        assert partitions.partitioned(scoped) and scoped.unbatched_scenes() == plan.unbatched_scenes() == []
+        if number in partitions.partition_groups(plan):
+            assert partitions.partition_inputs(scoped, number) == partitions.partition_inputs(plan, number)
+            assert resources.partition_mb(scoped, number) == resources.partition_mb(plan, number)
+
+
+@pytest.mark.parametrize(
+    ("argv", "batch"),
+    [
+        (["--target-jobs", "merge_batch_3:", "--allowed-rules", "merge_batch_3"], 3),
+        (["--target-jobs", "predict:batch=12,shard=1", "--cores", "all"], 12),
+        (["--target-jobs=project_partition:batch=4"], 4),
+        (["--target-jobs", "train_model:model=m"], None),  # of no batch: the whole plan
+        (["--target-jobs", "merge_batch_3:", "score_batch_4:"], None),  # a group job of two batches
+        (["--target-jobs", "merge_batch_3:", "predict:batch=3,shard=0"], 3),
+        (["-n"], None),
+    ],
+)
+def test_a_jobs_batch_is_read_from_its_target_jobs(argv, batch):
+    from rasterscale.workflow.batches import job_batch
+
+    assert job_batch(["snakemake", *argv]) == batch
 
 
 def test_storing_a_plan_keeps_the_newest_stored_plans_only(workdir):

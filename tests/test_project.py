@@ -376,8 +376,12 @@ def rasters(tmp_path) -> dict[str, str]:
 
 
 def form(workdir: Path, members: str, entry: Callable[[str, int], Scene]) -> dict[int, tuple[Scene, ...]]:
+    """The batches formed, with their members' entries: the recorded one of a member no longer asked for, else
+    ``entry``'s (what the plan builds)."""
     recorded = read_recorded(RUN.jobs_dir("tiles"), workdir)
-    return form_batches(list(members), entry, 2, recorded, lambda r: (workdir / r).exists())
+    batches, kept = form_batches(list(members), entry, 2, recorded, lambda r: (workdir / r).exists())
+    assert set(kept) <= {name for names in batches.values() for name in names} - set(members)
+    return {n: tuple(kept[m] if m in kept else entry(m, n) for m in names) for n, names in batches.items()}
 
 
 def test_fresh_batches_chunk_the_members_in_order_numbered_from_zero(tmp_path, rasters):

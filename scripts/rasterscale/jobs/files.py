@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,16 @@ class JobFile:
 
     KIND: ClassVar[str] = ""
 
-    def to_json(self) -> str:
+    def to_data(self) -> dict[str, Any]:
+        """The file's JSON value: format, kind, and each field encoded."""
         data = {"format": FORMAT, "kind": self.KIND}
         data.update({field.name: _encode(getattr(self, field.name)) for field in dataclasses.fields(self)})
-        return json.dumps(data, indent=1)
+        return data
+
+    def to_json(self) -> str:
+        """The file's text: compact JSON (Python's JSON encoder is C only without indentation: 100,000 scenes'
+        job files are 1.7 GB)."""
+        return json.dumps(self.to_data(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls: type[J], text: str, source: str = "job file") -> J:
@@ -63,18 +70,23 @@ class JobFile:
             raise JobFileError(f"{path}: unreadable job file ({reason}): rerun the workflow") from None
 
     def write(self, path: str | Path) -> bool:
-        """Write the file atomically when its content differs from what ``path`` holds (an unchanged job file
-        keeps its time: its job does not rerun); whether it wrote."""
+        """Write the file atomically when its content differs from what ``path`` holds; whether it did. An
+        unchanged job file keeps its time, so its job does not rerun: one of the same JSON values in another
+        layout (an earlier version's, indented) is rewritten in this one with its time kept."""
         text = self.to_json() + "\n"
         target = Path(path)
         try:
-            if target.read_text() == text:
+            found = target.read_text()
+            if found == text:
                 return False
-        except OSError:
-            pass
+            kept = target.stat() if json.loads(found) == json.loads(text) else None
+        except (OSError, ValueError):
+            kept = None
         with atomic_path(target) as tmp:
             Path(tmp).write_text(text)
-        return True
+        if kept is not None:
+            os.utime(target, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+        return kept is None
 
 
 def _encode(value: Any) -> Any:
@@ -134,14 +146,13 @@ class TilesJob(JobFile):
     trusted: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     records: str = ""  # the folder of the records of scenes whose raster is not what their STAC item said
 
-    def to_json(self) -> str:
+    def to_data(self) -> dict[str, Any]:
         """Without ``trusted`` and ``records`` when no scene's header was trusted: the file of a job without STAC
         items is as before (an unchanged job file does not rerun its job)."""
-        if self.trusted:
-            return super().to_json()
-        data = json.loads(super().to_json())
-        del data["trusted"], data["records"]
-        return json.dumps(data, indent=1)
+        data = super().to_data()
+        if not self.trusted:
+            del data["trusted"], data["records"]
+        return data
 
     @classmethod
     def from_json(cls, text: str, source: str = "job file") -> TilesJob:

@@ -172,3 +172,8 @@ def throughput_file() -> str:
 
 def stored_plan(fingerprint: str) -> str:
     return f"{PLAN_DIR}/plan-{fingerprint}.json"
+
+
+def stored_batch_plans(fingerprint: str) -> str:
+    """The folder of a stored plan's batch plans (``batch-{b}.json``: what the jobs of batch b read)."""
+    return f"{PLAN_DIR}/plan-{fingerprint}"

@@ -68,27 +68,30 @@ def form_batches(
     size: int,
     recorded: Sequence[Recorded],
     exists: Callable[[str], bool],
-) -> dict[int, tuple[Scene, ...]]:
-    """The batches, by number: the recorded ones kept (see the module docstring), then the other ``members`` in
-    their order, ``size`` scenes at a time with their seams (:func:`new_batches`). ``entry(member, batch)``: the
-    entry the plan writes for a member in a batch; ``exists(raster)``: whether a raster a kept batch reads is still
-    there."""
+) -> tuple[dict[int, tuple[str, ...]], dict[str, Scene]]:
+    """The batches, by number, their members by name: the recorded ones kept (see the module docstring), then the
+    other ``members`` in their order, ``size`` scenes at a time with their seams (:func:`new_batches`); and the
+    recorded entries of the kept batches' members that ``members`` no longer names (any other member's entry is
+    ``entry(member, batch)``, what the plan writes for it). ``exists(raster)``: whether a raster a kept batch reads
+    is still there."""
     wanted = set(members)
-    kept: dict[int, tuple[Scene, ...]] = {}
+    kept: dict[int, tuple[str, ...]] = {}
+    unwanted: dict[int, dict[str, Scene]] = {}
     claimed: set[str] = set()
     for record in sorted(recorded, key=lambda r: (-r.mtime_ns, r.batch)):
-        names = [scene["name"] for scene in record.scenes]
+        names = tuple(scene["name"] for scene in record.scenes)
         if record.batch in kept or claimed.intersection(names) or not _still_valid(record, wanted, entry, exists):
             continue
-        kept[record.batch] = tuple(Scene.from_dict(scene) for scene in record.scenes)
+        kept[record.batch] = names
+        unwanted[record.batch] = {s["name"]: Scene.from_dict(s) for s in record.scenes if s["name"] not in wanted}
         claimed.update(names)
-    batches = {number: kept[number] for number in sorted(kept) if wanted.intersection(s.name for s in kept[number])}
+    batches = {number: kept[number] for number in sorted(kept) if wanted.intersection(kept[number])}
+    entries = {name: scene for number in batches for name, scene in unwanted[number].items()}
     rest = [name for name in members if name not in claimed]
     free = (number for number in range(len(kept) + len(rest) + 1) if number not in batches)
     for chunk in new_batches(rest, size):
-        number = next(free)
-        batches[number] = tuple(entry(name, number) for name in chunk)
-    return dict(sorted(batches.items()))
+        batches[next(free)] = tuple(chunk)
+    return dict(sorted(batches.items())), entries
 
 
 def new_batches(rest: Sequence[str], size: int) -> list[list[str]]:
@@ -138,17 +141,39 @@ def batch_rule(kind: str, batch: int) -> str:
 def allowed_rules(argv: Sequence[str]) -> frozenset[str] | None:
     """The rules a Snakemake process was told to consider (``--allowed-rules A B ...``, which Snakemake gives the
     command of every job it spawns), None when it was not."""
+    given = any(arg == "--allowed-rules" or arg.startswith("--allowed-rules=") for arg in argv)
+    return frozenset(_option_values(argv, "--allowed-rules")) if given else None
+
+
+def job_batch(argv: Sequence[str]) -> int | None:
+    """The batch a spawned job belongs to, from its command line (``--target-jobs RULE:WILDCARDS ...``, which
+    Snakemake gives every job it spawns): that of a batch rule (``merge_batch_3:``) or of a rule's ``batch``
+    wildcard (``predict:batch=3,shard=0``); None when its jobs are of no batch or of several (a group job)."""
+    found = set()
+    for spec in _option_values(argv, "--target-jobs"):
+        rule, _, wildcards = spec.partition(":")
+        match = BATCH_RULE.match(rule)
+        values = dict(item.partition("=")[::2] for item in wildcards.split(",") if item)
+        number = match.group(1) if match else values.get("batch")
+        if number is None or not number.isdigit():
+            return None
+        found.add(int(number))
+    return found.pop() if len(found) == 1 else None
+
+
+def _option_values(argv: Sequence[str], option: str) -> list[str]:
+    """The values given to a command line's option of several values (``--option A B ...``)."""
     for index, arg in enumerate(argv):
-        if arg == "--allowed-rules":
-            names = []
+        if arg == option:
+            values = []
             for value in argv[index + 1 :]:
                 if value.startswith("-"):
                     break
-                names.append(value)
-            return frozenset(names)
-        if arg.startswith("--allowed-rules="):
-            return frozenset(arg.split("=", 1)[1].split())
-    return None
+                values.append(value)
+            return values
+        if arg.startswith(f"{option}="):
+            return arg.split("=", 1)[1].split()
+    return []
 
 
 def rule_batches(numbers: Sequence[int], main_process: bool, argv: Sequence[str]) -> list[int]:

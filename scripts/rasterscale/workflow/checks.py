@@ -23,7 +23,6 @@ from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.project import Footprint, find_seams
 from rasterscale.grid.split import check_validation_band
 from rasterscale.jobs import paths
-from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import differs_wildly
 from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.header_cache import plan_headers
@@ -94,7 +93,7 @@ def build_plan(
         check_project_crs(plan)
         if settings.project.seams:
             plan = plan.with_(seams=tuple(find_seams(footprints, settings.tiling.overlap)))
-    plan = plan.with_(batches=_batches(plan, workdir))
+    plan = _batches(plan, workdir)
     for line in plan.striped_warnings():
         say(line)
     return plan
@@ -198,14 +197,14 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
-def _batches(plan: Plan, workdir: str | Path) -> tuple[PredictionBatch, ...]:
-    """The prediction batches: the recorded ones that still hold, then the new scenes and seams."""
+def _batches(plan: Plan, workdir: str | Path) -> Plan:
+    """The plan with its prediction batches: the recorded ones that still hold, then the new scenes and seams."""
     members = plan.project_sources() if plan.has_project() else plan.predict_scenes
     size = plan.settings.predict.scenes_per_job
     base = Path(workdir)
     recorded = read_recorded(plan.paths.jobs_dir("tiles"), workdir)
-    batches = form_batches(members, plan.batch_entry, size, recorded, lambda r: (base / r).exists())
-    return tuple(PredictionBatch(number, scenes) for number, scenes in batches.items())
+    batches, kept = form_batches(members, plan.batch_entry, size, recorded, lambda r: (base / r).exists())
+    return plan.with_(members=batches, kept=kept)
 
 
 def _check_scene(
@@ -292,8 +291,18 @@ def checked_files(settings: Settings) -> Iterator[str]:
 
 def _read_files(settings: Settings) -> Iterator[str]:
     for scene in settings.scenes.values():
-        yield scene.path
-        yield from (path for path in (scene.annotations, scene.stac) if path)
+        yield from scene_files(scene)
+    yield from run_files(settings)
+
+
+def scene_files(scene: SceneSettings) -> Iterator[str]:
+    """The files a plan's checks read of a scene: its raster, annotations and STAC item (local or not)."""
+    yield scene.path
+    yield from (path for path in (scene.annotations, scene.stac) if path)
+
+
+def run_files(settings: Settings) -> Iterator[str]:
+    """The files a plan's checks read besides the scenes': the STAC items scenes came from, the model files."""
     yield from settings.stac.items
     model = settings.model
     yield from (path for path in (model.file, settings.train.init, model.backbone_weights) if path)

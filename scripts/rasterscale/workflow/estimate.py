@@ -157,7 +157,7 @@ def train_line(plan: Plan, entries: Mapping[str, Throughput]) -> str:
 
 def batch_tiles(plan: Plan, work: Work) -> list[int]:
     """At most each prediction batch's tiles."""
-    return [sum(work.tiles.get(scene.name, 0) for scene in batch.scenes) for batch in plan.batches]
+    return [sum(work.tiles.get(name, 0) for name in names) for names in plan.members.values()]
 
 
 def asks_gpus(plan: Plan, section: str) -> bool:
@@ -192,7 +192,7 @@ def overrun(plan: Plan, section: str, minutes: float, keys: str) -> str:
 
 def slurm_predict_line(plan: Plan, work: Work, entries: Mapping[str, Throughput]) -> str:
     """The prediction jobs the Slurm profile asks for (batches × shards), and the largest one's time on GPUs."""
-    shards, batches = plan.shards, len(plan.batches)
+    shards, batches = plan.shards, len(plan.members)
     jobs = batches * shards
     split = f"{plural(batches, 'batch', 'batches')} x {plural(shards, 'shard')}"
     line = (
@@ -229,7 +229,7 @@ def estimate_lines(plan: Plan, entries: Mapping[str, Throughput]) -> list[str]:
         lines.append(predict_line(plan, work, entries))
     if plan.trains:
         lines.append(train_line(plan, entries))
-    if slurm and work is not None and plan.batches:
+    if slurm and work is not None and plan.members:
         lines.append(slurm_predict_line(plan, work, entries))
     if slurm and plan.trains:
         lines.append(slurm_train_line(plan, entries))

@@ -7,6 +7,7 @@ changes, so that a job reruns exactly when what it uses changed (and a job's re-
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,33 +169,38 @@ def project_map_job(plan: Plan) -> ProjectMapJob:
 
 def job_files(plan: Plan) -> dict[str, JobFile]:
     """Every job file of the plan by its path."""
-    files: dict[str, JobFile] = {paths.check_job(): check_job(plan)}
+    return dict(each_job_file(plan))
+
+
+def each_job_file(plan: Plan) -> Iterator[tuple[str, JobFile]]:
+    """Every job file of the plan with its path, one at a time (a batch's files hold its scenes' entries: at
+    200,000 scenes, all of them at once would be gigabytes)."""
+    yield paths.check_job(), check_job(plan)
     run = plan.paths
     for number in plan.batch_numbers:
-        files[run.job_file("tiles", number)] = tiles_job(plan, number)
-        files[run.job_file("predict", number)] = predict_job(plan, number)
-        files[run.job_file("merge", number)] = merge_job(plan, number)
+        yield run.job_file("tiles", number), tiles_job(plan, number)
+        yield run.job_file("predict", number), predict_job(plan, number)
+        yield run.job_file("merge", number), merge_job(plan, number)
     for number in scored_batches(plan):
-        files[run.job_file("score", number)] = score_job(plan, number)
+        yield run.job_file("score", number), score_job(plan, number)
     for name in plan.unbatched_scenes():
-        files[run.scene_job(name)] = scene_tiles_job(plan, name)
+        yield run.scene_job(name), scene_tiles_job(plan, name)
     if plan.train_scenes:
-        files[run.job_file("train")] = train_job(plan)
+        yield run.job_file("train"), train_job(plan)
     if partitions.partitioned(plan):
         for number in partitions.partition_groups(plan):
-            files[run.job_file("project", number)] = partition_job(plan, number)
+            yield run.job_file("project", number), partition_job(plan, number)
     elif plan.has_project():
-        files[run.job_file("project")] = project_job(plan)
+        yield run.job_file("project"), project_job(plan)
     if plan.has_project():
-        files[run.job_file("summary")] = summary_job(plan)
+        yield run.job_file("summary"), summary_job(plan)
     for name in demo_scenes(plan):
-        files[paths.synthesis_job(plan.settings.demo.directory, name)] = synthesis_job(plan, name)
-    files[run.job_file("run_page")] = run_page_job(plan)
-    files[run.job_file("project_map")] = project_map_job(plan)
-    return files
+        yield paths.synthesis_job(plan.settings.demo.directory, name), synthesis_job(plan, name)
+    yield run.job_file("run_page"), run_page_job(plan)
+    yield run.job_file("project_map"), project_map_job(plan)
 
 
 def write_job_files(plan: Plan, workdir: str | Path = ".") -> int:
     """Write the plan's job files whose content changed (or that are missing); how many were written."""
     base = Path(workdir)
-    return sum(job.write(base / path) for path, job in job_files(plan).items())
+    return sum(job.write(base / path) for path, job in each_job_file(plan))

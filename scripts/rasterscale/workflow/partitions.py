@@ -25,7 +25,7 @@ SUMMARY = "summary.tif"
 def partitioned(plan: Plan) -> bool:
     """Whether the project's layer is a partitioned GeoParquet dataset."""
     objects = plan.task.project_summary == "objects"
-    return plan.has_project() and objects and len(plan.settings.predict.scenes) > plan.settings.project.partition_scenes
+    return plan.has_project() and objects and plan.predicted_count > plan.settings.project.partition_scenes
 
 
 def layer_name(plan: Plan) -> str:
@@ -76,7 +76,7 @@ def source_entry(plan: Plan, name: str, outputs: bool = True) -> dict[str, Any]:
 def partition_groups(plan: Plan) -> dict[int, list[str]]:
     """The batches holding project sources, with those sources (a batch holding none has no partition)."""
     sources = set(plan.project_sources())
-    groups = {batch.batch: [s.name for s in batch.scenes if s.name in sources] for batch in plan.batches}
+    groups = {batch: [name for name in names if name in sources] for batch, names in plan.members.items()}
     return {batch: names for batch, names in sorted(groups.items()) if names}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from rasterscale.workflow import partitions
 from rasterscale.workflow.batches import missing_files
 
 SECTIONS = ("train", "predict")
+ENTRIES_KEPT = 4  # batches whose entries a plan keeps built (Plan.prediction_batch)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class Plan:
     labels: tuple[str, ...] = ()  # the effective class names (config keys over the model file's)
     untiled: dict[str, tuple[str, ...]] = field(default_factory=dict)  # scene -> its striped rasters
     geometry: dict[str, Geometry] = field(default_factory=dict)  # section -> launch geometry
-    batches: tuple[PredictionBatch, ...] = ()  # the prediction jobs' scenes and seams
+    members: dict[int, tuple[str, ...]] = field(default_factory=dict)  # batch -> its scenes and seams, by name
+    # a kept batch's members that the config no longer names (their rasters still there): their recorded entries;
+    # every other member's entry is the plan's (batch_entry), built when its batch is asked for
+    kept: dict[str, Scene] = field(default_factory=dict)
     inputs: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # file -> (size, mtime_ns) checked
     footprints: dict[str, Footprint] = field(default_factory=dict)  # predicted scene -> its header's footprint
     seams: tuple[Seam, ...] = ()  # between the predicted scenes
@@ -56,6 +61,12 @@ class Plan:
     # it was left out (scenes_on_error: skip). Both the main process's only: a job's re-parse needs neither.
     trusted: dict[str, ItemHeader] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    # a batch's plan (rasterscale.workflow.storage.batch_plan), what the jobs of batch ``scope`` read: its members,
+    # their scenes and seams, the training scenes, and its partition's neighbourhood (``neighbourhoods``)
+    # ``predict.scenes`` of its config lists its own only, ``predicted`` counts the whole plan's
+    scope: int | None = None
+    neighbourhoods: dict[int, Neighbourhood] | None = None
+    predicted: int | None = None
 
     # -- the config -------------------------------------------------------------------------------------------
 
@@ -219,17 +230,17 @@ class Plan:
     def _seams_by_name(self) -> dict[str, Seam]:
         return {seam.name: seam for seam in self.seams}
 
-    @functools.cached_property
-    def _batches_by_number(self) -> dict[int, PredictionBatch]:
-        return {batch.batch: batch for batch in self.batches}
-
     def seam(self, name: str) -> Seam:
         return self._seams_by_name[name]
+
+    def seams_named(self, names: Iterable[str]) -> list[Seam]:
+        """The plan's seams among these names (a kept batch may hold a seam the plan no longer has)."""
+        found = self._seams_by_name
+        return [found[name] for name in names if name in found]
 
     def batch_entry(self, name: str, batch: int) -> Scene:
         """A scene's (or seam's) entry in a batch's job file: raster, manifest, imagery keys, rank files, outputs;
         a seam's mosaicked rasters and core."""
-        seam = self.seam(name) if is_seam(name) else None
         return Scene(
             name=name,
             raster=self.scene_raster(name),
@@ -237,32 +248,68 @@ class Plan:
             imagery=self.scene_imagery(name),
             rank_files=tuple(self.rank_files(name, batch)),
             outputs=self.scene_outputs(name),
-            mosaic=(self.scene_raster(seam.a), self.scene_raster(seam.b)) if seam else (),
-            core=seam.core if seam else "",
+            mosaic=self._mosaic(name),
+            core=self.seam(name).core if is_seam(name) else "",
         )
+
+    def _mosaic(self, name: str) -> tuple[str, ...]:
+        """The rasters a seam's mosaic reads (a scene's: none)."""
+        if not is_seam(name):
+            return ()
+        seam = self.seam(name)
+        return (self.scene_raster(seam.a), self.scene_raster(seam.b))
 
     @property
     def batch_numbers(self) -> list[int]:
-        return [batch.batch for batch in self.batches]
+        return list(self.members)
 
     def prediction_batch(self, batch: int) -> PredictionBatch:
-        """A batch's job file: each scene's raster, manifest, imagery keys, rank files and outputs."""
-        return self._batches_by_number[batch]
+        """A batch with its members' entries (raster, manifest, imagery keys, rank files, outputs), built the first
+        time it is asked for: a plan stores its batches' members by name (a job's re-parse builds its batch's
+        entries only, not 200,000 of them)."""
+        cache = self._entries
+        if batch in cache:
+            cache.move_to_end(batch)
+            return cache[batch]
+        entries = tuple(
+            self.kept[name] if name in self.kept else self.batch_entry(name, batch) for name in self.members[batch]
+        )
+        cache[batch] = PredictionBatch(batch, entries)
+        if len(cache) > ENTRIES_KEPT:
+            cache.popitem(last=False)
+        return cache[batch]
+
+    @functools.cached_property
+    def _entries(self) -> OrderedDict[int, PredictionBatch]:
+        """The batches whose entries were asked for last (their job files are written one batch after the other):
+        every batch's at once would be about 4 kB a scene, 800 MB at 200,000 scenes."""
+        return OrderedDict()
+
+    @property
+    def batches(self) -> tuple[PredictionBatch, ...]:
+        """Every batch with its entries (:meth:`prediction_batch`)."""
+        return tuple(self.prediction_batch(number) for number in self.members)
 
     def batch_inputs(self, batch: int) -> dict[str, list[str]]:
         """The rasters a batch's scenes and seams read, their manifests, and the seams' mosaics."""
-        scenes = self.prediction_batch(batch).scenes
-        rasters = local_files(raster for scene in scenes for raster in scene.rasters)
-        return {
-            "rasters": list(dict.fromkeys(rasters)),
-            "manifests": [scene.manifest for scene in scenes],
-            "mosaics": [scene.raster for scene in scenes if scene.mosaic],
-        }
+        rasters: list[str] = []
+        manifests: list[str] = []
+        mosaics: list[str] = []
+        for name in self.members[batch]:  # their files, without building their entries (rank files, imagery keys)
+            kept = self.kept.get(name)
+            raster = kept.raster if kept else self.scene_raster(name)
+            mosaic = kept.mosaic if kept else self._mosaic(name)
+            rasters += mosaic or (raster,)
+            manifests.append(kept.manifest if kept else self.paths.scene_manifest(name))
+            mosaics += [raster] if mosaic else []
+        return {"rasters": list(dict.fromkeys(local_files(rasters))), "manifests": manifests, "mosaics": mosaics}
 
     def batch_outputs(self, batch: int) -> list[str]:
         """A batch's merge job's scene outputs: its scenes' and seams' merged files (its record, the rule's other
         output, is ``self.paths.batch_record("merged", batch)``)."""
-        return [path for scene in self.prediction_batch(batch).scenes for path in scene.outputs.values()]
+        kept = self.kept
+        outputs = (kept[name].outputs if name in kept else self.scene_outputs(name) for name in self.members[batch])
+        return [path for files in outputs for path in files.values()]
 
     def batch_files(self, step: BatchStep, batch: int) -> list[str]:
         """What a batch's job of ``step`` writes besides its record ("tiled": manifests and seams' mosaics;
@@ -298,23 +345,24 @@ class Plan:
     @functools.cached_property
     def partition_neighbourhoods(self) -> dict[int, Neighbourhood]:
         """Each partition's sources and neighbours (:func:`rasterscale.workflow.partitions.partition_neighbourhoods`),
-        computed once a plan: every partition's job and rule asks."""
+        computed once a plan (every partition's job and rule asks); a batch's plan carries its own."""
+        if self.neighbourhoods is not None:
+            return self.neighbourhoods
         return partitions.partition_neighbourhoods(self)
 
     def batches_of(self, names: Iterable[str]) -> list[int]:
-        """The batches holding any of these scenes or seams."""
-        index = self._batch_positions
-        positions = {position for name in names for position in index.get(name, ())}
-        return [self.batches[position].batch for position in sorted(positions)]
+        """The batches holding any of these scenes or seams, by number."""
+        index = self._member_batches
+        return sorted({number for name in names for number in index.get(name, ())})
 
     @functools.cached_property
-    def _batch_positions(self) -> dict[str, list[int]]:
-        """Each member's batches (their positions in ``batches``): a query a batch (its partition's inputs) would
-        otherwise go through every batch's members, quadratic in the scenes."""
+    def _member_batches(self) -> dict[str, list[int]]:
+        """Each member's batches: a query a batch (its partition's inputs) would otherwise go through every batch's
+        members, quadratic in the scenes."""
         index: dict[str, list[int]] = {}
-        for position, batch in enumerate(self.batches):
-            for scene in batch.scenes:
-                index.setdefault(scene.name, []).append(position)
+        for number, names in self.members.items():
+            for name in names:
+                index.setdefault(name, []).append(number)
         return index
 
     def manifest_inputs(self, names: Iterable[str]) -> list[str]:
@@ -334,7 +382,12 @@ class Plan:
 
     def has_project(self) -> bool:
         """Whether the run writes the project's layers: it predicts several scenes."""
-        return len(self.settings.predict.scenes) > 1  # not a copy of 200,000 names a call
+        return self.predicted_count > 1
+
+    @property
+    def predicted_count(self) -> int:
+        """How many scenes the run predicts (a batch's plan: the whole plan's count)."""
+        return len(self.settings.predict.scenes) if self.predicted is None else self.predicted
 
     def project_outputs(self) -> dict[str, str]:
         return {key: self.paths.project_file(file) for key, file in self.task.project_outputs(self.settings).items()}

@@ -77,7 +77,7 @@ def run_inputs(plan: Plan) -> dict[str, Any]:
 def scored_scenes(plan: Plan, batch: int) -> list[str]:
     """The scenes of a batch that its scoring job scores and renders: the predicted ones (not its seams, nor a
     scene the config no longer names)."""
-    return [scene.name for scene in plan.prediction_batch(batch).scenes if plan.is_predicted(scene.name)]
+    return [name for name in plan.members[batch] if plan.is_predicted(name)]
 
 
 def scored_batches(plan: Plan) -> list[int]:
@@ -122,7 +122,7 @@ def declared_scored_files(plan: Plan, batch: int, requested: AbstractSet[str]) -
     the other batch rules (:meth:`Plan.declared_files`), those gone since the job ran and those ``requested`` (named
     on the command line), and the report shows the run and the project, not every scene."""
     scored = scored_files(plan, batch)
-    if len(plan.settings.predict.scenes) <= REPORTED_SCENES:
+    if plan.predicted_count <= REPORTED_SCENES:
         return scored
     gone = set(missing_files(plan.paths.batch_record("scored", batch), [f.path for f in scored]))
     return [f for f in scored if f.path in gone or f.path in requested]

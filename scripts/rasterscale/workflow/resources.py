@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rasterscale.grid.project import is_seam, seam_scenes
+from rasterscale.grid.project import Footprint, is_seam, seam_scenes
 from rasterscale.raster.cog import BLOCK_SIZE as COG_BLOCK
 from rasterscale.raster.imagery import PERCENTILE_SIDE
 from rasterscale.workflow.plan import Plan
@@ -67,13 +67,19 @@ def scene_size(plan: Plan, name: str) -> SceneSize:
         return SceneSize(a.width + b.width, max(a.height, b.height), max(a.bands, b.bands), max(a.itemsize, b.itemsize))
     footprint = plan.footprints.get(name)
     if footprint is not None:
-        (xmin, ymin, xmax, ymax), (px, py) = footprint.bounds, footprint.pixel
-        width, height = max(1, round((xmax - xmin) / px)), max(1, round((ymax - ymin) / py))
-        return SceneSize(width, height, footprint.count, itemsize(footprint.dtype))
+        return footprint_size(footprint)
     demo = plan.settings.demo.scenes.get(name)
     if demo is not None:
         return SceneSize(demo.width, demo.height, 4 if demo.nir else 3, 1)
     return SceneSize(UNKNOWN_SIDE, UNKNOWN_SIDE, UNKNOWN_BANDS, UNKNOWN_ITEMSIZE)
+
+
+@functools.lru_cache(maxsize=2**18)
+def footprint_size(footprint: Footprint) -> SceneSize:
+    """A scene's size from its footprint (kept: every estimate of a batch or partition asks for its scenes')."""
+    (xmin, ymin, xmax, ymax), (px, py) = footprint.bounds, footprint.pixel
+    width, height = max(1, round((xmax - xmin) / px)), max(1, round((ymax - ymin) / py))
+    return SceneSize(width, height, footprint.count, itemsize(footprint.dtype))
 
 
 def tiles_along(length: int, patch_size: int, overlap: int) -> int:
@@ -120,7 +126,7 @@ def tile_manifest_mb(plan: Plan, scene: str) -> int:
 def batch_tile_manifest_mb(plan: Plan, batch: int) -> int:
     """A prediction batch's tile manifests, its scenes' and seams' one at a time: the largest
     :func:`manifest_bytes`."""
-    names = [scene.name for scene in plan.prediction_batch(batch).scenes]
+    names = plan.members[batch]
     return job_mb(max((manifest_bytes(plan, name) for name in names), default=0))
 
 
@@ -165,7 +171,7 @@ def merge_bytes(plan: Plan, name: str) -> int:
 
 def merge_mb(plan: Plan, batch: int) -> int:
     """A batch's merge job, one scene at a time: its largest scene's :func:`merge_bytes`."""
-    names = [scene.name for scene in plan.prediction_batch(batch).scenes]
+    names = plan.members[batch]
     return job_mb(max((merge_bytes(plan, name) for name in names), default=0))
 
 
@@ -187,12 +193,20 @@ def project_mb(plan: Plan) -> int:
     return job_mb(sum(2 * objects_bytes(plan, scene_size(plan, name)) for name in plan.project_sources()))
 
 
+def partition_mb(plan: Plan, batch: int | str) -> int:
+    """A partition of the project's layer (one a batch): the objects of its batch's sources and of their neighbours,
+    which it reads beside them (:mod:`rasterscale.grid.partitions`), not the whole project's."""
+    near = plan.partition_neighbourhoods[int(batch)]
+    names = (*near.owners, *near.neighbours)
+    return job_mb(sum(2 * objects_bytes(plan, scene_size(plan, name)) for name in names))
+
+
 def score_mb(plan: Plan, batch: int) -> int:
     """A batch's scoring job, one scene at a time: the largest scene's merged objects and as many annotations (a
     dense task's rasters are scored block by block), its quicklook and report pages."""
     if is_dense(plan):
         return job_mb(QUICKLOOK_MB * MB)
-    names = [scene.name for scene in plan.prediction_batch(batch).scenes]
+    names = plan.members[batch]
     held = max((2 * objects_bytes(plan, scene_size(plan, name)) for name in names), default=0)
     return job_mb(held + QUICKLOOK_MB * MB)
 

@@ -2,30 +2,41 @@
 (:func:`store_plan`), the fingerprint a hash of the raw config; with it the files its checks read, by size and
 mtime. The main Snakemake process builds and stores it every invocation; a job's re-parse (cluster or subprocess)
 loads it (:func:`load_plan`) instead of reading every header again, and builds it itself when none is stored for
-its config or an input changed since (:func:`workflow_plan`). The main process's plan reads the scenes' headers
-through the header cache (``.snakemake/rasterscale/headers.sqlite``, :mod:`rasterscale.raster.header_cache`), so
-its next invocation reads only those of rasters that changed; a job's does not use it.
+its config or an input changed since (:func:`workflow_plan`).
+
+Beside it, each batch's plan (:func:`batch_plan`, ``plan-{fingerprint}/batch-{b}.json``): what the jobs of one
+batch read, a few hundred kilobytes whatever the project's size. A job of one batch (its tile manifests,
+prediction, merge, scoring, partition: Snakemake names it on the job's command line, ``--target-jobs``) loads its
+batch's plan, so that its parse does not grow with the project (at 200,000 scenes the whole plan is hundreds of
+megabytes of JSON); the other jobs (training, the project's summary, the report) load the whole one.
+
+The main process's plan reads the scenes' headers through the header cache (``.snakemake/rasterscale/headers.sqlite``,
+:mod:`rasterscale.raster.header_cache`), so its next invocation reads only those of rasters that changed; a job's
+does not use it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import atomic_path
-from rasterscale.grid.project import Footprint, Seam
+from rasterscale.grid.partitions import Neighbourhood
+from rasterscale.grid.project import Footprint, Seam, is_seam, seam_scenes
 from rasterscale.jobs import paths
-from rasterscale.jobs.files import PredictionBatch
 from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Scene
-from rasterscale.workflow.checks import build_plan, file_stat
+from rasterscale.workflow import partitions
+from rasterscale.workflow.batches import job_batch
+from rasterscale.workflow.checks import build_plan, file_stat, run_files, scene_files
 from rasterscale.workflow.plan import Plan
 
-FORMAT = 4  # of a stored plan: a plan stored in another format is rebuilt
+FORMAT = 6  # of a stored plan: a plan stored in another format is rebuilt
 
 
 def fingerprint(raw: Mapping[str, Any]) -> str:
@@ -38,16 +49,81 @@ KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folde
 
 
 def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
-    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
-    :data:`KEPT_PLANS` stored plans (a job that finds its plan gone builds it again); its path."""
+    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json`` and its batches' plans beside it
+    (:func:`store_batch_plans`), and remove all but the newest :data:`KEPT_PLANS` stored plans (a job that finds its
+    plan gone builds it again); its path."""
     path = Path(workdir) / paths.stored_plan(key)
+    store_batch_plans(plan, Path(workdir) / paths.stored_batch_plans(key))
     with atomic_path(path) as tmp:
         tmp.write_text(plan_to_json(plan))
     stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
     for old in stored[KEPT_PLANS:]:
         if old != path:
             old.unlink(missing_ok=True)
+            shutil.rmtree(old.with_suffix(""), ignore_errors=True)
     return path
+
+
+def store_batch_plans(plan: Plan, folder: Path) -> None:
+    """Write each batch's plan into ``folder`` (``batch-{b}.json``, atomically, only when it changed) and remove
+    those of batches the plan no longer has."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = set()
+    for number in plan.batch_numbers:
+        path = folder / f"batch-{number}.json"
+        written.add(path.name)
+        text = plan_to_json(batch_plan(plan, number))
+        try:
+            if path.read_text() == text:
+                continue
+        except OSError:
+            pass
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
+    for old in folder.glob("batch-*.json"):
+        if old.name not in written:
+            old.unlink(missing_ok=True)
+
+
+def batch_plan(plan: Plan, batch: int) -> Plan:
+    """The plan as the jobs of ``batch`` read it: its members (their entries, scenes, footprints, seams and files),
+    its partition's neighbourhood (their scenes' footprints: its memory estimate) and the batches holding it, and
+    the training scenes (rules every parse defines read them). Its ``predict.scenes`` lists those of these scenes,
+    ``predicted`` counts the whole plan's (the project's size decides which rules there are). What it answers
+    about this batch's jobs is what the whole plan answers (tested); about other batches or the whole project it
+    knows nothing, and no job of theirs reads it."""
+    near = plan.partition_neighbourhoods.get(batch) if partitions.partitioned(plan) else None
+    sources = [*near.owners, *near.neighbours] if near is not None else []
+    numbers = sorted({batch, *plan.batches_of(sources)})
+    members = {number: plan.members[number] for number in numbers}
+    names = {*plan.members[batch], *sources}
+    scenes = {part for name in names for part in (seam_scenes(name) if is_seam(name) else (name,))}
+    scenes.update(plan.train_scenes)
+    every = plan.config["scenes"]
+    predict = {**plan.config["predict"], "scenes": [name for name in sorted(scenes) if plan.is_predicted(name)]}
+    config = {
+        **plan.config,
+        "scenes": {name: every[name] for name in sorted(scenes) if name in every},
+        "predict": predict,
+    }
+    held = [name for batch_members in members.values() for name in batch_members]
+    files = [*run_files(plan.settings), *(f for name in config["scenes"] for f in scene_files(plan.scenes[name]))]
+    return Plan(
+        config=config,
+        origins={name: plan.origins[name] for name in config["scenes"] if name in plan.origins},
+        labels=plan.labels,
+        untiled={name: plan.untiled[name] for name in scenes if name in plan.untiled},
+        geometry=plan.geometry,
+        members=members,
+        footprints={name: plan.footprints[name] for name in sorted(scenes) if name in plan.footprints},
+        seams=tuple(plan.seams_named(plan.members[batch])),  # a neighbour seam's size is its scenes'
+        model_input=plan.model_input,
+        inputs={path: plan.inputs[path] for path in files if path in plan.inputs},
+        kept={name: plan.kept[name] for name in held if name in plan.kept},
+        scope=batch,
+        neighbourhoods={batch: near} if near is not None else {},
+        predicted=plan.predicted_count,
+    )
 
 
 def _mtime(path: Path) -> float:
@@ -57,10 +133,14 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
-    """The plan stored under ``key``, or None when there is none, it is unreadable or of another format, or a
-    file its checks read changed since (size or mtime; one absent then is the workflow's to make)."""
-    path = Path(workdir) / paths.stored_plan(key)
+def load_plan(key: str, workdir: str | Path = ".", batch: int | None = None) -> Plan | None:
+    """The plan stored under ``key`` (``batch``: that batch's plan), or None when there is none, it is unreadable
+    or of another format, or a file its checks read changed since (size or mtime; one absent then is the
+    workflow's to make)."""
+    if batch is None:
+        path = Path(workdir) / paths.stored_plan(key)
+    else:
+        path = Path(workdir) / paths.stored_batch_plans(key) / f"batch-{batch}.json"
     try:
         plan = plan_from_json(path.read_text())
     except (OSError, ValueError, KeyError, TypeError, IndexError):
@@ -73,14 +153,21 @@ def load_plan(key: str, workdir: str | Path = ".") -> Plan | None:
 
 
 def workflow_plan(
-    raw: Mapping[str, Any], main_process: bool, workdir: str | Path = ".", warn: Callable[[str], None] | None = None
+    raw: Mapping[str, Any],
+    main_process: bool,
+    workdir: str | Path = ".",
+    warn: Callable[[str], None] | None = None,
+    argv: Sequence[str] = (),
 ) -> Plan:
     """The plan of this parse: the main process builds it with every check (its headers through the header cache
-    of ``workdir``) and stores it; a job's re-parse loads the stored one, and builds it (without storing, nor using
-    the header cache) when none is stored for its config or it is stale."""
+    of ``workdir``) and stores it; a job's re-parse loads the stored one (a job of one batch, as its command line
+    ``argv`` names it, its batch's plan), and builds it (without storing, nor using the header cache) when none is
+    stored for its config or it is stale."""
     key = fingerprint(raw)
     if not main_process:
-        stored = load_plan(key, workdir)
+        batch = job_batch(argv)
+        stored = load_plan(key, workdir, batch) if batch is not None else None
+        stored = stored or load_plan(key, workdir)
         if stored is not None:
             return stored
         return build_plan(raw, workdir, warn)  # no header cache: a job neither reads nor writes it
@@ -99,13 +186,25 @@ def plan_to_json(plan: Plan) -> str:
         "labels": list(plan.labels),
         "untiled": {name: list(files) for name, files in plan.untiled.items()},
         "geometry": {s: [g.section, g.devices, g.nodes, g.shards] for s, g in plan.geometry.items()},
-        "batches": [[b.batch, [scene.to_dict() for scene in b.scenes]] for b in plan.batches],
+        "members": [[number, list(names)] for number, names in plan.members.items()],
+        "kept": [scene.to_dict() for scene in plan.kept.values()],
         "inputs": {path: list(stat) if stat else None for path, stat in plan.inputs.items()},
         "footprints": {name: footprint.to_list() for name, footprint in plan.footprints.items()},
         "seams": [[seam.a, seam.b, seam.core] for seam in plan.seams],
         "model_input": plan.model_input.to_dict(),
+        "scope": plan.scope,
+        "predicted": plan.predicted,
+        "neighbourhoods": None
+        if plan.neighbourhoods is None
+        else [
+            [number, [*near.owners], [*near.neighbours], [*near.outer]] for number, near in plan.neighbourhoods.items()
+        ],
     }
     return json.dumps(data, separators=(",", ":"))
+
+
+def _neighbourhoods_json(neighbourhoods: Mapping[int, Neighbourhood]) -> list[Any]:
+    return [[number, [*near.owners], [*near.neighbours], [*near.outer]] for number, near in neighbourhoods.items()]
 
 
 def plan_from_json(text: str) -> Plan:
@@ -120,12 +219,15 @@ def plan_from_json(text: str) -> Plan:
         labels=tuple(data["labels"]),
         untiled={name: tuple(files) for name, files in data["untiled"].items()},
         geometry={s: Geometry(g[0], int(g[1]), int(g[2]), int(g[3])) for s, g in data["geometry"].items()},
-        batches=tuple(
-            PredictionBatch(int(number), tuple(Scene.from_dict(s) for s in scenes))
-            for number, scenes in data["batches"]
-        ),
+        members={int(number): tuple(names) for number, names in data["members"]},
+        kept={scene.name: scene for scene in (Scene.from_dict(entry) for entry in data["kept"])},
         inputs={path: (int(s[0]), int(s[1])) if s else None for path, s in data["inputs"].items()},
         footprints={name: Footprint.from_list(f) for name, f in data["footprints"].items()},
         seams=tuple(Seam(*seam) for seam in data["seams"]),
         model_input=InputBands.from_dict(data["model_input"]),
+        scope=data["scope"],
+        predicted=data["predicted"],
+        neighbourhoods=None
+        if data["neighbourhoods"] is None
+        else {int(n): Neighbourhood(tuple(a), tuple(b), tuple(c)) for n, a, b, c in data["neighbourhoods"]},
     )
