@@ -40,6 +40,10 @@ rule all:
         lambda wildcards: default_targets() + reportfiles.report_targets(PLAN),
 
 
+onstart:
+    store_job_plans()
+
+
 onsuccess:
     reports.print_evaluation_summary(PLAN)
     reports.print_predict_profiles(PLAN)

@@ -70,9 +70,10 @@ from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.jobs import paths  # noqa: E402
 from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
 from rasterscale.workflow.estimate import print_estimate  # noqa: E402
-from rasterscale.workflow.storage import workflow_plan  # noqa: E402
+from rasterscale.workflow.storage import fingerprint, store_batch_plans, workflow_plan  # noqa: E402
 from rasterscale.workflow import resources as job_memory  # noqa: E402
 
+PLAN_KEY = fingerprint(config)  # the stored plan's: the raw config's hash
 try:
     PLAN = workflow_plan(config, workflow.is_main_process, warn=warn, argv=sys.argv)
 except (ConfigError, InputError) as err:
@@ -160,6 +161,12 @@ def forget_batch_rule_functions():
     for kind in batches.BATCH_RULES:
         for batch in RULE_BATCHES:
             globals().pop(f"__{batches.batch_rule(kind, batch)}", None)
+
+
+def store_job_plans():
+    """Before the jobs run (onstart), the plan of each batch, which its jobs' re-parse loads instead of the whole
+    plan (rasterscale.workflow.storage)."""
+    store_batch_plans(PLAN, PLAN_KEY)
 
 
 def default_targets():

@@ -607,6 +607,9 @@ def test_a_jobs_reparse_reads_no_header_when_the_main_process_stored_the_plan(wo
     main = snakemake_forks.run(workflow_command(workdir, config, "-n", "--quiet"))
     assert main.returncode == 0, main.stderr[-3000:]
     assert len(list((workdir / ".snakemake/rasterscale").glob("plan-*.json"))) == 1
+    assert not list((workdir / ".snakemake/rasterscale").glob("plan-*/batch-*.json"))  # a dry run runs no job
+    # what the main process writes before jobs run (its onstart), as a run would
+    plan_storage.store_batch_plans(build_plan(config), plan_storage.fingerprint(config))
     # b.tif's header damaged behind the plan's back: same size, same mtime; reading it would stop the parse
     stat = os.stat("b.tif")
     Path("b.tif").write_bytes(b"\0" * stat.st_size)

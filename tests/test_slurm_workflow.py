@@ -277,6 +277,7 @@ def test_prediction_shards_are_one_node_jobs_of_two_ranks_each(cluster, slurm_ru
         assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
         assert {node for *_, node in ranks} == {info["NodeList"]} and info["NodeList"] in ("n1", "n2")
     assert "synthesize_scene" not in jobs  # made locally before the run
+    assert list(workdir.glob(".snakemake/rasterscale/plan-*/batch-0.json"))  # the batch jobs' plan (their parse's)
     for rule in ("tile_manifest", "tile_manifests_batch_0", "merge_batch_0", "score_batch_0"):
         for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
             info = scontrol_job(cluster, job_id)

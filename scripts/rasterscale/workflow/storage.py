@@ -49,11 +49,10 @@ KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folde
 
 
 def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
-    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json`` and its batches' plans beside it
-    (:func:`store_batch_plans`), and remove all but the newest :data:`KEPT_PLANS` stored plans (a job that finds its
-    plan gone builds it again); its path."""
+    """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
+    :data:`KEPT_PLANS` stored plans with their batches' plans (a job that finds its plan gone builds it again); its
+    path."""
     path = Path(workdir) / paths.stored_plan(key)
-    store_batch_plans(plan, Path(workdir) / paths.stored_batch_plans(key))
     with atomic_path(path) as tmp:
         tmp.write_text(plan_to_json(plan))
     stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
@@ -64,9 +63,11 @@ def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
     return path
 
 
-def store_batch_plans(plan: Plan, folder: Path) -> None:
-    """Write each batch's plan into ``folder`` (``batch-{b}.json``, atomically, only when it changed) and remove
-    those of batches the plan no longer has."""
+def store_batch_plans(plan: Plan, key: str, workdir: str | Path = ".") -> None:
+    """Write each batch's plan beside the plan stored under ``key`` (``plan-{key}/batch-{b}.json``, atomically,
+    only when it changed) and remove those of batches the plan no longer has. The main process does when jobs are
+    about to run (Snakemake's onstart: a dry run needs none; 10% of one at 100,000 scenes)."""
+    folder = Path(workdir) / paths.stored_batch_plans(key)
     folder.mkdir(parents=True, exist_ok=True)
     written = set()
     for number in plan.batch_numbers:
