@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import geopandas as gpd
 import numpy as np
@@ -23,8 +24,21 @@ from shapely.geometry import box
 from conftest import UTM17N, write_raster, write_rgba
 from rasterscale.config.settings import job_settings
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.grid import project as grid_project
 from rasterscale.grid.manifest import build_manifest
-from rasterscale.grid.project import Footprint, Ownership, Seam, find_seams, is_seam, seam_name, seam_scenes
+from rasterscale.grid.partitions import adjacency, neighbourhoods
+from rasterscale.grid.project import (
+    Footprint,
+    Ownership,
+    Seam,
+    find_seams,
+    is_seam,
+    mosaicable,
+    seam_line,
+    seam_name,
+    seam_scenes,
+    source_area,
+)
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import ProjectJob, TilesJob
 from rasterscale.raster.headers import check_raster
@@ -33,6 +47,7 @@ from rasterscale.scene import Scene
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
 from rasterscale.workflow import jobfiles
+from rasterscale.workflow import partitions as workflow_partitions
 from rasterscale.workflow.batches import (
     allowed_rules,
     batch_rule,
@@ -147,6 +162,158 @@ def test_scenes_apart_or_not_mosaicable_get_no_seam(tmp_path, left, second):
     if left == 20 and "crs" not in second:  # abutting: the same scene at the same pixel size has one
         same = {"a": prints["a"], "b": footprint_of(check_raster(scene(tmp_path / "c.tif", 20, 0)))}
         assert [s.name for s in find_seams(same, MARGIN)] == ["a+b"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Seams and neighbourhoods at scale: the same as the plain computation, to the byte
+# ---------------------------------------------------------------------------------------------------------
+
+
+def plain_seams(footprints: dict[str, Footprint], margin_px: int) -> list[Seam]:
+    """find_seams as it was before groups of translates: every pair's geometry computed (the oracle)."""
+    names = sorted(footprints)
+    polygons = np.array([footprints[n].polygon for n in names], dtype=object)
+    tolerance = max(max(footprints[n].pixel) for n in names) / 100
+    near = shapely.STRtree(polygons).query(polygons, predicate="dwithin", distance=tolerance)
+    pairs = [
+        (i, j)
+        for i, j in zip(*near.tolist(), strict=True)
+        if i < j and mosaicable(footprints[names[i]], footprints[names[j]])
+    ]
+    i, j = (np.array(side, dtype=np.intp) for side in zip(*pairs, strict=True))
+    pixel = np.array([max(*footprints[names[a]].pixel, *footprints[names[b]].pixel) for a, b in pairs])
+    line = seam_line(polygons[i], polygons[j], pixel / 100)
+    border = shapely.length(line) >= 2 * pixel
+    i, j, pixel, line = i[border], j[border], pixel[border], line[border]
+    both = shapely.buffer(shapely.union(polygons[i], polygons[j]), pixel / 2, join_style="mitre")
+    cores = shapely.intersection(shapely.buffer(line, margin_px * pixel, cap_style="flat", join_style="mitre"), both)
+    wkts = shapely.to_wkt(cores, rounding_precision=-1)
+    return sorted((Seam(names[a], names[b], w) for a, b, w in zip(i, j, wkts, strict=True)), key=lambda s: s.name)
+
+
+def plain_adjacency(areas: dict, tolerance: float) -> dict[str, set[str]]:
+    """adjacency as it was: an STRtree's dwithin query of every area (the oracle)."""
+    names = sorted(areas)
+    geometries = np.array([areas[name] for name in names], dtype=object)
+    near: dict[str, set[str]] = {name: set() for name in names}
+    found = shapely.STRtree(geometries).query(geometries, predicate="dwithin", distance=tolerance)
+    for i, j in zip(*found.tolist(), strict=True):
+        if i != j:
+            near[names[i]].add(names[j])
+    return near
+
+
+def survey(columns: int, rows: int, pixel: float, origin: tuple[float, float], side: int = 64, crs: str = "EPSG:32617"):
+    """Scenes of a survey's grid as their headers give them: each transform on its own (the grid's corner moved by
+    whole scenes), each right and bottom edge its left and top plus its size: some a float's unit off the next
+    scene's edge, as real tiles are."""
+    grid = Affine(pixel, 0, origin[0], 0, -pixel, origin[1])
+    prints = {}
+    for row in range(rows):
+        for column in range(columns):
+            t = Affine.translation(column * side * grid.a, row * side * grid.e) @ grid
+            bounds = (t.c, t.f + t.e * side, t.c + t.a * side, t.f)
+            prints[f"{crs[-2:]}_{pixel}_{row:02d}_{column:02d}"] = Footprint(crs, bounds, (pixel, pixel), 3, "uint8")
+    return prints
+
+
+def mixed_project(seed: int) -> dict[str, Footprint]:
+    """A survey's grid, a second one in another CRS, a grid at a coarser pixel size abutting it, scenes of other
+    extents offset along a border, flights that overlap, near misses at the tolerance, a grid at degrees'
+    magnitude and scenes at coordinates about 0 (which no offset moves exactly)."""
+    rng = np.random.default_rng(seed)
+    prints = survey(7, 6, 0.1, (404000.0, 3285000.0)) | survey(4, 4, 0.25, (10.5, -33.75), crs="EPSG:32618")
+    prints |= survey(3, 5, 0.2, (404000.0 - 3 * 64 * 0.2, 3285000.0))  # west of the first survey, other pixel size
+    east = 404000.0 + 7 * 6.4
+    for k in range(6):  # other extents, offset by whole and by fractions of pixels along the east border
+        bottom = 3285000.0 - 38.4 + k * 6.0 + rng.choice([0.0, 0.05, 3.2])
+        prints[f"east_{k}"] = Footprint("EPSG:32617", (east, bottom, east + 4.8, bottom + 6.0), (0.1, 0.1), 3, "uint8")
+    for k in range(6):  # flights over the first survey
+        x, y = 404000.0 + rng.uniform(0, 40), 3285000.0 - rng.uniform(5, 38)
+        prints[f"flight_{k}"] = Footprint("EPSG:32617", (x, y, x + 12.8, y + 6.4), (0.1, 0.1), 3, "uint8")
+    for k, gap in enumerate([0.0005, 0.001, 0.0011]):  # within a hundredth of a pixel of the south edge, or not
+        top = 3285000.0 - 38.4 - gap
+        prints[f"near_{k}"] = Footprint(
+            "EPSG:32617", (404000.0 + 6.4 * k, top - 6.4, 404006.4 + 6.4 * k, top), (0.1,) * 2, 3, "uint8"
+        )
+    prints |= survey(3, 3, 1e-5, (12.0006, -33.9))  # degrees' magnitude, a pixel of a metre or so
+    return prints | survey(4, 3, 0.5, (-16.0, 8.0), side=16)  # across x = 0
+
+
+@pytest.mark.parametrize("margin_px", [1, 16, 80, 200])  # 200: GEOS's buffer drops a stub's end (1e-4 margin)
+def test_seams_at_scale_are_the_plain_computations_to_the_byte(margin_px):
+    prints = mixed_project(margin_px)
+    seams = find_seams(prints, margin_px)
+    assert seams == plain_seams(prints, margin_px) and len(seams) > 100
+
+
+def test_a_grids_seams_where_its_edges_are_a_units_apart_are_the_plain_computations(monkeypatch):
+    """Where two scenes' bounds are a float's unit apart, GEOS's buffer of the seam line has near parallel edges
+    whose crossings move with the coordinates' magnitude: moving one seam's core onto another would differ here."""
+    prints = survey(8, 8, 0.6, (250000.0, 5500000.0))
+    assert find_seams(prints, 8) == plain_seams(prints, 8)
+    monkeypatch.setattr(grid_project, "_moving", lambda found, shared, *rest: np.full(len(shared), 2))
+    assert find_seams(prints, 8) != plain_seams(prints, 8)  # the check that catches it, taken away
+
+
+def test_a_grids_seams_are_computed_from_a_few_of_its_pairs(monkeypatch):
+    computed = []
+
+    def borders(a, b, pixel):
+        computed.append(len(a))
+        return seam_borders(a, b, pixel)
+
+    seam_borders = grid_project._borders
+    monkeypatch.setattr(grid_project, "_borders", borders)
+    side = 64 * 0.125  # 8 m: every scene's bounds exact, each pair of neighbours the same shape
+    prints = {
+        f"s{r:02d}{c:02d}": Footprint("EPSG:32617", (x, y, x + side, y + side), (0.125, 0.125), 3, "uint8")
+        for r, y in enumerate(3285000.0 + side * np.arange(20))
+        for c, x in enumerate(404000.0 + side * np.arange(20))
+    }
+    seams = find_seams(prints, 16)
+    assert len(seams) == 2 * 20 * 19 and sum(computed) <= 4 * grid_project.SAMPLES, computed
+    assert seams == plain_seams(prints, 16)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.001])
+def test_adjacency_of_scenes_and_seam_cores_is_the_plain_queries(tolerance):
+    prints = survey(8, 8, 0.1, (404000.0, 3285000.0)) | {"apart": Footprint("EPSG:32617", (0, 0, 1, 1), (1, 1), 3, "")}
+    areas = {name: footprint.polygon for name, footprint in prints.items()}
+    areas |= {seam.name: shapely.from_wkt(seam.core) for seam in find_seams(prints, 80)}
+    areas |= {"empty": shapely.Polygon(), "touching": box(404051.2, 3284948.8, 404060.0, 3284949.0)}
+    near = adjacency(areas, tolerance)
+    assert near == plain_adjacency(areas, tolerance)
+    assert near["apart"] == near["empty"] == set() and near["touching"]
+    assert adjacency({}, tolerance) == {} and adjacency({"a": box(0, 0, 1, 1)}, tolerance) == {"a": set()}
+
+
+def test_a_plans_partition_neighbourhoods_are_those_of_each_sources_area(monkeypatch):
+    """The plan's sources' areas at once: seams' cores and scenes' boxes in the project's CRS, one by one the
+    others (a seam in another CRS, reprojected) and none for a scene whose header the plan did not read."""
+    prints = survey(6, 5, 0.1, (404000.0, 3285000.0)) | survey(2, 2, 0.1, (404000.0 + 38.4, 3285000.0), crs=UTM18N)
+    seams = find_seams(prints, 80)
+    by_name = {seam.name: seam for seam in seams}
+    sources = [*sorted([*prints, "unread"]), *by_name]
+    plan = SimpleNamespace(
+        footprints=prints,
+        members=dict(enumerate(tuple(sources[k : k + 7]) for k in range(0, len(sources), 7))),
+        project_crs=lambda: "EPSG:32617",
+        project_sources=lambda: sources,
+        seam=by_name.__getitem__,
+        scene_outputs=lambda name: {},
+    )
+    monkeypatch.setattr(
+        workflow_partitions, "partition_groups", lambda plan: {k: list(v) for k, v in plan.members.items()}
+    )
+    areas = {}
+    for name in sources:
+        area = source_area(workflow_partitions.source_entry(plan, name, outputs=False), "EPSG:32617")
+        if area is not None:
+            areas[name] = area
+    expected = neighbourhoods(workflow_partitions.partition_groups(plan), plain_adjacency(areas, 0.001))
+    assert workflow_partitions.partition_neighbourhoods(plan) == expected
+    assert any(seam.a.startswith("18") for seam in seams)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rasterscale.grid.partitions import Neighbourhood, adjacency, neighbourhoods
+import numpy as np
+import shapely
+
+from rasterscale.grid.partitions import Neighbourhood, area_neighbourhoods
 from rasterscale.grid.project import is_seam, source_area
 
 if TYPE_CHECKING:
@@ -83,14 +86,36 @@ def partition_groups(plan: Plan) -> dict[int, list[str]]:
 def partition_neighbourhoods(plan: Plan) -> dict[int, Neighbourhood]:
     """Each partition's :class:`~rasterscale.grid.partitions.Neighbourhood` (the plan keeps them:
     ``Plan.partition_neighbourhoods``)."""
+    pixel = max((max(footprint.pixel) for footprint in plan.footprints.values()), default=0.0)
+    return area_neighbourhoods(partition_groups(plan), source_areas(plan), pixel / 100)
+
+
+def source_areas(plan: Plan) -> dict[str, Any]:
+    """Each project source's area in the project's CRS (:func:`~rasterscale.grid.project.source_area` of its
+    :func:`source_entry`; a scene whose header the plan did not read has none), those already in that CRS all at
+    once (shapely's array functions: a seam's core read from its WKT, a scene's box from its bounds)."""
     crs = plan.project_crs()
-    areas = {}
+    cores: dict[str, str] = {}
+    bounds: dict[str, tuple[float, float, float, float]] = {}
+    areas: dict[str, Any] = {}
     for name in plan.project_sources():
+        if is_seam(name):
+            seam = plan.seam(name)
+            if plan.footprints[seam.a].crs == crs:
+                cores[name] = seam.core
+                continue
+        elif (footprint := plan.footprints.get(name)) is None:
+            continue  # no header read: no area
+        elif footprint.crs == crs:
+            bounds[name] = footprint.bounds
+            continue
         area = source_area(source_entry(plan, name, outputs=False), crs)
         if area is not None:
             areas[name] = area
-    pixel = max((max(footprint.pixel) for footprint in plan.footprints.values()), default=0.0)
-    return neighbourhoods(partition_groups(plan), adjacency(areas, pixel / 100))
+    areas.update(zip(cores, shapely.from_wkt(np.array(list(cores.values()), dtype=object)), strict=True))
+    boxes = np.array(list(bounds.values()), dtype=np.float64).reshape(-1, 4)
+    areas.update(zip(bounds, shapely.box(*boxes.T), strict=True))
+    return areas
 
 
 def partition_inputs(plan: Plan, batch: int) -> list[str]:
