@@ -6,6 +6,7 @@ torch and no rasterscale import: every layer may use it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +73,13 @@ class Scene:
         return self.mosaic or (self.raster,)
 
     def to_dict(self) -> dict[str, Any]:
-        """Its JSON entry: name, raster, manifest, the other fields that are set, and the outputs as flat keys."""
+        """Its JSON entry: name, raster, manifest, the other fields that are set, and the outputs as flat keys.
+        Built once and shared (a batch's entries go into its tiles, predict and merge job files): not to be
+        changed."""
+        return self._entry
+
+    @functools.cached_property
+    def _entry(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "raster": self.raster, "manifest": self.manifest}
         if self.imagery is not None:
             data["imagery"] = self.imagery.to_dict()

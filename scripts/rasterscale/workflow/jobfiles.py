@@ -92,15 +92,37 @@ def project_job(plan: Plan) -> ProjectJob:
     return ProjectJob(plan.project_crs(), plan.labels, sources, plan.project_outputs(), settings)
 
 
-def partition_job(plan: Plan, batch: int) -> ProjectJob:
+def partition_job(plan: Plan, batch: int, entries: SourceEntries | None = None) -> ProjectJob:
     """What a partition's merge reads: its batch's sources and their neighbours (their layers), their neighbours'
-    areas (:mod:`rasterscale.grid.partitions`)."""
+    areas (:mod:`rasterscale.grid.partitions`). ``entries``: the sources' entries made so far (a source is listed
+    by the partitions around it: about seven)."""
+    entry = entries if entries is not None else SourceEntries(plan)
     near = plan.partition_neighbourhoods[batch]
-    sources = tuple(partitions.source_entry(plan, name) for name in [*near.owners, *near.neighbours])
-    areas = tuple(partitions.source_entry(plan, name, outputs=False) for name in near.outer)
+    sources = tuple(entry(name) for name in [*near.owners, *near.neighbours])
+    areas = tuple(entry(name, outputs=False) for name in near.outer)
     outputs = {"partition": partitions.partition_file(plan, batch)}
     settings = carrying(plan, "task", "merge", "project")
     return ProjectJob(plan.project_crs(), plan.labels, sources, outputs, settings, near.owners, areas)
+
+
+class SourceEntries:
+    """Project sources' entries (:func:`rasterscale.workflow.partitions.source_entry`), each made once while the
+    partitions around it are written (the last :data:`KEPT` made: partitions come batch after batch, their
+    neighbours near them)."""
+
+    KEPT = 20_000
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._made: dict[tuple[str, bool], dict[str, Any]] = {}
+
+    def __call__(self, name: str, outputs: bool = True) -> dict[str, Any]:
+        key = (name, outputs)
+        if key not in self._made:
+            if len(self._made) >= self.KEPT:
+                self._made.clear()
+            self._made[key] = partitions.source_entry(self._plan, name, outputs)
+        return self._made[key]
 
 
 def summary_job(plan: Plan) -> SummaryJob:
@@ -188,8 +210,9 @@ def each_job_file(plan: Plan) -> Iterator[tuple[str, JobFile]]:
     if plan.train_scenes:
         yield run.job_file("train"), train_job(plan)
     if partitions.partitioned(plan):
+        entries = SourceEntries(plan)
         for number in partitions.partition_groups(plan):
-            yield run.job_file("project", number), partition_job(plan, number)
+            yield run.job_file("project", number), partition_job(plan, number, entries)
     elif plan.has_project():
         yield run.job_file("project"), project_job(plan)
     if plan.has_project():
