@@ -122,7 +122,7 @@ def scene_input(what):
 
 def mem_mb(estimate, *args):
     """A CPU rule's resources mem_mb: the plan's estimate rasterscale.workflow.resources.{estimate}_mb (``args``:
-    its batch), made when a job of the rule is (a job's re-parse reads its batch's plan: the project's estimates
+    its batch), made with each of the rule's jobs (a job's re-parse reads its batch's plan: the project's estimates
     are not its to make)."""
     function = getattr(job_memory, f"{estimate}_mb")
     return lambda wildcards: function(PLAN, *args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -235,6 +235,15 @@ def config_without_scenes(config: Mapping[str, Any], names: set[str]) -> dict[st
     }
     scenes = {name: scene for name, scene in config["scenes"].items() if name not in names}
     return {**config, **sections, "scenes": scenes}
+
+
+def config_of_scenes(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A validated config with only the scenes ``names`` (of its own) in ``scenes`` and ``predict.scenes``, in
+    that order; ``train.scenes`` and the rest shared with ``config`` (a batch's plan)."""
+    scenes = {name: config["scenes"][name] for name in names if name in config["scenes"]}
+    listed = set(config["predict"]["scenes"])
+    predict = {**config["predict"], "scenes": [name for name in scenes if name in listed]}
+    return {**config, "predict": predict, "scenes": scenes}
 
 
 def settings_of(config: Mapping[str, Any]) -> Settings:

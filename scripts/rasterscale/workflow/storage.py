@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import atomic_path
+from rasterscale.config.settings import config_of_scenes
 from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam, seam_scenes
 from rasterscale.jobs import paths
@@ -100,18 +101,12 @@ def batch_plan(plan: Plan, batch: int) -> Plan:
     names = {*plan.members[batch], *sources}
     scenes = {part for name in names for part in (seam_scenes(name) if is_seam(name) else (name,))}
     scenes.update(plan.train_scenes)
-    every = plan.config["scenes"]
-    predict = {**plan.config["predict"], "scenes": [name for name in sorted(scenes) if plan.is_predicted(name)]}
-    config = {
-        **plan.config,
-        "scenes": {name: every[name] for name in sorted(scenes) if name in every},
-        "predict": predict,
-    }
+    own = [name for name in sorted(scenes) if name in plan.scenes]
     held = [name for batch_members in members.values() for name in batch_members]
-    files = [*run_files(plan.settings), *(f for name in config["scenes"] for f in scene_files(plan.scenes[name]))]
+    files = [*run_files(plan.settings), *(f for name in own for f in scene_files(plan.scenes[name]))]
     return Plan(
-        config=config,
-        origins={name: plan.origins[name] for name in config["scenes"] if name in plan.origins},
+        config=config_of_scenes(plan.config, own),
+        origins={name: plan.origins[name] for name in own if name in plan.origins},
         labels=plan.labels,
         untiled={name: plan.untiled[name] for name in scenes if name in plan.untiled},
         geometry=plan.geometry,
