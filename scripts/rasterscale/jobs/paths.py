@@ -26,6 +26,9 @@ SHARED = ("models", "checks")  # results/ folders every run shares: no run may b
 BatchStep = Literal["tiled", "merged", "scored"]
 
 
+SCENE_PROFILE = "predict_profile.json"  # a scene's gathered prediction profile, in its folder
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """The paths of one run's outputs, under ``results/{run}/``."""
@@ -67,7 +70,7 @@ class RunPaths:
 
     def scene_profile(self, scene: str) -> str:
         """A scene's gathered prediction profile (written by its merge)."""
-        return self.scene_file(scene, "predict_profile.json")
+        return self.scene_file(scene, SCENE_PROFILE)
 
     def evaluation_file(self, scene: str) -> str:
         return self.scene_file(scene, "evaluation.json")

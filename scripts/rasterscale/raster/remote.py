@@ -88,7 +88,7 @@ def file_name(path: str | Path) -> str:
     text = str(path)
     if is_remote(text):
         return text.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return Path(text).name
+    return os.path.basename(text.rstrip(os.sep))  # Path(text).name, without pathlib's parsing (100,000 scenes)
 
 
 def local_files(paths: Iterable[str]) -> list[str]:
