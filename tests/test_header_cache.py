@@ -25,7 +25,7 @@ from rasterscale.jobs import paths
 from rasterscale.raster import header_cache, headers, vsi
 from rasterscale.raster.headers import check_raster
 from rasterscale.workflow.checks import build_plan
-from rasterscale.workflow.storage import plan_to_json, workflow_plan
+from rasterscale.workflow.storage import job_plan, plan_to_json
 from remote_servers import RangeServer, _Handler
 
 SIDE = 64  # the scenes' rasters: 64 x 64 px, 3-band uint8, one 128 px block (tiled)
@@ -191,12 +191,12 @@ def plan_twice(
     """The plan of two invocations' dry runs (stored as JSON) and the headers each read; the server's records are
     the second's."""
     new_process()
-    first = plan_to_json(workflow_plan(raw, True, workdir))
+    first = plan_to_json(build_plan(raw, workdir, cache_headers=True))
     read_first = list(opened)
     opened.clear()
     server.reset()
     new_process()
-    second = plan_to_json(workflow_plan(raw, True, workdir))
+    second = plan_to_json(build_plan(raw, workdir, cache_headers=True))
     return first, read_first, second, list(opened)
 
 
@@ -240,7 +240,7 @@ def test_the_kept_header_is_the_read_one(workdir, server):
 
 def test_a_jobs_reparse_neither_reads_nor_writes_the_cache(workdir, server, opened):
     raw = config(workdir, local_scenes(workdir, 3))
-    workflow_plan(raw, False, workdir)  # no plan stored: the job builds it, without the cache
+    job_plan(raw, workdir)  # no plan stored: the job builds it, without the cache
     assert not (workdir / paths.HEADER_CACHE).exists() and len(opened) == 4
 
 
@@ -253,7 +253,7 @@ def test_a_changed_raster_is_read_again_and_only_it(workdir, server, opened):
     scenes = {**local_scenes(workdir, 4), **remote_scenes(server, 3, "b")}
     raw = config(workdir, scenes)
     new_process()
-    workflow_plan(raw, True, workdir)
+    build_plan(raw, workdir, cache_headers=True)
     # a local raster rewritten (another size and place), another given a sidecar file, a remote one replaced
     scene_raster(workdir / "rasters/l01.tif", index=7, side=SIDE + 16)
     (workdir / "rasters/l02.tif.aux.xml").write_text("<PAMDataset/>")
@@ -263,7 +263,7 @@ def test_a_changed_raster_is_read_again_and_only_it(workdir, server, opened):
     opened.clear()
     server.reset()
     new_process()
-    plan = workflow_plan(raw, True, workdir)
+    plan = build_plan(raw, workdir, cache_headers=True)
     assert sorted(opened) == sorted(["rasters/l01.tif", "rasters/l02.tif", f"/vsicurl/{scenes['b02']}"])
     assert {path for path, _ in server.range_requests} == {"/b02.tif"}
     width = plan.footprints["l01"].bounds[2] - plan.footprints["l01"].bounds[0]
@@ -271,7 +271,7 @@ def test_a_changed_raster_is_read_again_and_only_it(workdir, server, opened):
     assert plan.footprints["b02"].bounds[0] == pytest.approx(404000.0 + 90)
     opened.clear()
     new_process()
-    workflow_plan(raw, True, workdir)
+    build_plan(raw, workdir, cache_headers=True)
     assert opened == []  # the new versions replaced the old ones
 
 
@@ -287,7 +287,7 @@ def test_a_corrupt_cache_warns_once_and_is_made_again(workdir, server, opened):
     cache.write_bytes(b"not a database, " * 100)
     warnings: list[str] = []
     new_process()
-    plan = workflow_plan(raw, True, workdir, warn=warnings.append)
+    plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
     assert list(plan.footprints) == ["t", "l00", "l01", "l02"]
     told = [line for line in warnings if "header cache" in line]
     assert told == [
@@ -297,19 +297,19 @@ def test_a_corrupt_cache_warns_once_and_is_made_again(workdir, server, opened):
     opened.clear()
     new_process()
     warnings.clear()
-    workflow_plan(raw, True, workdir, warn=warnings.append)
+    build_plan(raw, workdir, warnings.append, cache_headers=True)
     assert opened == [] and not [line for line in warnings if "header cache" in line]
 
 
 def test_a_cache_of_another_format_is_emptied_silently(workdir, server, opened, monkeypatch):
     raw = config(workdir, local_scenes(workdir, 2))
     new_process()
-    workflow_plan(raw, True, workdir)
+    build_plan(raw, workdir, cache_headers=True)
     monkeypatch.setattr(header_cache, "FORMAT", "0")  # or of another GDAL or rasterio
     opened.clear()
     new_process()
     warnings: list[str] = []
-    workflow_plan(raw, True, workdir, warn=warnings.append)
+    build_plan(raw, workdir, warnings.append, cache_headers=True)
     assert len(opened) == 3 and not [line for line in warnings if "header cache" in line]
 
 

@@ -31,14 +31,15 @@ from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.jobfiles import job_files, predict_job, write_job_files
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.reportfiles import report_targets, scored_batches, scored_files
+from rasterscale.workflow.reuse import main_plan
 from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
 from rasterscale.workflow.storage import (
     fingerprint,
+    job_plan,
     load_plan,
     plan_from_json,
     plan_to_json,
     store_plan,
-    workflow_plan,
 )
 
 
@@ -494,12 +495,12 @@ def counting_raster_checks(monkeypatch) -> list[str]:
 def test_the_main_process_stores_the_plan_and_a_job_loads_it_without_reading_headers(workdir, monkeypatch):
     config = table_config(workdir)
     read = counting_raster_checks(monkeypatch)
-    main = workflow_plan(config, main_process=True)
+    main = main_plan(config)
     assert set(read) == {"a.tif", "b.tif", "c.tif"}
     headers = len(read)
     stored = workdir / f".snakemake/rasterscale/plan-{fingerprint(config)}.json"
     assert stored.is_file()
-    job = workflow_plan(config, main_process=False)
+    job = job_plan(config)
     assert len(read) == headers  # no header read again
     assert job == main
     assert plan_from_json(plan_to_json(main)) == main
@@ -509,15 +510,15 @@ def test_a_job_builds_the_plan_when_none_is_stored_or_it_is_stale(workdir, monke
     config = table_config(workdir)
     read = counting_raster_checks(monkeypatch)
     warnings: list[str] = []
-    assert workflow_plan(config, main_process=False, warn=warnings.append).untiled == {"c": ("c.tif",)}
+    assert job_plan(config, warn=warnings.append).untiled == {"c": ("c.tif",)}
     headers = len(read)
     assert set(read) == {"a.tif", "b.tif", "c.tif"} and warnings  # none stored: built, with its warnings
     assert not (workdir / ".snakemake").exists()  # a job does not store it
-    main = workflow_plan(config, main_process=True)
+    main = main_plan(config)
     write_raster(workdir / "b.tif", 300, 300, tiled=False)  # changed since the main process checked it
     os.utime("b.tif", ns=(1, 1))
     assert load_plan(fingerprint(config)) is None
-    rebuilt = workflow_plan(config, main_process=False)
+    rebuilt = job_plan(config)
     assert len(read) == 3 * headers and rebuilt.untiled == {"b": ("b.tif",), "c": ("c.tif",)} != main.untiled
 
 

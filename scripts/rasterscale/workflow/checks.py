@@ -8,6 +8,8 @@ file, and a scene table's line).
 from __future__ import annotations
 
 import dataclasses
+import glob
+import hashlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 from rasterio.crs import CRS
 from rasterio.errors import CRSError
 
-from rasterscale.config.scenes import scene_key
+from rasterscale.config.scenes import is_glob, scene_key
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import SceneSettings, Settings, config_without_scenes, settings_of
 from rasterscale.errors import ConfigError, InputError
@@ -62,13 +64,7 @@ def build_plan(
     for notice in notices:
         say(notice)
     settings = settings_of(config)
-    demo = settings.demo
-    unwritable = unwritable_folder(workdir, [demo.directory] if demo.scenes else [])
-    if unwritable is not None:
-        raise InputError(
-            f"{Path(unwritable).resolve()}: folder is not writable, and the workflow writes into it; make it "
-            "writable (chmod u+w), or run in a folder you can write (--directory)"
-        )
+    check_writable(settings, workdir)
     if settings.model.name in paths.SHARED:
         given = (raw.get("model") or {}).get("name") is not None
         named = "" if given else f" (model.file {settings.model.file}'s name: model.name is unset)"
@@ -317,6 +313,17 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
     return (stat.st_size, stat.st_mtime_ns)
 
 
+def check_writable(settings: Settings, workdir: str | Path = ".") -> None:
+    """An InputError naming the first folder the workflow writes into that it cannot (:func:`unwritable_folder`)."""
+    demo = settings.demo
+    unwritable = unwritable_folder(workdir, [demo.directory] if demo.scenes else [])
+    if unwritable is not None:
+        raise InputError(
+            f"{Path(unwritable).resolve()}: folder is not writable, and the workflow writes into it; make it "
+            "writable (chmod u+w), or run in a folder you can write (--directory)"
+        )
+
+
 def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = ()) -> Path | None:
     """The first folder the workflow writes into that it cannot (the working directory, its results/, logs/,
     benchmarks/, .snakemake/ and ``others`` where they exist), or None."""
@@ -325,3 +332,39 @@ def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = 
         if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
             return folder
     return None
+
+
+GLOB = "glob:"  # a watched glob's key: GLOB + its pattern (rasterscale.workflow.reuse)
+
+
+def watched_inputs(plan: Plan, raw: Mapping[str, Any], workdir: str | Path = ".") -> dict[str, Any] | None:
+    """What the plan's building read, each by what tells its versions apart (:func:`watch_value`), for the main
+    process to reuse the plan while none changed (:mod:`rasterscale.workflow.reuse`): the files its checks read
+    (:func:`checked_files`), the scenes' tree tops, the folders of the local rasters (a sidecar GDAL reads with one:
+    ``.msk``, ``.aux.xml``), the scene table or a glob's matches, the rasters of a kept batch's scenes the config no
+    longer names, and the run's records of left-out scenes and of batches (``jobs/skipped/``, ``jobs/tiles/``:
+    another config of this run rewrites them). None when the checks read what no stat watches: a remote file, or a
+    raster not trusted from its STAC item that is remote or a VRT (its header depends on its sources)."""
+    settings = plan.settings
+    read = [*_read_files(settings), *(scene.tree_tops for scene in settings.scenes.values() if scene.tree_tops)]
+    trusted = {settings.scenes[name].path for name in plan.trusted}
+    if any(is_remote(path) or path.lower().endswith(".vrt") for path in read if path not in trusted):
+        return None
+    files = local_files(read)
+    kept = [raster for scene in plan.kept.values() for raster in scene.rasters if not is_remote(raster)]
+    folders = {str(Path(path).parent) for path in [*files, *kept]}
+    keys = [*files, *kept, *sorted(folders), *(plan.paths.jobs_dir(kind) for kind in (SKIPPED, "tiles"))]
+    listed = raw.get("scenes")
+    if isinstance(listed, str):
+        keys.append(GLOB + listed if is_glob(listed) else listed)
+    return {key: watch_value(key, workdir) for key in dict.fromkeys(keys)}
+
+
+def watch_value(key: str, workdir: str | Path = ".") -> Any:
+    """A watched input's version (:func:`watched_inputs`): a file's or folder's [size, mtime_ns] (None when
+    absent), a glob's matches (how many, and their hash)."""
+    if key.startswith(GLOB):
+        matches = sorted(glob.glob(key[len(GLOB) :], recursive=True))
+        return [len(matches), hashlib.sha256("\n".join(matches).encode()).hexdigest()]
+    stat = file_stat(Path(workdir) / key)
+    return list(stat) if stat is not None else None

@@ -225,5 +225,12 @@ def each_job_file(plan: Plan) -> Iterator[tuple[str, JobFile]]:
 
 def write_job_files(plan: Plan, workdir: str | Path = ".") -> int:
     """Write the plan's job files whose content changed (or that are missing); how many were written."""
+    return sum(written for _, written in write_each_job_file(plan, workdir))
+
+
+def write_each_job_file(plan: Plan, workdir: str | Path = ".") -> Iterator[tuple[str, bool]]:
+    """Write each of the plan's job files whose content changed (or that is missing), one at a time: its path and
+    whether it was written."""
     base = Path(workdir)
-    return sum(job.write(base / path) for path, job in each_job_file(plan))
+    for path, job in each_job_file(plan):
+        yield path, job.write(base / path)

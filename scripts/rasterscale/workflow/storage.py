@@ -1,8 +1,9 @@
 """The stored plan: a plan is stored as JSON under ``.snakemake/rasterscale/plan-{fingerprint}.json``
 (:func:`store_plan`), the fingerprint a hash of the raw config; with it the files its checks read, by size and
-mtime. The main Snakemake process builds and stores it every invocation; a job's re-parse (cluster or subprocess)
-loads it (:func:`load_plan`) instead of reading every header again, and builds it itself when none is stored for
-its config or an input changed since (:func:`workflow_plan`).
+mtime. The main Snakemake process stores it when it builds it (:mod:`rasterscale.workflow.reuse`: it reuses it
+while nothing it read changed); a job's re-parse (cluster or subprocess) loads it (:func:`load_plan`) instead of
+reading every header again, and builds it itself when none is stored for its config or an input changed since
+(:func:`job_plan`).
 
 Beside it, each batch's plan (:func:`batch_plan`, ``plan-{fingerprint}/batch-{b}.json``): what the jobs of one
 batch read, a few hundred kilobytes whatever the project's size. A job of one batch (its tile manifests,
@@ -51,11 +52,16 @@ KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folde
 
 def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
     """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
-    :data:`KEPT_PLANS` stored plans with their batches' plans (a job that finds its plan gone builds it again); its
-    path."""
+    :data:`KEPT_PLANS` stored plans with their folders (batch plans, the main process's record: a job that finds its
+    plan gone builds it again); its path."""
+    return store_plan_text(plan_to_json(plan), key, workdir)
+
+
+def store_plan_text(text: str, key: str, workdir: str | Path = ".") -> Path:
+    """:func:`store_plan` of the plan's JSON (:func:`plan_to_json`)."""
     path = Path(workdir) / paths.stored_plan(key)
     with atomic_path(path) as tmp:
-        tmp.write_text(plan_to_json(plan))
+        tmp.write_text(text)
     stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
     for old in stored[KEPT_PLANS:]:
         if old != path:
@@ -148,28 +154,22 @@ def load_plan(key: str, workdir: str | Path = ".", batch: int | None = None) -> 
     return plan
 
 
-def workflow_plan(
+def job_plan(
     raw: Mapping[str, Any],
-    main_process: bool,
     workdir: str | Path = ".",
     warn: Callable[[str], None] | None = None,
     argv: Sequence[str] = (),
 ) -> Plan:
-    """The plan of this parse: the main process builds it with every check (its headers through the header cache
-    of ``workdir``) and stores it; a job's re-parse loads the stored one (a job of one batch, as its command line
-    ``argv`` names it, its batch's plan), and builds it (without storing, nor using the header cache) when none is
-    stored for its config or it is stale."""
+    """The plan of a job's re-parse: the one the main process stored (:mod:`rasterscale.workflow.reuse`; a job of one
+    batch, as its command line ``argv`` names it, its batch's plan), else built (without storing it, nor using the
+    header cache) when none is stored for its config or it is stale."""
     key = fingerprint(raw)
-    if not main_process:
-        batch = job_batch(argv)
-        stored = load_plan(key, workdir, batch) if batch is not None else None
-        stored = stored or load_plan(key, workdir)
-        if stored is not None:
-            return stored
-        return build_plan(raw, workdir, warn)  # no header cache: a job neither reads nor writes it
-    plan = build_plan(raw, workdir, warn, cache_headers=True)
-    store_plan(plan, key, workdir)
-    return plan
+    batch = job_batch(argv)
+    stored = load_plan(key, workdir, batch) if batch is not None else None
+    stored = stored or load_plan(key, workdir)
+    if stored is not None:
+        return stored
+    return build_plan(raw, workdir, warn)  # no header cache: a job neither reads nor writes it
 
 
 def plan_to_json(plan: Plan) -> str:

@@ -1,0 +1,178 @@
+"""The main process's plan, reused while nothing it read changed.
+
+Every invocation of Snakemake plans (a dry run, a run, the main process of a cluster run): it validates the config,
+checks every scene's inputs (:mod:`rasterscale.workflow.checks`) and writes the jobs' files
+(:mod:`rasterscale.workflow.jobfiles`). At 100,000 scenes that is about a minute and a half, the same again when
+nothing changed. So when the main process has stored its plan (:mod:`rasterscale.workflow.storage`) and written the
+job files, it records beside them (:class:`PlanRecord`, ``plan-{key}/main.json``) what the plan's building read
+(:func:`rasterscale.workflow.checks.watched_inputs`: the scenes' rasters, annotations and STAC items, the model
+files, the scene table or a glob's matches, the rasters' folders, the run's records of left-out scenes and of
+batches), each by size and mtime, the job files it wrote, the warnings it gave, and what the plan holds for the
+main process only (the headers it trusted, the scenes it left out).
+
+The next invocation of the same config (the same key) loads that plan instead of building it when the record is
+of this code (:func:`code_version`: the package's sources, rasterio's and GDAL's versions) and of the stored plan
+(its text's hash), and every watched input is as recorded; it says the recorded warnings again, and writes no job
+file when each is as it wrote it (else it writes them as always: only those whose content changed). A plan whose
+building read what no stat watches (a remote file, a remote or VRT raster not trusted from its STAC item) gets no
+record: it is built every time. A file rewritten with its size and mtime kept (within the file system's timestamp
+resolution) is not seen, as by the header cache and a job's stored plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rasterio
+
+from rasterscale.atomic import atomic_path
+from rasterscale.config.schema import SCHEMA_PATH
+from rasterscale.jobs import paths
+from rasterscale.raster.item_header import ItemHeader
+from rasterscale.workflow.checks import build_plan, check_writable, file_stat, watch_value, watched_inputs
+from rasterscale.workflow.jobfiles import write_each_job_file
+from rasterscale.workflow.plan import Plan
+from rasterscale.workflow.storage import fingerprint, plan_from_json, plan_to_json, store_plan_text
+
+FORMAT = 1  # of a record: a record of another format is not used
+RECORD = "main.json"  # in the stored plan's folder (beside its batch plans)
+PACKAGE = Path(__file__).resolve().parents[1]  # scripts/rasterscale
+
+
+@functools.cache
+def code_version() -> str:
+    """What tells this rasterscale's plans from another's: a hash of the package's sources and its config schema,
+    with Python's, rasterio's and GDAL's versions."""
+    digest = hashlib.sha256(f"{sys.version} {rasterio.__version__} {rasterio.__gdal_version__}".encode())
+    for path in sorted(PACKAGE.rglob("*.py")):
+        digest.update(f"{path.relative_to(PACKAGE)}\0".encode())
+        digest.update(path.read_bytes())
+    digest.update(SCHEMA_PATH.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What the main process's plan of a key read and wrote (see the module)."""
+
+    code: str  # code_version()
+    digest: str  # the stored plan's text's hash
+    watched: dict[str, Any]  # input -> its version (rasterscale.workflow.checks.watch_value)
+    jobs: dict[str, list[int] | None]  # job file -> [size, mtime_ns] as written
+    warnings: tuple[str, ...]  # what the plan's building said, in order
+    trusted: dict[str, ItemHeader]  # Plan.trusted
+    skipped: dict[str, str]  # Plan.skipped
+
+    def to_json(self) -> str:
+        data = {
+            "format": FORMAT,
+            "code": self.code,
+            "digest": self.digest,
+            "watched": self.watched,
+            "jobs": self.jobs,
+            "warnings": list(self.warnings),
+            "trusted": {name: header.to_dict() for name, header in self.trusted.items()},
+            "skipped": self.skipped,
+        }
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> PlanRecord:
+        data = json.loads(text)
+        if data.get("format") != FORMAT:
+            raise ValueError(f"record of format {data.get('format')}, not {FORMAT}")
+        trusted = {name: ItemHeader.from_dict(header) for name, header in data["trusted"].items()}
+        return cls(
+            data["code"],
+            data["digest"],
+            data["watched"],
+            data["jobs"],
+            tuple(data["warnings"]),
+            trusted,
+            dict(data["skipped"]),
+        )
+
+    def unchanged(self, workdir: Path) -> bool:
+        """Whether every watched input is as recorded."""
+        return all(watch_value(key, workdir) == value for key, value in self.watched.items())
+
+    def jobs_unchanged(self, workdir: Path) -> bool:
+        """Whether every job file is as written."""
+        return all(_stat(workdir / path) == stat for path, stat in self.jobs.items())
+
+
+def record_path(key: str, workdir: str | Path = ".") -> Path:
+    return Path(workdir) / paths.stored_batch_plans(key) / RECORD
+
+
+def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[[str], None] | None = None) -> Plan:
+    """The main process's plan of the raw config, its job files written: the stored one reused when its record
+    holds (see the module), else built with every check (headers through the header cache) and stored, and the
+    record written anew. ``warn`` gets each warning, a reused plan's recorded ones too."""
+    base = Path(workdir)
+    say = warn if warn is not None else _silent
+    key = fingerprint(raw)
+    reused = reusable(key, base)
+    if reused is not None:
+        plan, record = reused
+        for line in record.warnings:
+            say(line)
+        check_writable(plan.settings, base)
+        if record.jobs_unchanged(base):
+            return plan
+        digest, warnings = record.digest, record.warnings
+    else:
+        said: list[str] = []
+
+        def told(line: str) -> None:
+            said.append(line)
+            say(line)
+
+        record_path(key, base).unlink(missing_ok=True)  # a record of the plan it replaces
+        plan = build_plan(raw, base, told, cache_headers=True)
+        text = plan_to_json(plan)
+        store_plan_text(text, key, base)
+        digest, warnings = _digest(text), tuple(said)
+    jobs = {path: _stat(base / path) for path, _ in write_each_job_file(plan, base)}
+    watched = watched_inputs(plan, raw, base)
+    if watched is not None:
+        record = PlanRecord(code_version(), digest, watched, jobs, warnings, plan.trusted, plan.skipped)
+        with atomic_path(record_path(key, base)) as tmp:
+            tmp.write_text(record.to_json())
+    return plan
+
+
+def reusable(key: str, workdir: Path) -> tuple[Plan, PlanRecord] | None:
+    """The plan stored under ``key`` with its record, when the record is of this code and that plan and every
+    input it watches is as recorded; else None."""
+    try:
+        record = PlanRecord.from_json(record_path(key, workdir).read_text())
+        if record.code != code_version() or not record.unchanged(workdir):
+            return None
+        text = (workdir / paths.stored_plan(key)).read_text()
+        if _digest(text) != record.digest:
+            return None
+        plan = plan_from_json(text)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return plan.with_(trusted=record.trusted, skipped=record.skipped), record
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stat(path: Path) -> list[int] | None:
+    stat = file_stat(path)
+    return list(stat) if stat is not None else None
+
+
+def _silent(line: str) -> None:
+    pass
