@@ -16,8 +16,10 @@ Two sources of scenes (``--source``):
 Both with an untrained resnet18 detector as ``model.file``, ``predict.scenes: all`` on CPU and
 ``predict.scenes_per_job`` scenes a job. Every process runs under GNU time (wall, CPU, peak RSS):
 
-- ``first_dry_run``: the first ``snakemake -n --cores 2`` in the folder (survey: every header read);
-- ``dry_run``: the next one (survey: headers from the header cache), the figure of the issue's table;
+- ``first_dry_run``: the first ``snakemake -n --cores 2`` in the folder (survey: every header read; with
+  ``--reuse``, the header cache's): it builds the plan and writes every job file;
+- ``dry_run``: the next one, the figure of the issue's table: it reuses the stored plan and job files, as nothing
+  they read changed (rasterscale.workflow.reuse);
 - ``sample``: ``snakemake --cores 2`` of the first ``--sample-batches`` batches' scoring jobs (their tile manifests,
   predictions, merges and scores), whose jobs' own peak RSS come from their benchmark files;
 - ``job_reparse``: then the ``--mode remote`` command of ``tile_manifests_batch_0`` with ``-n`` (a Slurm job's
@@ -254,12 +256,23 @@ def format_report(results: dict[str, Any]) -> str:
         lines.append(f"  job {job['job']:<32} {job['wall_s']:>8.2f} {job['cpu_s']:>8.2f} {job['peak_rss_mib']!s:>12}")
     target = TARGETS.get(sizes["items"])
     if target is not None:
-        dry, job = results["processes"]["dry_run"], results["processes"].get("job_reparse")
-        met = dry["wall_s"] <= target[0] and dry["peak_rss_mib"] <= target[1]
-        met = met and job is not None and job["wall_s"] <= target[2]  # a job's, after a run (--sample-batches)
+        processes = results["processes"]
+
+        def verdict(name: str, seconds: float, mib: float = 0) -> str:
+            run = processes.get(name)
+            if run is None:
+                return f"{name} not measured"
+            return f"{name} {'met' if run['wall_s'] <= seconds and run['peak_rss_mib'] <= mib else 'NOT met'}"
+
         lines.append(
             f"targets (dry run <= {target[0]:.0f} s, <= {target[1] / 1024:.0f} GiB, re-parse <= {target[2]:.0f} s): "
-            f"{'met' if met else 'NOT met'}"
+            + ", ".join(
+                [
+                    verdict("first_dry_run", target[0], target[1]),
+                    verdict("dry_run", target[0], target[1]),
+                    verdict("job_reparse", target[2], float("inf")),  # a job's, after a run (--sample-batches)
+                ]
+            )
         )
     return "\n".join(lines)
 
@@ -309,6 +322,7 @@ def main() -> None:
                 shutil.rmtree(workdir / folder, ignore_errors=True)
             for plan in (workdir / ".snakemake/rasterscale").glob("plan-*.json"):
                 plan.unlink()
+                shutil.rmtree(plan.with_suffix(""), ignore_errors=True)  # its batch plans and the main process's record
         else:
             write_inputs(workdir, args)
         sizes = {"items": args.items, "source": args.source, "scenes_per_job": args.scenes_per_job}
