@@ -129,17 +129,7 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
             return plan
         digest, warnings = record.digest, record.warnings
     else:
-        said: list[str] = []
-
-        def told(line: str) -> None:
-            said.append(line)
-            say(line)
-
-        record_path(key, base).unlink(missing_ok=True)  # a record of the plan it replaces
-        plan = build_plan(raw, base, told, cache_headers=True)
-        text = plan_to_json(plan)
-        store_plan_text(text, key, base)
-        digest, warnings = _digest(text), tuple(said)
+        plan, digest, warnings = build_and_store(raw, key, base, say)
     jobs = {path: _stat(base / path) for path, _ in write_each_job_file(plan, base)}
     watched = watched_inputs(plan, raw, base)
     if watched is not None:
@@ -147,6 +137,24 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
         with atomic_path(record_path(key, base)) as tmp:
             tmp.write_text(record.to_json())
     return plan
+
+
+def build_and_store(
+    raw: Mapping[str, Any], key: str, workdir: Path, say: Callable[[str], None]
+) -> tuple[Plan, str, tuple[str, ...]]:
+    """Build the plan with every check and store it under ``key`` (its record removed first: it is of the plan
+    replaced); the plan, its stored text's hash and the warnings its checks gave (each said as it comes)."""
+    said: list[str] = []
+
+    def told(line: str) -> None:
+        said.append(line)
+        say(line)
+
+    record_path(key, workdir).unlink(missing_ok=True)
+    plan = build_plan(raw, workdir, told, cache_headers=True)
+    text = plan_to_json(plan)
+    store_plan_text(text, key, workdir)
+    return plan, _digest(text), tuple(said)
 
 
 def reusable(key: str, workdir: Path) -> tuple[Plan, PlanRecord] | None:
