@@ -36,7 +36,7 @@ rule report_project_map:
             PATHS.report_file(reportfiles.PROJECT_MAP),
             "project_map",
             reportfiles.PROJECT,
-            "scene footprints and counts",
+            "summary raster, or scene footprints and counts",
             "map",
         ),
     log:

@@ -268,7 +268,8 @@ def test_report_holds_the_run_each_scene_the_training_curves_and_the_project_map
     assert curves.read_bytes() == (workdir / "results/models/tiny.png").read_bytes() and decoded(curves) == (1000, 400)
     assert report.file(training["training curves (CSV)"]).read_text().startswith("epoch,step,")
 
-    assert decoded(report.file(report.items("4. Project", "map")["scene footprints and counts"])) == (1000, 800)
+    project_map = report.items("4. Project", "map")["summary raster, or scene footprints and counts"]
+    assert decoded(report.file(project_map)) == (1000, 800)
     counts = json.loads((workdir / RUN / "report/tiny_test/counts.json").read_text())
     assert counts == {"unit": "detections", "counts": {"tree": detections}, "total": detections}
 
