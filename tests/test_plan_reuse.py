@@ -197,3 +197,22 @@ def test_a_stored_plan_gone_or_not_the_recorded_one_is_built_again(workdir, monk
     stored.write_text(stored.read_text().replace('"predicted":null', '"predicted":7'))  # not what was recorded
     reads.clear()
     assert main_plan(config) == first and reads.rasters != []
+
+
+def test_a_model_folders_file_changed_in_place_builds_the_plan_again(workdir, monkeypatch):
+    """A DeepForest model folder (config.json + model.safetensors) is read as one input: its label changed in
+    place (the same size, the folder's mtime kept) gives the plan its new label."""
+    import json
+
+    from deepforest_files import torchvision_retinanet, write_folder
+
+    folder = write_folder(workdir / "models/birds", torchvision_retinanet(), label_dict={"Tree": 0})
+    config = survey_config(workdir) | {"model": {"file": "models/birds"}, "train": {"scenes": []}}
+    config["scenes"] = {name: {"path": f"rasters/{name}.tif"} for name in "ab"}  # no annotations: any label goes
+    assert main_plan(config).labels == ("Tree",)
+    settings = folder / "config.json"
+    stat = folder.stat()
+    settings.write_text(settings.read_text().replace('"Tree"', '"Bird"'))
+    os.utime(folder, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert json.loads(settings.read_text())["label_dict"] == {"Bird": 0}
+    assert main_plan(config).labels == ("Bird",)

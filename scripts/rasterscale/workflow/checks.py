@@ -340,11 +340,12 @@ GLOB = "glob:"  # a watched glob's key: GLOB + its pattern (rasterscale.workflow
 def watched_inputs(plan: Plan, raw: Mapping[str, Any], workdir: str | Path = ".") -> dict[str, Any] | None:
     """What the plan's building read, each by what tells its versions apart (:func:`watch_value`), for the main
     process to reuse the plan while none changed (:mod:`rasterscale.workflow.reuse`): the files its checks read
-    (:func:`checked_files`), the scenes' tree tops, the folders of the local rasters (a sidecar GDAL reads with one:
-    ``.msk``, ``.aux.xml``), the scene table or a glob's matches, the rasters of a kept batch's scenes the config no
-    longer names, and the run's records of left-out scenes and of batches (``jobs/skipped/``, ``jobs/tiles/``:
-    another config of this run rewrites them). None when the checks read what no stat watches: a remote file, or a
-    raster not trusted from its STAC item that is remote or a VRT (its header depends on its sources)."""
+    (:func:`checked_files`) and the scenes' tree tops, the files in a folder read as one (a model folder), the
+    folders of those files (a sidecar GDAL reads with a raster: ``.msk``, ``.aux.xml``), the scene table or a
+    glob's matches, the rasters of a kept batch's scenes the config no longer names, and the run's records of
+    left-out scenes and of batches (``jobs/skipped/``, ``jobs/tiles/``: another config of this run rewrites them).
+    None when the checks read what no stat watches: a remote file, or a raster not trusted from its STAC item that
+    is remote or a VRT (its header depends on its sources)."""
     settings = plan.settings
     read = [*_read_files(settings), *(scene.tree_tops for scene in settings.scenes.values() if scene.tree_tops)]
     trusted = {settings.scenes[name].path for name in plan.trusted}
@@ -353,11 +354,19 @@ def watched_inputs(plan: Plan, raw: Mapping[str, Any], workdir: str | Path = "."
     files = local_files(read)
     kept = [raster for scene in plan.kept.values() for raster in scene.rasters if not is_remote(raster)]
     folders = {str(Path(path).parent) for path in [*files, *kept]}
-    keys = [*files, *kept, *sorted(folders), *(plan.paths.jobs_dir(kind) for kind in (SKIPPED, "tiles"))]
+    within = [str(f) for path in files if os.path.isdir(Path(workdir) / path) for f in _files_in(Path(path), workdir)]
+    keys = [*files, *within, *kept, *sorted(folders), *(plan.paths.jobs_dir(kind) for kind in (SKIPPED, "tiles"))]
     listed = raw.get("scenes")
     if isinstance(listed, str):
         keys.append(GLOB + listed if is_glob(listed) else listed)
     return {key: watch_value(key, workdir) for key in dict.fromkeys(keys)}
+
+
+def _files_in(folder: Path, workdir: str | Path) -> list[Path]:
+    """The files under a folder the checks read as one input (a model folder: its config and weights; a folder of
+    VOC annotations), as the config names them: a file changed in place changes no folder's mtime."""
+    base = Path(workdir)
+    return sorted(folder / path.relative_to(base / folder) for path in (base / folder).rglob("*") if path.is_file())
 
 
 def watch_value(key: str, workdir: str | Path = ".") -> Any:
