@@ -216,3 +216,34 @@ def test_a_model_folders_file_changed_in_place_builds_the_plan_again(workdir, mo
     os.utime(folder, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert json.loads(settings.read_text())["label_dict"] == {"Bird": 0}
     assert main_plan(config).labels == ("Bird",)
+
+
+def test_a_left_out_scenes_raster_appearing_builds_the_plan_again(workdir, monkeypatch):
+    config = survey_config(workdir) | {"scenes_on_error": "skip"}
+    table = workdir / "scenes.tsv"
+    table.write_text(table.read_text() + "c\tother/c.tif\t\n")
+    assert main_plan(config).skipped.keys() == {"c"}
+    (workdir / "other").mkdir()
+    write_raster(workdir / "other/c.tif", 300, 300, transform=Affine(0.1, 0, 406000.0, 0, -0.1, 3285000.0))
+    plan = main_plan(config)
+    assert plan.skipped == {} and "c" in plan.predict_scenes
+
+
+def test_an_input_changed_while_the_plan_is_built_leaves_no_record(workdir, monkeypatch):
+    """A job of a run beside the dry run records a scene it left out while the plan is being built: the plan may
+    not have seen it, so the next invocation builds it again."""
+    config = survey_config(workdir)
+    build = reuse.build_plan
+
+    def build_while_a_job_writes(*args, **kwargs):
+        plan = build(*args, **kwargs)
+        add_sidecar(workdir)
+        return plan
+
+    monkeypatch.setattr(reuse, "build_plan", build_while_a_job_writes)
+    main_plan(config)
+    assert not record_path(fingerprint(config)).exists()
+    monkeypatch.setattr(reuse, "build_plan", build)
+    reads = Reads(monkeypatch)
+    main_plan(config)
+    assert reads.rasters != [] and record_path(fingerprint(config)).exists()

@@ -28,7 +28,7 @@ from rasterscale.jobs import paths
 from rasterscale.raster.bands import differs_wildly
 from rasterscale.raster.cog import striped_sources
 from rasterscale.raster.header_cache import plan_headers
-from rasterscale.raster.headers import DEFAULT_BANDS, CheckedHeader, RasterInfo, check_raster, headers_from
+from rasterscale.raster.headers import DEFAULT_BANDS, CheckedHeader, RasterInfo, check_raster, headers_from, siblings
 from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery, mask_of
 from rasterscale.raster.item_header import ItemHeader
 from rasterscale.raster.item_header import recorded_skips as recorded_skips_in
@@ -82,7 +82,7 @@ def build_plan(
         say(f"scene {name} is left out (scenes_on_error: skip), as its tile-manifest job found: {reason}")
     untiled, footprints, found = _check_scenes(plan, default_bands, skipped, workdir if cache_headers else None, say)
     inputs = {path: file_stat(Path(workdir) / path) for path in checked_files(settings)}
-    plan = plan.with_(untiled=untiled, inputs=inputs, footprints=footprints)
+    plan = plan.with_(untiled=untiled, inputs=inputs, footprints=footprints, unwatched=unwatched_read(plan))
     if skipped or found:
         plan = without_scenes(plan, {**skipped, **found})
     if plan.has_project():
@@ -292,16 +292,19 @@ def _read_files(settings: Settings) -> Iterator[str]:
 
 
 def scene_files(scene: SceneSettings) -> Iterator[str]:
-    """The files a plan's checks read of a scene: its raster, annotations and STAC item (local or not)."""
+    """The files a plan's checks read of a scene: its raster, annotations, STAC item and tree tops (local or
+    not)."""
     yield scene.path
-    yield from (path for path in (scene.annotations, scene.stac) if path)
+    yield from (path for path in (scene.annotations, scene.stac, scene.tree_tops) if path)
 
 
 def run_files(settings: Settings) -> Iterator[str]:
     """The files a plan's checks read besides the scenes': the STAC items scenes came from, the model files."""
     yield from settings.stac.items
     model = settings.model
-    yield from (path for path in (model.file, settings.train.init, model.backbone_weights) if path)
+    yield from (
+        path for path in (model.file, settings.train.init, model.backbone_weights, model.encoder_weights) if path
+    )
 
 
 def file_stat(path: str | Path) -> tuple[int, int] | None:
@@ -335,27 +338,37 @@ def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = 
 
 
 GLOB = "glob:"  # a watched glob's key: GLOB + its pattern (rasterscale.workflow.reuse)
+SIBLINGS = "siblings:"  # a watched file's sidecar files' names: SIBLINGS + its path
+
+
+def unwatched_read(plan: Plan) -> str:
+    """The first path the plan's checks read that no stat watches ("" when none): a remote file, or a raster not
+    trusted from its STAC item that is a VRT (its header depends on its sources)."""
+    trusted = {plan.scenes[name].path for name in plan.trusted}
+    for path in _read_files(plan.settings):
+        if path not in trusted and (is_remote(path) or path.lower().endswith(".vrt")):
+            return path
+    return ""
 
 
 def watched_inputs(plan: Plan, raw: Mapping[str, Any], workdir: str | Path = ".") -> dict[str, Any] | None:
     """What the plan's building read, each by what tells its versions apart (:func:`watch_value`), for the main
-    process to reuse the plan while none changed (:mod:`rasterscale.workflow.reuse`): the files its checks read
-    (:func:`checked_files`) and the scenes' tree tops, the files in a folder read as one (a model folder), the
-    folders of those files (a sidecar GDAL reads with a raster: ``.msk``, ``.aux.xml``), the scene table or a
-    glob's matches, the rasters of a kept batch's scenes the config no longer names, and the run's records of
-    left-out scenes and of batches (``jobs/skipped/``, ``jobs/tiles/``: another config of this run rewrites them).
-    None when the checks read what no stat watches: a remote file, or a raster not trusted from its STAC item that
-    is remote or a VRT (its header depends on its sources)."""
-    settings = plan.settings
-    read = [*_read_files(settings), *(scene.tree_tops for scene in settings.scenes.values() if scene.tree_tops)]
-    trusted = {settings.scenes[name].path for name in plan.trusted}
-    if any(is_remote(path) or path.lower().endswith(".vrt") for path in read if path not in trusted):
+    process to reuse the plan while none changed (:mod:`rasterscale.workflow.reuse`): the local files its checks
+    read (``plan.inputs``: those of the scenes it left out too), their sidecar files (``x.tif.aux.xml``, a model
+    file's card ``x.pt.yaml``, a shapefile's ``.dbf``) and which there are (one added), the files in a folder read
+    as one (a model folder), the scene table or a glob's matches, the rasters of a kept batch's scenes the config
+    no longer names, and the run's records of left-out scenes and of batches (``jobs/skipped/``,
+    ``jobs/tiles/``: another config of this run rewrites them). None when the checks read what no stat watches
+    (``plan.unwatched``)."""
+    if plan.unwatched:
         return None
-    files = local_files(read)
+    base = Path(workdir)
+    files = [path for path in plan.inputs if os.path.isfile(base / path)]
     kept = [raster for scene in plan.kept.values() for raster in scene.rasters if not is_remote(raster)]
-    folders = {str(Path(path).parent) for path in [*files, *kept]}
-    within = [str(f) for path in files if os.path.isdir(Path(workdir) / path) for f in _files_in(Path(path), workdir)]
-    keys = [*files, *within, *kept, *sorted(folders), *(plan.paths.jobs_dir(kind) for kind in (SKIPPED, "tiles"))]
+    within = [str(f) for path in plan.inputs if os.path.isdir(base / path) for f in _files_in(Path(path), workdir)]
+    beside = [str(Path(path).parent / name) for path in files for name in siblings(base / path)]
+    records = [plan.paths.jobs_dir(kind) for kind in (SKIPPED, "tiles")]
+    keys = [*plan.inputs, *beside, *(SIBLINGS + path for path in files), *within, *kept, *records]
     listed = raw.get("scenes")
     if isinstance(listed, str):
         keys.append(GLOB + listed if is_glob(listed) else listed)
@@ -371,9 +384,14 @@ def _files_in(folder: Path, workdir: str | Path) -> list[Path]:
 
 def watch_value(key: str, workdir: str | Path = ".") -> Any:
     """A watched input's version (:func:`watched_inputs`): a file's or folder's [size, mtime_ns] (None when
-    absent), a glob's matches (how many, and their hash)."""
+    absent), a glob's matches (how many, and their hash), a file's sidecar files (their names)."""
     if key.startswith(GLOB):
         matches = sorted(glob.glob(key[len(GLOB) :], recursive=True))
         return [len(matches), hashlib.sha256("\n".join(matches).encode()).hexdigest()]
+    if key.startswith(SIBLINGS):
+        try:
+            return sorted(siblings(Path(workdir) / key[len(SIBLINGS) :]))
+        except OSError:
+            return None
     stat = file_stat(Path(workdir) / key)
     return list(stat) if stat is not None else None

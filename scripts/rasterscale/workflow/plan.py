@@ -67,6 +67,9 @@ class Plan:
     scope: int | None = None
     neighbourhoods: dict[int, Neighbourhood] | None = None
     predicted: int | None = None
+    # the first path its checks read that no stat watches (a remote file, a VRT): the main process then builds the
+    # plan every time (rasterscale.workflow.reuse); "" when none
+    unwatched: str = ""
 
     # -- the config -------------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +37,21 @@ from rasterscale.atomic import atomic_path
 from rasterscale.config.schema import SCHEMA_PATH
 from rasterscale.jobs import paths
 from rasterscale.raster.item_header import ItemHeader
-from rasterscale.workflow.checks import build_plan, check_writable, file_stat, watch_value, watched_inputs
+from rasterscale.workflow.checks import (
+    GLOB,
+    SIBLINGS,
+    build_plan,
+    check_writable,
+    file_stat,
+    watch_value,
+    watched_inputs,
+)
 from rasterscale.workflow.jobfiles import write_each_job_file
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.storage import fingerprint, plan_from_json, plan_to_json, store_plan_text
 
 FORMAT = 1  # of a record: a record of another format is not used
+PREFIXED = (GLOB, SIBLINGS)  # watched keys whose values are no file's [size, mtime_ns]
 RECORD = "main.json"  # in the stored plan's folder (beside its batch plans)
 PACKAGE = Path(__file__).resolve().parents[1]  # scripts/rasterscale
 
@@ -63,6 +73,7 @@ class PlanRecord:
     """What the main process's plan of a key read and wrote (see the module)."""
 
     code: str  # code_version()
+    workdir: str  # the working directory, resolved (a copy of it elsewhere, times kept, names other files)
     digest: str  # the stored plan's text's hash
     watched: dict[str, Any]  # input -> its version (rasterscale.workflow.checks.watch_value)
     jobs: dict[str, list[int] | None]  # job file -> [size, mtime_ns] as written
@@ -74,6 +85,7 @@ class PlanRecord:
         data = {
             "format": FORMAT,
             "code": self.code,
+            "workdir": self.workdir,
             "digest": self.digest,
             "watched": self.watched,
             "jobs": self.jobs,
@@ -91,6 +103,7 @@ class PlanRecord:
         trusted = {name: ItemHeader.from_dict(header) for name, header in data["trusted"].items()}
         return cls(
             data["code"],
+            data["workdir"],
             data["digest"],
             data["watched"],
             data["jobs"],
@@ -119,6 +132,7 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
     base = Path(workdir)
     say = warn if warn is not None else _silent
     key = fingerprint(raw)
+    started = time.time_ns()
     reused = reusable(key, base)
     if reused is not None:
         plan, record = reused
@@ -132,11 +146,22 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
         plan, digest, warnings = build_and_store(raw, key, base, say)
     jobs = {path: _stat(base / path) for path, _ in write_each_job_file(plan, base)}
     watched = watched_inputs(plan, raw, base)
-    if watched is not None:
-        record = PlanRecord(code_version(), digest, watched, jobs, warnings, plan.trusted, plan.skipped)
-        with atomic_path(record_path(key, base)) as tmp:
-            tmp.write_text(record.to_json())
+    if watched is None or _changed_since(watched, started, plan.paths.jobs_dir("tiles")):
+        record_path(key, base).unlink(missing_ok=True)  # built again next time
+        return plan
+    where = str(base.resolve())
+    record = PlanRecord(code_version(), where, digest, watched, jobs, warnings, plan.trusted, plan.skipped)
+    with atomic_path(record_path(key, base)) as tmp:
+        tmp.write_text(record.to_json())
     return plan
+
+
+def _changed_since(watched: Mapping[str, Any], started: int, written: str) -> bool:
+    """Whether a watched input (but the folder of job files this process ``written``) changed after ``started``
+    (ns): while the plan was built (a job of a run beside this dry run recorded a scene it left out); its version
+    then may not be the one the plan read."""
+    stats = (value for key, value in watched.items() if key != written and not key.startswith(PREFIXED) and value)
+    return any(mtime >= started for _, mtime in stats)
 
 
 def build_and_store(
@@ -162,13 +187,13 @@ def reusable(key: str, workdir: Path) -> tuple[Plan, PlanRecord] | None:
     input it watches is as recorded; else None."""
     try:
         record = PlanRecord.from_json(record_path(key, workdir).read_text())
-        if record.code != code_version() or not record.unchanged(workdir):
+        if (record.code, record.workdir) != (code_version(), str(workdir.resolve())) or not record.unchanged(workdir):
             return None
         text = (workdir / paths.stored_plan(key)).read_text()
         if _digest(text) != record.digest:
             return None
         plan = plan_from_json(text)
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
     return plan.with_(trusted=record.trusted, skipped=record.skipped), record
 

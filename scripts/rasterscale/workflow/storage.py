@@ -38,7 +38,7 @@ from rasterscale.workflow.batches import job_batch
 from rasterscale.workflow.checks import build_plan, file_stat, run_files, scene_files
 from rasterscale.workflow.plan import Plan
 
-FORMAT = 6  # of a stored plan: a plan stored in another format is rebuilt
+FORMAT = 7  # of a stored plan: a plan stored in another format is rebuilt
 
 
 def fingerprint(raw: Mapping[str, Any]) -> str:
@@ -190,6 +190,7 @@ def plan_to_json(plan: Plan) -> str:
         "model_input": plan.model_input.to_dict(),
         "scope": plan.scope,
         "predicted": plan.predicted,
+        "unwatched": plan.unwatched,
         "neighbourhoods": None
         if plan.neighbourhoods is None
         else [
@@ -223,6 +224,7 @@ def plan_from_json(text: str) -> Plan:
         model_input=InputBands.from_dict(data["model_input"]),
         scope=data["scope"],
         predicted=data["predicted"],
+        unwatched=data["unwatched"],
         neighbourhoods=None
         if data["neighbourhoods"] is None
         else {int(n): Neighbourhood(tuple(a), tuple(b), tuple(c)) for n, a, b, c in data["neighbourhoods"]},
