@@ -42,7 +42,6 @@ from rasterscale.workflow.checks import (
     SIBLINGS,
     build_plan,
     check_writable,
-    file_stat,
     watch_value,
     watched_inputs,
 )
@@ -118,7 +117,7 @@ class PlanRecord:
 
     def jobs_unchanged(self, workdir: Path) -> bool:
         """Whether every job file is as written."""
-        return all(_stat(workdir / path) == stat for path, stat in self.jobs.items())
+        return all(watch_value(path, workdir) == stat for path, stat in self.jobs.items())
 
 
 def record_path(key: str, workdir: str | Path = ".") -> Path:
@@ -144,7 +143,7 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
         digest, warnings = record.digest, record.warnings
     else:
         plan, digest, warnings = build_and_store(raw, key, base, say)
-    jobs = {path: _stat(base / path) for path, _ in write_each_job_file(plan, base)}
+    jobs = {path: watch_value(path, base) for path, _ in write_each_job_file(plan, base)}
     watched = watched_inputs(plan, raw, base)
     if watched is None or _changed_since(watched, started, plan.paths.jobs_dir("tiles")):
         record_path(key, base).unlink(missing_ok=True)  # built again next time
@@ -200,11 +199,6 @@ def reusable(key: str, workdir: Path) -> tuple[Plan, PlanRecord] | None:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _stat(path: Path) -> list[int] | None:
-    stat = file_stat(path)
-    return list(stat) if stat is not None else None
 
 
 def _silent(line: str) -> None:

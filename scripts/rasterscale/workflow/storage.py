@@ -191,11 +191,7 @@ def plan_to_json(plan: Plan) -> str:
         "scope": plan.scope,
         "predicted": plan.predicted,
         "unwatched": plan.unwatched,
-        "neighbourhoods": None
-        if plan.neighbourhoods is None
-        else [
-            [number, [*near.owners], [*near.neighbours], [*near.outer]] for number, near in plan.neighbourhoods.items()
-        ],
+        "neighbourhoods": None if plan.neighbourhoods is None else _neighbourhoods_json(plan.neighbourhoods),
     }
     return json.dumps(data, separators=(",", ":"))
 
