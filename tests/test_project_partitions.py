@@ -20,7 +20,7 @@ from shapely.geometry import box
 from conftest import UTM17N, write_raster
 from rasterscale.atomic import write_geoparquet
 from rasterscale.config.settings import job_settings
-from rasterscale.grid.partitions import adjacency, neighbourhoods, remove_stale
+from rasterscale.grid.partitions import area_neighbourhoods, remove_stale
 from rasterscale.grid.project import source_area
 from rasterscale.jobs.files import ProjectJob
 from rasterscale.raster.summary import HECTARE, NODATA, CellGrid, summarize_layer
@@ -37,7 +37,7 @@ def partition_jobs(job: dict, groups: dict[int, list[str]], folder: Path) -> lis
     """The partitions' jobs of a project's job: each group's sources, their neighbours', the outer areas."""
     sources = {source["name"]: source for source in job["sources"]}
     areas = {name: source_area(source, job["crs"]) for name, source in sources.items()}
-    found = neighbourhoods(groups, adjacency(areas, 0.001))
+    found = area_neighbourhoods(groups, areas, 0.001)
     sections = {"task": job["task"], "merge": job["merge"], "project": job["project"]}
     settings = job_settings(sections)
     jobs = []
@@ -90,8 +90,8 @@ def test_a_new_scene_touches_only_the_partitions_beside_it():
                 groups[i // 2].append(f"s{i}+s{i + 1}")
         return groups
 
-    before = neighbourhoods(groups_of(6), adjacency(areas_of(6)))
-    after = neighbourhoods({**groups_of(6), 3: ["s6", "s5+s6"]}, adjacency(areas_of(7)))  # new: a batch of their own
+    before = area_neighbourhoods(groups_of(6), areas_of(6))
+    after = area_neighbourhoods({**groups_of(6), 3: ["s6", "s5+s6"]}, areas_of(7))  # new: a batch of their own
     changed = sorted(group for group in before if before[group] != after[group])
     assert changed == [2], changed  # batch 1's ring 2 reaches s5 only: s5+s6 and s6 lie beyond it
     assert after[2].neighbours == ("s3", "s3+s4", "s5+s6", "s6") and after[3].neighbours == ("s5",)
