@@ -3,8 +3,10 @@ against its card, and wrapped (:class:`ExportedDense`) behind the card's normali
 run it as they run their own networks (batching, DDP ranks, blending, merges unchanged).
 
 - **TorchScript** (``torch.jit.save``): ``torch.jit.load``, TorchScript's own interpreter (no pickled Python).
-- **torch.export** (``torch.export.save``, ``.pt2``): ``torch.export.load``, a graph of ATen operators and its
-  weights; a program whose serialization schema is another major version than this torch's is refused first.
+- **torch.export** (``torch.export.save``, ``.pt2``): never ``torch.export.load``, which trusts its file: the
+  archive is vetted as a zip and the program loaded from its vetted records (:mod:`.pt2`: a graph of ATen operators
+  and raw weights; pickles, native code and anything torch would turn into Python source are refused); a program
+  whose serialization schema is another major version than this torch's is refused first.
 - **ONNX**: an ONNX Runtime session per device (CUDA's provider where the rank's device is a GPU and the provider
   is installed, else the CPU's), its threads those of the rank.
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from rasterscale.errors import InputError
 from rasterscale.tasks.exported.card import ModelCard
+from rasterscale.tasks.exported.pt2 import load_program
 from rasterscale.tasks.inputlayer import Normalize
 
 ONNX_TYPES = {"tensor(float)": (np.float32, torch.float32), "tensor(float16)": (np.float16, torch.float16)}
@@ -93,10 +96,7 @@ def load_torch_export(card: ModelCard) -> LoadedNet:
             f"({torch.__version__}, schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}): export it again with torch "
             f"{torch.__version__.split('+')[0]}, or to ONNX",
         )
-    try:
-        program = torch.export.load(card.path)
-    except Exception as err:  # torch raises many kinds on a damaged archive
-        raise file_error(card, f"torch.export cannot load it ({first_line(err)})") from None
+    program = load_program(card.path)
     shape = export_input_shape(program)
     return LoadedNet(program.module(), shape[0] if shape else None, shape, program)
 

@@ -1,0 +1,215 @@
+"""No code from a file the user hands over (docs/security.md): every crafted file here first proves that it is armed
+(loaded the unsafe way, in a subprocess, it creates its marker), then the dry run (`snakemake -n`) and the
+prediction job's own loading refuse it in one line naming the file, or never read the armed part, and the marker
+never appears."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import crafted
+import snakemake_forks
+from rasterscale.config.settings import job_settings
+from rasterscale.errors import InputError
+from rasterscale.tasks.exported.card import card_path
+from rasterscale.tasks.registry import task_spec
+from test_exported_models import BANDS, MEAN, PATCH, STD, card, export, make_net, predict_config, smooth_raster
+from workflow import REPO, run_dir, run_paths, run_workflow, workflow_command
+
+ADVICE = "; export it to ONNX or TorchScript, or again with torch.export"
+# crafted .pt2 -> the problem its one line names (None: the armed part is never read, the file predicts)
+PT2_REFUSALS = {
+    "sample inputs": None,
+    "a pickled weight": r"'features\.0\.weight' is stored pickled \(use_pickle in "
+    r"data/weights/model_weights_config\.json\)",
+    "an opaque constant": r"constant 'hidden' is an opaque Python object, which torch unpickles",
+    "an AOTInductor library": r"holds an AOTInductor package \(data/aotinductor/model/[\w.]+\): compiled native code",
+    "a symbolic expression": r"symbolic expression \"__import__\('os'\)\.system\(.* is not a plain arithmetic "
+    r"expression",
+    "a guard": r"guard \"__import__\('os'\)\.system\(.* is not a comparison of input sizes",
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    """The scene, a real export (net.pt2, dynamic batch) and every crafted file with its marker, each proven armed
+    in one subprocess."""
+    folder = tmp_path_factory.mktemp("crafted")
+    smooth_raster(folder / "scene.tif")
+    source = export(make_net(), folder / "net.pt2", "torch.export", card())
+    cases: dict[str, tuple[Path, Path, str]] = {}
+    for name, make in crafted.PT2_FILES.items():
+        stem = name.replace(" ", "_")
+        marker = folder / f"{stem}.marker"
+        path = make(source, folder / f"{stem}.pt2", marker)
+        card_path(path).write_text(yaml.safe_dump(card()))
+        cases[name] = (path, marker, "torch.export")
+    cases.update(pickled_model_files(folder))
+    proven = crafted.armed_all(
+        [(name, path, marker, how, (len(BANDS), PATCH, PATCH)) for name, (path, marker, how) in cases.items()]
+    )
+    return {"folder": folder, "cases": cases, "armed": proven}
+
+
+def pickled_model_files(folder: Path) -> dict[str, tuple[Path, Path, str]]:
+    """torch.save files with a payload, one for each place a .pt or .pth is read: a rasterscale model file
+    (model.file, and train.init), encoder weights (model.encoder_weights), a pickle dressed as TorchScript."""
+    from rasterscale.raster.bands import InputBands
+    from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
+    from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+
+    torch.manual_seed(0)
+    bands = InputBands(tuple(BANDS), tuple(MEAN), tuple(STD), raw=True)
+    config = SegmenterConfig(("background", "tree"), patch_size=PATCH, input=bands)
+    model = build_segmenter(config)
+    save_segmenter(model, config, folder / "plain.pt")
+    cases = {}
+    model_file = folder / "segmenter.pt"
+    crafted.pickled_state(model_file, torch.load(folder / "plain.pt", weights_only=True), folder / "pt.marker")
+    cases["a model file"] = (model_file, folder / "pt.marker", "torch.load")
+    encoder = crafted.pickled_state(folder / "encoder.pth", model.net.encoder.state_dict(), folder / "pth.marker")
+    cases["encoder weights"] = (encoder, folder / "pth.marker", "torch.load")
+    script = crafted.dressed_as_torchscript(folder / "script.pt", folder / "script.marker")
+    card_path(script).write_text(yaml.safe_dump(card()))
+    cases["a pickle dressed as TorchScript"] = (script, folder / "script.marker", "torch.load")
+    return cases
+
+
+def dry_run(workdir: Path, config: dict) -> subprocess.CompletedProcess:
+    return snakemake_forks.run(workflow_command(workdir, config, "-n"), timeout=300)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", list(PT2_REFUSALS))
+def test_a_crafted_pt2_runs_nothing_at_the_dry_run_nor_in_the_job(files, name, tmp_path):
+    """Each of torch.export.load's paths to code: armed (it runs when torch.export loads the file and its module
+    runs a tile), then `snakemake -n` stops in one line naming the file and what was found (or, for sample inputs
+    rasterscale never reads, plans the run), and the prediction job's loading (every rank's) does the same."""
+    path, marker, _ = files["cases"][name]
+    assert name in files["armed"], f"the crafted file ({name}) must run its payload when loaded the unsafe way"
+    config = predict_config(files["folder"], path, 2)
+    result = dry_run(tmp_path / "run", config)
+    problem = PT2_REFUSALS[name]
+    if problem is None:
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        expected = f"rasterscale: {re.escape(str(path))}: {problem}{re.escape(ADVICE)}"
+        assert re.fullmatch(expected, one_line(result)), one_line(result)
+    assert not marker.exists()
+    load = task_spec("segmentation").load().load_model
+    if problem is None:
+        model, _ = load(path, job_settings(config))
+        with torch.inference_mode():
+            assert model(torch.zeros(2, len(BANDS), PATCH, PATCH)).shape == (2, 2, PATCH, PATCH)
+    else:
+        with pytest.raises(InputError) as raised:
+            load(path, job_settings(config))
+        assert re.fullmatch(expected.removeprefix("rasterscale: "), str(raised.value)), str(raised.value)
+    assert not marker.exists()
+
+
+SEGMENTER = r"{path}: not a rasterscale segmenter \(a \.pt file of format rasterscale-segmenter/1\)"
+PICKLE_REFUSALS = {
+    "a model file": ("model.file", SEGMENTER),
+    "train.init": ("train.init", SEGMENTER),
+    "encoder weights": ("model.encoder_weights", r"{path}: not a torch-saved state dict \(model\.encoder_weights\)"),
+    "a pickle dressed as TorchScript": ("model.file", r"{path}: not a TorchScript file: a torch\.save file .*"),
+}
+
+
+@pytest.mark.parametrize("name", list(PICKLE_REFUSALS))
+def test_a_pickle_in_a_pt_or_pth_runs_nothing(files, name, tmp_path):
+    """A payload in each place a .pt or .pth is read, armed (torch.load without weights_only runs it): the dry run
+    stops in one line naming the file, and the marker never appears."""
+    key, problem = PICKLE_REFUSALS[name]
+    path, marker, _ = files["cases"]["a model file" if name == "train.init" else name]
+    assert ("a model file" if name == "train.init" else name) in files["armed"]
+    config = pickle_config(files["folder"], key, path)
+    line = one_line(dry_run(tmp_path / "run", config))
+    assert re.fullmatch("rasterscale: " + problem.format(path=re.escape(str(path))), line), line
+    assert not marker.exists()
+    if key == "model.file":
+        with pytest.raises(InputError):
+            task_spec("segmentation").load().load_model(path, job_settings(config))
+        assert not marker.exists()
+
+
+def pickle_config(folder: Path, key: str, path: Path) -> dict:
+    base = {
+        "task": "segmentation",
+        "scenes": {"scene": {"path": str(folder / "scene.tif"), "bands": [1, 2, 3, 4]}},
+        "tiling": {"patch_size": PATCH, "overlap": 16},
+        "train": {"scenes": []},
+        "predict": {"scenes": ["scene"], "devices": 1, "workers": 0},
+    }
+    if key == "model.file":
+        base["model"] = {"file": str(path)}
+    elif key == "train.init":
+        base["scenes"]["scene"]["annotations"] = str(crowns(folder))
+        base["train"] = {"scenes": ["scene"], "init": str(path)}
+        base["predict"]["scenes"] = []
+        base["model"] = {"labels": ["background", "tree"]}
+    else:
+        base["scenes"]["scene"]["annotations"] = str(crowns(folder))
+        base["train"] = {"scenes": ["scene"]}
+        base["predict"]["scenes"] = []
+        base["model"] = {"encoder": "resnet18", "encoder_weights": str(path), "labels": ["background", "tree"]}
+    return base
+
+
+def crowns(folder: Path) -> Path:
+    """Two crown polygons inside the scene (training needs ground truth)."""
+    import geopandas as gpd
+    from shapely.geometry import Point
+
+    path = folder / "crowns.gpkg"
+    if not path.exists():
+        shapes = [Point(404005.0, 3284992.0).buffer(2.0), Point(404015.0, 3284995.0).buffer(1.5)]
+        gpd.GeoDataFrame({"label": ["tree", "tree"]}, geometry=shapes, crs="EPSG:32617").to_file(path)
+    return path
+
+
+def test_the_prediction_job_reads_no_sample_inputs_and_every_rank_refuses_a_pickled_weight(files, tmp_path):
+    """The real workflow with the crafted sample inputs on 2 ranks predicts its class map and never runs them (the
+    payload of the issue: a run that went on as if nothing had happened). Then the same path holds the file with
+    a pickled weight, and the prediction job itself (its entry, as the rule runs it, after a dry run that passed):
+    it fails, each rank's log ends with the file's one line, and no marker appears."""
+    path, marker, _ = files["cases"]["sample inputs"]
+    model = tmp_path / "net.pt2"
+    model.write_bytes(path.read_bytes())
+    card_path(model).write_text(card_path(path).read_text())
+    config = predict_config(files["folder"], model, 2)
+    run_workflow(tmp_path, config, run_paths(config).scene_file("scene", "classes.tif"))
+    assert (run_dir(tmp_path, config) / "scene/classes.tif").exists() and not marker.exists()
+
+    pickled, pickled_marker, _ = files["cases"]["a pickled weight"]
+    model.write_bytes(pickled.read_bytes())
+    job = run_dir(tmp_path, config) / "jobs/predict/batch-0.json"
+    out, logs = tmp_path / "again", tmp_path / "again-logs"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/predict.py"), "--job", str(job), "--out-dir", str(out)]
+        + ["--log-dir", str(logs)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0 and not pickled_marker.exists()
+    line = f"{model}: 'features.0.weight' is stored pickled (use_pickle in data/weights/model_weights_config.json)"
+    rank_logs = sorted(logs.glob("*.log"))
+    assert len(rank_logs) == 2, (sorted(logs.iterdir()) if logs.exists() else None, result.stderr[-2000:])
+    for log in rank_logs:
+        assert line in log.read_text(), log.read_text()[-2000:]
