@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import warnings
 from abc import ABC, abstractmethod
@@ -182,11 +181,15 @@ def spill_folder(out_path: str | Path) -> Path:
     return out_path.with_name(f".{out_path.name}.spill-{os.getpid()}")
 
 
+Sums = tuple[np.ndarray, np.ndarray]  # Σ w·v (C, h, w), Σ w (h, w)
+Sliver = tuple[tuple[slice, slice], np.ndarray, np.ndarray]  # (rows, cols) of the core, w·v, w
+
+
 class SpilledPieces:
     """The blend state (sums, slivers) of pieces whose next contributor is far ahead, on disk: one file per
     piece, read back (and removed) when that tile comes. Row after row, these are the pieces of the overlap
     between two rows of tiles, which span the raster's width: spilled, they leave the rank's memory flat however
-    wide the raster is."""
+    wide the raster is. A piece is an ``.npz`` of plain arrays (read back with ``allow_pickle=False``)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -197,22 +200,35 @@ class SpilledPieces:
         return piece in self.pieces
 
     def _path(self, piece: int) -> Path:
-        return self.folder / f"{piece}.pickle"
+        return self.folder / f"{piece}.npz"
 
-    def put(self, piece: int, state: object) -> None:
+    def put(self, piece: int, sums: Sums | None, slivers: list[Sliver] | None) -> None:
         self.folder.mkdir(exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        if sums is not None:
+            arrays["acc"], arrays["weight"] = sums
+        for k, ((rows, cols), weighted, weights) in enumerate(slivers or []):
+            arrays[f"sliver{k}_at"] = np.array([rows.start, rows.stop, cols.start, cols.stop], dtype=np.int64)
+            arrays[f"sliver{k}_weighted"], arrays[f"sliver{k}_weights"] = weighted, weights
         with open(self._path(piece), "wb") as handle:
-            pickle.dump(state, handle, protocol=pickle.HIGHEST_PROTOCOL)
+            np.savez(handle, slivers=np.int64(-1 if slivers is None else len(slivers)), **arrays)
             self.written_bytes += handle.tell()
         self.pieces.add(piece)
 
-    def take(self, piece: int) -> Any:
+    def take(self, piece: int) -> tuple[Sums | None, list[Sliver] | None]:
         path = self._path(piece)
-        with open(path, "rb") as handle:
-            state = pickle.load(handle)
+        with np.load(path, allow_pickle=False) as stored:
+            sums = (stored["acc"], stored["weight"]) if "acc" in stored.files else None
+            count = int(stored["slivers"])
+            slivers = None if count < 0 else [self._sliver(stored, k) for k in range(count)]
         path.unlink()
         self.pieces.discard(piece)
-        return state
+        return sums, slivers
+
+    @staticmethod
+    def _sliver(stored: Any, k: int) -> Sliver:
+        r0, r1, c0, c1 = (int(v) for v in stored[f"sliver{k}_at"])
+        return (slice(r0, r1), slice(c0, c1)), stored[f"sliver{k}_weighted"], stored[f"sliver{k}_weights"]
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -292,8 +308,8 @@ class Blender(ABC):
             raise
         self.remaining, self.contributors, self.targets = self._contributors()
         self.next_index = 0
-        self.sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # piece -> (Σ w·v (C,h,w), Σ w (h,w))
-        self.slivers: dict[int, list] = {}  # piece -> contributions of earlier tiles, kept until its own tile comes
+        self.sums: dict[int, Sums] = {}  # piece -> (Σ w·v (C,h,w), Σ w (h,w))
+        self.slivers: dict[int, list[Sliver]] = {}  # piece -> contributions of earlier tiles, until its own tile comes
         self.spilled = SpilledPieces(spill_folder(site.path))  # pieces waiting for a tile far ahead
         self.peak_pending_bytes = 0
 
@@ -372,7 +388,7 @@ class Blender(ABC):
 
     def _spill(self, piece: int) -> None:
         """A piece's sums or slivers to disk until its next contributor comes."""
-        self.spilled.put(piece, (self.sums.pop(piece, None), self.slivers.pop(piece, None)))
+        self.spilled.put(piece, self.sums.pop(piece, None), self.slivers.pop(piece, None))
 
     def _restore(self, piece: int) -> None:
         sums, slivers = self.spilled.take(piece)

@@ -253,7 +253,7 @@ def fit(
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     started = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=checkpoint, weights_only=True)  # no pickled code
     except StoppedBySignal as stop:
         if trainer.is_global_zero:
             logger.error("%s", stop)
