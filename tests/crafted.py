@@ -230,3 +230,28 @@ def armed_all(cases: list[tuple[str, Path, Path, str, tuple[int, ...]]]) -> set[
     for _, _, marker, _, _ in cases:
         marker.unlink(missing_ok=True)
     return proven
+
+
+PYTHON_VRT = """<VRTDataset rasterXSize="64" rasterYSize="64">
+  <SRS>EPSG:32617</SRS>
+  <GeoTransform>404000.0, 0.1, 0.0, 3285000.0, 0.0, -0.1</GeoTransform>
+{bands}
+</VRTDataset>
+"""
+PYTHON_BAND = """  <VRTRasterBand dataType="Byte" band="{band}" subClass="VRTDerivedRasterBand">
+    <PixelFunctionType>armed</PixelFunctionType>
+    <PixelFunctionLanguage>Python</PixelFunctionLanguage>
+    <PixelFunctionCode><![CDATA[
+def armed(in_ar, out_ar, *args, **kwargs):
+    open({marker!r}, "w").write("ran")
+    out_ar[:] = 1
+]]></PixelFunctionCode>
+  </VRTRasterBand>"""
+
+
+def python_vrt(path: Path, marker: Path, bands: int = 4) -> Path:
+    """A georeferenced VRT whose bands are Python pixel functions (GDAL runs them where GDAL_VRT_ENABLE_PYTHON is
+    YES)."""
+    text = "\n".join(PYTHON_BAND.format(band=b, marker=str(marker)) for b in range(1, bands + 1))
+    path.write_text(PYTHON_VRT.format(bands=text))
+    return path

@@ -5,6 +5,7 @@ never appears."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -330,3 +331,40 @@ def test_no_load_path_in_the_package_can_run_code_but_the_vetted_ones():
                 findings.append(f"{module}:{line}: {call}")
     assert findings == [], "load paths that can run code:\n" + "\n".join(findings)
     assert seen == set(VETTED_LOADS), f"vetted paths no longer in the package: {set(VETTED_LOADS) - seen}"
+
+
+READ_VRT = """
+import sys
+if sys.argv[2] == "rasterscale":
+    from rasterscale.raster.remote import open_raster as open_raster
+else:
+    from rasterio import open as open_raster
+try:
+    with open_raster(sys.argv[1]) as src:
+        src.read(1)
+except Exception as err:
+    print(err)
+"""
+
+
+def test_a_vrt_with_a_python_pixel_function_runs_nothing(files, tmp_path):
+    """A VRT whose pixel function is Python: armed (GDAL runs it on a read where GDAL_VRT_ENABLE_PYTHON=YES); the
+    dry run refuses it in one line, and a read through rasterscale with the same environment runs nothing."""
+    marker = tmp_path / "vrt.marker"
+    vrt = crafted.python_vrt(tmp_path / "scene.vrt", marker)
+    environment = {**os.environ, "GDAL_VRT_ENABLE_PYTHON": "YES", "PYTHONPATH": str(REPO / "scripts")}
+    subprocess.run([sys.executable, "-c", READ_VRT, str(vrt), "rasterio"], env=environment, timeout=120, check=True)
+    assert marker.exists(), "the crafted VRT must run its pixel function when GDAL is allowed to"
+    marker.unlink()
+    config = predict_config(files["folder"], files["cases"]["sample inputs"][0], 1)
+    config["scenes"]["scene"]["path"] = str(vrt)
+    line = one_line(dry_run(tmp_path / "run", config))
+    assert line == f"rasterscale: {vrt}: a VRT with a Python pixel function: rasterscale runs no code from a file"
+    read = subprocess.run(
+        [sys.executable, "-c", READ_VRT, str(vrt), "rasterscale"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert read.returncode == 0 and "Read failed" in read.stdout and not marker.exists(), read.stdout + read.stderr

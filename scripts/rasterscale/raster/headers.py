@@ -12,6 +12,7 @@ import bisect
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -186,6 +187,16 @@ def _blocks_end(src: rasterio.io.DatasetReader, size: int) -> tuple[int, int] | 
     return (size, end) if end > size else None
 
 
+PYTHON_PIXEL_FUNCTION = re.compile(rb"<PixelFunctionLanguage>\s*Python\s*<", re.IGNORECASE)
+
+
+def refuse_vrt_code(path: str) -> None:
+    """A VRT whose pixel function is Python code is refused at the dry run (GDAL would not run it anyway: every
+    rasterscale process sets ``GDAL_VRT_ENABLE_PYTHON=NO``, :mod:`rasterscale.raster`)."""
+    if path.lower().endswith(".vrt") and PYTHON_PIXEL_FUNCTION.search(Path(path).read_bytes()):
+        raise InputError(f"{path}: a VRT with a Python pixel function: rasterscale runs no code from a file")
+
+
 def check_raster(path: str | Path) -> RasterInfo:
     """Open a raster's header and check it can feed an RGB model in a georeferenced way, and that a local GeoTIFF
     holds all of its blocks (a remote one's size is the server's to know: it is not fetched for this)."""
@@ -193,6 +204,8 @@ def check_raster(path: str | Path) -> RasterInfo:
     remote = is_remote(path)
     if not remote and not Path(path).exists():
         raise InputError(f"{path}: raster not found")
+    if not remote:
+        refuse_vrt_code(path)
     info, cut = checked_header(path)
     if cut is not None:
         raise InputError(
