@@ -5,6 +5,7 @@ never appears."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -61,7 +62,8 @@ def files(tmp_path_factory) -> dict:
 
 def pickled_model_files(folder: Path) -> dict[str, tuple[Path, Path, str]]:
     """torch.save files with a payload, one for each place a .pt or .pth is read: a rasterscale model file
-    (model.file, and train.init), encoder weights (model.encoder_weights), a pickle dressed as TorchScript."""
+    (model.file, and train.init), encoder weights (model.encoder_weights), a pickle dressed as TorchScript, a
+    DeepForest Lightning checkpoint (detection's model.file), an instances model file."""
     from rasterscale.raster.bands import InputBands
     from rasterscale.tasks.segmentation.model import build_segmenter, save_segmenter
     from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
@@ -80,6 +82,10 @@ def pickled_model_files(folder: Path) -> dict[str, tuple[Path, Path, str]]:
     script = crafted.dressed_as_torchscript(folder / "script.pt", folder / "script.marker")
     card_path(script).write_text(yaml.safe_dump(card()))
     cases["a pickle dressed as TorchScript"] = (script, folder / "script.marker", "torch.load")
+    for name, file_name in (("a DeepForest checkpoint", "deepforest.ckpt"), ("an instances model file", "crowns.pt")):
+        marker = folder / f"{file_name}.marker"
+        state = {"state_dict": {"model.head.weight": torch.zeros(2, 2)}, "label_dict": {"Tree": 0}}
+        cases[name] = (crafted.pickled_state(folder / file_name, state, marker), marker, "torch.load")
     return cases
 
 
@@ -128,6 +134,8 @@ PICKLE_REFUSALS = {
     "train.init": ("train.init", SEGMENTER),
     "encoder weights": ("model.encoder_weights", r"{path}: not a torch-saved state dict \(model\.encoder_weights\)"),
     "a pickle dressed as TorchScript": ("model.file", r"{path}: not a TorchScript file: a torch\.save file .*"),
+    "a DeepForest checkpoint": ("detection", r"{path}: not a model file rasterscale reads \(a rasterscale \.pt .*"),
+    "an instances model file": ("instances", r"{path}: not an instance segmentation model file rasterscale reads .*"),
 }
 
 
@@ -142,9 +150,9 @@ def test_a_pickle_in_a_pt_or_pth_runs_nothing(files, name, tmp_path):
     line = one_line(dry_run(tmp_path / "run", config))
     assert re.fullmatch("rasterscale: " + problem.format(path=re.escape(str(path))), line), line
     assert not marker.exists()
-    if key == "model.file":
+    if key in ("model.file", "detection", "instances"):
         with pytest.raises(InputError):
-            task_spec("segmentation").load().load_model(path, job_settings(config))
+            task_spec(config["task"]).load().load_model(path, job_settings(config))
         assert not marker.exists()
 
 
@@ -156,7 +164,11 @@ def pickle_config(folder: Path, key: str, path: Path) -> dict:
         "train": {"scenes": []},
         "predict": {"scenes": ["scene"], "devices": 1, "workers": 0},
     }
-    if key == "model.file":
+    if key in ("detection", "instances"):
+        base["task"] = key
+        base["model"] = {"file": str(path)}
+        base["scenes"]["scene"]["bands"] = [1, 2, 3]
+    elif key == "model.file":
         base["model"] = {"file": str(path)}
     elif key == "train.init":
         base["scenes"]["scene"]["annotations"] = str(crowns(folder))
@@ -368,3 +380,36 @@ def test_a_vrt_with_a_python_pixel_function_runs_nothing(files, tmp_path):
         timeout=120,
     )
     assert read.returncode == 0 and "Read failed" in read.stdout and not marker.exists(), read.stdout + read.stderr
+
+
+def test_the_pt2_vetting_refuses_what_torch_would_turn_into_source(files):
+    """The rules with no crafted file of their own (their code paths need a matching program around them): the
+    program JSON of a real export, each edit refused with its reason, and the export itself kept."""
+    from rasterscale.tasks.exported.pt2 import UnsafeArchive, is_plain_expression, vetted_program
+
+    program = json.loads(crafted.pt2_records(files["folder"] / "net.pt2")["models/model.json"])
+    vetted_program(json.loads(json.dumps(program)))  # the real export passes
+
+    def edited(edit) -> str:
+        copy = json.loads(json.dumps(program))
+        edit(copy)
+        with pytest.raises(UnsafeArchive) as raised:
+            vetted_program(copy)
+        return str(raised.value)
+
+    signature = lambda p: p["graph_module"]["module_call_graph"][0]["signature"]  # noqa: E731
+    assert edited(lambda p: signature(p).update(forward_arg_names=["x=__import__('os')"])) == (
+        "argument name \"x=__import__('os')\" is not a Python identifier"
+    )
+    spec = '[1, {"type": "builtins.dict", "context": "[\\"a\'\\"]", "children_spec": []}]'
+    assert edited(lambda p: signature(p).update(in_spec=spec)) == 'keyword "a\'" is not a Python identifier'
+    node = lambda p: p["graph_module"]["graph"]["nodes"][0]  # noqa: E731
+    assert edited(lambda p: node(p).update(target="torch.ops.profiler._record_function_enter.default")).startswith(
+        "calls 'torch.ops.profiler._record_function_enter.default': a .pt2 runs ATen operators"
+    )
+    assert edited(lambda p: node(p).update(target="torch.ops.higher_order.call_torchbind")).startswith("calls")
+    assert edited(lambda p: p.update(guards_code=["L['x'].size()[0].__class__ == 1"])).startswith("guard")
+    assert is_plain_expression("Mul(Integer(2), Symbol('s39', positive=True, integer=True))")
+    assert is_plain_expression("FloorDiv(s0, 2) + Max(1, s1)")
+    for text in ("Symbol('x').__class__", "open('f')", "Symbol('s0', evil=__import__('os'))", "lambda: 0"):
+        assert not is_plain_expression(text), text
