@@ -58,7 +58,7 @@ from affine import Affine
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.windows import Window
 
-from rasterscale.atomic import atomic_path
+from rasterscale.atomic import atomic_path, move_into_place, temporary_sibling, writing
 from rasterscale.errors import InputError
 from rasterscale.grid.project import is_seam
 from rasterscale.grid.tile import Tile
@@ -204,14 +204,14 @@ class SpilledPieces:
 
     def put(self, piece: int, sums: Sums | None, slivers: list[Sliver] | None) -> None:
         self.folder.mkdir(exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {"slivers": np.int64(-1 if slivers is None else len(slivers))}
         if sums is not None:
             arrays["acc"], arrays["weight"] = sums
         for k, ((rows, cols), weighted, weights) in enumerate(slivers or []):
             arrays[f"sliver{k}_at"] = np.array([rows.start, rows.stop, cols.start, cols.stop], dtype=np.int64)
             arrays[f"sliver{k}_weighted"], arrays[f"sliver{k}_weights"] = weighted, weights
         with open(self._path(piece), "wb") as handle:
-            np.savez(handle, slivers=np.int64(-1 if slivers is None else len(slivers)), **arrays)
+            np.savez(handle, **arrays)
             self.written_bytes += handle.tell()
         self.pieces.add(piece)
 
@@ -302,8 +302,8 @@ class Blender(ABC):
                 raise ValueError(f"own tiles not among the tiles to predict: {sorted(own_ids - known)[:10]}")
             self.pieces = core_pieces({i: cores[i] for i in own_ids}, self.tiles)  # piece -> (own id, window)
             self.raster.expect(self._local(window) for _, window in self.pieces)
-        except BaseException as err:
-            self.raster.abort(type(err))
+        except BaseException:
+            self.raster.abort()
             self.closed = True
             raise
         self.remaining, self.contributors, self.targets = self._contributors()
@@ -387,8 +387,10 @@ class Blender(ABC):
                 self._spill(piece)
 
     def _spill(self, piece: int) -> None:
-        """A piece's sums or slivers to disk until its next contributor comes."""
-        self.spilled.put(piece, self.sums.pop(piece, None), self.slivers.pop(piece, None))
+        """A piece's sums or slivers to disk until its next contributor comes (a full file system: the rank raster's
+        DiskFullError)."""
+        with self._writing():
+            self.spilled.put(piece, self.sums.pop(piece, None), self.slivers.pop(piece, None))
 
     def _restore(self, piece: int) -> None:
         sums, slivers = self.spilled.take(piece)
@@ -429,7 +431,26 @@ class Blender(ABC):
         """A piece's bands (:meth:`finish`) into the rank raster."""
         acc, weight_sum = self.sums.pop(piece)
         _, window = self.pieces[piece]
-        self.raster.put(self._local(window), self.finish(acc, weight_sum))
+        with self._writing():
+            self.raster.put(self._local(window), self.finish(acc, weight_sum))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Within the block the blender writes (the rank raster, a part, a spilled piece): a failure aborts it (its
+        spilled pieces and the raster's temporary removed), one of a full file system raised as a DiskFullError
+        naming the rank raster, or the part."""
+        try:
+            with writing(self.raster.path):
+                yield
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        """Write nothing: the spilled pieces and the rank raster's temporary removed."""
+        self.spilled.clear()
+        self.raster.abort()
+        self.closed = True
 
     def unsaved_bytes(self) -> int:
         return self.raster.unsaved_bytes()
@@ -438,7 +459,8 @@ class Blender(ABC):
         """Write the blocks of the rank raster written since the previous part as a part, atomically at
         ``path``; the own tile ids whose cores are now all in parts, and the part's number of blocks. None when
         no block was written since."""
-        blocks = self.raster.save_part(path)
+        with self._writing():
+            blocks = self.raster.save_part(path)
         if not blocks:
             return None
         done = sorted(i for i in self.own_ids - self.saved if self.raster.holds(self._local(self.cores[i])))
@@ -470,9 +492,7 @@ class Blender(ABC):
         if kind is None:
             self.close()
         else:
-            self.spilled.clear()
-            self.raster.abort(kind)
-            self.closed = True
+            self._abort()
 
 
 # --- the rank raster ------------------------------------------------------------------------------------------
@@ -535,16 +555,30 @@ class BlockRaster:
         self.keep_unsaved = site.keep_unsaved
         self.unsaved: list[tuple[int, int, np.ndarray]] = []  # blocks written since the last part
         self.parts = [Path(p) for p in site.parts]
+        self.path = Path(site.path)
         self.closed = False
-        self._stack = contextlib.ExitStack()
-        self._tmp = self._stack.enter_context(atomic_path(site.path))
-        self._dst = self._stack.enter_context(rasterio.open(self._tmp, "w", **self._profile(site.transform, site.crs)))
-        if scales is not None:
-            self._dst.scales = tuple(scales)
-        if descriptions is not None:
-            self._dst.descriptions = tuple(descriptions)
-        for part in self.parts:
-            self._copy_part(part)
+        self._tmp = temporary_sibling(self.path)
+        self._dst: Any = None
+        with self._writing():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._dst = rasterio.open(self._tmp, "w", **self._profile(site.transform, site.crs))
+            if scales is not None:
+                self._dst.scales = tuple(scales)
+            if descriptions is not None:
+                self._dst.descriptions = tuple(descriptions)
+            for part in self.parts:
+                self._copy_part(part)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Within the block the raster is written: a failure aborts it (its temporary removed), one of a full file
+        system raised as a DiskFullError naming the raster (GDAL's errors do not say it)."""
+        try:
+            with writing(self.path):
+                yield
+        except BaseException:
+            self.abort()
+            raise
 
     def _profile(self, transform: Affine, crs: object) -> dict:
         return {
@@ -607,7 +641,8 @@ class BlockRaster:
                     self._write_block(row, col, self.buffers.pop((row, col)), keep=True)
 
     def _write_block(self, row: int, col: int, block: np.ndarray, keep: bool) -> None:
-        self._dst.write(block, window=self.block_window(row, col))
+        with self._writing():
+            self._dst.write(block, window=self.block_window(row, col))
         self.written[row, col] = True
         if keep and self.keep_unsaved:
             self.unsaved.append((row, col, block))
@@ -638,7 +673,7 @@ class BlockRaster:
         }
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a stack of blocks, not a map
-            with atomic_path(path) as tmp, rasterio.open(tmp, "w", **profile) as part:
+            with atomic_path(path, silent_failures=True) as tmp, rasterio.open(tmp, "w", **profile) as part:
                 part.update_tags(**{BLOCKS_TAG: json.dumps([[row, col] for row, col, _ in self.unsaved])})
                 for k, (_, _, block) in enumerate(self.unsaved):
                     part.write(block, window=Window(0, k * self.block_rows, block.shape[2], block.shape[1]))
@@ -672,14 +707,19 @@ class BlockRaster:
             raise RuntimeError(
                 f"{len(incomplete)} blocks of the rank raster incomplete (first {incomplete[0].tolist()})"
             )
-        self._stack.close()
+        with self._writing():
+            self._dst.close()  # GDAL may lose a failed write here without raising: silent_failures
+            move_into_place(self._tmp, self.path, silent_failures=True)
         self.closed = True
 
-    def abort(self, kind: type[BaseException] = RuntimeError) -> None:
-        """Write nothing at the final path."""
+    def abort(self) -> None:
+        """Write nothing at the final path (the temporary removed)."""
         if not self.closed:
-            self._stack.__exit__(kind, None, None)
             self.closed = True
+            if self._dst is not None:
+                with contextlib.suppress(Exception):  # what it could not write is thrown away
+                    self._dst.close()
+            self._tmp.unlink(missing_ok=True)
 
 
 # --- merging rank rasters ---------------------------------------------------------------------------------------
@@ -687,11 +727,13 @@ class BlockRaster:
 
 @contextlib.contextmanager
 def scratch_path(near: Path, name: str) -> Iterator[Path]:
-    """A temporary file next to ``near`` (same file system), removed afterwards whatever happens."""
+    """A temporary file next to ``near`` (same file system), removed afterwards whatever happens; a full file system
+    on the way is a DiskFullError naming ``near`` (:func:`rasterscale.atomic.writing`)."""
     path = near.with_name(f".{near.stem}.{name}-{os.getpid()}.tif")
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        yield path
+        with writing(near):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield path
     finally:
         path.unlink(missing_ok=True)
 

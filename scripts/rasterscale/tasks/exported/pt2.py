@@ -14,15 +14,17 @@ So the archive is read here as a zip first (:func:`vetted_archive`), and only wh
 - **payloads**: every weight and constant is a raw tensor record (``use_pickle: false`` with its tensor meta);
   a pickled one, a custom (TorchBind) object or an opaque Python object is refused.
 - **the program** (its JSON, walked whole): every operator an ATen operator, one of torch's symbolic-integer
-  operators or a higher-order operator that runs a subgraph of the program (autocast, grad mode, cond, loops); every symbolic expression made of symbols, numbers, operators and the functions torch's own
-  deserializer names; every guard a comparison of input sizes and numbers; every argument name and input-spec key a
+  operators or a higher-order operator that runs a subgraph of the program (autocast, grad mode, cond, loops);
+  every symbolic expression made of symbols, numbers, operators and sympy's and torch's expression classes; every
+  guard a comparison of input sizes and numbers; every argument name and input-spec key a
   Python identifier; no custom objects. Node metadata (stack traces, module paths) is dropped: nothing runs it,
   but FX writes some of it into generated source.
 
 The program is then loaded by torch from a new in-memory archive holding only the vetted records (no sample inputs,
 no native code, no pickles), through the archive loader itself, so torch's fallbacks to older formats (which
-unpickle) are never reached. A problem is one :class:`~rasterscale.errors.InputError` line naming the file and what
-was found.
+unpickle) are never reached. A torch without that loader (another version's private API) cannot load a .pt2 safely
+here: the form is refused, with ONNX or TorchScript named instead. A problem is one
+:class:`~rasterscale.errors.InputError` line naming the file and what was found.
 """
 
 from __future__ import annotations
@@ -93,24 +95,46 @@ class VettedArchive:
 
     def as_buffer(self) -> io.BytesIO:
         """A new archive holding only these records (torch's own writer: its layout and alignment)."""
-        from torch.export.pt2_archive._package import PT2ArchiveWriter
-
         buffer = io.BytesIO()
-        with PT2ArchiveWriter(buffer) as writer:
+        with archive_api().writer(buffer) as writer:
             for name, data in self.records.items():
                 writer.write_bytes(name, data)
         buffer.seek(0)
         return buffer
 
 
+@dataclass(frozen=True)
+class ArchiveApi:
+    """The parts of torch that read and write a .pt2's records and know its symbolic operators."""
+
+    load: Any  # torch.export.pt2_archive._package.load_pt2
+    writer: Any  # PT2ArchiveWriter
+    symbolic_operators: Any  # torch._export.serde.serialize._SYM_OPS
+
+
+def archive_api(path: str = "") -> ArchiveApi:
+    """This torch's archive reader and writer, on which the vetted loading stands; a torch without them cannot load
+    a .pt2 safely here, and the form is refused (an :class:`InputError` naming ``path``)."""
+    import torch
+
+    try:
+        from torch._export.serde.serialize import _SYM_OPS
+        from torch.export.pt2_archive._package import PT2ArchiveWriter, load_pt2
+    except ImportError:
+        raise InputError(
+            f"{path}: this torch ({torch.__version__}) cannot load a .pt2 safely here (its archive reader is not the "
+            "one rasterscale vets for); export the model to ONNX or TorchScript instead"
+        ) from None
+    return ArchiveApi(load_pt2, PT2ArchiveWriter, _SYM_OPS)
+
+
 def load_program(path: str) -> Any:
     """The torch.export program of the ``.pt2`` at ``path``, loaded from its vetted records only (an
     :class:`InputError` naming the file and what was found otherwise)."""
-    from torch.export.pt2_archive._package import load_pt2
-
+    api = archive_api(path)
     vetted = vetted_archive(path)
     try:
-        contents = load_pt2(vetted.as_buffer())
+        contents = api.load(vetted.as_buffer())
     except Exception as err:  # torch raises many kinds on a program it cannot rebuild
         raise InputError(f"{path}: torch.export cannot load it ({first_line(err)})") from None
     if MODEL not in contents.exported_programs:
@@ -267,9 +291,7 @@ def is_allowed_operator(target: str) -> bool:
 @functools.cache
 def symbolic_operators() -> frozenset[str]:
     """The serialized names of torch's symbolic-integer operators (``_operator.add``, ``torch.sym_max``, ...)."""
-    from torch._export.serde.serialize import _SYM_OPS
-
-    return frozenset(f"{op.__module__}.{op.__name__}" for op in _SYM_OPS)
+    return frozenset(f"{op.__module__}.{op.__name__}" for op in archive_api().symbolic_operators)
 
 
 def is_plain_expression(text: str) -> bool:
