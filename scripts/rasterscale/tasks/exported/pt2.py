@@ -16,9 +16,10 @@ So the archive is read here as a zip first (:func:`vetted_archive`), and only wh
 - **the program** (its JSON, walked whole): every operator an ATen operator, one of torch's symbolic-integer
   operators or a higher-order operator that runs a subgraph of the program (autocast, grad mode, cond, loops);
   every symbolic expression made of symbols, numbers, operators and sympy's and torch's expression classes; every
-  guard a comparison of input sizes and numbers; every argument name and input-spec key a
-  Python identifier; no custom objects. Node metadata (stack traces, module paths) is dropped: nothing runs it,
-  but FX writes some of it into generated source.
+  guard a comparison of input sizes and numbers; every argument name, input-spec key and subgraph name a Python
+  identifier, every parameter's, buffer's and constant's path identifiers joined by dots; no custom objects. Node
+  metadata (stack traces, module paths) is dropped: nothing runs it, but FX writes some of it into generated
+  source.
 
 The program is then loaded by torch from a new in-memory archive holding only the vetted records (no sample inputs,
 no native code, no pickles), through the archive loader itself, so torch's fallbacks to older formats (which
@@ -79,6 +80,12 @@ CONSTANTS = frozenset({"True", "False", "oo", "zoo", "nan", "true", "false"})
 # a guard: sizes and strides of the inputs (L['x'].size()[0]), numbers, comparisons and arithmetic
 GUARD_TOKEN = re.compile(
     r"\s*(?:L\['[A-Za-z_]\w*'\]\.(?:size|stride)\(\)\[\d+\]|\d+|and\b|or\b|not\b|==|!=|<=|>=|//|[-+*%()<>])"
+)
+# names FX writes into the generated source of ExportedProgram.module() (attribute paths: ``getattr(self, "{part}")``
+# for a part that is not an identifier, unescaped): parameters', buffers', constants' and submodules' paths
+FQN = re.compile(r"(?:[A-Za-z_]\w*|\d+)(?:\.(?:[A-Za-z_]\w*|\d+))*")
+FQN_KEYS = frozenset(
+    {"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "user_input_name", "fqn"}
 )
 TREESPEC_TYPES = frozenset({None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict"})
 
@@ -214,6 +221,7 @@ def raw_records(config: Mapping[str, Any], pattern: re.Pattern[str], config_name
     ``use_pickle`` tensor, a custom (TorchBind) object, an opaque Python object."""
     records = set()
     for fqn, payload in config["config"].items():
+        require_path(fqn, config_name)
         record = str(payload["path_name"])
         if record.startswith("custom_obj_"):
             raise UnsafeArchive(f"constant '{fqn}' is a custom (TorchBind) object, which torch unpickles")
@@ -282,6 +290,10 @@ def check_field(key: str, value: Any) -> None:
             raise UnsafeArchive(f"symbolic expression {short(value)} is not a plain arithmetic expression")
     elif key in ("as_custom_obj", "custom_obj") and value:
         raise UnsafeArchive("takes a custom (TorchBind) object, which torch unpickles")
+    elif key in FQN_KEYS:
+        require_path(value, "the program's signature")
+    elif key == "as_graph" and isinstance(value, dict):
+        require_identifiers([value.get("name")], "a subgraph's name")
 
 
 def is_allowed_operator(target: str) -> bool:
@@ -335,6 +347,12 @@ def tokens(pattern: re.Pattern[str], text: str) -> list[tuple[str | None, str]] 
         kind = match.lastgroup
         found.append((kind, match.group(kind) if kind else match.group(0).strip()))
     return found
+
+
+def require_path(name: Any, where: str) -> None:
+    """A parameter's, buffer's or submodule's path: identifiers and indices joined by dots ('' is the root)."""
+    if not isinstance(name, str) or (name and not FQN.fullmatch(name)):
+        raise UnsafeArchive(f"names an attribute {short(name)} in {where} that is not a path of identifiers")
 
 
 def require_identifiers(names: list[Any], what: str) -> None:
