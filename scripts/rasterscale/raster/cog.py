@@ -8,8 +8,11 @@ neighbouring tiles decode the same strips again. The workflow therefore reads su
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from rasterscale.atomic import atomic_path
 from rasterscale.raster.headers import check_raster
@@ -31,14 +34,15 @@ def convert_to_cog(
 ) -> None:
     """Write ``src`` as a tiled, deflate-compressed COG with overviews (same pixels, bands, nodata, CRS and
     transform), atomically. ``overview_resampling``: how overviews are computed (``mode`` for class ids,
-    ``average`` for continuous values); ``add_mask``: keep ``src``'s mask as an internal mask band."""
+    ``average`` for continuous values); ``add_mask``: keep ``src``'s mask as an internal mask band. A full file
+    system on the way is a DiskFullError naming ``dst`` (:func:`conversion_bytes`)."""
     from rio_cogeo.cogeo import cog_translate
     from rio_cogeo.profiles import cog_profiles
 
     profile = cog_profiles.get("deflate")
     profile.update(blockxsize=block_size, blockysize=block_size, predictor=2)
     config = {"GDAL_NUM_THREADS": str(threads), "GDAL_TIFF_OVR_BLOCKSIZE": str(block_size)}
-    with atomic_path(dst) as tmp:
+    with atomic_path(dst, room=conversion_bytes(src, block_size, add_mask), silent_failures=True) as tmp:
         cog_translate(
             str(src),
             str(tmp),
@@ -49,6 +53,30 @@ def convert_to_cog(
             overview_resampling=overview_resampling,
             add_mask=add_mask,
         )
+
+
+def conversion_bytes(src: str | Path, block_size: int = BLOCK_SIZE, add_mask: bool = False) -> int:
+    """At most the bytes a conversion of ``src`` writes: rio_cogeo's intermediate copy (uncompressed: every band, and
+    the mask with ``add_mask``, in whole ``block_size`` px blocks, with as many overviews as rio_cogeo builds), then
+    the COG (compressed: no larger). rio_cogeo removes the copy, and GDAL the unfinished COG, before a failure
+    reaches the caller: a conversion that fails with less space left than this ran out of it
+    (:func:`rasterscale.atomic.writing`'s ``room``)."""
+    from rasterio.rio.overview import get_maximum_overview_level
+
+    with open_raster(src) as raster:
+        width, height = raster.width, raster.height
+        pixel = sum(np.dtype(dtype).itemsize for dtype in raster.dtypes) + (1 if add_mask else 0)
+    levels = get_maximum_overview_level(width, height, minsize=block_size)  # rio_cogeo's overviews
+    blocks = sum(
+        _blocks(width, 2**level, block_size) * _blocks(height, 2**level, block_size) for level in range(levels + 1)
+    )
+    return 2 * blocks * block_size * block_size * pixel
+
+
+def _blocks(length: int, factor: int, block_size: int) -> int:
+    """The blocks along an axis of ``length`` px of an overview of ``factor``."""
+    pixels = math.ceil(length / factor)
+    return math.ceil(pixels / block_size)
 
 
 def striped_sources(path: str | Path) -> list[str]:

@@ -49,6 +49,7 @@ import rasterio
 from affine import Affine
 from rasterio.crs import CRS
 
+from rasterscale.atomic import said_no_space
 from rasterscale.raster.headers import CheckedHeader, RasterInfo, headers_from, read_checked_header, siblings
 from rasterscale.raster.remote import file_name, is_remote, remote_version
 
@@ -208,6 +209,10 @@ class HeaderCache:
                 db.close()
         with contextlib.suppress(OSError):
             self.file.unlink(missing_ok=True)
+        if said_no_space(err):  # a write ran out of space
+            self._warn(f"{self.file}: no space left on device; the header cache is removed, and made again by the "
+                       "next run")  # fmt: skip
+            return
         self._warn(f"{self.file}: the header cache cannot be read ({_reason(err)}); it is removed, and made again "
                    "by the next run")  # fmt: skip
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import rasterio
 
-from rasterscale.atomic import atomic_path
 from rasterscale.config.schema import SCHEMA_PATH
 from rasterscale.jobs import paths
 from rasterscale.raster.item_header import ItemHeader
@@ -47,7 +46,7 @@ from rasterscale.workflow.checks import (
 )
 from rasterscale.workflow.jobfiles import write_each_job_file
 from rasterscale.workflow.plan import Plan
-from rasterscale.workflow.storage import fingerprint, plan_from_json, plan_to_json, store_plan_text
+from rasterscale.workflow.storage import fingerprint, plan_from_json, plan_to_json, store_cache_text, store_plan_text
 
 FORMAT = 1  # of a record: a record of another format is not used
 PREFIXED = (GLOB, SIBLINGS)  # watched keys whose values are no file's [size, mtime_ns]
@@ -150,8 +149,7 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
         return plan
     where = str(base.resolve())
     record = PlanRecord(code_version(), where, digest, watched, jobs, warnings, plan.trusted, plan.skipped)
-    with atomic_path(record_path(key, base)) as tmp:
-        tmp.write_text(record.to_json())
+    store_cache_text(record.to_json(), record_path(key, base), say)
     return plan
 
 
@@ -177,7 +175,7 @@ def build_and_store(
     record_path(key, workdir).unlink(missing_ok=True)
     plan = build_plan(raw, workdir, told, cache_headers=True)
     text = plan_to_json(plan)
-    store_plan_text(text, key, workdir)
+    store_plan_text(text, key, workdir, say)
     return plan, _digest(text), tuple(said)
 
 

@@ -11,6 +11,10 @@ prediction, merge, scoring, partition: Snakemake names it on the job's command l
 batch's plan, so that its parse does not grow with the project (at 200,000 scenes the whole plan is hundreds of
 megabytes of JSON); the other jobs (training, the project's summary, the report) load the whole one.
 
+Every file of the stored plan is written atomically; where the file system is full, it is not stored, with one
+warning line (:func:`store_cache_text`), and what its path held (of an older plan) is removed: the plan is built
+again where it is needed, never read stale.
+
 The main process's plan reads the scenes' headers through the header cache (``.snakemake/rasterscale/headers.sqlite``,
 :mod:`rasterscale.raster.header_cache`), so its next invocation reads only those of rasters that changed; a job's
 does not use it.
@@ -21,11 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rasterscale.atomic import atomic_path
+from rasterscale.atomic import DiskFullError, atomic_path
 from rasterscale.config.settings import config_of_scenes
 from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam, seam_scenes
@@ -50,18 +55,22 @@ def fingerprint(raw: Mapping[str, Any]) -> str:
 KEPT_PLANS = 8  # stored plans kept (the newest): one per config a working folder ran with lately
 
 
-def store_plan(plan: Plan, key: str, workdir: str | Path = ".") -> Path:
+Warn = Callable[[str], None]
+
+
+def store_plan(plan: Plan, key: str, workdir: str | Path = ".", warn: Warn | None = None) -> Path | None:
     """Write the plan atomically under ``.snakemake/rasterscale/plan-{key}.json``, and remove all but the newest
     :data:`KEPT_PLANS` stored plans with their folders (batch plans, the main process's record: a job that finds its
-    plan gone builds it again); its path."""
-    return store_plan_text(plan_to_json(plan), key, workdir)
+    plan gone builds it again); its path, or None where the file system is full (:func:`store_cache_text`)."""
+    return store_plan_text(plan_to_json(plan), key, workdir, warn)
 
 
-def store_plan_text(text: str, key: str, workdir: str | Path = ".") -> Path:
+def store_plan_text(text: str, key: str, workdir: str | Path = ".", warn: Warn | None = None) -> Path | None:
     """:func:`store_plan` of the plan's JSON (:func:`plan_to_json`)."""
     path = Path(workdir) / paths.stored_plan(key)
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    if not store_cache_text(text, path, warn):
+        shutil.rmtree(path.with_suffix(""), ignore_errors=True)  # its batch plans and record: of the older plan
+        return None
     stored = sorted(path.parent.glob("plan-*.json"), key=_mtime, reverse=True)
     for old in stored[KEPT_PLANS:]:
         if old != path:
@@ -70,27 +79,49 @@ def store_plan_text(text: str, key: str, workdir: str | Path = ".") -> Path:
     return path
 
 
-def store_batch_plans(plan: Plan, key: str, workdir: str | Path = ".") -> None:
+def store_batch_plans(plan: Plan, key: str, workdir: str | Path = ".", warn: Warn | None = None) -> None:
     """Write each batch's plan beside the plan stored under ``key`` (``plan-{key}/batch-{b}.json``, atomically,
     only when it changed) and remove those of batches the plan no longer has. The main process does when jobs are
-    about to run (Snakemake's onstart: a dry run needs none; 10% of one at 100,000 scenes)."""
+    about to run (Snakemake's onstart: a dry run needs none; 10% of one at 100,000 scenes). Where the file system is
+    full, the rest are not written, and removed (:func:`store_cache_text`): their jobs load the whole plan, or
+    build it."""
     folder = Path(workdir) / paths.stored_batch_plans(key)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = set()
+    current = set()  # the files that hold this plan's batch plans
     for number in plan.batch_numbers:
         path = folder / f"batch-{number}.json"
-        written.add(path.name)
         text = plan_to_json(batch_plan(plan, number))
-        try:
-            if path.read_text() == text:
-                continue
-        except OSError:
-            pass
+        if not (_holds(path, text) or store_cache_text(text, path, warn)):
+            break
+        current.add(path.name)
+    for old in folder.glob("batch-*.json"):
+        if old.name not in current:
+            old.unlink(missing_ok=True)
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text() == text
+    except OSError:
+        return False
+
+
+def store_cache_text(text: str, path: Path, warn: Warn | None = None) -> bool:
+    """Write a file of the stored plan (the plan, a batch's plan, the main process's record) atomically; whether it
+    did. Where the file system is full: one warning line (``warn``, else stderr's), and nothing at ``path`` (what it
+    held is of an older plan)."""
+    try:
         with atomic_path(path) as tmp:
             tmp.write_text(text)
-    for old in folder.glob("batch-*.json"):
-        if old.name not in written:
-            old.unlink(missing_ok=True)
+    except DiskFullError as full:
+        path.unlink(missing_ok=True)
+        line = f"{full.path}: no space left on device ({full.detail}); not stored, the plan is built again where needed"
+        (warn or _warn_on_stderr)(line)
+        return False
+    return True
+
+
+def _warn_on_stderr(line: str) -> None:
+    sys.stderr.write(f"rasterscale: warning: {line}\n")
 
 
 def batch_plan(plan: Plan, batch: int) -> Plan:

@@ -12,15 +12,13 @@ Reading and writing rasterscale's own payloads (``.pt``), whatever the task, is 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
+from rasterscale.atomic import atomic_folder
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.modelfiles import NotATorchFile, model_file, model_file_error, torch_payload
@@ -387,17 +385,6 @@ def folder_resize(folder: HubFolder) -> Resize:
     return config.get("min_size", DEEPFOREST_RESIZE[0]), config.get("max_size", DEEPFOREST_RESIZE[1])
 
 
-def replace_dir(tmp: Path, target: Path) -> None:
-    """Move a finished folder into place; an existing one is moved aside first and removed after."""
-    aside = None
-    if target.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        os.replace(target, aside / target.name)
-    os.replace(tmp, target)
-    if aside is not None:
-        shutil.rmtree(aside)
-
-
 def hub_config(cfg: ResNetFPNConfig, detections_key: str) -> dict[str, Any]:
     """``config.json`` of a DeepForest model folder: the keys its model classes take (``detections_key``: the
     torchvision model's name for the detections per image), with ``min_size``/``max_size`` for the input scale (a
@@ -435,20 +422,13 @@ def write_hub_folder(
     task's ``ours``) goes into the safetensors metadata (:data:`SAFETENSORS_KEY`)."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     config = hub_config(cfg, detections_key)
     metadata = {"format": "pt", SAFETENSORS_KEY: json.dumps({**hub_metadata(cfg), **ours})}
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata=metadata)
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    return Path(folder)
 
 
 def read_payload(path: Path, not_a_model: str) -> Any:

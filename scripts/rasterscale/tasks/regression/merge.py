@@ -19,6 +19,7 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
+from rasterscale.atomic import check_written
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.tasks.blending import (
@@ -84,6 +85,7 @@ def merge_value_rasters(
             sums += np.where(known, values, 0.0).sum(axis=(1, 2), dtype=np.float64)
             dst.write(np.where(known, values, NODATA_VALUE).astype(np.float32), window=window)
         dst.close()
+        check_written(values_path)  # GDAL may lose a failed write at close without raising
         convert_to_cog(tmp, values_path, block_size=block, overview_resampling="average")
     means = {label: (float(sums[k] / count) if count else None) for k, label in enumerate(labels)}
     return {"pixels": count, "nodata_pixels": nodata, "mean": means}

@@ -20,6 +20,7 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
+from rasterscale.atomic import check_written, writing
 from rasterscale.raster.cog import convert_to_cog
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.tasks.blending import (
@@ -90,7 +91,7 @@ def merge_class_rasters(
         probabilities = None
         if probabilities_path is not None:
             probabilities = open_probabilities(stack, Path(probabilities_path), scene, block, labels)
-        counts = assemble_classes(ranks, scene, spec, block, classes.dst, probabilities.dst if probabilities else None)
+        counts = assemble_classes(ranks, scene, spec, block, classes, probabilities)
         classes.finish(block, "mode")
         if probabilities is not None:
             probabilities.finish(block, "average", add_mask=True)
@@ -110,6 +111,7 @@ class Assembly:
         """Close the scratch raster and make it the output: a COG of ``block`` px blocks whose overviews take
         ``resampling`` (``add_mask``: with the scratch raster's mask as its internal mask)."""
         self.dst.close()
+        check_written(self.output)  # GDAL may lose a failed write at close without raising
         convert_to_cog(self.tmp, self.output, block_size=block, overview_resampling=resampling, add_mask=add_mask)
 
 
@@ -146,23 +148,26 @@ def assemble_classes(
     scene: rasterio.io.DatasetReader,
     spec: ImageSpec,
     block: int,
-    classes_dst: Any,
-    probs_dst: Any | None,
+    classes_out: Assembly,
+    probs_out: Assembly | None,
 ) -> np.ndarray:
-    """Write the scene's classes (and with ``probs_dst`` its probabilities, masked where there is no class) block
-    by block from the rank rasters, pixels the imagery masks as no data; returns the pixels of each class id."""
+    """Write the scene's classes (and with ``probs_out`` its probabilities, masked where there is no class) block
+    by block from the rank rasters, pixels the imagery masks as no data; returns the pixels of each class id. A
+    full file system is a DiskFullError naming the output whose scratch raster it stopped."""
     counts = np.zeros(256, dtype=np.int64)
-    num_probabilities = probs_dst.count if probs_dst is not None else 0
+    num_probabilities = probs_out.dst.count if probs_out is not None else 0
     for window in block_windows(scene.width, scene.height, block):
         classes, probs = assemble_block(ranks, window, num_probabilities)
         valid = window_valid_mask(scene, spec, window)
         if valid is not None:
             classes[~valid] = NODATA_CLASS
         counts += np.bincount(classes.ravel(), minlength=256)
-        classes_dst.write(classes, 1, window=window)
-        if probs_dst is not None:
-            probs_dst.write(probs, window=window)
-            probs_dst.write_mask(np.where(classes != NODATA_CLASS, 255, 0).astype(np.uint8), window=window)
+        with writing(classes_out.output):
+            classes_out.dst.write(classes, 1, window=window)
+        if probs_out is not None:
+            with writing(probs_out.output):
+                probs_out.dst.write(probs, window=window)
+                probs_out.dst.write_mask(np.where(classes != NODATA_CLASS, 255, 0).astype(np.uint8), window=window)
     return counts
 
 

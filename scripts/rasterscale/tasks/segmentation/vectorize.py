@@ -18,7 +18,7 @@ from affine import Affine
 from rasterio.features import rasterize, shapes
 from rasterio.windows import Window
 
-from rasterscale.atomic import atomic_path
+from rasterscale.atomic import atomic_gpkg
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.merge import CACHE_MB, block_windows
 
@@ -235,7 +235,7 @@ def vectorize_classes(
     with (
         rasterio.Env(GDAL_CACHEMAX=cache_mb * 2**20),
         rasterio.open(classes_path) as src,
-        atomic_path(gpkg_path) as tmp,
+        atomic_gpkg(gpkg_path) as tmp,
     ):
 
         def flush(force: bool) -> None:
