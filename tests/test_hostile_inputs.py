@@ -447,7 +447,8 @@ def test_bands_and_normalization_that_cannot_work_stop_the_plan_in_one_line(data
 
 def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_line(data, tmp_path):
     """Regression's dry-run checks through build_plan: a target whose extent misses the scene, an all-nodata target,
-    classes (an integer raster) given as a target, tree tops asked of a height with no minimum height."""
+    classes (an integer raster) given as a target, tree tops asked of a height with no minimum height, true tree
+    tops that are polygons, empty or missing."""
     heights = np.linspace(0, 30, 512 * 512, dtype=np.float32).reshape(1, 512, 512)
     targets = {
         "far.tif": dict(data=heights, transform=rasterio.Affine(0.1, 0, 500000.0, 0, -0.1, 3285000.0)),
@@ -482,11 +483,34 @@ def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_
             "^config: merge.tree_tops: 'min_height' is a required property$",
         ),
     ]
+    tops = {  # true tree tops (scenes.X.tree_tops): crowns drawn instead of tops, a top left empty, points
+        "crowns.gpkg": [shapely.box(404001, 3284990, 404003, 3284992), shapely.Point(404005, 3284995)],
+        "empty.gpkg": [shapely.Point(404001, 3284990), shapely.Point()],
+        "tops.gpkg": [shapely.Point(404001, 3284990), shapely.Point(404005, 3284995)],
+    }
+    for name, geometries in tops.items():
+        gpd.GeoDataFrame(geometry=geometries, crs="EPSG:32617").to_file(tmp_path / name)
+
+    def with_tops(file: str) -> dict:
+        raw = config("heights.tif", merge={"tree_tops": {"min_height": 2}})
+        raw["scenes"]["train"]["tree_tops"] = str(tmp_path / file)
+        return raw
+
+    need = re.escape("tree tops need points (one per tree)")
+    cases += [
+        (
+            with_tops("crowns.gpkg"),
+            InputError,
+            rf"crowns.gpkg: feature 1 is a Polygon \(1 of 2 features are no points\); {need}$",
+        ),
+        (with_tops("empty.gpkg"), InputError, rf"empty.gpkg: feature 2 has an empty geometry \(1 such\); {need} "),
+        (with_tops("missing.gpkg"), InputError, r"missing.gpkg: tree tops not found \(scenes.train.tree_tops\)$"),
+    ]
     for raw, error, pattern in cases:
         with pytest.raises(error) as raised:
             build_plan(raw, tmp_path / "run")
         assert re.search(pattern, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
-    build_plan(config("heights.tif", merge={"tree_tops": {"min_height": 2}}), tmp_path / "run")  # all well
+    build_plan(with_tops("tops.gpkg"), tmp_path / "run")  # all well
 
 
 PEER_RANKS = """

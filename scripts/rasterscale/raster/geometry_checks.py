@@ -5,6 +5,7 @@ feature id, a GeoParquet row, a COCO annotation id): what the tasks that read ve
   CSV or VOC file of pixel boxes, a COCO file, a raster, named as such: :func:`file_kind`);
 - :func:`check_polygonal`: every geometry is there and is a polygon (detection's boxes and instances' crowns are
   areas; a point or a line is a tree top or a transect, not an object's extent);
+- :func:`check_points`: every geometry is there and is a point (a tree top is a location, not an area);
 - :func:`mend_polygons`: invalid polygons (a ring crossing itself) mended with ``shapely.make_valid`` where the
   result is one polygon, else an error;
 - :func:`single_polygons`: one polygon each (a multipolygon of several parts is several objects);
@@ -28,6 +29,7 @@ import shapely
 from rasterscale.errors import InputError
 
 POLYGON, MULTIPOLYGON = shapely.GeometryType.POLYGON, shapely.GeometryType.MULTIPOLYGON
+POINT = shapely.GeometryType.POINT
 RASTER_SUFFIXES = (".tif", ".tiff", ".vrt", ".img", ".jp2")
 RECTANGLE_TOLERANCE = 1e-6  # a rectangle's area is its envelope's within this share
 MENDED_SHARE = 0.99  # a mended polygon's largest part must hold this share of its area (slivers go)
@@ -38,10 +40,8 @@ def type_name(geometry: shapely.Geometry) -> str:
     return str(geometry.geom_type)
 
 
-def check_polygonal(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
-    """The first missing or empty geometry, or one that is no (multi)polygon, fails with one line naming its
-    feature (``names[i]``, e.g. ``feature 7``) and saying what the task ``needs`` (e.g. ``boxes need polygons``)."""
-    geometries = np.asarray(geometries, dtype=object)
+def check_present(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
+    """The first missing or empty geometry fails with one line naming its feature and what the task ``needs``."""
     empty = shapely.is_missing(geometries) | shapely.is_empty(geometries)
     if empty.any():
         first = int(np.flatnonzero(empty)[0])
@@ -49,14 +49,36 @@ def check_polygonal(path: str, geometries: np.ndarray, names: Sequence[str], nee
             f"{path}: {names[first]} has an empty geometry ({int(empty.sum())} such); {needs} (draw it, or delete "
             "the feature)"
         )
-    kinds = shapely.get_type_id(geometries)
-    other = (kinds != POLYGON) & (kinds != MULTIPOLYGON)
+
+
+def check_of_kinds(
+    path: str, geometries: np.ndarray, names: Sequence[str], kinds: set[int], plural: str, needs: str
+) -> None:
+    """The first geometry of another type than ``kinds`` (shapely's type ids; ``plural`` names them) fails with one
+    line naming its feature, how many there are, and what the task ``needs``."""
+    other = ~np.isin(shapely.get_type_id(geometries), sorted(kinds))
     if other.any():
         first = int(np.flatnonzero(other)[0])
         raise InputError(
             f"{path}: {names[first]} is a {type_name(geometries[first])} ({int(other.sum())} of {len(geometries)} "
-            f"features are no polygons); {needs}"
+            f"features are no {plural}); {needs}"
         )
+
+
+def check_points(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
+    """Every geometry there and a point: :func:`check_polygonal`'s rule for locations (tree tops), with what the
+    task ``needs`` (e.g. ``tree tops need points``)."""
+    geometries = np.asarray(geometries, dtype=object)
+    check_present(path, geometries, names, needs)
+    check_of_kinds(path, geometries, names, {POINT}, "points", needs)
+
+
+def check_polygonal(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
+    """The first missing or empty geometry, or one that is no (multi)polygon, fails with one line naming its
+    feature (``names[i]``, e.g. ``feature 7``) and saying what the task ``needs`` (e.g. ``boxes need polygons``)."""
+    geometries = np.asarray(geometries, dtype=object)
+    check_present(path, geometries, names, needs)
+    check_of_kinds(path, geometries, names, {POLYGON, MULTIPOLYGON}, "polygons", needs)
 
 
 def polygonal_part(geometry: shapely.Geometry) -> shapely.Geometry:

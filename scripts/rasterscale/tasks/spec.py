@@ -14,7 +14,7 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 
 if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
+    from rasterscale.config.settings import SceneSettings, Settings
     from rasterscale.tasks.api import Task
 
 
@@ -32,6 +32,8 @@ class TaskSpec:
     - ``default_model_name``: ``model.name`` when the config leaves it null;
     - ``config_keys``: keys (by section) that only this task reads: set under another task, they are an error;
       ``scene_keys``: keys of a scene (``scenes.X.*``) that only this task reads, the same;
+      ``check_scene_keys(scene, key_of)``: the dry run's checks of the files those keys name (a local file that is
+      missing or holds the wrong geometries: one line naming it; ``key_of(key)`` names the key in the message);
     - ``schema_enums``: the allowed values of this task's keys (``"section.key"``), which the schema takes from here;
     - ``labels(settings)``: the effective class names (``model.labels`` over the model file's header, else the
       task's default), cheap enough for a dry run; ``model_input(settings)``: the bands the model takes (its file's
@@ -82,6 +84,7 @@ class TaskSpec:
     model_input: Callable[[Settings], InputBands]
     config_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scene_keys: tuple[str, ...] = ()
+    check_scene_keys: Callable[[SceneSettings, Callable[[str], str]], None] = lambda scene, key_of: None
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     exported_outputs: tuple[str, ...] = ()
     outlines: bool = False

@@ -233,9 +233,8 @@ def _check_scene(
             check_validation_band(raster, name, tiling.patch_size, tiling.overlap, train.validation_fraction)
         striped = striped_sources(path)
         check_tiled(path, striped)
-        tops = scene.tree_tops
-        if tops and not demo and not is_remote(tops) and not Path(tops).exists():
-            raise InputError(f"{tops}: tree tops not found (scenes.{name}.tree_tops)")
+        if not demo:
+            plan.task.check_scene_keys(scene, lambda key: f"scenes.{name}.{key}")
         annotations = scene.annotations
         if annotations and (Path(annotations).exists() or not demo):
             image_name = plan.scene_image_name(name)

@@ -11,7 +11,7 @@ against a scene's true tops (``scenes.X.tree_tops``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
-from rasterscale.raster.remote import file_name, shown
+from rasterscale.raster.remote import file_name, is_remote, shown
 from rasterscale.tasks.blending import write_project_mosaic
 from rasterscale.tasks.encoders import ARCHITECTURES
 from rasterscale.tasks.exported.card import CardRules, ModelCard
@@ -39,7 +39,7 @@ from rasterscale.tasks.regression.treetops import (
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
 
 if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
+    from rasterscale.config.settings import SceneSettings, Settings
 
 VALUES = "values.tif"  # a scene's merged values (every label a band of it)
 TREE_TOPS = {"tops": "tree_tops.parquet", "tops_gpkg": "tree_tops.gpkg"}  # with merge.tree_tops
@@ -150,6 +150,17 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
     check_targets(path, raster, labels)
 
 
+def check_scene_keys(scene: SceneSettings, key_of: Callable[[str], str]) -> None:
+    """The dry run's check of a scene's true tree tops (``scenes.X.tree_tops``): a local file that exists and
+    holds points (a remote one is read when scored)."""
+    tops = scene.tree_tops
+    if not tops or is_remote(tops):
+        return
+    if not Path(tops).exists():
+        raise InputError(f"{tops}: tree tops not found ({key_of('tree_tops')})")
+    read_tree_tops(tops)
+
+
 REGRESSION = TaskSpec(
     name="regression",
     rank_suffix=".tif",
@@ -175,6 +186,7 @@ REGRESSION = TaskSpec(
         "evaluate": ("tree_top_distance",),
     },
     scene_keys=("tree_tops",),
+    check_scene_keys=check_scene_keys,
     schema_enums={"model.loss": LOSSES, "model.architecture": ARCHITECTURES},
     exported_outputs=CARD.outputs,
     project_summary="values",

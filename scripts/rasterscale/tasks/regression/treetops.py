@@ -46,6 +46,7 @@ from rasterio.windows import Window
 
 from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.errors import InputError
+from rasterscale.raster.geometry_checks import check_points, read_features
 from rasterscale.raster.remote import open_raster, shown
 
 # scipy is imported in the functions that use it: every parse of the workflow imports this module (through the
@@ -53,6 +54,7 @@ from rasterscale.raster.remote import open_raster, shown
 LOGGER = logging.getLogger(__name__)
 
 LAYER = "tree_tops"
+TREE_TOPS_NEED = "tree tops need points (one per tree)"
 PLATEAU_MARGIN = 16  # pixels of halo beyond the largest window radius, for plateaus that cross a block's edge
 CHUNK_ELEMENTS = 1 << 22  # survivors × offsets compared at once (32 MiB of float64)
 EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
@@ -432,11 +434,8 @@ def score_tree_tops(
 
 
 def read_tree_tops(path: str | Path) -> gpd.GeoDataFrame:
-    """Tree tops from any OGR file (or GeoParquet) of points; one line naming the file when it holds other
-    geometries."""
-    path = str(path)
-    frame = gpd.read_parquet(path) if path.endswith(".parquet") else gpd.read_file(path)
-    kinds = set(frame.geometry.geom_type.dropna())
-    if kinds - {"Point"}:
-        raise InputError(f"{path}: tree tops are points, but the file holds {', '.join(sorted(kinds))}")
-    return frame
+    """Tree tops from any OGR file (or GeoParquet) of points; one line naming the file and the first feature that
+    is missing or no point (the dry run's check of ``scenes.X.tree_tops``, and the scoring's read)."""
+    frame, names = read_features(str(path), TREE_TOPS_NEED)
+    check_points(str(path), frame.geometry.to_numpy(), names, TREE_TOPS_NEED)
+    return frame.reset_index(drop=True)
