@@ -301,6 +301,75 @@ def test_a_corrupt_cache_warns_once_and_is_made_again(workdir, server, opened):
     assert opened == [] and not [line for line in warnings if "header cache" in line]
 
 
+def test_a_cache_cut_short_warns_once_and_gives_the_plan_of_no_cache(workdir, server, opened):
+    """A cache cut to half its size (a copy interrupted, a disk that filled): one warning line, the plan equal to
+    the one built without a cache, the file made again for the next run."""
+    import sqlite3
+
+    raw = config(workdir, local_scenes(workdir, 3))
+    new_process()
+    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
+    new_process()
+    build_plan(raw, workdir, cache_headers=True)
+    cache = workdir / paths.HEADER_CACHE
+    with sqlite3.connect(cache) as db:  # a cache with room to cut: rows of other rasters too
+        db.executemany(
+            "INSERT INTO headers (path, version, info) VALUES (?, 'v', ?)", [(f"x{n}", "x" * 400) for n in range(200)]
+        )
+    db.close()
+    cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
+    warnings: list[str] = []
+    opened.clear()
+    new_process()
+    plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
+    assert plan_to_json(plan) == expected and len(opened) == 4
+    told = [line for line in warnings if "header cache" in line]
+    assert len(told) == 1 and told[0].startswith(f"{cache}: the header cache cannot be read ("), told
+    opened.clear()
+    new_process()
+    assert plan_to_json(build_plan(raw, workdir, cache_headers=True)) == expected and opened == []
+
+
+def test_a_cache_locked_by_another_process_warns_once_and_is_left_to_it(workdir, server, opened, monkeypatch):
+    """Another process holds the cache's lock (a stuck dry run): after LOCK_WAIT_S the plan goes on without the
+    cache, one warning line, the plan equal, and the file is left to its holder (not removed)."""
+    import subprocess
+    import sys
+
+    raw = config(workdir, local_scenes(workdir, 2))
+    new_process()
+    expected = plan_to_json(build_plan(raw, workdir, cache_headers=True))
+    cache = workdir / paths.HEADER_CACHE
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(cache)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(header_cache, "LOCK_WAIT_S", 0.3)
+        warnings: list[str] = []
+        opened.clear()
+        new_process()
+        plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert plan_to_json(plan) == expected and len(opened) == 3 and cache.exists()
+    told = [line for line in warnings if "header cache" in line]
+    assert told == [
+        f"{cache}: the header cache is locked by another process (database is locked for 0.3 s); every raster's "
+        "header is read this time"
+    ]
+
+
+LOCK_HOLDER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
 def test_a_cache_of_another_format_is_emptied_silently(workdir, server, opened, monkeypatch):
     raw = config(workdir, local_scenes(workdir, 2))
     new_process()

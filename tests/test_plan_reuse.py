@@ -5,17 +5,20 @@ any change to what the plan read makes it build the plan again."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from affine import Affine
 
+import snakemake_forks
 from conftest import write_raster
 from rasterscale.jobs import files, paths
-from rasterscale.workflow import checks, reuse
+from rasterscale.workflow import checks, reuse, storage
 from rasterscale.workflow.reuse import main_plan, record_path
 from rasterscale.workflow.storage import fingerprint
+from workflow import workflow_command
 
 
 @pytest.fixture
@@ -247,3 +250,71 @@ def test_an_input_changed_while_the_plan_is_built_leaves_no_record(workdir, monk
     reads = Reads(monkeypatch)
     main_plan(config)
     assert reads.rasters != [] and record_path(fingerprint(config)).exists()
+
+
+DAMAGES = {
+    "the record cut short": lambda key: (
+        record_path(key),
+        "the stored plan's record cannot be read (JSONDecodeError: ",
+    ),
+    "the stored plan cut short": lambda key: (Path(paths.stored_plan(key)), "the stored plan cannot be read ("),
+    "a batch's plan cut short": lambda key: (
+        Path(paths.stored_batch_plans(key)) / "batch-0.json",
+        "the stored plan cannot be read (JSONDecodeError: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_stored_plan_file_cut_short_is_built_again_with_one_warning(workdir, monkeypatch, damage):
+    """A file of the stored plan cut to half (a copy interrupted, a disk that filled): the next invocation (or a
+    job's re-parse, for a batch's plan) warns once naming the file, gives the plan built from scratch and no
+    traceback; the file is written anew (a batch's plan removed, for the main process to write when jobs run)."""
+    config = survey_config(workdir)
+    key = fingerprint(config)
+    first = main_plan(config)
+    storage.store_batch_plans(first, key)
+    whole = storage.job_plan(config)
+    path, told = DAMAGES[damage](key)
+    path.write_text(path.read_text()[: path.stat().st_size // 2])
+    said: list[str] = []
+    if damage.startswith("a batch"):
+        job = storage.job_plan(config, ".", said.append, ["--target-jobs", "predict:batch=0,shard=0"])
+        assert job == whole  # the whole stored plan, as a job of no batch reads it
+    else:
+        assert main_plan(config, warn=said.append) == first
+    damaged = [line for line in said if "stored plan" in line]
+    assert len(damaged) == 1 and damaged[0].startswith(f"{path}: {told}"), said
+    assert damaged[0].endswith("; it is built again")
+    if damage.startswith("a batch"):
+        assert not path.exists()  # removed: the main process writes it anew when jobs are about to run
+    else:
+        again: list[str] = []
+        assert main_plan(config, warn=again.append) == first and not [x for x in again if "stored plan" in x]
+
+
+def test_snakemake_n_with_its_caches_cut_short_warns_and_plans_the_same_jobs(workdir):
+    """The real dry run (a fork of Snakemake, as `snakemake -n` runs) with the header cache and the stored plan's
+    record both cut short: one warning line each on stderr, no traceback, the same jobs planned."""
+    config = survey_config(workdir)
+    command = workflow_command(workdir, config, "-n")
+    first = snakemake_forks.run(command, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for path in (workdir / paths.HEADER_CACHE, workdir / record_path(fingerprint(config))):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    again = snakemake_forks.run(command, timeout=300)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    warned = [line for line in again.stderr.splitlines() if "cannot be read" in line]
+    assert len(warned) == 2, again.stderr[-3000:]
+    assert "main.json: the stored plan's record cannot be read (JSONDecodeError: " in warned[0]
+    assert (
+        "headers.sqlite: the header cache cannot be read (database disk image is malformed); it is made again"
+        in (warned[1])
+    )
+    assert planned(again.stdout) == planned(first.stdout) and planned(first.stdout)["predict"] == 2
+
+
+def planned(dry_run: str) -> dict[str, int]:
+    """The jobs a dry run's output plans, by rule."""
+    table = dry_run.split("Job stats:")[1].split("total")[0]
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}

@@ -62,6 +62,7 @@ AHEAD = 512  # headers read ahead of the check that needs them, at most
 KEPT = 64  # headers the checks took last, kept for their next question (a scene's checks ask two or three times)
 WRITE_EVERY = 2000  # new entries written to the file in one transaction
 FORMAT = "1"  # of the cache's tables: a file of another format, GDAL or rasterio is emptied
+LOCK_WAIT_S = 30.0  # how long a connection waits for another process's lock before it goes on without the cache
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS crs (id INTEGER PRIMARY KEY, wkt TEXT NOT NULL UNIQUE)",
@@ -121,6 +122,10 @@ class HeaderCache:
         try:
             return cls(file, warn)
         except (sqlite3.Error, OSError) as err:
+            if is_locked(err):  # another process holds it (a stuck one: a live one waits LOCK_WAIT_S at most)
+                warn(f"{file}: the header cache is locked by another process ({_reason(err)} for {LOCK_WAIT_S:g} s); "
+                     "every raster's header is read this time")  # fmt: skip
+                return None
             reason = _reason(err)
         try:
             file.unlink(missing_ok=True)
@@ -207,6 +212,10 @@ class HeaderCache:
         if db is not None:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
+        if is_locked(err):  # the file is another process's now: left to it
+            self._warn(f"{self.file}: the header cache is locked by another process ({_reason(err)} for "
+                       f"{LOCK_WAIT_S:g} s); the headers read are not kept this time")  # fmt: skip
+            return
         with contextlib.suppress(OSError):
             self.file.unlink(missing_ok=True)
         if said_no_space(err):  # a write ran out of space
@@ -221,7 +230,7 @@ def _connect(file: Path) -> sqlite3.Connection:
     """The cache's database, its tables made; emptied when of another format, GDAL or rasterio. Raises
     sqlite3.Error (a file that is no database) or OSError."""
     file.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(file, timeout=30, check_same_thread=False, isolation_level=None)
+    db = sqlite3.connect(file, timeout=LOCK_WAIT_S, check_same_thread=False, isolation_level=None)
     try:
         expected = {"format": FORMAT, "gdal": rasterio.__gdal_version__, "rasterio": rasterio.__version__}
         db.execute("BEGIN IMMEDIATE")
@@ -236,6 +245,11 @@ def _connect(file: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def is_locked(err: BaseException) -> bool:
+    """Whether SQLite gave up waiting for another connection's lock (the file itself may be sound)."""
+    return isinstance(err, sqlite3.OperationalError) and "locked" in str(err)
 
 
 def _reason(err: BaseException) -> str:

@@ -46,7 +46,15 @@ from rasterscale.workflow.checks import (
 )
 from rasterscale.workflow.jobfiles import write_each_job_file
 from rasterscale.workflow.plan import Plan
-from rasterscale.workflow.storage import fingerprint, plan_from_json, plan_to_json, store_cache_text, store_plan_text
+from rasterscale.workflow.storage import (
+    OtherFormat,
+    damaged,
+    fingerprint,
+    plan_from_json,
+    plan_to_json,
+    store_cache_text,
+    store_plan_text,
+)
 
 FORMAT = 1  # of a record: a record of another format is not used
 PREFIXED = (GLOB, SIBLINGS)  # watched keys whose values are no file's [size, mtime_ns]
@@ -97,7 +105,7 @@ class PlanRecord:
     def from_json(cls, text: str) -> PlanRecord:
         data = json.loads(text)
         if data.get("format") != FORMAT:
-            raise ValueError(f"record of format {data.get('format')}, not {FORMAT}")
+            raise OtherFormat(f"record of format {data.get('format')}, not {FORMAT}")
         trusted = {name: ItemHeader.from_dict(header) for name, header in data["trusted"].items()}
         return cls(
             data["code"],
@@ -131,7 +139,7 @@ def main_plan(raw: Mapping[str, Any], workdir: str | Path = ".", warn: Callable[
     say = warn if warn is not None else _silent
     key = fingerprint(raw)
     started = time.time_ns()
-    reused = reusable(key, base)
+    reused = reusable(key, base, say)
     if reused is not None:
         plan, record = reused
         for line in record.warnings:
@@ -179,18 +187,33 @@ def build_and_store(
     return plan, _digest(text), tuple(said)
 
 
-def reusable(key: str, workdir: Path) -> tuple[Plan, PlanRecord] | None:
+def reusable(key: str, workdir: Path, warn: Callable[[str], None] | None = None) -> tuple[Plan, PlanRecord] | None:
     """The plan stored under ``key`` with its record, when the record is of this code and that plan and every
-    input it watches is as recorded; else None."""
+    input it watches is as recorded; else None. A record, or the plan it records, that cannot be read (cut short,
+    not what was written) is removed with one warning (``warn``): the plan is then built again."""
+    path = record_path(key, workdir)
     try:
-        record = PlanRecord.from_json(record_path(key, workdir).read_text())
-        if (record.code, record.workdir) != (code_version(), str(workdir.resolve())) or not record.unchanged(workdir):
-            return None
-        text = (workdir / paths.stored_plan(key)).read_text()
-        if _digest(text) != record.digest:
-            return None
-        plan = plan_from_json(text)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        record = PlanRecord.from_json(text)
+    except OtherFormat:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        damaged(path, "stored plan's record", err, warn)
+        return None
+    if (record.code, record.workdir) != (code_version(), str(workdir.resolve())) or not record.unchanged(workdir):
+        return None
+    stored = workdir / paths.stored_plan(key)
+    try:
+        plan_text = stored.read_text()
+        if _digest(plan_text) != record.digest:
+            raise ValueError("not the plan its record was written for: cut short or changed")
+        plan = plan_from_json(plan_text)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        path.unlink(missing_ok=True)
+        damaged(stored, "stored plan", err, warn)
         return None
     return plan.with_(trusted=record.trusted, skipped=record.skipped), record
 

@@ -22,6 +22,7 @@ does not use it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -166,23 +167,51 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def load_plan(key: str, workdir: str | Path = ".", batch: int | None = None) -> Plan | None:
-    """The plan stored under ``key`` (``batch``: that batch's plan), or None when there is none, it is unreadable
-    or of another format, or a file its checks read changed since (size or mtime; one absent then is the
-    workflow's to make)."""
+def load_plan(key: str, workdir: str | Path = ".", batch: int | None = None, warn: Warn | None = None) -> Plan | None:
+    """The plan stored under ``key`` (``batch``: that batch's plan), or None when there is none, it is of another
+    format, or a file its checks read changed since (size or mtime; one absent then is the workflow's to make). A
+    stored plan that cannot be read (cut short, not a plan) is removed with one warning (``warn``, else stderr's):
+    the plan is built again."""
     if batch is None:
         path = Path(workdir) / paths.stored_plan(key)
     else:
         path = Path(workdir) / paths.stored_batch_plans(key) / f"batch-{batch}.json"
-    try:
-        plan = plan_from_json(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    plan = read_stored_plan(path, warn)
+    if plan is None:
         return None
     base = Path(workdir)
     # a file absent when the plan was built is one the workflow makes (a demo scene): its appearing changes nothing
     if any(stat is not None and file_stat(base / name) != stat for name, stat in plan.inputs.items()):
         return None
     return plan
+
+
+def read_stored_plan(path: Path, warn: Warn | None = None) -> Plan | None:
+    """The plan stored at ``path``; None when there is none or it is of another format, and, with one warning, when
+    it cannot be read (a damaged file is removed)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        damaged(path, "stored plan", err, warn)
+        return None
+    try:
+        return plan_from_json(text)
+    except OtherFormat:
+        return None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        damaged(path, "stored plan", err, warn)
+        return None
+
+
+def damaged(path: Path, what: str, err: BaseException, warn: Warn | None) -> None:
+    """A file of the stored plan that cannot be read: removed, with one warning line naming it and why."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+    reason = (str(err).splitlines() or [type(err).__name__])[0] or type(err).__name__
+    (warn or _warn_on_stderr)(f"{path}: the {what} cannot be read ({type(err).__name__}: {reason}); it is built again")
+    return None
 
 
 def job_plan(
@@ -196,8 +225,8 @@ def job_plan(
     header cache) when none is stored for its config or it is stale."""
     key = fingerprint(raw)
     batch = job_batch(argv)
-    stored = load_plan(key, workdir, batch) if batch is not None else None
-    stored = stored or load_plan(key, workdir)
+    stored = load_plan(key, workdir, batch, warn) if batch is not None else None
+    stored = stored or load_plan(key, workdir, warn=warn)
     if stored is not None:
         return stored
     return build_plan(raw, workdir, warn)  # no header cache: a job neither reads nor writes it
@@ -231,11 +260,15 @@ def _neighbourhoods_json(neighbourhoods: Mapping[int, Neighbourhood]) -> list[An
     return [[number, [*near.owners], [*near.neighbours], [*near.outer]] for number, near in neighbourhoods.items()]
 
 
+class OtherFormat(ValueError):
+    """A stored file of another format (another version of rasterscale wrote it): not read, built again quietly."""
+
+
 def plan_from_json(text: str) -> Plan:
     """The plan of :func:`plan_to_json`'s JSON; a ValueError when it is of another format."""
     data = json.loads(text)
     if data.get("format") != FORMAT:
-        raise ValueError(f"stored plan of format {data.get('format')}, not {FORMAT}")
+        raise OtherFormat(f"stored plan of format {data.get('format')}, not {FORMAT}")
     return Plan(
         config=data["config"],
         notices=tuple(data["notices"]),
