@@ -144,7 +144,7 @@ PICKLE_REFUSALS = {
 @pytest.mark.parametrize("name", list(PICKLE_REFUSALS))
 def test_a_pickle_in_a_pt_or_pth_runs_nothing(files, name, tmp_path):
     """A payload in each place a .pt or .pth is read, armed (torch.load without weights_only runs it): the dry run
-    stops in one line naming the file, and the marker never appears."""
+    stops in one line naming the file, the job's own loading of it fails, and the marker never appears."""
     key, problem = PICKLE_REFUSALS[name]
     path, marker, _ = files["cases"]["a model file" if name == "train.init" else name]
     assert ("a model file" if name == "train.init" else name) in files["armed"]
@@ -152,10 +152,30 @@ def test_a_pickle_in_a_pt_or_pth_runs_nothing(files, name, tmp_path):
     line = one_line(dry_run(tmp_path / "run", config))
     assert re.fullmatch("rasterscale: " + problem.format(path=re.escape(str(path))), line), line
     assert not marker.exists()
-    if key in ("model.file", "detection", "instances"):
-        with pytest.raises(InputError):
-            task_spec(config["task"]).load().load_model(path, job_settings(config))
-        assert not marker.exists()
+    with pytest.raises(InputError, match=f"^{re.escape(str(path))}: "):  # the job's: prediction's, training's
+        job_loads(key, path, config)
+    assert not marker.exists()
+
+
+def job_loads(key: str, path: Path, config: dict) -> None:
+    """What a job does with the file of ``key``: prediction loads its model (every rank), training starts its
+    network from train.init or its encoder from model.encoder_weights."""
+    from rasterscale.raster.bands import InputBands
+    from rasterscale.tasks.segmentation.model import build_segmenter
+    from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
+    from rasterscale.tasks.smpnet import load_encoder_weights
+
+    task = task_spec(config["task"]).load()
+    if key not in ("train.init", "model.encoder_weights"):
+        task.load_model(path, job_settings(config))
+        return
+    bands = InputBands(tuple(BANDS), tuple(MEAN), tuple(STD), raw=True)
+    model_cfg = SegmenterConfig(("background", "tree"), patch_size=PATCH, input=bands)
+    model = build_segmenter(model_cfg)
+    if key == "train.init":
+        task.initial_weights(model, model_cfg, job_settings(config))
+    else:
+        load_encoder_weights(model.net.encoder, path, "resnet18")
 
 
 def pickle_config(folder: Path, key: str, path: Path) -> dict:
