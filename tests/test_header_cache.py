@@ -6,11 +6,15 @@ process keeps of headers is forgotten (rasterscale's per-process cache of local 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import random
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -280,24 +284,42 @@ def test_a_changed_raster_is_read_again_and_only_it(workdir, server, opened):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_a_corrupt_cache_warns_once_and_is_made_again(workdir, server, opened):
+# a cache's bytes -> the bytes of it damaged, and SQLite's reason
+DAMAGED_CACHES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
+    "text": (lambda cache: b"not a database, " * 100, "file is not a database"),
+    "random bytes": (lambda cache: random.Random(0).randbytes(len(cache)), "file is not a database"),
+    "cut to a few bytes": (lambda cache: cache[:10], "file is not a database"),
+    "cut to its first page": (lambda cache: cache[:4096], "database disk image is malformed"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_CACHES)
+def test_a_damaged_cache_warns_once_gives_the_plan_of_no_cache_and_is_made_again(workdir, server, opened, damage):
+    """A cache that cannot be read at its opening (garbage in its place, cut short): one warning line, the plan the
+    one built without a cache, and the file made again, which the next invocation reads every header from."""
     raw = config(workdir, local_scenes(workdir, 3))
-    cache = workdir / paths.HEADER_CACHE
-    cache.parent.mkdir(parents=True)
-    cache.write_bytes(b"not a database, " * 100)
-    warnings: list[str] = []
     new_process()
-    plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
-    assert list(plan.footprints) == ["t", "l00", "l01", "l02"]
+    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
+    new_process()
+    build_plan(raw, workdir, cache_headers=True)
+    cache = workdir / paths.HEADER_CACHE
+    damaged, reason = DAMAGED_CACHES[damage]
+    assert cache.stat().st_size > 4096  # more than its first page: cut, it misses tables
+    cache.write_bytes(damaged(cache.read_bytes()))
+    warnings: list[str] = []
+    opened.clear()
+    new_process()
+    assert plan_to_json(build_plan(raw, workdir, warnings.append, cache_headers=True)) == expected
+    assert len(opened) == 4  # every header read
     told = [line for line in warnings if "header cache" in line]
     assert told == [
-        f"{cache}: the header cache cannot be read (file is not a database); it is made again (every raster's "
-        "header is read this time)"
+        f"{cache}: the header cache cannot be read ({reason}); it is made again (every raster's header is read this "
+        "time)"
     ]
     opened.clear()
     new_process()
     warnings.clear()
-    build_plan(raw, workdir, warnings.append, cache_headers=True)
+    assert plan_to_json(build_plan(raw, workdir, warnings.append, cache_headers=True)) == expected
     assert opened == [] and not [line for line in warnings if "header cache" in line]
 
 
@@ -330,35 +352,52 @@ def test_a_cache_cut_short_warns_once_and_gives_the_plan_of_no_cache(workdir, se
     assert plan_to_json(build_plan(raw, workdir, cache_headers=True)) == expected and opened == []
 
 
-def test_a_cache_locked_by_another_process_warns_once_and_is_left_to_it(workdir, server, opened, monkeypatch):
-    """Another process holds the cache's lock (a stuck dry run): after LOCK_WAIT_S the plan goes on without the
-    cache, one warning line, the plan equal, and the file is left to its holder (not removed)."""
-    import subprocess
-    import sys
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE headers SET info = replace(info, '[64,64,3,', '[65,64,3,') WHERE path = 'rasters/l01.tif'",
+        "DELETE FROM crs",
+    ],
+    ids=["a figure changed in place", "its CRSs lost"],
+)
+def test_an_entry_not_as_written_is_caught_by_its_checksum(workdir, server, opened, change):
+    """What SQLite does not see (it checks its pages' structure, not what they hold): a header's figure changed in
+    place (a flipped byte: the raster would read 65 px wide), the CRSs' rows lost (the rasters would read without
+    a CRS). The entry's checksum catches it: one warning, the cache given up and removed, the plan of no cache."""
+    import sqlite3
 
-    raw = config(workdir, local_scenes(workdir, 2))
+    raw = config(workdir, local_scenes(workdir, 3))
     new_process()
-    expected = plan_to_json(build_plan(raw, workdir, cache_headers=True))
+    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
+    new_process()
+    build_plan(raw, workdir, cache_headers=True)
     cache = workdir / paths.HEADER_CACHE
+    with contextlib.closing(sqlite3.connect(cache)) as db, db:
+        assert db.execute(change).rowcount > 0
+    warnings: list[str] = []
+    new_process()
+    assert plan_to_json(build_plan(raw, workdir, warnings.append, cache_headers=True)) == expected
+    told = [line for line in warnings if "header cache" in line]
+    assert len(told) == 1 and told[0].startswith(f"{cache}: the header cache cannot be read (the entry of "), told
+    assert told[0].endswith(
+        "does not match its checksum: the file is damaged); it is removed, and made again by the next run"
+    )
+    assert not cache.exists()
+
+
+@contextlib.contextmanager
+def locked_by_another_process(file: Path) -> Iterator[None]:
+    """Another process holds SQLite's exclusive lock on ``file`` (BEGIN EXCLUSIVE: no other connection reads or
+    writes it) for the block (a stuck process: it lets go only when it is killed)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(cache)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+        [sys.executable, "-c", LOCK_HOLDER, str(file)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        monkeypatch.setattr(header_cache, "LOCK_WAIT_S", 0.3)
-        warnings: list[str] = []
-        opened.clear()
-        new_process()
-        plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
+        yield
     finally:
         holder.kill()
         holder.wait()
-    assert plan_to_json(plan) == expected and len(opened) == 3 and cache.exists()
-    told = [line for line in warnings if "header cache" in line]
-    assert told == [
-        f"{cache}: the header cache is locked by another process (database is locked for 0.3 s); every raster's "
-        "header is read this time"
-    ]
 
 
 LOCK_HOLDER = """
@@ -368,6 +407,55 @@ db.execute("BEGIN EXCLUSIVE")
 print("locked", flush=True)
 sys.stdin.read()
 """
+
+
+def test_a_cache_locked_by_another_process_warns_once_and_is_left_to_it(workdir, server, opened, monkeypatch):
+    """Another process holds the cache's lock (a stuck dry run): after LOCK_WAIT_S the plan goes on without the
+    cache, one warning line, the plan equal, and the file is left to its holder (not removed)."""
+    raw = config(workdir, local_scenes(workdir, 2))
+    new_process()
+    expected = plan_to_json(build_plan(raw, workdir, cache_headers=True))
+    cache = workdir / paths.HEADER_CACHE
+    with locked_by_another_process(cache):
+        monkeypatch.setattr(header_cache, "LOCK_WAIT_S", 0.3)
+        warnings: list[str] = []
+        opened.clear()
+        new_process()
+        plan = build_plan(raw, workdir, warnings.append, cache_headers=True)
+    assert plan_to_json(plan) == expected and len(opened) == 3 and cache.exists()
+    told = [line for line in warnings if "header cache" in line]
+    assert told == [
+        f"{cache}: the header cache is locked by another process (database is locked for 0.3 s); every raster's "
+        "header is read this time"
+    ]
+
+
+def test_a_cache_locked_after_its_opening_is_given_up_once_and_left_to_its_holder(workdir, monkeypatch):
+    """Another process takes the lock while the plan reads the cache: the read waits RASTERSCALE_LOCK_WAIT_S (the
+    environment's, over LOCK_WAIT_S), then the cache is given up for this run with one warning line (no second
+    wait, no second line when the plan ends and would write), its file left to the holder as it was."""
+    monkeypatch.setenv(header_cache.LOCK_WAIT_VARIABLE, "0.25")
+    path = str(scene_raster(workdir / "a.tif"))
+    cache_file = workdir / paths.HEADER_CACHE
+    first = header_cache.HeaderCache.open(cache_file, pytest.fail)
+    assert first is not None
+    first.put(path, "v1", headers.read_checked_header(path))
+    first.close()
+    kept = cache_file.read_bytes()
+    warnings: list[str] = []
+    cache = header_cache.HeaderCache.open(cache_file, warnings.append)
+    assert cache is not None and warnings == []
+    with locked_by_another_process(cache_file):
+        started = time.monotonic()
+        assert cache.get(path, "v1") is None and cache.get(path, "v1") is None
+        cache.put(path, "v2", headers.read_checked_header(path))
+        cache.close()
+        waited = time.monotonic() - started
+    assert 0.25 <= waited < 5 and cache_file.read_bytes() == kept
+    assert warnings == [
+        f"{cache_file}: the header cache is locked by another process (database is locked for 0.25 s); the headers "
+        "read are not kept this time"
+    ]
 
 
 def test_a_cache_of_another_format_is_emptied_silently(workdir, server, opened, monkeypatch):

@@ -26,8 +26,11 @@ thousands of scenes, two things make that cheap:
   without a version is read every time: a VRT (its header depends on its sources), a server that sends no
   validator. A changed file's entry is replaced. CRSs are kept once each, as WKT. Only the plan of Snakemake's
   main process uses the cache (jobs neither read nor write it); it writes in SQLite transactions, so another
-  process reads whole ones. A file that cannot be read is made again, with one warning; delete it to clear the
-  cache.
+  process reads whole ones. Each entry carries its checksum (SQLite checks its pages' structure, not what they
+  hold): one not as written gives the cache up as a file that cannot be read does. A file that cannot be read
+  (cut short, garbage) is made again, with one warning; one that another process keeps locked for longer than
+  :data:`LOCK_WAIT_S` (or the environment's ``RASTERSCALE_LOCK_WAIT_S`` seconds) is left to it and the headers are
+  read without the cache, with one warning. Delete it to clear the cache.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import os
 import re
 import sqlite3
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,8 +65,12 @@ NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs"
 AHEAD = 512  # headers read ahead of the check that needs them, at most
 KEPT = 64  # headers the checks took last, kept for their next question (a scene's checks ask two or three times)
 WRITE_EVERY = 2000  # new entries written to the file in one transaction
-FORMAT = "1"  # of the cache's tables: a file of another format, GDAL or rasterio is emptied
+FORMAT = "2"  # of the cache's tables: a file of another format, GDAL or rasterio is emptied (2: entries checksummed)
 LOCK_WAIT_S = 30.0  # how long a connection waits for another process's lock before it goes on without the cache
+LOCK_WAIT_VARIABLE = "RASTERSCALE_LOCK_WAIT_S"  # an environment variable's number of seconds overrides LOCK_WAIT_S
+# what SQLite raises over a damaged file: its errors, and a UnicodeDecodeError where Python decodes its message
+# naming the garbage (a damaged schema: "malformed database schema (<its bytes>)")
+DAMAGED = (sqlite3.Error, UnicodeDecodeError)
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS crs (id INTEGER PRIMARY KEY, wkt TEXT NOT NULL UNIQUE)",
@@ -104,14 +112,15 @@ class HeaderCache:
     def __init__(self, file: Path, warn: Callable[[str], None]) -> None:
         self.file = file
         self._warn = warn
-        self._db: sqlite3.Connection | None = _connect(file)
+        self._wait = lock_wait_s()
+        self._db: sqlite3.Connection | None = _connect(file, self._wait)
         self._lock = threading.Lock()
         self._new: list[tuple[str, str, str, str | None]] = []  # (path, version, info, CRS as WKT)
         self._crs: dict[int, CRS] = {}  # the CRSs read, by id: one object per CRS
         self._crs_ids: dict[str, int] = {}  # the CRSs written, by WKT
         try:  # an empty cache (the first run in a folder) is not asked: a question less a raster
             self._empty = not self._db.execute("SELECT EXISTS (SELECT 1 FROM headers)").fetchone()[0]
-        except sqlite3.Error:
+        except DAMAGED:
             self._db.close()
             raise
 
@@ -121,16 +130,16 @@ class HeaderCache:
         None when that fails too (the headers are then read without a cache)."""
         try:
             return cls(file, warn)
-        except (sqlite3.Error, OSError) as err:
-            if is_locked(err):  # another process holds it (a stuck one: a live one waits LOCK_WAIT_S at most)
-                warn(f"{file}: the header cache is locked by another process ({_reason(err)} for {LOCK_WAIT_S:g} s); "
-                     "every raster's header is read this time")  # fmt: skip
+        except (*DAMAGED, OSError) as err:
+            if is_locked(err):  # another process holds it (a stuck one: a live one's transactions take milliseconds)
+                warn(f"{file}: the header cache is locked by another process ({_reason(err)} for {lock_wait_s():g} "
+                     "s); every raster's header is read this time")  # fmt: skip
                 return None
             reason = _reason(err)
         try:
             file.unlink(missing_ok=True)
             cache = cls(file, warn)
-        except (sqlite3.Error, OSError) as err:
+        except (*DAMAGED, OSError) as err:
             warn(f"{file}: the header cache cannot be read ({reason}) nor made again ({_reason(err)}); every "
                  "raster's header is read this time")  # fmt: skip
             return None
@@ -151,7 +160,8 @@ class HeaderCache:
                 ).fetchone()
                 if row is None:
                     return None
-                return _decode(path, row[0], self._crs_of(row[1], row[2]))
+                text = _verified(path, version, row[0], row[2])
+                return _decode(path, text, self._crs_of(row[1], row[2]))
             except (sqlite3.Error, ValueError, TypeError, IndexError) as err:
                 self._give_up(err)
                 return None
@@ -159,7 +169,8 @@ class HeaderCache:
     def put(self, path: str, version: str, checked: CheckedHeader) -> None:
         """Keep ``path``'s header at ``version`` (replacing another version's)."""
         info = checked[0]
-        entry = (path, version, _encode(checked), info.crs.to_wkt() if info.crs is not None else None)
+        wkt = info.crs.to_wkt() if info.crs is not None else None
+        entry = (path, version, _encode(path, version, checked, wkt), wkt)
         with self._lock:
             if self._db is None:
                 return
@@ -195,7 +206,7 @@ class HeaderCache:
             rows = [(path, version, info, self._crs_id(db, wkt)) for path, version, info, wkt in new]
             db.executemany("INSERT OR REPLACE INTO headers (path, version, info, crs) VALUES (?, ?, ?, ?)", rows)
             db.execute("COMMIT")
-        except sqlite3.Error as err:
+        except DAMAGED as err:
             self._give_up(err)
 
     def _crs_id(self, db: sqlite3.Connection, wkt: str | None) -> int | None:
@@ -214,7 +225,7 @@ class HeaderCache:
                 db.close()
         if is_locked(err):  # the file is another process's now: left to it
             self._warn(f"{self.file}: the header cache is locked by another process ({_reason(err)} for "
-                       f"{LOCK_WAIT_S:g} s); the headers read are not kept this time")  # fmt: skip
+                       f"{self._wait:g} s); the headers read are not kept this time")  # fmt: skip
             return
         with contextlib.suppress(OSError):
             self.file.unlink(missing_ok=True)
@@ -226,11 +237,23 @@ class HeaderCache:
                    "by the next run")  # fmt: skip
 
 
-def _connect(file: Path) -> sqlite3.Connection:
-    """The cache's database, its tables made; emptied when of another format, GDAL or rasterio. Raises
-    sqlite3.Error (a file that is no database) or OSError."""
+def lock_wait_s() -> float:
+    """How long a connection to the cache waits for another process's lock (then the plan goes on without the
+    cache): :data:`LOCK_WAIT_S`, or the seconds of the environment's :data:`LOCK_WAIT_VARIABLE` (read when the
+    cache is opened: a warm process forked for each command sees the command's environment)."""
+    try:
+        seconds = float(os.environ.get(LOCK_WAIT_VARIABLE, ""))
+    except ValueError:
+        return LOCK_WAIT_S
+    return seconds if 0 <= seconds < float("inf") else LOCK_WAIT_S
+
+
+def _connect(file: Path, wait: float) -> sqlite3.Connection:
+    """The cache's database, its tables made; emptied when of another format, GDAL or rasterio; ``wait``: seconds
+    a statement waits for another connection's lock. Raises one of :data:`DAMAGED` (a file that is no database or
+    is damaged, a lock held longer) or OSError."""
     file.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(file, timeout=LOCK_WAIT_S, check_same_thread=False, isolation_level=None)
+    db = sqlite3.connect(file, timeout=wait, check_same_thread=False, isolation_level=None)
     try:
         expected = {"format": FORMAT, "gdal": rasterio.__gdal_version__, "rasterio": rasterio.__version__}
         db.execute("BEGIN IMMEDIATE")
@@ -256,13 +279,34 @@ def _reason(err: BaseException) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-def _encode(checked: CheckedHeader) -> str:
-    """A header as the cache keeps it (its CRS apart): a JSON list."""
+def _encode(path: str, version: str, checked: CheckedHeader, wkt: str | None) -> str:
+    """A header as the cache keeps it (its CRS apart, as ``wkt``): a JSON list, after the entry's checksum
+    (:func:`_checksum`)."""
     info, cut = checked
     fields: list[Any] = [info.width, info.height, info.count, list(info.transform)[:6]]
     fields += [[list(shape) for shape in info.block_shapes], list(info.dtypes), info.alpha, info.nodata]
     fields += [info.dataset_mask, info.driver, list(cut) if cut is not None else None]
-    return json.dumps(fields, separators=(",", ":"))
+    text = json.dumps(fields, separators=(",", ":"))
+    return _checksum(path, version, text, wkt) + text
+
+
+CHECKSUM_DIGITS = 8  # an entry's CRC-32, in hex, before its header's JSON
+
+
+def _checksum(path: str, version: str, text: str, wkt: str | None) -> str:
+    """The CRC-32 of a whole entry (its path, version, header's JSON and CRS's WKT): SQLite checks its pages'
+    structure, not what they hold, and a figure of a header changed in place (a flipped byte) or its CRS's row lost
+    would read as another header, undetected."""
+    data = "\0".join((path, version, text, wkt if wkt is not None else "\0")).encode()
+    return f"{zlib.crc32(data):0{CHECKSUM_DIGITS}x}"
+
+
+def _verified(path: str, version: str, stored: str, wkt: str | None) -> str:
+    """The header's JSON of an entry as stored (:func:`_encode`); a ValueError when it does not match its checksum."""
+    checksum, text = stored[:CHECKSUM_DIGITS], stored[CHECKSUM_DIGITS:]
+    if checksum != _checksum(path, version, text, wkt):
+        raise ValueError(f"the entry of {path} does not match its checksum: the file is damaged")
+    return text
 
 
 def _decode(path: str, text: str, crs: CRS | None) -> CheckedHeader:

@@ -48,6 +48,8 @@ from rasterscale.workflow.jobfiles import write_each_job_file
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.storage import (
     OtherFormat,
+    Row,
+    check_shape,
     damaged,
     fingerprint,
     plan_from_json,
@@ -60,6 +62,18 @@ FORMAT = 1  # of a record: a record of another format is not used
 PREFIXED = (GLOB, SIBLINGS)  # watched keys whose values are no file's [size, mtime_ns]
 RECORD = "main.json"  # in the stored plan's folder (beside its batch plans)
 PACKAGE = Path(__file__).resolve().parents[1]  # scripts/rasterscale
+# a record's JSON as PlanRecord.to_json writes it (rasterscale.workflow.storage.check_shape's notation); a watched
+# input's version is whatever watch_value gives (compared, never read), a trusted header ItemHeader.from_dict checks
+RECORD_SHAPE: dict[str, Any] = {
+    "code": str,
+    "workdir": str,
+    "digest": str,
+    "watched": dict,
+    "jobs": {str: (Row(int, int), None)},
+    "warnings": [str],
+    "trusted": {str: dict},
+    "skipped": {str: str},
+}
 
 
 @functools.cache
@@ -103,9 +117,13 @@ class PlanRecord:
 
     @classmethod
     def from_json(cls, text: str) -> PlanRecord:
+        """The record of :meth:`to_json`'s JSON; an :class:`OtherFormat` when it is of another format, a ValueError
+        (or KeyError, TypeError...) when it is no such JSON: cut short, or of another shape (:data:`RECORD_SHAPE`)."""
         data = json.loads(text)
+        check_shape(data, dict, "the file")
         if data.get("format") != FORMAT:
             raise OtherFormat(f"record of format {data.get('format')}, not {FORMAT}")
+        check_shape(data, RECORD_SHAPE, "")
         trusted = {name: ItemHeader.from_dict(header) for name, header in data["trusted"].items()}
         return cls(
             data["code"],
@@ -193,14 +211,10 @@ def reusable(key: str, workdir: Path, warn: Callable[[str], None] | None = None)
     not what was written) is removed with one warning (``warn``): the plan is then built again."""
     path = record_path(key, workdir)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
+        record = PlanRecord.from_json(path.read_text())
+    except (FileNotFoundError, OtherFormat):
         return None
-    try:
-        record = PlanRecord.from_json(text)
-    except OtherFormat:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:  # garbage bytes: ValueError
         damaged(path, "stored plan's record", err, warn)
         return None
     if (record.code, record.workdir) != (code_version(), str(workdir.resolve())) or not record.unchanged(workdir):
