@@ -5,6 +5,7 @@ bad fail the predicting rank with one line naming the raster and the tile (a rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -73,6 +74,8 @@ def data(tmp_path_factory) -> Path:
     write_raster(folder / "small.tif", 512, 300)
     (folder / "text.pt").write_text("not a model\n")
     write_hostile_crowns(folder)
+    heights = np.linspace(0, 30, 512 * 512, dtype=np.float32).reshape(1, 512, 512)
+    write_raster(folder / "heights.tif", 512, 512, count=1, data=heights, transform=TRANSFORM)  # regression's target
     return folder
 
 
@@ -112,6 +115,16 @@ def crowns_config(data: Path, annotations: str, task: str = "instances") -> dict
     )
 
 
+def tree_tops_config(data: Path, tree_tops: str) -> dict:
+    """Regression of heights.tif on the training scene, its true tree tops ``tree_tops`` (a file of the data
+    folder), scored on the tops merge.tree_tops finds."""
+    config = config_of(data, "regression", merge={"tree_tops": {"min_height": 2}})
+    del config["model"]  # regression's defaults
+    train = {**config["scenes"]["train"], "annotations": str(data / "heights.tif")}
+    config["scenes"] = {**config["scenes"], "train": {**train, "tree_tops": str(data / tree_tops)}}
+    return config
+
+
 def config_of(data: Path, task: str = "detection", **sections: dict) -> dict:
     """A config training on train.tif and predicting test.tif; ``sections`` update its sections."""
     config = {
@@ -126,7 +139,7 @@ def config_of(data: Path, task: str = "detection", **sections: dict) -> dict:
         "predict": {"scenes": ["test"], "devices": 1, "workers": 0},
     }
     for section, values in sections.items():
-        config[section] = {**config[section], **values} if isinstance(values, dict) else values
+        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
     return config
 
 
@@ -205,6 +218,16 @@ CASES = {
         lambda d: crowns_config(d, "points.gpkg", task="detection"),
         "rasterscale: D/points.gpkg: feature 1 is a Point \\(4 of 4 features are no polygons\\); detection boxes "
         "need polygons \\(a box or an outline\\)",
+    ),
+    "segmentation polygons: points (tree tops), which only training refused": (
+        lambda d: crowns_config(d, "points.gpkg", task="segmentation"),
+        "rasterscale: D/points.gpkg: feature 1 is a Point \\(4 of 4 features are no polygons\\); segmentation needs "
+        "polygons in a vector file with a CRS, or a class raster on the scene's grid",
+    ),
+    "regression tree tops: polygons (crowns), which only scoring refused": (
+        lambda d: tree_tops_config(d, "train.gpkg"),
+        "rasterscale: D/train.gpkg: feature 1 is a Polygon \\(5 of 5 features are no points\\); tree tops need "
+        "points \\(one per tree\\)",
     ),
     "nothing to train or predict": (
         lambda d: config_of(d, train={"scenes": []}, predict={"scenes": []}),
@@ -587,7 +610,7 @@ def test_annotation_labels_match_model_labels_whatever_their_case(data, tmp_path
 
 
 FORMATS = ["boxes.gpkg", "crowns.gpkg", "crowns.geojson", "crowns.parquet", "boxes.csv", "boxes.xml", "coco.json"]
-FORMATS += ["classes.tif", "heights.tif"]
+FORMATS += ["classes.tif", "heights.tif", "tops.gpkg"]
 
 
 def write_every_format(data: Path, folder: Path) -> list[str]:
@@ -621,6 +644,8 @@ def write_every_format(data: Path, folder: Path) -> list[str]:
     ones = np.ones((1, 512, 512))
     write_raster(folder / "classes.tif", 512, 512, count=1, data=ones.astype(np.uint8), transform=TRANSFORM)
     write_raster(folder / "heights.tif", 512, 512, count=1, data=ones.astype(np.float32), transform=TRANSFORM)
+    tops = [shapely.Point(x + 1 + 3 * k, y + 1) for k in range(5)]  # tree tops: the crowns' centres
+    gpd.GeoDataFrame({"height": [12.0] * 5}, geometry=tops, crs="EPSG:32617").to_file(folder / "tops.gpkg")
     return FORMATS
 
 
@@ -634,6 +659,8 @@ DETECTS = "detection boxes come as polygons in a vector file \\(boxes or outline
 REGRESSES = "regression needs a float raster of target values"
 RASTER = "a raster, not a vector file"
 COCO = "a COCO instances file \\(outlines in an image's pixels, no CRS\\)"
+TOPS = "tree tops need points \\(one per tree\\)"
+POINTS = "feature 1 is a Point \\(5 of 5 features are no polygons\\)"  # tops.gpkg's, to a task of polygons
 # task -> (its labels, {file: the start of its one line after "<file>: "; a file not named passes})
 EVERY_FORMAT = {
     "detection": (
@@ -642,38 +669,57 @@ EVERY_FORMAT = {
             "coco.json": f"{COCO}; {DETECTS}",
             "classes.tif": f"{RASTER}; {DETECTS}",
             "heights.tif": f"{RASTER}; {DETECTS}",
+            "tops.gpkg": f"{POINTS}; detection boxes need polygons",
         },
     ),
     "instances": (
         ["tree"],
         {**{f: f"{k}; {OUTLINES}" for f, k in BOX_FILES.items()}, "classes.tif": f"{RASTER}; {OUTLINES}"}
-        | {"heights.tif": f"{RASTER}; {OUTLINES}"},
+        | {"heights.tif": f"{RASTER}; {OUTLINES}", "tops.gpkg": f"{POINTS}; crowns need polygons"},
     ),
     "segmentation": (
         ["background", "tree"],
         {**{f: f"{k}; {SEGMENTS}" for f, k in BOX_FILES.items()}, "coco.json": f"{COCO}; {SEGMENTS}"}
-        | {"heights.tif": "class raster band 1 is float32, not integer class ids"},
+        | {
+            "heights.tif": "class raster band 1 is float32, not integer class ids",
+            "tops.gpkg": f"{POINTS}; {SEGMENTS}",
+        },
     ),
     "regression": (
         ["height"],
-        {f: REGRESSES for f in FORMATS[:7]}
+        {f: REGRESSES for f in [*FORMATS[:7], "tops.gpkg"]}
         | {"classes.tif": "target raster is uint8; regression needs a float raster"},
+    ),
+    # regression's true tree tops (scenes.X.tree_tops), which its scoring reads: points in a CRS
+    "tree tops": (
+        ["height"],
+        {f: f"feature 1 is a Polygon \\(5 of 5 features are no points\\); {TOPS}" for f in FORMATS[:2]}
+        | {"crowns.geojson": f"feature 0 is a Polygon \\(5 of 5 features are no points\\); {TOPS}"}
+        | {"crowns.parquet": f"row 0 is a Polygon \\(5 of 5 features are no points\\); {TOPS}"}
+        | {f: f"{k}; {TOPS}" for f, k in BOX_FILES.items()}
+        | {"coco.json": f"{COCO}; {TOPS}", "classes.tif": f"{RASTER}; {TOPS}", "heights.tif": f"{RASTER}; {TOPS}"},
     ),
 }
 
 
 def test_every_annotation_format_meets_every_task_in_one_line(data, tmp_path):
-    """Every format any task reads, given to every task's ground-truth check (what the dry run runs): read, or
-    refused with one line naming the file, what it is and what the task needs (was: a traceback of instances given
-    a DeepForest CSV; "no CRS" of segmentation given one)."""
+    """Every format any task reads, given to every task's ground-truth check (what the dry run runs), and as
+    regression's true tree tops: read, or refused with one line naming the file, what it is and what the task needs
+    (was: a traceback of instances given a DeepForest CSV; "no CRS" of segmentation given one; tree tops and
+    segmentation given points or polygons of the other kind passed the dry run)."""
     files = write_every_format(data, tmp_path)
     raster = check_raster(data / "train.tif")
+    scene = settings_of(validate_config(tree_tops_config(data, "tops.gpkg"))).scenes["train"]
+    regression = task_spec("regression")
     outcomes = {}
     for task, (labels, refused) in EVERY_FORMAT.items():
         for name in files:
             path = str(tmp_path / name)
             try:
-                task_spec(task).check_annotations(path, raster, labels, None, "train.tif")
+                if task == "tree tops":
+                    regression.check_scene_keys(dataclasses.replace(scene, tree_tops=path), "scenes.train.{}".format)
+                else:
+                    task_spec(task).check_annotations(path, raster, labels, None, "train.tif")
             except InputError as err:
                 outcomes[task, name] = str(err)
                 assert name in refused and "\n" not in str(err), (task, str(err))

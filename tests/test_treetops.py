@@ -16,7 +16,7 @@ import pyogrio
 import pytest
 import rasterio
 from affine import Affine
-from shapely.geometry import Point
+from shapely.geometry import LineString, MultiPoint, Point
 
 from conftest import UTM17N, write_raster
 from rasterscale.errors import InputError
@@ -341,6 +341,45 @@ def test_empty_inputs_score_zero_without_dividing_by_zero():
     }
     assert score_tree_tops(truth, none)["predicted"] == 2 and score_tree_tops(truth, none)["precision"] == 0.0
     assert score_tree_tops(none, none)["f1"] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:'crs' was not provided")  # nocrs.gpkg: meant
+def test_true_tops_are_read_as_points_in_a_crs_else_one_line_naming_the_file_and_feature(tmp_path):
+    """read_tree_tops, the dry run's check of scenes.X.tree_tops and the scoring's read: points of any OGR file or
+    GeoParquet (the index reset); a feature of another type (crowns drawn instead of tops, a MultiPoint, a line)
+    or empty, or a file without a CRS (the tops are reprojected to be matched), is one line naming the file."""
+    tops = points((404001, 3284990), (404005, 3284995))
+    tops.to_file(tmp_path / "tops.gpkg")
+    tops.to_parquet(tmp_path / "tops.parquet")
+    for name in ("tops.gpkg", "tops.parquet"):
+        read = treetops.read_tree_tops(tmp_path / name)
+        assert list(read.index) == [0, 1] and read.crs == UTM17N
+        assert [(p.x, p.y) for p in read.geometry] == [(404001, 3284990), (404005, 3284995)]
+    need = "tree tops need points (one per tree)"
+    hostile = {
+        "crowns.gpkg": ([Point(404001, 3284990), Point(404005, 3284995).buffer(2)], UTM17N),
+        "multi.gpkg": ([MultiPoint([(404001, 3284990), (404002, 3284990)])], UTM17N),
+        "lines.parquet": ([Point(404001, 3284990), LineString([(0, 0), (1, 1)])], UTM17N),
+        "empty.gpkg": ([Point(404001, 3284990), Point()], UTM17N),
+        "nocrs.gpkg": ([Point(404001, 3284990)], None),
+    }
+    told = {
+        "crowns.gpkg": f"feature 2 is a Polygon (1 of 2 features are no points); {need}",
+        "multi.gpkg": f"feature 1 is a MultiPoint (1 of 1 features are no points); {need}",
+        "lines.parquet": f"row 1 is a LineString (1 of 2 features are no points); {need}",
+        "empty.gpkg": f"feature 2 has an empty geometry (1 such); {need} (draw it, or delete the feature)",
+        "nocrs.gpkg": "tree tops have no CRS; they are reprojected to the height's CRS to be matched: set the CRS "
+        "they were drawn in",
+    }
+    for name, (geometries, crs) in hostile.items():
+        frame = gpd.GeoDataFrame(geometry=geometries, crs=crs)
+        if name.endswith(".parquet"):
+            frame.to_parquet(tmp_path / name)
+        else:
+            frame.to_file(tmp_path / name)
+        with pytest.raises(InputError) as raised:
+            treetops.read_tree_tops(tmp_path / name)
+        assert str(raised.value) == f"{tmp_path / name}: {told[name]}"
 
 
 def test_matching_scales_to_tens_of_thousands_of_points():

@@ -6,6 +6,10 @@ feature id, a GeoParquet row, a COCO annotation id): what the tasks that read ve
 - :func:`check_polygonal`: every geometry is there and is a polygon (detection's boxes and instances' crowns are
   areas; a point or a line is a tree top or a transect, not an object's extent);
 - :func:`check_points`: every geometry is there and is a point (a tree top is a location, not an area);
+  every vector file a task reads of a scene has its geometries' types checked by one of these two, at the dry run
+  (the task's ``check_annotations`` and ``check_scene_keys``) as when its job reads it: detection's boxes and
+  instances' crowns (``scenes.X.annotations``), segmentation's polygons (the same key, empty geometries left out),
+  regression's true tree tops (``scenes.X.tree_tops``);
 - :func:`mend_polygons`: invalid polygons (a ring crossing itself) mended with ``shapely.make_valid`` where the
   result is one polygon, else an error;
 - :func:`single_polygons`: one polygon each (a multipolygon of several parts is several objects);
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,12 +78,24 @@ def check_points(path: str, geometries: np.ndarray, names: Sequence[str], needs:
     check_of_kinds(path, geometries, names, {POINT}, "points", needs)
 
 
-def check_polygonal(path: str, geometries: np.ndarray, names: Sequence[str], needs: str) -> None:
+def check_polygonal(
+    path: str, geometries: np.ndarray, names: Sequence[str], needs: str, empty_ok: bool = False
+) -> np.ndarray:
     """The first missing or empty geometry, or one that is no (multi)polygon, fails with one line naming its
-    feature (``names[i]``, e.g. ``feature 7``) and saying what the task ``needs`` (e.g. ``boxes need polygons``)."""
+    feature (``names[i]``, e.g. ``feature 7``) and saying what the task ``needs`` (e.g. ``boxes need polygons``).
+    ``empty_ok``: missing and empty geometries are left out instead (segmentation's: they cover no pixel), and a
+    file of none but those fails. The mask of the geometries kept."""
     geometries = np.asarray(geometries, dtype=object)
-    check_present(path, geometries, names, needs)
-    check_of_kinds(path, geometries, names, {POLYGON, MULTIPOLYGON}, "polygons", needs)
+    if not empty_ok:
+        check_present(path, geometries, names, needs)
+        check_of_kinds(path, geometries, names, {POLYGON, MULTIPOLYGON}, "polygons", needs)
+        return np.ones(len(geometries), dtype=bool)
+    kept = ~(shapely.is_missing(geometries) | shapely.is_empty(geometries))
+    if not kept.any():
+        raise InputError(f"{path}: holds no polygons ({len(geometries)} features, none with a geometry); {needs}")
+    at = np.flatnonzero(kept)
+    check_of_kinds(path, geometries[kept], [names[i] for i in at.tolist()], {POLYGON, MULTIPOLYGON}, "polygons", needs)
+    return kept
 
 
 def polygonal_part(geometry: shapely.Geometry) -> shapely.Geometry:
@@ -175,7 +192,9 @@ def read_features(path: str, needs: str = "needs geometries") -> tuple[gpd.GeoDa
         if path.endswith(".parquet"):
             frame = gpd.read_parquet(path)
             return frame, [f"row {n}" for n in range(len(frame))]
-        frame = gpd.read_file(path, fid_as_index=True)
+        with warnings.catch_warnings():  # a URL's query after its name: GDAL's warning would show it, secrets too
+            warnings.filterwarnings("ignore", ".* non conformant file extension", RuntimeWarning)
+            frame = gpd.read_file(path, fid_as_index=True)
     except Exception as err:  # pyogrio and pyarrow raise many types
         raise unreadable(path, err, needs) from err
     if not isinstance(frame, gpd.GeoDataFrame) or frame.geometry.name not in frame.columns:

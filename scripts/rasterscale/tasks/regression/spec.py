@@ -151,8 +151,9 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
 
 
 def check_scene_keys(scene: SceneSettings, key_of: Callable[[str], str]) -> None:
-    """The dry run's check of a scene's true tree tops (``scenes.X.tree_tops``): a local file that exists and
-    holds points (a remote one is read when scored)."""
+    """The dry run's check of a scene's true tree tops (``scenes.X.tree_tops``), read as its scoring reads them
+    (:func:`read_tree_tops`): a local file that exists and holds points in a CRS. A remote one is read when scored
+    (GDAL's /vsicurl/ names only rasters in a process that reads remote rasters: remote.ALLOWED_EXTENSIONS)."""
     tops = scene.tree_tops
     if not tops or is_remote(tops):
         return

@@ -434,8 +434,15 @@ def score_tree_tops(
 
 
 def read_tree_tops(path: str | Path) -> gpd.GeoDataFrame:
-    """Tree tops from any OGR file (or GeoParquet) of points; one line naming the file and the first feature that
-    is missing or no point (the dry run's check of ``scenes.X.tree_tops``, and the scoring's read)."""
+    """Tree tops from any OGR file (or GeoParquet) of points in a CRS; one line naming the file and the first
+    feature that is missing or no point (:func:`rasterscale.raster.geometry_checks.check_points`), or saying it has
+    no CRS (tops are matched in the predicted tops' CRS). The dry run's check of ``scenes.X.tree_tops``, and the
+    scoring's read."""
     frame, names = read_features(str(path), TREE_TOPS_NEED)
     check_points(str(path), frame.geometry.to_numpy(), names, TREE_TOPS_NEED)
+    if frame.crs is None:
+        raise InputError(
+            f"{path}: tree tops have no CRS; they are reprojected to the height's CRS to be matched: set the CRS "
+            "they were drawn in"
+        )
     return frame.reset_index(drop=True)

@@ -30,7 +30,7 @@ from rasterio.windows import transform as window_transform
 
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import GeometryIndex
-from rasterscale.raster.geometry_checks import file_kind, unreadable
+from rasterscale.raster.geometry_checks import check_polygonal, file_kind, unreadable
 from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
 from rasterscale.tasks.labels import label_indexes
@@ -176,22 +176,29 @@ def _class_ids(path: str, values: Any, labels: Sequence[str], column: str) -> np
     return label_indexes(path, names, list(labels)).astype(np.uint8)
 
 
-def _read_polygon_frame(path: str, label_column: str | None, geometry: bool) -> Any:
+def _read_polygon_frame(path: str, label_column: str | None) -> tuple[Any, list[str]]:
+    """The geometries and the class column (when given) of a vector file, and its features' names for messages
+    (as :func:`rasterscale.raster.geometry_checks.read_features` names them)."""
     import geopandas as gpd
     import pyogrio
 
     columns = [label_column] if label_column else []
     try:
         if path.endswith(".parquet"):
-            return gpd.read_parquet(path, columns=[*columns, "geometry"] if geometry or not columns else columns)
-        info = pyogrio.read_info(path)
-        if label_column and label_column not in list(info["fields"]):
-            raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, info['fields']))})")
-        return gpd.read_file(path, columns=columns, read_geometry=geometry)
+            frame = gpd.read_parquet(path)  # its geometry column, whatever its name
+            fields = [column for column in frame.columns if column != frame.geometry.name]
+        else:
+            fields = list(pyogrio.read_info(path)["fields"])
+        if label_column and label_column not in fields:
+            raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, fields))})")
+        if path.endswith(".parquet"):
+            return frame[[*columns, frame.geometry.name]], [f"row {n}" for n in range(len(frame))]
+        frame = gpd.read_file(path, columns=columns, fid_as_index=True)
     except InputError:
         raise
     except Exception as err:  # pyogrio and pyarrow raise many types
         raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from None
+    return frame, [f"feature {fid}" for fid in frame.index]
 
 
 def _vector_header(path: str) -> tuple[int, Any, Any]:
@@ -226,15 +233,38 @@ def _overlaps_raster(crs: Any, bounds: Any, raster: RasterInfo) -> bool:
 def check_segmentation_truth(
     path: str | Path, raster: RasterInfo | str | Path, labels: Sequence[str], label_column: str | None = None
 ) -> None:
-    """Cheap checks of a ground-truth file (dry run): exists, not empty, has a CRS, its class names are known,
-    a class raster lies on the scene's grid. One-line :class:`InputError` naming the file."""
+    """The dry run's checks of a ground-truth file, as its job reads it: exists, not empty, has a CRS, meets the
+    raster, its geometries are polygons (:func:`rasterscale.raster.geometry_checks.check_polygonal`; empty ones
+    are left out), its class names are known; a class raster lies on the scene's grid. One-line
+    :class:`InputError` naming the file."""
+    _checked_truth(str(path), _raster_of(raster), labels, label_column)
+
+
+def read_segmentation_truth(
+    path: str | Path, raster: RasterInfo | str | Path, labels: Sequence[str], label_column: str | None = None
+) -> SegmentationTruth:
+    """A scene's ground truth (polygons reprojected to the raster's CRS, or an aligned class raster), checked as
+    the dry run checks it (:func:`check_segmentation_truth`)."""
     path = str(path)
     raster = _raster_of(raster)
+    checked = _checked_truth(path, raster, labels, label_column)
+    if isinstance(checked, RasterInfo):
+        return RasterTruth(path, labels, checked)
+    frame, classes = checked
+    if frame.crs != raster.crs:
+        frame = frame.to_crs(raster.crs)
+    return PolygonTruth(path, labels, raster, frame.geometry.to_numpy(), classes)
+
+
+def _checked_truth(
+    path: str, raster: RasterInfo, labels: Sequence[str], label_column: str | None
+) -> RasterInfo | tuple[Any, np.ndarray]:
+    """A class raster's header, or the ground truth's polygons (a frame, in their own CRS; empty geometries left
+    out) with their class ids, checked (:func:`check_segmentation_truth`)."""
     if not Path(path).exists():
         raise InputError(f"{path}: segmentation ground truth not found")
     if is_class_raster(path):
-        _check_class_raster(path, raster)
-        return
+        return _check_class_raster(path, raster)
     kind = file_kind(path) if Path(path).suffix.lower() in (".csv", ".xml") else None
     if kind is not None:  # OGR reads a CSV as a table: its lack of a CRS is beside the point
         raise InputError(f"{path}: {kind}; {NEEDS}")
@@ -245,32 +275,10 @@ def check_segmentation_truth(
         raise InputError(f"{path}: ground-truth polygons have no CRS")
     if not _overlaps_raster(crs, bounds, raster):
         raise InputError(f"{path}: no polygon overlaps the raster {raster.path} (another place, or a wrong CRS?)")
-    if label_column:
-        frame = _read_polygon_frame(path, label_column, geometry=False)
-        _class_ids(path, frame[label_column].to_numpy(), labels, label_column)
-
-
-def read_segmentation_truth(
-    path: str | Path, raster: RasterInfo | str | Path, labels: Sequence[str], label_column: str | None = None
-) -> SegmentationTruth:
-    """A scene's ground truth (polygons reprojected to the raster's CRS, or an aligned class raster)."""
-    check_segmentation_truth(path, raster, labels, label_column)
-    path = str(path)
-    raster = _raster_of(raster)
-    if is_class_raster(path):
-        return RasterTruth(path, labels, _check_class_raster(path, raster))
-    frame = _read_polygon_frame(path, label_column, geometry=True)
-    frame = frame[~(frame.geometry.isna() | frame.geometry.is_empty)]
-    if len(frame) == 0:
-        raise InputError(f"{path}: ground truth holds no polygons")
-    if frame.crs != raster.crs:
-        frame = frame.to_crs(raster.crs)
-    polygonal = frame.geometry.geom_type.isin(["Polygon", "MultiPolygon"])
-    if not polygonal.all():
-        kinds = ", ".join(sorted(set(frame.geometry.geom_type[~polygonal])))
-        raise InputError(f"{path}: ground truth for segmentation needs polygons; it holds {kinds}")
+    frame, names = _read_polygon_frame(path, label_column)
     if label_column:
         classes = _class_ids(path, frame[label_column].to_numpy(), labels, label_column)
     else:
         classes = np.full(len(frame), default_class(labels), dtype=np.uint8)
-    return PolygonTruth(path, labels, raster, frame.geometry.to_numpy(), classes)
+    kept = check_polygonal(path, frame.geometry.to_numpy(), names, NEEDS, empty_ok=True)
+    return frame[kept], classes[kept]
