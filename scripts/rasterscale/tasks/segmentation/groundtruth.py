@@ -30,7 +30,7 @@ from rasterio.windows import transform as window_transform
 
 from rasterscale.errors import InputError
 from rasterscale.raster.geo import GeometryIndex
-from rasterscale.raster.geometry_checks import check_polygonal, file_kind, unreadable
+from rasterscale.raster.geometry_checks import check_polygonal, file_kind, read_features, unreadable
 from rasterscale.raster.headers import RasterInfo, check_raster, read_raster_header
 from rasterscale.raster.imagery import ProcessRaster, decoding
 from rasterscale.tasks.labels import label_indexes
@@ -177,28 +177,13 @@ def _class_ids(path: str, values: Any, labels: Sequence[str], column: str) -> np
 
 
 def _read_polygon_frame(path: str, label_column: str | None) -> tuple[Any, list[str]]:
-    """The geometries and the class column (when given) of a vector file, and its features' names for messages
-    (as :func:`rasterscale.raster.geometry_checks.read_features` names them)."""
-    import geopandas as gpd
-    import pyogrio
-
-    columns = [label_column] if label_column else []
-    try:
-        if path.endswith(".parquet"):
-            frame = gpd.read_parquet(path)  # its geometry column, whatever its name
-            fields = [column for column in frame.columns if column != frame.geometry.name]
-        else:
-            fields = list(pyogrio.read_info(path)["fields"])
-        if label_column and label_column not in fields:
-            raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, fields))})")
-        if path.endswith(".parquet"):
-            return frame[[*columns, frame.geometry.name]], [f"row {n}" for n in range(len(frame))]
-        frame = gpd.read_file(path, columns=columns, fid_as_index=True)
-    except InputError:
-        raise
-    except Exception as err:  # pyogrio and pyarrow raise many types
-        raise InputError(f"{path}: not a readable vector file ({str(err).splitlines()[0]})") from None
-    return frame, [f"feature {fid}" for fid in frame.index]
+    """A vector file's features (:func:`rasterscale.raster.geometry_checks.read_features`: a frame, and their names
+    for messages), with its class column when one is given."""
+    frame, names = read_features(path, NEEDS)
+    fields = [column for column in frame.columns if column != frame.geometry.name]
+    if label_column and label_column not in fields:
+        raise InputError(f"{path}: no column '{label_column}' (columns: {', '.join(map(str, fields))})")
+    return frame, names
 
 
 def _vector_header(path: str) -> tuple[int, Any, Any]:
