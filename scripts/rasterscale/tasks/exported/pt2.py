@@ -47,9 +47,8 @@ PROGRAM = f"models/{MODEL}.json"
 WEIGHTS_CONFIG = f"data/weights/{MODEL}_weights_config.json"
 CONSTANTS_CONFIG = f"data/constants/{MODEL}_constants_config.json"
 SAMPLE_INPUTS = f"data/sample_inputs/{MODEL}.pt"
-ARCHIVE_FORMAT = ("archive_format", "pt2")
-ARCHIVE_VERSION = ("archive_version", "0")
-KEPT_AS_THEY_ARE = ("archive_format", "archive_version", "byteorder")
+ARCHIVE_FORMAT = "archive_format"
+KEPT_AS_THEY_ARE = (ARCHIVE_FORMAT, "archive_version", "byteorder")
 NATIVE_SUFFIXES = (".so", ".dll", ".dylib", ".pyd", ".cubin", ".hsaco", ".o", ".a", ".spv")
 RAW_WEIGHT = re.compile(r"weight_\d+")
 RAW_CONSTANT = re.compile(r"tensor_\d+")
@@ -100,10 +99,10 @@ class VettedArchive:
 
     records: Mapping[str, bytes]
 
-    def as_buffer(self) -> io.BytesIO:
+    def as_buffer(self, api: ArchiveApi) -> io.BytesIO:
         """A new archive holding only these records (torch's own writer: its layout and alignment)."""
         buffer = io.BytesIO()
-        with archive_api().writer(buffer) as writer:
+        with api.writer(buffer) as writer:
             for name, data in self.records.items():
                 writer.write_bytes(name, data)
         buffer.seek(0)
@@ -141,7 +140,7 @@ def load_program(path: str) -> Any:
     api = archive_api(path)
     vetted = vetted_archive(path)
     try:
-        contents = api.load(vetted.as_buffer())
+        contents = api.load(vetted.as_buffer(api))
     except Exception as err:  # torch raises many kinds on a program it cannot rebuild
         raise InputError(f"{path}: torch.export cannot load it ({first_line(err)})") from None
     if MODEL not in contents.exported_programs:
@@ -153,7 +152,11 @@ def vetted_archive(path: str) -> VettedArchive:
     """The records of the archive at ``path`` that make a plain program, each vetted (see the module's text)."""
     try:
         records = archive_records(path)
-        program = vetted_program(json.loads(records[PROGRAM]))
+        program = json.loads(records[PROGRAM]) if PROGRAM in records else {}
+        if program:  # before the rules: a newer torch may write what they do not know
+            check_schema_version(path, program)
+        check_layout(set(records))
+        program = vetted_program(program)
         kept = {name: records[name] for name in KEPT_AS_THEY_ARE if name in records}
         kept[PROGRAM] = json.dumps(program).encode()
         for config_name, pattern in ((WEIGHTS_CONFIG, RAW_WEIGHT), (CONSTANTS_CONFIG, RAW_CONSTANT)):
@@ -167,6 +170,8 @@ def vetted_archive(path: str) -> VettedArchive:
         kept[SAMPLE_INPUTS] = b""  # never read: rasterscale makes its own dummy tile
     except UnsafeArchive as err:
         raise InputError(f"{path}: {err}; export it to ONNX or TorchScript, or again with torch.export") from None
+    except InputError:
+        raise
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSON of another shape than torch writes
         raise InputError(f"{path}: not a torch.export program torch.export.save writes ({first_line(err)})") from None
     return VettedArchive(kept)
@@ -206,11 +211,32 @@ def refuse_unsafe_entries(names: list[str]) -> None:
     for legacy in (f"data/weights/{MODEL}.pt", f"data/constants/{MODEL}.pt"):
         if legacy in found:
             raise UnsafeArchive(f"holds pickled weights in torch's legacy layout ({legacy})")
-    if (ARCHIVE_FORMAT[0] not in found) or (PROGRAM not in found):
-        raise UnsafeArchive(f"not a torch.export program (no {ARCHIVE_FORMAT[0]} or {PROGRAM})")
     others = [n for n in names if n.startswith("models/") and n != PROGRAM]
     if others:
         raise UnsafeArchive(f"holds {len(others) + 1} programs ({', '.join([PROGRAM, *others])}); one, '{MODEL}'")
+
+
+def check_schema_version(path: str, program: Mapping[str, Any]) -> None:
+    """A program of another major serialization schema than this torch's, or of a newer minor one: one line with
+    both torch versions and schemas."""
+    import torch
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    schema = program.get("schema_version") or {}
+    major, minor = int(schema.get("major", -1)), int(schema.get("minor", -1))
+    if major != SCHEMA_VERSION[0] or minor > SCHEMA_VERSION[1]:
+        newer = "a newer" if (major, minor) > tuple(SCHEMA_VERSION) else "another"
+        raise InputError(
+            f"{path}: a torch.export program from {newer} torch ({program.get('torch_version', '?')}, schema "
+            f"{major}.{minor}) than this one ({torch.__version__}, schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}): "
+            f"export it again with torch {torch.__version__.split('+')[0]}, or to ONNX"
+        )
+
+
+def check_layout(found: set[str]) -> None:
+    """The records a program of one model is rebuilt from: the format mark, the program, its payload configs."""
+    if ARCHIVE_FORMAT not in found or PROGRAM not in found:
+        raise UnsafeArchive(f"not a torch.export program (no {ARCHIVE_FORMAT} or {PROGRAM})")
     for config in (WEIGHTS_CONFIG, CONSTANTS_CONFIG):
         if config not in found:
             raise UnsafeArchive(f"no {config}")

@@ -5,8 +5,8 @@ run it as they run their own networks (batching, DDP ranks, blending, merges unc
 - **TorchScript** (``torch.jit.save``): ``torch.jit.load``, TorchScript's own interpreter (no pickled Python).
 - **torch.export** (``torch.export.save``, ``.pt2``): never ``torch.export.load``, which trusts its file: the
   archive is vetted as a zip and the program loaded from its vetted records (:mod:`.pt2`: a graph of ATen operators
-  and raw weights; pickles, native code and anything torch would turn into Python source are refused); a program
-  whose serialization schema is another major version than this torch's is refused first.
+  and raw weights; pickles, native code and anything torch would turn into Python source are refused, and a program
+  whose serialization schema is another major version than this torch's, first).
 - **ONNX**: an ONNX Runtime session per device (CUDA's provider where the rank's device is a GPU and the provider
   is installed, else the CPU's), its threads those of the rank.
 
@@ -15,7 +15,6 @@ A file whose batch dimension is fixed gets its batches cut to that size, the las
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,30 +71,7 @@ def load_torchscript(card: ModelCard) -> LoadedNet:
     return LoadedNet(module.eval(), None, None)
 
 
-def export_versions(card: ModelCard) -> tuple[tuple[int, int], str]:
-    """The serialization schema version and torch version a ``.pt2`` archive records."""
-    names = archive_names(card)
-    model = next((name for name in names if name.endswith("models/model.json")), None)
-    if model is None:
-        raise file_error(card, "not a torch.export program (.pt2 written by torch.export.save)")
-    with zipfile.ZipFile(card.path) as archive:
-        data = json.loads(archive.read(model))
-    schema = data.get("schema_version") or {}
-    return (int(schema.get("major", -1)), int(schema.get("minor", -1))), str(data.get("torch_version", "?"))
-
-
 def load_torch_export(card: ModelCard) -> LoadedNet:
-    from torch._export.serde.schema import SCHEMA_VERSION
-
-    (major, minor), written_by = export_versions(card)
-    if major != SCHEMA_VERSION[0] or minor > SCHEMA_VERSION[1]:
-        newer = "a newer" if (major, minor) > tuple(SCHEMA_VERSION) else "another"
-        raise file_error(
-            card,
-            f"a torch.export program from {newer} torch ({written_by}, schema {major}.{minor}) than this one "
-            f"({torch.__version__}, schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}): export it again with torch "
-            f"{torch.__version__.split('+')[0]}, or to ONNX",
-        )
     program = load_program(card.path)
     shape = export_input_shape(program)
     return LoadedNet(program.module(), shape[0] if shape else None, shape, program)
