@@ -45,11 +45,11 @@ from rasterscale.workflow.checks import (
     watched_inputs,
 )
 from rasterscale.workflow.jobfiles import write_each_job_file
+from rasterscale.workflow.jsonshape import Row, check_shape
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.storage import (
+    UNREADABLE,
     OtherFormat,
-    Row,
-    check_shape,
     damaged,
     fingerprint,
     plan_from_json,
@@ -62,7 +62,7 @@ FORMAT = 1  # of a record: a record of another format is not used
 PREFIXED = (GLOB, SIBLINGS)  # watched keys whose values are no file's [size, mtime_ns]
 RECORD = "main.json"  # in the stored plan's folder (beside its batch plans)
 PACKAGE = Path(__file__).resolve().parents[1]  # scripts/rasterscale
-# a record's JSON as PlanRecord.to_json writes it (rasterscale.workflow.storage.check_shape's notation); a watched
+# a record's JSON as PlanRecord.to_json writes it (rasterscale.workflow.jsonshape's notation); a watched
 # input's version is whatever watch_value gives (compared, never read), a trusted header ItemHeader.from_dict checks
 RECORD_SHAPE: dict[str, Any] = {
     "code": str,
@@ -214,7 +214,7 @@ def reusable(key: str, workdir: Path, warn: Callable[[str], None] | None = None)
         record = PlanRecord.from_json(path.read_text())
     except (FileNotFoundError, OtherFormat):
         return None
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:  # garbage bytes: ValueError
+    except UNREADABLE as err:
         damaged(path, "stored plan's record", err, warn)
         return None
     if (record.code, record.workdir) != (code_version(), str(workdir.resolve())) or not record.unchanged(workdir):
@@ -225,7 +225,7 @@ def reusable(key: str, workdir: Path, warn: Callable[[str], None] | None = None)
         if _digest(plan_text) != record.digest:
             raise ValueError("not the plan its record was written for: cut short or changed")
         plan = plan_from_json(plan_text)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+    except UNREADABLE as err:
         path.unlink(missing_ok=True)
         damaged(stored, "stored plan", err, warn)
         return None
