@@ -284,6 +284,17 @@ def test_a_changed_raster_is_read_again_and_only_it(workdir, server, opened):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def cached(workdir: Path) -> tuple[dict, str, Path]:
+    """A config of three local scenes, its plan built without a cache (as JSON), and the cache file a build with
+    one left."""
+    raw = config(workdir, local_scenes(workdir, 3))
+    new_process()
+    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
+    new_process()
+    build_plan(raw, workdir, cache_headers=True)
+    return raw, expected, workdir / paths.HEADER_CACHE
+
+
 # a cache's bytes -> the bytes of it damaged, and SQLite's reason
 DAMAGED_CACHES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "text": (lambda cache: b"not a database, " * 100, "file is not a database"),
@@ -297,12 +308,7 @@ DAMAGED_CACHES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
 def test_a_damaged_cache_warns_once_gives_the_plan_of_no_cache_and_is_made_again(workdir, server, opened, damage):
     """A cache that cannot be read at its opening (garbage in its place, cut short): one warning line, the plan the
     one built without a cache, and the file made again, which the next invocation reads every header from."""
-    raw = config(workdir, local_scenes(workdir, 3))
-    new_process()
-    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
-    new_process()
-    build_plan(raw, workdir, cache_headers=True)
-    cache = workdir / paths.HEADER_CACHE
+    raw, expected, cache = cached(workdir)
     damaged, reason = DAMAGED_CACHES[damage]
     assert cache.stat().st_size > 4096  # more than its first page: cut, it misses tables
     cache.write_bytes(damaged(cache.read_bytes()))
@@ -328,12 +334,7 @@ def test_a_cache_cut_short_warns_once_and_gives_the_plan_of_no_cache(workdir, se
     the one built without a cache, the file made again for the next run."""
     import sqlite3
 
-    raw = config(workdir, local_scenes(workdir, 3))
-    new_process()
-    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
-    new_process()
-    build_plan(raw, workdir, cache_headers=True)
-    cache = workdir / paths.HEADER_CACHE
+    raw, expected, cache = cached(workdir)
     with sqlite3.connect(cache) as db:  # a cache with room to cut: rows of other rasters too
         db.executemany(
             "INSERT INTO headers (path, version, info) VALUES (?, 'v', ?)", [(f"x{n}", "x" * 400) for n in range(200)]
@@ -366,12 +367,7 @@ def test_an_entry_not_as_written_is_caught_by_its_checksum(workdir, server, open
     a CRS). The entry's checksum catches it: one warning, the cache given up and removed, the plan of no cache."""
     import sqlite3
 
-    raw = config(workdir, local_scenes(workdir, 3))
-    new_process()
-    expected = plan_to_json(build_plan(raw, workdir))  # no cache at all
-    new_process()
-    build_plan(raw, workdir, cache_headers=True)
-    cache = workdir / paths.HEADER_CACHE
+    raw, expected, cache = cached(workdir)
     with contextlib.closing(sqlite3.connect(cache)) as db, db:
         assert db.execute(change).rowcount > 0
     warnings: list[str] = []
