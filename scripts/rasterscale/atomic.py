@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +116,21 @@ def _mount_point(path: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def writing(path: str | Path, room: int = 0) -> Iterator[None]:
+def writing(path: str | Path, room: int = 0, on_failure: Callable[[], None] | None = None) -> Iterator[None]:
     """Within the block, files are written for ``path`` (the file itself, or temporaries of it): an error that
     comes of their file system being full (:func:`out_of_space`, ``room`` as there) becomes a
     :class:`DiskFullError` naming ``path``, raised from it; an input error (already the user's one line, this one
-    too) is left as it is. Whoever removes the block's temporaries does after it (while they still hold what they
-    wrote)."""
+    too) is left as it is. ``on_failure`` (a writer's abort: its temporaries removed) runs on any failure, after
+    that check (while they still hold what they wrote); else whoever removes them does after the block."""
     try:
         yield
-    except InputError:
-        raise
-    except Exception as err:
-        if out_of_space(err, path, room):
-            raise disk_full(path, err) from err
+    except BaseException as err:
+        full = isinstance(err, Exception) and not isinstance(err, InputError) and out_of_space(err, path, room)
+        error = disk_full(path, err) if full else None
+        if on_failure is not None:
+            on_failure()
+        if error is not None:
+            raise error from err
         raise
 
 

@@ -434,17 +434,11 @@ class Blender(ABC):
         with self._writing():
             self.raster.put(self._local(window), self.finish(acc, weight_sum))
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
         """Within the block the blender writes (the rank raster, a part, a spilled piece): a failure aborts it (its
         spilled pieces and the raster's temporary removed), one of a full file system raised as a DiskFullError
-        naming the rank raster, or the part."""
-        try:
-            with writing(self.raster.path):
-                yield
-        except BaseException:
-            self._abort()
-            raise
+        naming the rank raster (:func:`rasterscale.atomic.writing`)."""
+        return writing(self.raster.path, on_failure=self._abort)
 
     def _abort(self) -> None:
         """Write nothing: the spilled pieces and the rank raster's temporary removed."""
@@ -569,16 +563,10 @@ class BlockRaster:
             for part in self.parts:
                 self._copy_part(part)
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
         """Within the block the raster is written: a failure aborts it (its temporary removed), one of a full file
         system raised as a DiskFullError naming the raster (GDAL's errors do not say it)."""
-        try:
-            with writing(self.path):
-                yield
-        except BaseException:
-            self.abort()
-            raise
+        return writing(self.path, on_failure=self.abort)
 
     def _profile(self, transform: Affine, crs: object) -> dict:
         return {
