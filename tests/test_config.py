@@ -9,6 +9,7 @@ import yaml
 import snakemake_forks
 from conftest import REPO, schema_keys
 from rasterscale.config.schema import load_config, load_schema, validate_config
+from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError
 from workflow import tiny_config
 
@@ -21,6 +22,12 @@ def test_defaults_are_filled_in():
     assert config["train"]["batch_size"] == 8 and config["train"]["lr_scaling"] == "linear"
     assert config["model"]["backbone"] is None  # the model file's, else resnet50: modelfiles.resolve_detector
     assert config["predict"]["devices"] == 1
+
+
+def test_prediction_workers_are_left_to_the_ranks_cores_unless_set():
+    assert "workers" not in validate_config(MINIMAL)["predict"]  # rasterscale.runtime.cores.rank_workers
+    assert settings_of(validate_config(MINIMAL)).predict.workers is None
+    assert settings_of(validate_config({**MINIMAL, "predict": {"workers": 0}})).predict.workers == 0
 
 
 def test_every_schema_key_at_every_depth_has_a_description():

@@ -350,9 +350,10 @@ def predict_command(config: dict) -> str:
     """The rule predict's command for one shard of 2 ranks launched by srun (what the Slurm profile runs): the
     batch's prediction job file, written by the plan of ``config``'s run."""
     from rasterscale.config.schema import validate_config
+    from rasterscale.runtime.cores import planned_workers
     from rasterscale.runtime.preflight import srun_prefix
 
-    workers = validate_config(config)["predict"]["workers"]
+    workers = planned_workers(validate_config(config)["predict"].get("workers"))
     return (
         f"{srun_prefix(1, 2, workers + 1)}{sys.executable} {REPO / 'scripts/predict.py'}"
         f" --job {RUN.job_file('predict', 0)} --out-dir {RUN.shard_dir(0, 0)}"

@@ -1,6 +1,7 @@
 """rasterscale.runtime.launch: a local job's process forks the other ranks once it has imported what they run, gives
 each its place in the job, waits for them at its end, and ends the job with one line when one of them fails."""
 
+import functools
 import json
 import os
 import subprocess
@@ -162,3 +163,23 @@ def test_each_entry_imports_what_its_ranks_run_before_it_starts_them():
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert [json.loads(line) for line in out.splitlines()] == [[entry, True, True, True] for entry in ENTRIES]
+
+
+def test_each_entry_lets_openmp_threads_wait_asleep_before_torch_loads():
+    """Every entry imports rasterscale, which sets OMP_WAIT_POLICY=PASSIVE (rasterscale.runtime.cores), before
+    torch, whose OpenMP reads it once when it loads; a policy the environment sets is kept."""
+    code = (
+        "import importlib.util, json, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('entry', {str(SCRIPTS)!r} + '/predict.py')\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "sys.modules['torch'] = None  # torch must not load before the policy is set: an import of it fails here\n"
+        "try:\n"
+        "    spec.loader.exec_module(module)\n"
+        "except ImportError:\n"
+        "    print(os.environ.get('OMP_WAIT_POLICY'))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(SCRIPTS)
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run(env=env).stdout.split() == ["PASSIVE"]
+    assert run(env={**env, "OMP_WAIT_POLICY": "ACTIVE"}).stdout.split() == ["ACTIVE"]

@@ -21,13 +21,16 @@ copy.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import rasterio
 import torch
+from rasterio.enums import Interleaving
 from rasterio.env import set_gdal_config
 from rasterio.windows import Window
 from torch.utils.data import Dataset
@@ -38,6 +41,51 @@ from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import bounding_window, tile_window
 
 PREDICT_STRATEGIES = ("window", "single", "batch")
+RGB_PIXEL_BYTES = 3  # the pixels ``predict.read_cache_mb`` is sized for: three uint8 bands
+
+
+class ReadCache:
+    """GDAL's block cache of this process (and of the dataloader workers it forks later), sized for the raster it
+    reads: ``predict.read_cache_mb`` is for RGB uint8 pixels, and a raster of more bytes per pixel (bands, wider
+    data types) gets as many times more (:func:`read_cache_bytes`), so that the same row of blocks fits at any band
+    count. Unbounded (GDAL's default, 5% of the node's memory) until :meth:`limit` is called: only prediction ranks
+    bound it."""
+
+    def __init__(self) -> None:
+        self.megabytes: int | None = None
+
+    def limit(self, megabytes: int) -> None:
+        """Bound the cache to ``megabytes`` MB for RGB uint8 pixels, until a raster is opened (:meth:`fit`)."""
+        self.megabytes = int(megabytes)
+        set_gdal_config("GDAL_CACHEMAX", read_cache_bytes(self.megabytes))  # set at run time, GDAL takes bytes
+
+    def fit(self, src: rasterio.io.DatasetReader, spec: ImageSpec) -> int | None:
+        """Size the bound for the raster ``src`` just opened in this process, read through ``spec``; the bytes set
+        (None: the cache is not bounded here)."""
+        if self.megabytes is None:
+            return None
+        nbytes = read_cache_bytes(self.megabytes, cached_pixel_bytes(src, spec))
+        set_gdal_config("GDAL_CACHEMAX", nbytes)
+        return nbytes
+
+
+READ_CACHE = ReadCache()  # this process's (a forked worker starts with its rank's)
+
+
+def read_cache_bytes(megabytes: int, pixel_bytes: int = RGB_PIXEL_BYTES) -> int:
+    """GDAL's block cache in bytes for ``megabytes`` MB of RGB uint8 pixels, grown in proportion for
+    ``pixel_bytes`` bytes per cached pixel (never shrunk below it): 16 MB holds a row of 21 blocks of 512 px (a
+    raster up to 10,752 px wide), of RGB as of 13 bands of uint16 (139 MB)."""
+    return int(megabytes) * 2**20 * max(pixel_bytes, RGB_PIXEL_BYTES) // RGB_PIXEL_BYTES
+
+
+def cached_pixel_bytes(src: rasterio.io.DatasetReader, spec: ImageSpec) -> int:
+    """Bytes per pixel that GDAL caches when ``spec``'s bands of ``src`` are read: every band of a
+    pixel-interleaved raster (a block holds them all, and GDAL caches each band's part of it), the bands read (and
+    the alpha band) of a band-interleaved one; one byte more for a dataset mask."""
+    itemsize = max(np.dtype(dtype).itemsize for dtype in src.dtypes)
+    bands = len(spec.indexes) if src.count > 1 and src.interleaving == Interleaving.band else src.count
+    return bands * itemsize + (1 if spec.mask == "dataset" else 0)
 
 
 class RasterHandle(ProcessRaster):
@@ -46,6 +94,16 @@ class RasterHandle(ProcessRaster):
     def __init__(self, path: str | Path, spec: ImageSpec) -> None:
         super().__init__(path)
         self.spec = spec
+
+    @property
+    def src(self) -> rasterio.io.DatasetReader:
+        """The raster, opened once per process; on opening, the process's block cache is sized for it
+        (:data:`READ_CACHE`, where a prediction rank bounds it)."""
+        opened = self._src is not None and self._pid == os.getpid()
+        src = super().src
+        if not opened:
+            READ_CACHE.fit(src, self.spec)
+        return src
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
         """The tile as the model's pixels (the spec's bands, scale or raw values, and fill), shape (bands, height,
@@ -59,8 +117,9 @@ class RasterHandle(ProcessRaster):
 
 def limit_read_cache(megabytes: int) -> None:
     """Bound GDAL's block cache in this process and in the dataloader workers it forks later (GDAL's default,
-    5% of the node's memory, would otherwise fill up over a large raster)."""
-    set_gdal_config("GDAL_CACHEMAX", int(megabytes) * 2**20)  # set at run time, GDAL takes bytes
+    5% of the node's memory, would otherwise fill up over a large raster): ``megabytes`` for RGB uint8, grown for a
+    raster of more bytes per pixel when a process opens it to read tiles (:class:`ReadCache`)."""
+    READ_CACHE.limit(megabytes)
 
 
 def pixels_to_tensor(pixels: np.ndarray) -> torch.Tensor:

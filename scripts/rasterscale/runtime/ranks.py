@@ -25,6 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from rasterscale.errors import InputError, one_line
 from rasterscale.runtime import peers
 from rasterscale.runtime import precision as precisions
+from rasterscale.runtime.cores import rank_cores
 from rasterscale.runtime.lifetime import bind_rank
 from rasterscale.runtime.preflight import (
     Geometry,
@@ -106,16 +107,9 @@ def current_rank() -> int:
 
 
 def cpu_threads_per_rank(devices: int) -> int:
-    """Threads for each CPU rank: the cores this process may use, shared by its node's ranks.
-
-    An srun task may use its --cpus-per-task; where Slurm does not bind tasks to cores (task/none) the node's
-    cores are still shared by its ranks.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "") if launched_by_slurm() else ""
-    if per_task.isdigit() and int(per_task) < cores:
-        return max(1, min(int(per_task), cores // max(1, devices)))
-    return max(1, cores // max(1, devices))
+    """Threads for each CPU rank: its cores (:func:`rasterscale.runtime.cores.rank_cores`: an srun task's
+    --cpus-per-task, else the cores this process may use shared by its node's ranks)."""
+    return rank_cores(devices)
 
 
 def make_strategy(spec: RunSpec) -> Any:

@@ -215,7 +215,7 @@ def geometry_rows(facts: RunPageJob, predicted: bool) -> list[tuple[Any, ...]]:
                 values["world_size"],
                 values["shards"],
                 batch,
-                run.workers,
+                "from cores" if run.workers is None else run.workers,  # unset: each rank's (runtime.cores)
                 values["threads"],
             )
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rasterscale.runtime.cores import planned_workers
 from rasterscale.runtime.preflight import plan_launch
 from rasterscale.workflow.plan import Plan
 
@@ -26,7 +27,7 @@ def ddp_resources(plan: Plan, section: str) -> dict[str, Any]:
     values = plan.section(section)
     geometry = plan.geometry[section]
     devices, nodes = geometry.devices, geometry.nodes
-    resources: dict[str, Any] = {"nodes": nodes, "cpus_per_task": values.workers + 1}  # workers per rank
+    resources: dict[str, Any] = {"nodes": nodes, "cpus_per_task": planned_workers(values.workers) + 1}
     if devices > 1:
         resources.update(mpi="srun", tasks_per_node=devices)
     elif nodes > 1:
