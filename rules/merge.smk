@@ -6,6 +6,8 @@
 # Its record comes first among its outputs: Snakemake finds the producer of a file by trying the rule's outputs in
 # order, and what reads the batch asks for the record (at 10,000 scenes, last it cost the DAG about 6 s).
 # It stands for the batch's layers: only those gone since the job ran are declared (PLAN.declared_files), and remade.
+# A dense task's merge writes COG layers, on cog.threads cores (PLAN.merge_threads: a segmentation's classes,
+# probabilities and polygons side by side, rasterscale.tasks.merging.finish_layers); the others' take one.
 for batch in RULE_BATCHES:
 
     rule:
@@ -23,9 +25,10 @@ for batch in RULE_BATCHES:
             f"benchmarks/merge/batch-{batch}.tsv"
         conda:
             "../envs/environment.yaml"
+        threads: PLAN.merge_threads()
         resources:
             mem_mb=mem_mb("merge", batch),
         params:
             entry=entry_point("merge"),
         shell:
-            "{params.entry} --job {input.job:q} --record {output.record:q} > {log:q} 2>&1"
+            "{params.entry} --job {input.job:q} --record {output.record:q} --threads {threads} > {log:q} 2>&1"

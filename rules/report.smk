@@ -18,6 +18,8 @@ rule report_run:
         ),
     log:
         "logs/report/run.log",
+    benchmark:
+        "benchmarks/report/run.tsv"
     localrule: True
     conda:
         "../envs/environment.yaml"
@@ -41,6 +43,8 @@ rule report_project_map:
         ),
     log:
         "logs/report/project_map.log",
+    benchmark:
+        "benchmarks/report/project_map.tsv"
     localrule: True
     conda:
         "../envs/environment.yaml"

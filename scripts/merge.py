@@ -3,8 +3,10 @@ from the rank records that every tile was processed exactly once, and gather the
 one file and one table."""
 
 import argparse
+import dataclasses
 
 from rasterscale.atomic import write_json
+from rasterscale.config.settings import CogSettings
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.jobs.files import MergeJob
@@ -17,15 +19,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, help="the batch's merge job file (rasterscale.jobs.files.MergeJob)")
     parser.add_argument("--record", required=True, help="the batch's merge record to write (JSON: files written)")
+    parser.add_argument("--threads", type=int, default=1, help="cores the layers' COGs are written on")
     args = parser.parse_args()
     job = MergeJob.read(args.job)
+    settings = dataclasses.replace(job.settings, cog=CogSettings(threads=args.threads))  # the rule's threads
     spec = task_spec(job.settings.task)  # not the task itself: no torch in a merge job
     written: list[str] = []
     for scene in job.scenes:
         stems = list(scene.rank_files)
         check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
         outputs = [stem + spec.rank_suffix for stem in stems]
-        merged = spec.merge(scene.as_mapping(), outputs, job.settings, job.labels)
+        merged = spec.merge(scene.as_mapping(), outputs, settings, job.labels)
         print(f"{scene.name}: merged {len(stems)} rank files: {merged}")
         profile = write_scene_profile(stems, scene.outputs["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene.outputs['profile']})"))

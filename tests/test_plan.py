@@ -110,7 +110,9 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
 def test_sections_are_named_by_strings(workdir):
     plan = build_plan(table_config(workdir))
     assert plan.section("predict") is plan.settings.predict
-    assert plan.rank_threads("predict") == 2 * (plan.settings.predict.workers + 1)
+    # predict.workers unset: each of the 2 ranks is planned 2 cores (its workers then follow the cores it gets)
+    assert plan.settings.predict.workers is None and plan.rank_threads("predict") == 2 * 2
+    assert build_plan(table_config(workdir, workers=3)).rank_threads("predict") == 2 * (3 + 1)
     with pytest.raises(ValueError, match="no run section 'scenes'"):
         plan.section("scenes")
 
@@ -431,7 +433,7 @@ def test_ddp_resources_of_each_section(workdir):
     }
     assert ddp_resources(plan, "predict") == {
         "nodes": 1,
-        "cpus_per_task": plan.config["predict"]["workers"] + 1,
+        "cpus_per_task": 2,  # predict.workers unset: 2 cores a rank (a profile's set-resources may raise it)
         "mpi": "srun",
         "tasks_per_node": 2,
         "gres": "gpu:2",
@@ -439,6 +441,13 @@ def test_ddp_resources_of_each_section(workdir):
         "mem_mb": 16000,
         "runtime": 30,
     }
+
+
+def test_slurm_asks_for_the_workers_set_and_a_core_per_rank(workdir):
+    config = table_config(workdir, accelerator="gpu", shards=1, workers=5)
+    config["slurm"] = {"launcher": "srun"}
+    plan = build_plan(config)
+    assert ddp_resources(plan, "predict")["cpus_per_task"] == 6 and plan.rank_threads("predict") == 2 * 6
 
 
 def test_one_rank_per_node_on_several_nodes_asks_for_the_total(workdir):

@@ -87,6 +87,41 @@ def test_merge_writes_cogs_on_the_scene_grid_with_masked_pixels_as_nodata(tmp_pa
     )
 
 
+def test_a_merge_on_two_threads_writes_the_same_layers_and_the_polygons_of_its_class_map(tmp_path):
+    """The layers made side by side on two threads, the polygons read from the assembled classes meanwhile: the
+    files a merge on one thread writes, byte for byte, and the polygons of its classes.tif."""
+    width, height = 1200, 900
+    scene = scene_with_hole(tmp_path / "scene.tif", width, height, hole_cols=(500, 800))
+    spec = resolve_spec(scene)
+    tiles = tiles_from_frame(build_manifest(scene, PATCH, OVERLAP, skip_nodata=True, spec=spec))
+    with rasterio.open(scene) as src:
+        transform, crs = src.transform, src.crs
+    (tmp_path / "ranks").mkdir()
+    truth = class_map(width, height, seed=5)
+    rank_rasters = predict_ranks(tiles, truth, OVERLAP, tmp_path / "ranks", 2, transform, crs, probabilities=True)
+    one, two = tmp_path / "one", tmp_path / "two"
+    layers = ("classes.tif", "probabilities.tif")
+    alone = merge_class_rasters(rank_rasters, scene, spec, *(one / name for name in layers), LABELS, block=256)
+    polygons = vectorize_classes(one / "classes.tif", one / "classes.gpkg", LABELS)
+    summary = merge_class_rasters(
+        rank_rasters,
+        scene,
+        spec,
+        *(two / name for name in layers),
+        LABELS,
+        256,
+        gpkg_path=two / "classes.gpkg",
+        threads=2,
+    )
+    assert summary == {**alone, "polygons": polygons} and polygons > 0
+    assert sorted(p.name for p in two.iterdir()) == ["classes.gpkg", *layers]  # no scratch left
+    for name in layers:
+        assert (two / name).read_bytes() == (one / name).read_bytes()
+    expected, found = (gpd.read_file(folder / "classes.gpkg", layer="classes") for folder in (one, two))
+    assert expected.drop(columns="geometry").equals(found.drop(columns="geometry"))
+    assert (expected.geometry.to_wkb() == found.geometry.to_wkb()).all()
+
+
 def write_rank(path, window: Window, classes: np.ndarray, transform: Affine) -> None:
     with rasterio.open(
         path,

@@ -13,5 +13,6 @@ half, :class:`~rasterscale.tasks.api.Task`: model, training samples, rank output
   probabilities and its polygons.
 - ``regression``: a value per pixel (a segmentation-models-pytorch U-Net) -> a float32 COG per scene. It and
   segmentation share :mod:`rasterscale.tasks.dense`, :mod:`rasterscale.tasks.blending`,
-  :mod:`rasterscale.tasks.encoders` and :mod:`rasterscale.tasks.smpnet`.
+  :mod:`rasterscale.tasks.merging` (their merge, torch-free), :mod:`rasterscale.tasks.encoders` and
+  :mod:`rasterscale.tasks.smpnet`.
 """

@@ -61,14 +61,17 @@ def torch_payload(path: Path) -> Any:
 def training_meta(path: str | Path) -> dict[str, Any] | None:
     """What a rasterscale model file records of its training (``meta``: steps, epochs, seconds, the precision it
     ran at, the batch plan, the last validation), or None for a file or folder that records none (a DeepForest
-    model, a bare state dict)."""
+    model, a bare state dict). A rasterscale file's payload is read from its header, without torch (a report job
+    need not import it); another file is loaded with torch."""
     path = Path(path)
     if not path.is_file():
         return None
-    try:
-        payload = torch_payload(path)
-    except NotATorchFile:
-        return None
+    payload = payload_header(path)
+    if payload is None:
+        try:
+            payload = torch_payload(path)
+        except NotATorchFile:
+            return None
     meta = payload.get("meta") if isinstance(payload, Mapping) else None
     return dict(meta) if isinstance(meta, Mapping) else None
 

@@ -58,6 +58,7 @@ class TaskSpec:
     - ``exported_outputs``: the output layouts an exported model file of this task may give (its model card's
       ``output``; the first is what the task's own models give), empty when the task takes no exported files;
     - ``outlines``: its objects are outlines (polygons), not boxes (a merge's memory estimate);
+    - ``cog_layers``: its merge writes COG layers, compressed on the merge job's cores (``cog.threads``);
     - ``project_summary``: what the project's summary raster (:mod:`rasterscale.raster.summary`) holds: ``objects``
       per hectare (the project layer ``parquet``; a large project's is partitioned, ``merge_project`` writing one
       partition when its job names ``owners``), the ``classes``' cover or the ``values``' mean (the project layer
@@ -88,6 +89,7 @@ class TaskSpec:
     schema_enums: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     exported_outputs: tuple[str, ...] = ()
     outlines: bool = False
+    cog_layers: bool = False
     project_summary: str = "objects"
 
     def load(self) -> Task:

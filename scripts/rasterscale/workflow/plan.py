@@ -28,6 +28,7 @@ from rasterscale.jobs.paths import BatchStep, RunPaths
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.item_header import ItemHeader
 from rasterscale.raster.remote import file_name, local_files
+from rasterscale.runtime.cores import planned_workers
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
@@ -139,7 +140,11 @@ class Plan:
 
     def rank_threads(self, section: str) -> int:
         values = self.section(section)
-        return values.devices * (values.workers + 1)
+        return values.devices * (planned_workers(values.workers) + 1)
+
+    def merge_threads(self) -> int:
+        """Cores of a merge job: ``cog.threads`` where the task's merge writes COG layers, else one."""
+        return self.settings.cog.threads if self.task.cog_layers else 1
 
     def nothing_to_do(self) -> str | None:
         return nothing_to_do(self.config)

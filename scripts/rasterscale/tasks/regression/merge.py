@@ -19,25 +19,26 @@ import numpy as np
 import rasterio
 from rasterio.windows import Window
 
-from rasterscale.atomic import check_written
-from rasterscale.raster.cog import convert_to_cog
+from rasterscale.atomic import writing
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks.blending import (
+from rasterscale.tasks.merging import (
+    CACHE_MB,
+    ScratchLayer,
     block_windows,
     claimed_pieces,
+    finish_layers,
+    open_layer,
     open_merge_sources,
-    scratch_path,
     window_valid_mask,
 )
 
 NODATA_VALUE = -9999.0  # no data in values.tif (a value no height, or other target, takes)
 MERGE_BLOCK = 512
-CACHE_MB = 16  # GDAL's block cache while merging (each block is read once)
 
 
-def values_profile(scene: rasterio.io.DatasetReader, count: int, block: int) -> dict[str, Any]:
+def values_profile(scene: rasterio.io.DatasetReader, count: int) -> dict[str, Any]:
+    """A float32 layer of ``count`` bands on the scene's grid, nodata :data:`NODATA_VALUE`."""
     return {
-        "driver": "GTiff",
         "width": scene.width,
         "height": scene.height,
         "count": count,
@@ -45,11 +46,6 @@ def values_profile(scene: rasterio.io.DatasetReader, count: int, block: int) -> 
         "crs": scene.crs,
         "transform": scene.transform,
         "nodata": NODATA_VALUE,
-        "tiled": True,
-        "blockxsize": block,
-        "blockysize": block,
-        "compress": "deflate",
-        "predictor": 3,  # floating-point predictor: smooth values compress far better
     }
 
 
@@ -61,34 +57,45 @@ def merge_value_rasters(
     labels: Sequence[str],
     block: int = MERGE_BLOCK,
     cache_mb: int = CACHE_MB,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """Assemble the rank rasters into ``values_path`` (float32 COG, nodata :data:`NODATA_VALUE`, average overviews;
-    the scene's CRS, transform and size). Returns the pixels with values, the pixels of no data, and each value's
-    mean."""
-    values_path = Path(values_path)
-    count, sums, nodata = 0, np.zeros(len(labels)), 0
+    the scene's CRS, transform and size), compressed on ``threads`` cores. Returns the pixels with values, the
+    pixels of no data, and each value's mean."""
     with contextlib.ExitStack() as stack:
         bands = (len(labels), f"{len(labels)} ({', '.join(labels)})")
         scene, ranks = open_merge_sources(stack, raster_path, rank_rasters, cache_mb, bands)
-        tmp = stack.enter_context(scratch_path(values_path, "assembly"))
-        dst = stack.enter_context(rasterio.open(tmp, "w", **values_profile(scene, len(labels), block)))
-        dst.update_tags(labels=json.dumps(list(labels)))
-        dst.descriptions = tuple(labels)
-        for window in block_windows(scene.width, scene.height, block):
-            values = assemble_values(ranks, window, len(labels))
-            valid = window_valid_mask(scene, spec, window)
-            if valid is not None:
-                values[:, ~valid] = np.nan
-            known = np.isfinite(values).all(axis=0)
-            count += int(known.sum())
-            nodata += int(known.size - known.sum())
-            sums += np.where(known, values, 0.0).sum(axis=(1, 2), dtype=np.float64)
-            dst.write(np.where(known, values, NODATA_VALUE).astype(np.float32), window=window)
-        dst.close()
-        check_written(values_path)  # GDAL may lose a failed write at close without raising
-        convert_to_cog(tmp, values_path, block_size=block, overview_resampling="average")
+        layer = open_layer(stack, Path(values_path), values_profile(scene, len(labels)), "average", block)
+        layer.dst.update_tags(labels=json.dumps(list(labels)))
+        layer.dst.descriptions = tuple(labels)
+        count, nodata, sums = assemble_layer(ranks, scene, spec, block, layer)
+        finish_layers([layer], threads, lambda: None)
     means = {label: (float(sums[k] / count) if count else None) for k, label in enumerate(labels)}
     return {"pixels": count, "nodata_pixels": nodata, "mean": means}
+
+
+def assemble_layer(
+    ranks: Sequence[tuple[str, rasterio.io.DatasetReader, Window]],
+    scene: rasterio.io.DatasetReader,
+    spec: ImageSpec,
+    block: int,
+    layer: ScratchLayer,
+) -> tuple[int, int, np.ndarray]:
+    """Write the scene's values block by block from the rank rasters, pixels the imagery masks as no data; returns
+    the pixels with values, those of no data, and each band's sum over the first."""
+    count, nodata, sums = 0, 0, np.zeros(layer.dst.count)
+    for window in block_windows(scene.width, scene.height, block):
+        values = assemble_values(ranks, window, layer.dst.count)
+        valid = window_valid_mask(scene, spec, window)
+        if valid is not None:
+            values[:, ~valid] = np.nan
+        known = np.isfinite(values).all(axis=0)
+        count += int(known.sum())
+        nodata += int(known.size - known.sum())
+        sums += np.where(known, values, 0.0).sum(axis=(1, 2), dtype=np.float64)
+        with writing(layer.output):
+            layer.dst.write(np.where(known, values, NODATA_VALUE).astype(np.float32), window=window)
+    return count, nodata, sums
 
 
 def assemble_values(
@@ -98,7 +105,7 @@ def assemble_values(
     raises ValueError naming both."""
     values = np.full((bands, int(window.height), int(window.width)), np.nan, dtype=np.float32)
     for _, _, rows, cols, data, claimed in claimed_pieces(ranks, window, lambda data: np.isfinite(data).any(axis=0)):
-        values[:, rows, cols][:, claimed] = data[:, claimed]
+        np.copyto(values[:, rows, cols], data, where=claimed)  # in place, without gathering the pixels first
     return values
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import rasterio
 
 from rasterscale.atomic import save_figure
-from rasterscale.tasks.blending import block_windows
+from rasterscale.tasks.merging import block_windows
 from rasterscale.tasks.regression.groundtruth import TargetRaster
 from rasterscale.tasks.regression.merge import read_values
 

@@ -21,10 +21,10 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, is_remote, shown
-from rasterscale.tasks.blending import write_project_mosaic
 from rasterscale.tasks.encoders import ARCHITECTURES
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
+from rasterscale.tasks.merging import write_project_mosaic
 from rasterscale.tasks.regression.groundtruth import check_targets, read_targets
 from rasterscale.tasks.regression.merge import count_values, merge_value_rasters
 from rasterscale.tasks.regression.metrics import evaluate_values, render_density_plot, render_values_quicklook
@@ -80,7 +80,12 @@ def summarize(metrics: Mapping[str, Any]) -> str:
 
 def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
     summary = merge_value_rasters(
-        list(outputs), scene["raster"], read_spec(scene["manifest"]), scene["values"], list(labels)
+        list(outputs),
+        scene["raster"],
+        read_spec(scene["manifest"]),
+        scene["values"],
+        list(labels),
+        threads=settings.cog.threads,
     )
     means = ", ".join(f"mean {label} {_number(mean)}" for label, mean in summary["mean"].items())
     line = f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
@@ -190,5 +195,6 @@ REGRESSION = TaskSpec(
     check_scene_keys=check_scene_keys,
     schema_enums={"model.loss": LOSSES, "model.architecture": ARCHITECTURES},
     exported_outputs=CARD.outputs,
+    cog_layers=True,
     project_summary="values",
 )

@@ -1,10 +1,12 @@
-"""One scene's class map from its ranks' rasters (``classes.tif``, optionally ``probabilities.tif``); its polygons
-are :mod:`rasterscale.tasks.segmentation.vectorize`'s.
+"""One scene's class map from its ranks' rasters (``classes.tif``, optionally ``probabilities.tif``) and, when
+asked, its polygons (:mod:`rasterscale.tasks.segmentation.vectorize`'s).
 
 :func:`merge_class_rasters` assembles the rank rasters block by block: a block starts as no data (255) and takes
 the pixels each rank raster claims (a pixel claimed twice is an error naming both files); pixels the scene's
 imagery marks invalid become no data. The assembled raster becomes a COG whose overviews take the most frequent
-class (mode); the probabilities' overviews are averages. Memory is a block's pixels, whatever the raster's size.
+class (mode); the probabilities' overviews are averages. The polygons are read from the assembled classes while
+the probabilities become their COG (:func:`rasterscale.tasks.merging.finish_layers`). Memory is a block's pixels,
+whatever the raster's size.
 """
 
 from __future__ import annotations
@@ -12,29 +14,32 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import rasterio
 from rasterio.windows import Window
 
-from rasterscale.atomic import check_written, writing
-from rasterscale.raster.cog import convert_to_cog
+from rasterscale.atomic import writing
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks.blending import (
+from rasterscale.tasks.merging import (
+    CACHE_MB,
+    ScratchLayer,
     block_windows,
     claimed_pieces,
+    finish_layers,
+    open_layer,
     open_merge_sources,
     rank_window,
     scratch_path,
     window_valid_mask,
 )
-from rasterscale.tasks.segmentation import NODATA_CLASS
-from rasterscale.tasks.segmentation.rankoutput import PROBABILITY_SCALE
+from rasterscale.tasks.segmentation import NODATA_CLASS, PROBABILITY_SCALE
+from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 
 __all__ = [
+    "CACHE_MB",
     "assemble_block",
     "block_windows",
     "class_summary",
@@ -46,12 +51,11 @@ __all__ = [
 ]
 
 MERGE_BLOCK = 512
-CACHE_MB = 16  # GDAL's block cache while merging or vectorizing (each block is read once; GDAL's default, 5%
 
 
-def assembly_profile(scene: rasterio.io.DatasetReader, count: int, block: int, nodata: int | None) -> dict:
+def layer_profile(scene: rasterio.io.DatasetReader, count: int, nodata: int | None) -> dict[str, Any]:
+    """A uint8 layer of ``count`` bands on the scene's grid."""
     return {
-        "driver": "GTiff",
         "width": scene.width,
         "height": scene.height,
         "count": count,
@@ -59,10 +63,6 @@ def assembly_profile(scene: rasterio.io.DatasetReader, count: int, block: int, n
         "crs": scene.crs,
         "transform": scene.transform,
         "nodata": nodata,
-        "tiled": True,
-        "blockxsize": block,
-        "blockysize": block,
-        "compress": "deflate",
     }
 
 
@@ -75,11 +75,15 @@ def merge_class_rasters(
     labels: Sequence[str],
     block: int = MERGE_BLOCK,
     cache_mb: int = CACHE_MB,
+    gpkg_path: str | Path | None = None,
+    threads: int = 1,
 ) -> dict:
     """Assemble the rank rasters into ``classes_path`` (uint8 COG, nodata 255, mode overviews; the scene's CRS,
     transform and size) and, when asked, ``probabilities_path`` (one uint8 band per class, scale 1/255, an
-    internal mask where there is no class, average overviews). Returns pixels per class label and no data pixels.
-    GDAL's block cache is bounded to ``cache_mb`` meanwhile.
+    internal mask where there is no class, average overviews). Returns pixels per class label and no data pixels,
+    and with ``gpkg_path`` the class polygons written there (:func:`vectorize_classes`) and their number
+    (``polygons``). GDAL's block cache is bounded to ``cache_mb`` meanwhile; the COGs are compressed, side by side,
+    on ``threads`` cores.
     """
     num_classes = len(labels)
     with contextlib.ExitStack() as stack:
@@ -87,43 +91,28 @@ def merge_class_rasters(
             None if probabilities_path is None else (1 + num_classes, f"1 + {num_classes} (classes and probabilities)")
         )
         scene, ranks = open_merge_sources(stack, raster_path, rank_rasters, cache_mb, bands)
-        classes = open_classes(stack, Path(classes_path), scene, block, labels)
-        probabilities = None
+        layers = [open_classes(stack, Path(classes_path), scene, block, labels)]
         if probabilities_path is not None:
-            probabilities = open_probabilities(stack, Path(probabilities_path), scene, block, labels)
-        counts = assemble_classes(ranks, scene, spec, block, classes, probabilities)
-        classes.finish(block, "mode")
-        if probabilities is not None:
-            probabilities.finish(block, "average", add_mask=True)
-    return class_summary(counts, labels)
+            layers.append(open_probabilities(stack, Path(probabilities_path), scene, block, labels))
+        counts = assemble_classes(ranks, scene, spec, block, *layers)
+        polygons = finish_layers(layers, threads, lambda: _polygons(layers[0].tmp, gpkg_path, labels, cache_mb))
+    summary = class_summary(counts, labels)
+    return summary if polygons is None else {**summary, "polygons": polygons}
 
 
-@dataclass(frozen=True)
-class Assembly:
-    """A scratch raster (``tmp``, open for writing as ``dst``) in which a scene's merged output is assembled,
-    and the output it becomes."""
-
-    output: Path
-    tmp: Path
-    dst: Any  # rasterio's dataset writer
-
-    def finish(self, block: int, resampling: Literal["mode", "average"], add_mask: bool = False) -> None:
-        """Close the scratch raster and make it the output: a COG of ``block`` px blocks whose overviews take
-        ``resampling`` (``add_mask``: with the scratch raster's mask as its internal mask)."""
-        self.dst.close()
-        check_written(self.output)  # GDAL may lose a failed write at close without raising
-        convert_to_cog(self.tmp, self.output, block_size=block, overview_resampling=resampling, add_mask=add_mask)
+def _polygons(classes: Path, gpkg_path: str | Path | None, labels: Sequence[str], cache_mb: int) -> int | None:
+    """The polygons of the assembled classes written to ``gpkg_path`` (None: none asked), and their number."""
+    return None if gpkg_path is None else vectorize_classes(classes, gpkg_path, labels, cache_mb=cache_mb)
 
 
 def open_classes(
     stack: contextlib.ExitStack, classes_path: Path, scene: rasterio.io.DatasetReader, block: int, labels: Sequence[str]
-) -> Assembly:
+) -> ScratchLayer:
     """The scratch raster of the scene's classes (one band, nodata :data:`NODATA_CLASS`), open in ``stack``."""
-    tmp = stack.enter_context(scratch_path(classes_path, "assembly"))
-    dst = stack.enter_context(rasterio.open(tmp, "w", **assembly_profile(scene, 1, block, NODATA_CLASS)))
-    dst.update_tags(labels=json.dumps(list(labels)))
-    dst.set_band_description(1, "class")
-    return Assembly(classes_path, tmp, dst)
+    layer = open_layer(stack, classes_path, layer_profile(scene, 1, NODATA_CLASS), "mode", block)
+    layer.dst.update_tags(labels=json.dumps(list(labels)))
+    layer.dst.set_band_description(1, "class")
+    return layer
 
 
 def open_probabilities(
@@ -132,15 +121,14 @@ def open_probabilities(
     scene: rasterio.io.DatasetReader,
     block: int,
     labels: Sequence[str],
-) -> Assembly:
+) -> ScratchLayer:
     """The scratch raster of the scene's probabilities (a band per class, scale 1/255, an internal mask), open in
     ``stack``."""
-    tmp = stack.enter_context(scratch_path(probabilities_path, "assembly"))
     stack.enter_context(rasterio.Env(GDAL_TIFF_INTERNAL_MASK=True))
-    dst = stack.enter_context(rasterio.open(tmp, "w", **assembly_profile(scene, len(labels), block, None)))
-    dst.scales = [PROBABILITY_SCALE] * len(labels)
-    dst.descriptions = tuple(f"probability of {label}" for label in labels)
-    return Assembly(probabilities_path, tmp, dst)
+    layer = open_layer(stack, probabilities_path, layer_profile(scene, len(labels), None), "average", block)
+    layer.dst.scales = [PROBABILITY_SCALE] * len(labels)
+    layer.dst.descriptions = tuple(f"probability of {label}" for label in labels)
+    return layer
 
 
 def assemble_classes(
@@ -148,8 +136,8 @@ def assemble_classes(
     scene: rasterio.io.DatasetReader,
     spec: ImageSpec,
     block: int,
-    classes_out: Assembly,
-    probs_out: Assembly | None,
+    classes_out: ScratchLayer,
+    probs_out: ScratchLayer | None = None,
 ) -> np.ndarray:
     """Write the scene's classes (and with ``probs_out`` its probabilities, masked where there is no class) block
     by block from the rank rasters, pixels the imagery masks as no data; returns the pixels of each class id. A
@@ -165,9 +153,11 @@ def assemble_classes(
         with writing(classes_out.output):
             classes_out.dst.write(classes, 1, window=window)
         if probs_out is not None:
+            known = classes != NODATA_CLASS
+            probs *= known  # 0 under the mask, as rio_cogeo's conversion of a masked raster wrote it
             with writing(probs_out.output):
                 probs_out.dst.write(probs, window=window)
-                probs_out.dst.write_mask(np.where(classes != NODATA_CLASS, 255, 0).astype(np.uint8), window=window)
+                probs_out.dst.write_mask(np.where(known, 255, 0).astype(np.uint8), window=window)
     return counts
 
 
@@ -180,10 +170,10 @@ def assemble_block(
     classes = np.full(shape, NODATA_CLASS, dtype=np.uint8)
     probs = np.zeros((num_probabilities, *shape), dtype=np.uint8) if num_probabilities else None
     for src, inside, rows, cols, data, claimed in claimed_pieces(ranks, window, _classified, indexes=1):
-        classes[rows, cols][claimed] = data[claimed]
+        np.copyto(classes[rows, cols], data, where=claimed)  # in place, without gathering the pixels first
         if probs is not None:
             values = src.read(list(range(2, 2 + num_probabilities)), window=inside)
-            probs[:, rows, cols][:, claimed] = values[:, claimed]
+            np.copyto(probs[:, rows, cols], values, where=claimed)
     return classes, probs
 
 

@@ -12,9 +12,9 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, shown
-from rasterscale.tasks.blending import write_project_mosaic
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
+from rasterscale.tasks.merging import write_project_mosaic
 from rasterscale.tasks.segmentation.groundtruth import check_segmentation_truth, read_segmentation_truth
 from rasterscale.tasks.segmentation.merge import count_classes, merge_class_rasters
 from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_segmentation_quicklook
@@ -39,10 +39,14 @@ def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, 
         scene["classes"],
         scene.get("probabilities"),
         list(labels),
+        gpkg_path=scene["gpkg"],
+        threads=settings.cog.threads,
     )
-    polygons = vectorize_classes(scene["classes"], scene["gpkg"], list(labels))
     pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
-    return f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {polygons} polygons -> {scene['gpkg']}"
+    return (
+        f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {summary['polygons']} polygons -> "
+        f"{scene['gpkg']}"
+    )
 
 
 def evaluate(
@@ -122,5 +126,6 @@ SEGMENTATION = TaskSpec(
     config_keys={"model": ("architecture", "encoder", "encoder_weights", "card"), "predict": ("probabilities",)},
     schema_enums={"model.architecture": ARCHITECTURES},
     exported_outputs=CARD.outputs,
+    cog_layers=True,
     project_summary="classes",
 )
