@@ -92,10 +92,12 @@ def measure_form(
     images: list[torch.Tensor],
     batch: int,
     accelerator: str,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One form's prediction job and pure forward."""
+    """One form's prediction job and pure forward (``config``: the job's, else :func:`job_config`'s); the result
+    holds the job itself under ``job``."""
     device = torch.device("cuda" if accelerator == "gpu" else "cpu")
-    config = job_config(path, batch, accelerator)
+    config = config or job_config(path, batch, accelerator)
     job = run_predict_job(workdir / f"job-{form.replace('.', '_')}", raster, manifest, path, {}, config=config)
     profile = job.profiles[0]
     precision = profile["precision"]
@@ -112,6 +114,7 @@ def measure_form(
         "efficiency": round(forward / job.wall_s, 4),
         "precision": precision if form in ("eager", "torchscript") else "32-true (its own dtype)",
         "tiles": job.tiles,
+        "job": job,
     }
 
 
@@ -134,6 +137,7 @@ def measure_exported(workdir: Path, side: int, batch: int = 4, accelerator: str 
     for form, path in files.items():
         try:
             forms[form] = measure_form(form, path, workdir, raster, manifest, images, batch, accelerator)
+            del forms[form]["job"]
         except Exception as err:  # a form that fails is its row's error; the others are still measured
             forms[form] = {"error": f"{type(err).__name__}: {str(err)[-600:]}"}
     fastest = max((form for form in forms if "error" not in forms[form]), key=lambda f: forms[f]["tiles_per_s"])

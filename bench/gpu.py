@@ -237,7 +237,41 @@ def copy_rows(section: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def dense_rows(section: dict[str, Any]) -> list[Row]:
+    """The null model's jobs (the host ceiling) and the U-Net's job against its pure forward, with their stages."""
+    ceiling = section["ceiling"]
+    rows: list[Row] = []
+    for name, row in ceiling["rows"].items():
+        stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in row["stages"].items())
+        rows.append(
+            (
+                "dense",
+                f"host ceiling, {name}",
+                f"{row['tiles_per_s']:.0f} tiles/s",
+                f"{row['workers']} worker(s); rank {row['rank_wall_s']:.2f} s of job {row['job_wall_s']:.2f} s;"
+                f" stages (s) {stages}; read in workers {row['read_s']:.2f} s; {ceiling['model']},"
+                f" {ceiling['tiles']} tiles",
+            )
+        )
+    unet = section["unet"]
+    if "error" in unet:
+        return [*rows, ("dense", "U-Net job / pure forward", "error", unet["error"])]
+    stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in unet["stages"].items())
+    rows.append(
+        (
+            "dense",
+            f"U-Net job / pure forward, batch {unet['batch']}",
+            f"{unet['job_over_forward']:.3f}",
+            f"job {unet['tiles_per_s']:.0f} tiles/s ({unet['workers']} worker(s), {unet['precision']}), pure forward"
+            f" {unet['forward_tiles_per_s']:.0f} tiles/s; whole job {unet['job_wall_s']:.1f} s; stages (s) {stages};"
+            f" read in workers {unet['read_s']:.2f} s; {unet['tiles']} tiles of 256 px",
+        )
+    )
+    return rows
+
+
 FORMATTERS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "dense": dense_rows,
     "train": train_rows,
     "predict": predict_rows,
     "forward": forward_rows,

@@ -39,6 +39,7 @@ import rasterio
 import torch
 from rasterio.windows import Window
 
+from host_ceiling import measure_host_ceiling, measure_unet_job
 from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
 from measures import best_matches, fast_model, spread
 from rasterscale.config.schema import validate_config
@@ -93,6 +94,9 @@ class Sizes:
     train_ranks: int = 0  # ranks of the training jobs (0: the run's)
     job_timeout_s: int = 300
     compile_timeout_s: int = 240
+    ceiling_side: int = 8192  # the null model's scene (1369 tiles of 256 px): the host ceiling on the GPU node
+    unet_side: int = 8192  # the U-Net segmenter's scene: its job against its pure forward
+    unet_batch: int = 32
 
 
 GPU = Sizes()
@@ -118,6 +122,9 @@ CPU = Sizes(
     copy_rounds=20,
     job_timeout_s=240,
     compile_timeout_s=120,
+    ceiling_side=512,
+    unet_side=512,
+    unet_batch=4,
     train_ranks=1,  # a second CPU rank would double the training job's start, the bulk of its time here
 )
 
@@ -694,7 +701,21 @@ def measure_copy(bench: Bench) -> dict[str, Any]:
 
 # --- the run --------------------------------------------------------------------------------------------------
 
+
+def measure_dense(bench: Bench) -> dict[str, Any]:
+    """The dense tasks' host path on the rank's device (bench/host_ceiling.py): the null model's job (one rank, its
+    own worker count) for segmentation and regression, and the U-Net segmenter's job against its pure forward at
+    256 px, batch ``unet_batch``; each with its stage timeline."""
+    s = bench.sizes
+    ceiling = measure_host_ceiling(bench.workdir / "ceiling", s.ceiling_side, (None,), bench.accelerator)
+    unet = attempt(
+        functools.partial(measure_unet_job, bench.workdir / "unet", s.unet_side, s.unet_batch, bench.accelerator)
+    )
+    return {"ceiling": ceiling, "unet": unet}
+
+
 SECTIONS: tuple[tuple[str, Callable[[Bench], dict[str, Any]]], ...] = (
+    ("dense", measure_dense),
     ("train", measure_train),
     ("predict", measure_predict),
     ("forward", measure_forward),

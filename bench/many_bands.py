@@ -5,11 +5,11 @@ of many bands. Both measured in the same run, each figure a ratio against a base
   prepares it: batch norms folded, channels_last) predicting the same tiles of a synthetic raster of 3 and 4 uint8
   bands (scaled) and of 13 uint16 bands (raw values, normalized by the scene's statistics, as Sentinel-2's
   ``normalize: auto``), each read through the real reader (:class:`RasterHandle`, ``read_tile`` and the scene's
-  :class:`ImageSpec`) and scaled and predicted as a prediction rank does (``to_model_input``, the task's
-  ``predict_batch``). Tiles/s of read + prediction per band count (read in line, as a rank without reading
-  workers: with workers the read overlaps the forward), their ratio to 3 bands, and where the time goes: the read
-  (a freshly opened raster, the rank's block cache), the input (uint8 to float, normalization, padding, the
-  channels_last copy), the first convolution (timed inside the real forward, by hooks) and the rest of the
+  :class:`ImageSpec`) and scaled and predicted as a prediction rank does (``to_model_input`` of the batch, the
+  task's ``forward`` and ``postprocess``). Tiles/s of read + prediction per band count (read in line, as a rank
+  without reading workers: with workers the read overlaps the forward), their ratio to 3 bands, and where the time
+  goes: the read (a freshly opened raster, the rank's block cache), the input (uint8 to float, normalization,
+  padding, the channels_last copy), the first convolution (timed inside the real forward, by hooks) and the rest of the
   network, which more bands leave alone (its FLOPs are the same: torch's FLOP counter puts the whole difference
   in the first convolution). The ratio depends on how fast the rest runs: on 2 idle cores (0.11 s a tile of
   rest) 13 raw bands add 0.035 s a tile, 0.74x; with the cores busy with other work the rest takes 0.37 s and the
@@ -29,20 +29,21 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rasterio
 import torch
+from rasterio.env import get_gdal_config, set_gdal_config
 from rasterio.windows import Window
 from torch.utils.flop_counter import FlopCounterMode
 
 from measures import spread
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import settings_of
-from rasterscale.datasets.tiles import RasterHandle, to_model_input
+from rasterscale.datasets.tiles import READ_CACHE, RasterHandle, limit_read_cache, to_model_input
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import RGB_NAMES, InputBands, scaled_input
@@ -169,9 +170,18 @@ def read_seconds(path: Path, spec: ImageSpec, tiles: Sequence[Tile]) -> tuple[li
     return images, seconds
 
 
-def rank_read_cache() -> contextlib.AbstractContextManager:
-    """GDAL's block cache bounded as a prediction rank bounds it (``predict.read_cache_mb``'s default)."""
-    return rasterio.Env(GDAL_CACHEMAX=read_cache_mb() * 2**20)
+@contextlib.contextmanager
+def rank_read_cache() -> Iterator[None]:
+    """GDAL's block cache bounded as a prediction rank bounds it (``predict.read_cache_mb``'s default, grown for
+    the bytes a pixel of each raster a handle opens caches: :class:`~rasterscale.datasets.tiles.ReadCache`), and as
+    it was again after."""
+    megabytes, configured = READ_CACHE.megabytes, get_gdal_config("GDAL_CACHEMAX")
+    limit_read_cache(read_cache_mb())
+    try:
+        yield
+    finally:
+        READ_CACHE.megabytes = megabytes
+        set_gdal_config("GDAL_CACHEMAX", configured)
 
 
 def read_cache_mb() -> int:
@@ -182,13 +192,15 @@ def predict_seconds(
     model: torch.nn.Module, clock: ConvClock, images: list[torch.Tensor], batch_size: int
 ) -> dict[str, float]:
     """Seconds of the prediction step over ``images`` (as ``PredictionModule.predict_step``: to model input, the
-    task's ``predict_batch``), split into the input (to the first convolution), the first convolution, the rest."""
+    task's ``forward`` and ``postprocess``), split into the input (to the first convolution), the first
+    convolution, the rest."""
     task = SegmentationTask()
     parts = {"input_s": 0.0, "first_conv_s": 0.0, "rest_s": 0.0}
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
             began = time.perf_counter()
-            task.predict_batch(model, [to_model_input(image) for image in images[start : start + batch_size]])
+            batch = to_model_input(torch.stack(images[start : start + batch_size]))
+            task.postprocess(task.forward(model, batch))
             ended = time.perf_counter()
             parts["input_s"] += clock.start - began
             parts["first_conv_s"] += clock.end - clock.start

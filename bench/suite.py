@@ -10,6 +10,7 @@ from typing import Any
 
 from exported import measure_exported
 from hardware import header, machine
+from host_ceiling import measure_host_ceiling
 from instances import measure_instances_merge, measure_instances_rank_rss
 from many_bands import measure_bands
 from measures import (
@@ -31,6 +32,7 @@ from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
 from segmentation import measure_regression_rss, measure_segmentation_rss
 from synthetic import write_detector, write_raster
+from whole_job import measure_whole_job
 
 REPO = Path(__file__).resolve().parents[1]
 # Trained models and a scene they were not trained on, for the fp32 agreement, in order of preference: the
@@ -76,6 +78,7 @@ class Sizes:
     bands_rounds: int = 4  # rounds of every band count in turn (each part's fastest is the figure)
     interleave_side: int = 2048  # the 13-band raster read pixel- and band-interleaved (49 tiles)
     exported_side: int = 7168  # the scene each exported form predicts (1024 tiles of 256 px)
+    ceiling_side: int = 6144  # the null model's scene (784 tiles of 256 px): the host ceiling
 
 
 QUICK = Sizes(
@@ -94,6 +97,7 @@ QUICK = Sizes(
     bands_rounds=1,
     interleave_side=1024,
     exported_side=1024,
+    ceiling_side=1024,
 )
 
 TARGETS = {  # figure: (comparison, target)
@@ -125,6 +129,9 @@ TARGETS = {  # figure: (comparison, target)
     # the same U-Net as rasterscale's file, TorchScript, torch.export and ONNX (bench/exported.py): each form's
     # pure forward over its prediction job's wall
     "exported_efficiency": (">=", 0.90),
+    # the null model's job (bench/host_ceiling.py): what the host path lets any accelerator reach, per task, at its
+    # best worker count
+    "host_ceiling_tiles_per_s": (">=", 600.0),
 }
 
 
@@ -192,6 +199,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     )
 
     details["exported"] = timed(partial(measure_exported, workdir / "exported", sizes.exported_side))
+    details["host_ceiling"] = timed(partial(measure_host_ceiling, workdir / "ceiling", sizes.ceiling_side))
+    details["whole_job"] = timed(partial(measure_whole_job, workdir / "whole-job", "segmentation", sizes.ceiling_side))
 
     figures = {
         "efficiency": details["efficiency"]["efficiency"],
@@ -210,6 +219,7 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         **bands_figures(details["bands"]),
         # a form that failed counts as 0: the target is not met
         "exported_efficiency": {form: run.get("efficiency", 0.0) for form, run in details["exported"]["forms"].items()},
+        "host_ceiling_tiles_per_s": ceiling_figures(details["host_ceiling"]),
     }
     return {
         **figures,
@@ -282,6 +292,8 @@ def format_table(result: dict[str, Any]) -> str:
     rows += instances_rows(result)
     rows += bands_rows(result)
     rows += exported_rows(result)
+    rows += ceiling_rows(result)
+    rows += whole_job_rows(result)
     table = [("figure", "measured", "target", "met", "how")] + [target_cells(result, row) for row in rows]
     widths = [max(len(r[k]) for r in table) for k in range(4)]
     lines = [
@@ -483,10 +495,55 @@ def target_cells(result: dict[str, Any], row: tuple[str, str, str | None, str]) 
 def _value(result: dict[str, Any], key: str, name: str) -> Any:
     if key == "exported_efficiency":  # by form: this row's ("exported: <form>")
         return result[key][name.split(": ", 1)[1]]
+    if key == "host_ceiling_tiles_per_s":  # by task, its best worker count ("host ceiling: <task>/workers=<n>")
+        return result[key][name.split(": ", 1)[1].split("/")[0]]
     if isinstance(result[key], dict):  # a figure by side (rss_mb, the dense tasks' RSS): this row's side
         side = next(s for s in result[key] if f" {int(s) // 1024}k^2" in name)
         return result[key][side]
     return result[key]
+
+
+def ceiling_figures(ceiling: dict[str, Any]) -> dict[str, float]:
+    """Each task's host ceiling: its null-model job's tiles/s at its best worker count."""
+    best: dict[str, float] = {}
+    for name, row in ceiling["rows"].items():
+        task = name.split("/")[0]
+        best[task] = max(best.get(task, 0.0), row["tiles_per_s"])
+    return best
+
+
+def ceiling_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """One row per task and worker count of the null-model job: tiles/s per rank and per core, the stages."""
+    ceiling = result["details"]["host_ceiling"]
+    rows: list[tuple[str, str, str | None, str]] = []
+    for name, row in ceiling["rows"].items():
+        stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in row["stages"].items())
+        rows.append(
+            (
+                f"host ceiling: {name}",
+                f"{row['tiles_per_s']:.0f} tiles/s",
+                "host_ceiling_tiles_per_s",
+                f"{row['tiles_per_s_per_core']:.0f} tiles/s per core; rank {row['rank_wall_s']:.2f} s of job"
+                f" {row['job_wall_s']:.2f} s; stages (s) {stages}; read in workers {row['read_s']:.2f} s;"
+                f" {ceiling['model']}, {ceiling['tiles']} tiles",
+            )
+        )
+    return rows
+
+
+def whole_job_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """The null model's whole workflow run (bench/whole_job.py): its wall, the rank's share, each rule's wall."""
+    job = result["details"]["whole_job"]
+    rules = ", ".join(f"{rule} {seconds:.1f}" for rule, seconds in job["rules_s"].items())
+    return [
+        (
+            f"whole job: {job['task']}",
+            f"{job['wall_s']:.1f} s",
+            None,
+            f"rank {job['rank_wall_s']:.1f} s ({1 - job['outside_rank']:.0%} of the wall), {job['after_rank_s']:.1f} s"
+            f" after it; rules (s) {rules}; snakemake --cores {job['cores']}, {job['tiles']} tiles, {job['model']}",
+        )
+    ]
 
 
 def exported_rows(result: dict[str, Any]) -> list[tuple[str, str, str | None, str]]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from conftest import write_raster
+from rasterscale.grid.sharding import rank_tiles
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.segmentation.blend import SPILL_AHEAD, TileBlender, halo_tiles, tile_cores
+from rasterscale.tasks.segmentation.blend import BLEND_MB, TileBlender, halo_tiles, tile_cores
 
 NUM_CLASSES = 3
 
@@ -70,9 +72,11 @@ def scene_with_hole(path: Path, width: int, height: int, hole_cols: tuple[int, i
     return write_raster(path, width, height, nodata=0, data=data)
 
 
-def split_contiguous(tiles: list[Tile], parts: int) -> list[list[int]]:
-    """Balanced contiguous parts of the manifest order, as ranks get them."""
-    return [[int(i) for i in part] for part in np.array_split([t.tile_id for t in tiles], parts)]
+def split_contiguous(tiles: list[Tile], parts: int, shards: int = 1) -> list[list[int]]:
+    """Each rank's own tile ids, the manifest order split as jobs split it (:func:`rank_tiles`): ``shards`` shards of
+    ``parts`` ranks each, rank after rank."""
+    ids = [t.tile_id for t in tiles]
+    return [rank_tiles(ids, shards, shard, parts, rank) for shard in range(shards) for rank in range(parts)]
 
 
 def predict_ranks(
@@ -84,13 +88,16 @@ def predict_ranks(
     transform: object,
     crs: object,
     probabilities: bool = False,
-    spill_ahead: int = SPILL_AHEAD,
+    blend_mb: float = BLEND_MB,
+    shards: int = 1,
+    batch: int = 7,
 ) -> list[Path]:
-    """Each rank blends its own and halo tiles into its own rank raster; the rank rasters' paths."""
+    """Each rank (of each shard) blends its own and halo tiles into its own rank raster, ``batch`` tiles at a time,
+    as a prediction rank feeds them; the rank rasters' paths."""
     height, width = truth.shape
     cores = tile_cores(tiles, width, height)
     paths = []
-    for rank, own in enumerate(split_contiguous(tiles, ranks)):
+    for rank, own in enumerate(split_contiguous(tiles, ranks, shards)):
         path = out_dir / f"rank-{rank}.tif"
         todo = halo_tiles(tiles, own, cores)
         blender = TileBlender(
@@ -105,10 +112,12 @@ def predict_ranks(
             transform,
             crs,
             probabilities,
-            spill_ahead=spill_ahead,
+            blend_mb=blend_mb,
         )
-        for tile in todo:
-            blender.add(tile.tile_id, tile_probabilities(tile, truth))
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            values = np.stack([tile_probabilities(tile, truth) for tile in chunk])
+            blender.add_batch([tile.tile_id for tile in chunk], torch.from_numpy(values))
         assert blender.close() == sorted(own)
         paths.append(path)
     return paths

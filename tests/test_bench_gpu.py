@@ -79,6 +79,12 @@ def test_figures_are_measured(bench_gpu):
     assert compiled["backend"] == "eager" and compiled["speedup"] > 0
     assert compiled["tiles_per_s"]["eager"] > 0 and compiled["tiles_per_s"]["compiled"] > 0
     assert compiled["agreement"]["reference"] > 0 and compiled["agreement"]["same_boxes"]  # the eager backend
+    dense = sections["dense"]
+    assert set(dense["ceiling"]["rows"]) == {"segmentation/workers=auto", "regression/workers=auto"}
+    for row in dense["ceiling"]["rows"].values():  # the null model's job, its stages adding up to its rank's wall
+        assert row["tiles_per_s"] > 0 and sum(row["stages"].values()) == pytest.approx(row["rank_wall_s"], abs=0.01)
+    unet = dense["unet"]
+    assert unet["batch"] == CPU.unet_batch and unet["forward_tiles_per_s"] > 0 and unet["job_over_forward"] > 0
     copy = sections["copy"]
     assert copy["gb_per_s"]["pageable"] > 0 and copy["gb_per_s"]["pinned"] is None  # pinning needs CUDA
     assert copy["job_wait_fraction"] == sections["predict"]["runs"]["auto"]["wait_fraction"]

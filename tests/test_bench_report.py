@@ -14,7 +14,7 @@ sys.path.append(str(REPO / "bench"))  # the bench's modules import each other by
 
 from hardware import describe, header
 from measures import autocast, autocast_dtype
-from suite import TARGETS, Sizes, bands_figures, format_table, met
+from suite import TARGETS, Sizes, bands_figures, ceiling_figures, format_table, met
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
 SAPPHIRE_RAPIDS_FLAGS = AVX2_FLAGS | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
@@ -152,6 +152,18 @@ def bench_result(machine: dict) -> dict:
     }
     details["bands"] = bands_details()
     details["exported"] = exported_details()
+    details["host_ceiling"] = ceiling_details()
+    details["whole_job"] = {
+        "task": "segmentation",
+        "tiles": 784,
+        "cores": 2,
+        "wall_s": 21.3,
+        "rank_wall_s": 1.6,
+        "rules_s": {"tile_manifests_batch_0": 2.1, "predict_batch_0": 5.2, "merge_batch_0": 6.9},
+        "after_rank_s": 12.0,
+        "outside_rank": 0.925,
+        "model": "null model",
+    }
     for section in details.values():
         section["load_1min"] = [1.0, 1.5]
     figures = {
@@ -174,6 +186,7 @@ def bench_result(machine: dict) -> dict:
         "instances_rank_rss_growth": 1.01,
         **bands_figures(details["bands"]),
         "exported_efficiency": {form: run["efficiency"] for form, run in details["exported"]["forms"].items()},
+        "host_ceiling_tiles_per_s": ceiling_figures(details["host_ceiling"]),
     }
     agreement = {
         "model_file": "crowns.pt",
@@ -325,3 +338,48 @@ def test_the_table_has_a_row_per_exported_form_with_its_efficiency_against_the_t
     assert re.search(r"0\.940\s+>= 0\.9\s+yes\s+11\.50 tiles/s \(fastest\), 32-true", rows["exported: onnx"])
     assert re.search(r"0\.880\s+>= 0\.9\s+NO\s+4\.10 tiles/s, 32-true", rows["exported: torch.export"])
     assert "pure forward 93.0 s / job 100.0 s; U-Net on resnet18 (segmentation)" in rows["exported: eager"]
+
+
+def ceiling_details() -> dict:
+    """bench/host_ceiling.py's result: segmentation at 0 and 1 workers, regression at 0."""
+
+    def row(tiles_per_s: float) -> dict:
+        stages = {"wait": 0.2, "h2d": 0.1, "forward": 0.3, "post": 0.1, "d2h": 0.0, "blend": 0.5, "write": 0.0}
+        return {
+            "tiles_per_s": tiles_per_s,
+            "tiles_per_s_per_core": tiles_per_s / 2,
+            "rank_wall_s": 784 / tiles_per_s,
+            "job_wall_s": 5.0,
+            "stages": stages,
+            "read_s": 0.4,
+            "workers": 0,
+        }
+
+    rows = {
+        "segmentation/workers=0": row(480.0),
+        "segmentation/workers=1": row(650.0),
+        "regression/workers=0": row(500.0),
+    }
+    return {"rows": rows, "tiles": 784, "cores": 2, "side": 6144, "model": "null model (TorchScript 1x1 conv)"}
+
+
+def test_the_table_has_the_host_ceiling_per_task_and_workers_judged_at_each_tasks_best():
+    """make bench's null-model rows (bench/host_ceiling.py): tiles/s per rank and per core, the stage timeline; the
+    600 tiles/s target is met by a task whose best worker count reaches it, and the whole job's row after them."""
+    table = format_table(bench_result(avx2_machine()))
+    rows = {line.split("  ")[0]: line for line in table.splitlines() if line.startswith("host ceiling: ")}
+    assert list(rows) == [
+        "host ceiling: segmentation/workers=0",
+        "host ceiling: segmentation/workers=1",
+        "host ceiling: regression/workers=0",
+    ]
+    assert re.search(
+        r"480 tiles/s\s+>= 600\.0\s+yes\s+240 tiles/s per core", rows["host ceiling: segmentation/workers=0"]
+    )
+    assert re.search(r"500 tiles/s\s+>= 600\.0\s+NO\s+250 tiles/s per core", rows["host ceiling: regression/workers=0"])
+    assert (
+        "stages (s) wait 0.20, h2d 0.10, forward 0.30, post 0.10, d2h 0.00, blend 0.50"
+        in rows["host ceiling: segmentation/workers=1"]
+    )
+    whole = next(line for line in table.splitlines() if line.startswith("whole job: segmentation"))
+    assert "21.3 s" in whole and "rank 1.6 s (7% of the wall), 12.0 s after it" in whole

@@ -1,12 +1,14 @@
 """The per-rank prediction profile: what a rank stores, what the merge gathers and prints."""
 
+import datetime
 import json
 import math
 
 import pytest
 
+from conftest import report
 from prediction import PredictScene, predict_rank_file
-from rasterscale.jobs.profile import RankProfile, format_profile_table, summarize, write_scene_profile
+from rasterscale.jobs.profile import STAGES, RankProfile, format_profile_table, summarize, write_scene_profile
 from rasterscale.jobs.rankfiles import read_rank_record, write_rank_record
 from rasterscale.runtime.precision import choose, probe
 
@@ -63,6 +65,36 @@ def test_rank_file_holds_the_rank_profile(profiled):
     assert profile["memory_peak_mb"] < profile["memory_total_mb"]
     assert 0 < profile["utilization"] <= 1.5 and profile["threads"] >= 1
     assert profile["workers_rss_peak_mb"] > 0  # its one dataloader worker was seen
+
+
+@pytest.mark.slow
+def test_the_stage_timeline_adds_up_to_the_rank_wall_its_log_measured(profiled):
+    """The rank's stages (its main thread's time, lap by lap) add up to its wall, and that wall is within 5% of the
+    time its log says it spent between starting to predict and writing its output (the output's final write, a
+    GeoParquet of a few boxes, being the difference); its worker's reads and its CPU device's stages are measured."""
+    _, path = profiled
+    profile = read_rank_record(path.with_suffix(""))["profile"]
+    stages, parallel = profile["stages"], profile["parallel"]
+    assert set(stages) == set(STAGES) and all(seconds >= 0 for seconds in stages.values())
+    assert sum(stages.values()) == pytest.approx(profile["wall_s"], abs=1e-3)
+    assert min(stages["wait"], stages["h2d"], stages["forward"], stages["blend"], stages["d2h"]) > 0
+    assert stages["wait"] == pytest.approx(profile["wait_s"], abs=1e-3)
+    assert parallel["read"] > 0 and "device_forward" not in parallel  # no device events on a CPU
+    log = (path.parent.parent / "logs" / "rank-0.log").read_text()
+    started, wrote = (log_time(log, marker) for marker in (" INFO predicting ", " INFO rank 0 wrote "))
+    assert sum(stages.values()) == pytest.approx((wrote - started).total_seconds(), rel=0.05)
+    report(
+        f"stage timeline of a detection rank ({profile['tiles']} tiles): "
+        + ", ".join(f"{stage} {stages[stage]:.2f} s" for stage in STAGES)
+        + f"; sum {sum(stages.values()):.2f} s, log {(wrote - started).total_seconds():.2f} s; read in its worker "
+        f"{parallel['read']:.2f} s"
+    )
+
+
+def log_time(log: str, marker: str) -> datetime.datetime:
+    """When a rank log's first line holding ``marker`` was written."""
+    line = next(line for line in log.splitlines() if marker in line)
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 
 
 @pytest.mark.slow

@@ -198,26 +198,30 @@ def tile_values(tile: Tile, truth: np.ndarray) -> np.ndarray:
     return np.stack([truth[rows, cols] + error, truth[rows, cols] * 2]).astype(np.float32)
 
 
-def predict_value_ranks(tiles, truth, out_dir, ranks, crs=UTM17N):
+def predict_value_ranks(tiles, truth, out_dir, ranks, crs=UTM17N, shards=1, batch=5):
+    """Each rank (of each shard) blends its own and halo tiles, ``batch`` at a time; the rank rasters."""
     height, width = truth.shape
     cores = tile_cores(tiles, width, height)
     paths = []
-    for rank, own in enumerate(split_contiguous(tiles, ranks)):
+    for rank, own in enumerate(split_contiguous(tiles, ranks, shards)):
         path = out_dir / f"rank-{rank}.tif"
         todo = halo_tiles(tiles, own, cores)
         blender = ValueBlender(
             todo, set(own), cores, width, height, ["height", "double"], OVERLAP, path, TRANSFORM, crs
         )
-        for tile in todo:
-            blender.add(tile.tile_id, tile_values(tile, truth))
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            values = np.stack([tile_values(tile, truth) for tile in chunk])
+            blender.add_batch([tile.tile_id for tile in chunk], torch.from_numpy(values))
         assert blender.close() == sorted(own)
         paths.append(path)
     return paths
 
 
-def test_values_split_over_1_2_and_3_ranks_merge_to_the_same_cog(tmp_path):
-    """The same tiles and values over 1, 2 and 3 rank rasters merge to the same values.tif (within float
-    tolerance), equal to the whole raster's weighted mean; masked pixels are nodata; a float32 COG with nodata and
+def test_values_split_over_1_2_and_3_ranks_and_2_shards_merge_to_the_numpy_blend(tmp_path):
+    """The same tiles and values over 1, 2 and 3 rank rasters, and 2 shards of 2, merge to the same values.tif
+    (within float tolerance), equal to the whole raster's weighted mean and within 1e-5 (relative) of the NumPy
+    blend the ranks ran before blending on their device; masked pixels are nodata; a float32 COG with nodata and
     average overviews in the scene's CRS."""
     width, height = 400, 300
     data = np.random.default_rng(1).integers(1, 255, size=(3, height, width), dtype=np.uint8)
@@ -228,20 +232,26 @@ def test_values_split_over_1_2_and_3_ranks_merge_to_the_same_cog(tmp_path):
     truth = ramp(width, height, TRANSFORM)
     weighted = np.zeros((2, height, width), dtype=np.float64)
     weights = np.zeros((height, width), dtype=np.float64)
+    numpy_sums = np.zeros((2, height, width), dtype=np.float32)  # the blend before it ran on a device: NumPy, fp32
+    numpy_weights = np.zeros((height, width), dtype=np.float32)
     for tile in tiles:
         rows, cols = slice(tile.row_off, tile.row_off + tile.height), slice(tile.col_off, tile.col_off + tile.width)
         w = edge_weights(tile, width, height, OVERLAP)
         weighted[:, rows, cols] += tile_values(tile, truth) * w
         weights[rows, cols] += w
+        numpy_sums[:, rows, cols] += tile_values(tile, truth) * w
+        numpy_weights[rows, cols] += w
     expected = (weighted / weights).astype(np.float32)
     expected[:, :40, :60] = np.nan
+    with np.errstate(invalid="ignore"):
+        numpy_blend = numpy_sums / numpy_weights
     merged = {}
-    for ranks in (1, 2, 3):
-        folder = tmp_path / f"ranks{ranks}"
+    for ranks, shards in ((1, 1), (2, 1), (3, 1), (2, 2)):
+        folder = tmp_path / f"ranks{ranks}-shards{shards}"
         folder.mkdir()
         out = folder / "values.tif"
-        summary = merge_value_rasters(predict_value_ranks(tiles, truth, folder, ranks), raster, spec, out,
-                                      ["height", "double"], block=128)  # fmt: skip
+        summary = merge_value_rasters(predict_value_ranks(tiles, truth, folder, ranks, shards=shards), raster, spec,
+                                      out, ["height", "double"], block=128)  # fmt: skip
         assert summary["pixels"] == width * height - 40 * 60 and summary["nodata_pixels"] == 40 * 60
         valid, errors, _ = cog_validate(str(out))
         assert valid, errors
@@ -253,11 +263,13 @@ def test_values_split_over_1_2_and_3_ranks_merge_to_the_same_cog(tmp_path):
             assert json.loads(src.tags()["labels"]) == ["height", "double"]
             values = src.read().astype(np.float32)
         values[values == NODATA_VALUE] = np.nan
-        merged[ranks] = values
-    for ranks in (1, 2, 3):
-        assert np.array_equal(np.isnan(merged[ranks]), np.isnan(expected))
-        assert np.allclose(merged[ranks], expected, atol=1e-4, equal_nan=True)
-        assert np.allclose(merged[ranks], merged[1], atol=1e-5, equal_nan=True)
+        merged[ranks, shards] = values
+    valid = ~np.isnan(expected)
+    for split, values in merged.items():
+        assert np.array_equal(np.isnan(values), np.isnan(expected)), split
+        assert np.allclose(values, expected, atol=1e-4, equal_nan=True), split
+        assert np.allclose(values[valid], numpy_blend[valid], rtol=1e-5, atol=0), split
+        assert np.allclose(values, merged[1, 1], atol=1e-5, equal_nan=True), split
 
 
 def test_evaluation_of_a_merged_values_raster_streams_against_the_target(tmp_path):

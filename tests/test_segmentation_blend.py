@@ -1,22 +1,23 @@
-"""Blending tile predictions into rank rasters: cores partition the raster, any split over ranks gives the same
-class map, edge weights beat one tile per pixel near tile edges, and what a rank holds does not grow with the width."""
+"""Blending tile predictions into rank rasters: cores partition the raster, any split over ranks and shards gives the
+class map and probabilities of the raster-wide blend, edge weights beat one tile per pixel near tile edges, and what a
+rank holds stays within its bound whatever the width."""
 
 from __future__ import annotations
-
-import tracemalloc
 
 import numpy as np
 import pytest
 import rasterio
+import torch
 from affine import Affine
 
 from conftest import UTM17N, report
 from rasterscale.grid.manifest import build_manifest, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import read_masked, resolve_spec
+from rasterscale.tasks.blender import CHUNK_COLS
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.blend import (
-    SPILL_AHEAD,
+    BLEND_MB,
     TileBlender,
     axis_weights,
     edge_weights,
@@ -50,15 +51,21 @@ def coverage(cores: dict, width: int, height: int) -> np.ndarray:
     return count
 
 
-def reference_blend(tiles: list[Tile], truth: np.ndarray) -> np.ndarray:
-    """The whole raster's Σ w·p at once, in manifest order (what the blender must equal, core by core)."""
+def reference_blend(tiles: list[Tile], truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The whole raster's Σ w·p and Σ w at once in NumPy, in manifest order (the blend before it ran on a device,
+    which the blender must equal, core by core): its classes and its probabilities as round(p * 255)."""
     height, width = truth.shape
     total = np.zeros((NUM_CLASSES, height, width), dtype=np.float32)
+    weights = np.zeros((height, width), dtype=np.float32)
     for tile in tiles:
         rows = slice(tile.row_off, tile.row_off + tile.height)
         cols = slice(tile.col_off, tile.col_off + tile.width)
-        total[:, rows, cols] += tile_probabilities(tile, truth) * edge_weights(tile, width, height, OVERLAP)
-    return np.argmax(total, axis=0).astype(np.uint8)
+        tile_weights = edge_weights(tile, width, height, OVERLAP)
+        total[:, rows, cols] += tile_probabilities(tile, truth) * tile_weights
+        weights[rows, cols] += tile_weights
+    with np.errstate(invalid="ignore", divide="ignore"):
+        probabilities = np.rint(np.clip(total / weights, 0.0, 1.0) * 255.0)
+    return np.argmax(total, axis=0).astype(np.uint8), np.nan_to_num(probabilities).astype(np.uint8)
 
 
 @pytest.mark.parametrize("size", [(1000, 700), (256, 256), (200, 900)])
@@ -113,7 +120,7 @@ def test_halo_of_an_inner_tile_is_its_eight_neighbours():
     assert halo == sorted(halo, key=lambda t: (t.row_off, t.col_off))
 
 
-def test_any_split_over_ranks_gives_the_same_class_map(tmp_path):
+def test_any_split_over_ranks_and_shards_gives_the_numpy_blend(tmp_path):
     width, height = 1000, 700
     scene = scene_with_hole(tmp_path / "scene.tif", width, height, hole_cols=(370, 660))
     spec = resolve_spec(scene)
@@ -121,30 +128,26 @@ def test_any_split_over_ranks_gives_the_same_class_map(tmp_path):
     truth = class_map(width, height)
     with rasterio.open(scene) as src:
         transform = src.transform
-    maps, probabilities = [], []
-    # (ranks, spill_ahead): 0 spills every piece not finished by the next tile
-    for ranks, spill_ahead in ((1, SPILL_AHEAD), (2, SPILL_AHEAD), (3, SPILL_AHEAD), (2, 0)):
-        out = tmp_path / f"ranks-{ranks}-spill-{spill_ahead}"
+        valid = read_masked(src, spec)[1]
+    classes, probabilities = reference_blend(tiles, truth)
+    # (ranks, shards, blend_mb): 0 MB sends every waiting chunk to disk at once
+    for ranks, shards, blend_mb in ((1, 1, BLEND_MB), (2, 1, BLEND_MB), (3, 1, BLEND_MB), (2, 2, BLEND_MB), (2, 1, 0)):
+        out = tmp_path / f"ranks-{ranks}-shards-{shards}-mb-{blend_mb}"
         out.mkdir()
         rank_rasters = predict_ranks(
-            tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True, spill_ahead=spill_ahead
+            tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True, blend_mb=blend_mb, shards=shards
         )
-        assert sorted(p.name for p in out.iterdir()) == [p.name for p in rank_rasters]  # no spill folder left
+        assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in rank_rasters)  # no spill folder left
         merge_class_rasters(rank_rasters, scene, spec, out / "classes.tif", out / "probabilities.tif", LABELS)
-        with rasterio.open(out / "classes.tif") as classes, rasterio.open(out / "probabilities.tif") as probs:
-            maps.append(classes.read(1))
-            probabilities.append(probs.read())
-    assert all(np.array_equal(maps[0], other) for other in maps[1:])
-    assert all(np.array_equal(probabilities[0], other) for other in probabilities[1:])
-    with rasterio.open(scene) as src:
-        valid = read_masked(src, spec)[1]
-    assert np.all((maps[0] == NODATA_CLASS) == ~valid)
-    reference = reference_blend(tiles, truth)
-    assert np.array_equal(maps[0][valid], reference[valid])
-    accuracy = float((maps[0][valid] == truth[valid]).mean())
+        with rasterio.open(out / "classes.tif") as merged, rasterio.open(out / "probabilities.tif") as probs:
+            blended, blended_probabilities = merged.read(1), probs.read()
+        assert np.all((blended == NODATA_CLASS) == ~valid)
+        assert np.array_equal(blended[valid], classes[valid]), (ranks, shards, blend_mb)
+        assert np.array_equal(blended_probabilities[:, valid], probabilities[:, valid]), (ranks, shards, blend_mb)
+    accuracy = float((blended[valid] == truth[valid]).mean())
     report(
-        "blend: 1, 2 and 3 ranks, and 2 ranks spilling every piece it can, give identical class maps and "
-        f"probabilities; pixel accuracy {accuracy:.4f}"
+        "blend: 1, 2 and 3 ranks, 2 shards of 2 ranks, and 2 ranks sending every waiting chunk to disk give the class "
+        f"map and probabilities of the raster-wide NumPy blend; pixel accuracy {accuracy:.4f}"
     )
 
 
@@ -221,52 +224,50 @@ def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
     assert not path.exists() and not list(tmp_path.iterdir())
 
 
-def blend_random_strip(
-    path, width: int, height: int, patch: int, overlap: int, classes: int
-) -> tuple[TileBlender, float]:
-    """Blend a strip of random probabilities; the blender (closed) and its tracemalloc peak (MiB)."""
+def blend_random_strip(path, width: int, height: int, patch: int, overlap: int, classes: int, blend_mb: float):
+    """Blend a strip of random probabilities, a row of tiles per batch; the blender (closed)."""
     tiles = grid_tiles(width, height, patch, overlap)
     cores = tile_cores(tiles, width, height)
     rng = np.random.default_rng(0)
     probs = rng.random((classes, patch, patch), dtype=np.float32)
     probs /= probs.sum(axis=0, keepdims=True)
-    tracemalloc.start()
     own = {t.tile_id for t in tiles}
-    blender = TileBlender(tiles, own, cores, width, height, classes, overlap, path, TRANSFORM, UTM17N, True)
-    for tile in tiles:
-        blender.add(tile.tile_id, probs[:, : tile.height, : tile.width])
+    blender = TileBlender(
+        tiles, own, cores, width, height, classes, overlap, path, TRANSFORM, UTM17N, True, blend_mb=blend_mb
+    )
+    per_row = width // (patch - overlap)
+    for start in range(0, len(tiles), per_row):
+        batch = tiles[start : start + per_row]
+        blender.add_batch([t.tile_id for t in batch], torch.from_numpy(probs).expand(len(batch), -1, -1, -1))
     blender.close()
-    _, traced_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return blender, traced_peak / 2**20
+    return blender
 
 
-def test_blend_memory_of_a_strip_does_not_grow_with_its_width(tmp_path):
-    """What the rank holds is a few tiles' sums (pieces waiting for the next row of tiles are spilled) and the
-    blocks that straddle unfinished pieces, not rows of the raster: 8k and 16k wide strips hold the same."""
-    height, patch, overlap, classes = 1600, 400, 100, 2
-    peaks, traced = {}, {}
+def test_blend_memory_of_a_strip_stays_within_its_bound_whatever_its_width(tmp_path):
+    """What the band holds past its bound waits on disk: at 8k and 16k wide, what it holds peaks at the bound plus
+    the chunks one tile reaches (a tile's height of rows); unbounded, it holds an overlap's rows across the width."""
+    height, patch, overlap, classes, bound_mb = 1600, 400, 100, 2, 4.0
+    peaks, unbounded = {}, {}
     for width in (8192, 16384):
-        blender, traced[width] = blend_random_strip(
-            tmp_path / f"rank-{width}.tif", width, height, patch, overlap, classes
-        )
+        blender = blend_random_strip(tmp_path / f"rank-{width}.tif", width, height, patch, overlap, classes, bound_mb)
         peaks[width] = blender.peak_pending_bytes / 2**20
         assert blender.spilled.written_bytes > 0 and not blender.spilled.folder.exists()
         with rasterio.open(tmp_path / f"rank-{width}.tif") as src:
             assert (src.width, src.height, src.count) == (width, height, 1 + classes)
             assert src.block_shapes[0] == (BLOCK_ROWS, BLOCK_COLS)
-    # what held whole rows grew by (1 + classes) * 4 B * overlap per column: 9.4 MiB more for 8192 more columns
-    overlap_band_growth = (1 + classes) * 4 * overlap * 8192 / 2**20
-    # a row of blocks straddling the edge of a row of pieces: (1 + classes) B * BLOCK_ROWS per column
-    blocks_growth = (1 + classes) * BLOCK_ROWS * 8192 / 2**20
+        path = tmp_path / f"unbounded-{width}.tif"
+        unbounded[width] = blend_random_strip(path, width, height, patch, overlap, classes, 1e6).peak_pending_bytes
+    # a tile reaches at most two chunks (CHUNK_COLS px or more each; the last one up to twice that)
+    reach_mb = (1 + classes) * 4 * patch * 2 * 2 * CHUNK_COLS / 2**20
+    overlap_growth = (1 + classes) * 4 * overlap * 8192 / 2**20  # an overlap's rows across 8192 more columns
     report(
-        f"blend memory of a strip {height} px high ({patch} px tiles, overlap {overlap}): peak pending "
-        f"{peaks[8192]:.1f} MiB at 8192 px wide, {peaks[16384]:.1f} MiB at 16384 (tracemalloc peaks "
-        f"{traced[8192]:.1f} and {traced[16384]:.1f} MiB); holding the overlap band would add "
-        f"{overlap_band_growth:.1f} MiB"
+        f"blend memory of a strip {height} px high ({patch} px tiles, overlap {overlap}), bound {bound_mb} MB: peak "
+        f"{peaks[8192]:.1f} MiB at 8192 px wide, {peaks[16384]:.1f} MiB at 16384; unbounded "
+        f"{unbounded[8192] / 2**20:.1f} and {unbounded[16384] / 2**20:.1f} MiB"
     )
-    assert peaks[16384] - peaks[8192] <= blocks_growth + 0.5
-    assert traced[16384] - traced[8192] <= blocks_growth + 1.5
+    assert max(peaks.values()) <= bound_mb + reach_mb
+    assert abs(peaks[16384] - peaks[8192]) <= reach_mb / 2
+    assert (unbounded[16384] - unbounded[8192]) / 2**20 >= overlap_growth * 0.9
 
 
 def test_a_rank_without_tiles_writes_one_pixel_of_no_data(tmp_path):

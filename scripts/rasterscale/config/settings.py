@@ -128,11 +128,12 @@ class PredictSettings:
     shards: int
     probabilities: bool
     batch_size: int
-    workers: int
+    workers: int | None  # None: from the rank's cores (rasterscale.runtime.cores.rank_workers)
     precision: str
     strategy: str
     channels_last: bool
     read_cache_mb: int
+    blend_mb: float
     save_every: float
 
 

@@ -5,13 +5,16 @@ prints these tables at the end of a run."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
 from rasterscale.jobs.rankfiles import read_profiles
+
+# the stages of a rank's timeline, its main thread's, in batch order (rasterscale.predict.measure.StageClock)
+STAGES = ("wait", "h2d", "forward", "post", "d2h", "blend", "write")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class RankProfile:
     utilization_source: str  # "nvml", "cpu_time" or "unavailable"
     host_rss_peak_mb: float
     workers_rss_peak_mb: float
+    # the stage timeline: seconds of the rank's main thread per stage (wait, h2d, forward, post, d2h, blend,
+    # write; they add up to wall_s), and of the work beside it: read (the dataloader's, in its workers), writer (a
+    # writer thread's), device_* (on a GPU, the device's own time of the stages it runs)
+    stages: dict[str, float] = field(default_factory=dict)
+    parallel: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -62,8 +70,34 @@ def summarize(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wait_fraction": round(sum(r["wait_s"] for r in ranks) / wall, 4) if wall > 0 else 0.0,
         "memory_peak_mb": max((r["memory_peak_mb"] for r in ranks), default=0.0),
         "host_rss_peak_mb": max((r["host_rss_peak_mb"] for r in ranks), default=0.0),
+        # the ranks' stage timelines added up (records written before the timeline have none)
+        "stages": added(r.get("stages", {}) for r in ranks),
+        "parallel": added(r.get("parallel", {}) for r in ranks),
     }
     return {"ranks": ranks, "total": total}
+
+
+def added(figures: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Seconds per key, added over the ranks."""
+    total: dict[str, float] = {}
+    for seconds in figures:
+        for key, value in seconds.items():
+            total[key] = round(total.get(key, 0.0) + value, 4)
+    return total
+
+
+def timeline_line(total: Mapping[str, Any]) -> str:
+    """The ranks' stage timeline in one line: each stage's seconds and share of the ranks' walls, and the work
+    beside it (reads in the workers, a writer thread, the device's own time on a GPU)."""
+    stages, parallel = total.get("stages") or {}, total.get("parallel") or {}
+    wall = sum(stages.values())
+    if wall <= 0:
+        return "stages: -"
+    shares = ", ".join(
+        f"{stage} {stages[stage]:.2f} s ({stages[stage] / wall:.0%})" for stage in STAGES if stage in stages
+    )
+    beside = ", ".join(f"{key} {seconds:.2f} s" for key, seconds in parallel.items())
+    return f"stages: {shares}; beside them: {beside or '-'}"
 
 
 def gather_profile(rank_stems: Sequence[str | Path]) -> dict[str, Any]:
@@ -120,4 +154,5 @@ def format_profile_table(profile: Mapping[str, Any], title: str = "predict profi
         "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append(timeline_line(total))
     return "\n".join(lines)

@@ -27,24 +27,20 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import (
-    collate_lists,
     limit_read_cache,
     loader_workers,
-    prediction_dataset,
-    region_nbytes,
-    tiles_window,
     to_model_input,
 )
 from rasterscale.grid.manifest import read_grid, read_manifest, tiles_from_frame
@@ -60,16 +56,16 @@ from rasterscale.jobs.resume import (
     prediction_fingerprint,
     remove_resume_dir,
 )
-from rasterscale.predict.measure import PredictProfiler
+from rasterscale.predict.batches import LOGGER_NAME, TileBatch, collate_tiles, rank_dataset
+from rasterscale.predict.measure import PredictProfiler, StageClock
 from rasterscale.raster.headers import check_raster
-from rasterscale.raster.imagery import ImageSpec, read_spec
+from rasterscale.raster.imagery import read_spec
+from rasterscale.runtime.cores import prefetch_factor, rank_workers
 from rasterscale.runtime.lifetime import bind_worker
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
 from rasterscale.tasks.registry import task_spec
-
-LOGGER_NAME = "rasterscale.predict"
 
 
 def load_scene(job: Scene) -> PredictScene:
@@ -95,19 +91,37 @@ class RankPlan:
 
 class PredictionModule(L.LightningModule):
     """The task's model over a batch of tiles (uint8 scaled on the device, or raw float values), then the task's
-    ``predict_batch``.
-    Returns ``(scene index, position in the rank's predicted tiles of the scene, result)`` per tile."""
+    post-processing, lap by lap on the rank's stage clock (the data module's laps come first: the wait and the
+    copy). Returns the batch's ``(keys, result, read seconds)``: each tile's (scene index, position in the rank's
+    predicted tiles of the scene), the batch's result on the device
+    (:meth:`~rasterscale.tasks.api.Task.postprocess`), and the dataloader's time reading it."""
 
-    def __init__(self, task: Task, model: torch.nn.Module) -> None:
+    def __init__(self, task: Task, model: torch.nn.Module, clock: StageClock) -> None:
         super().__init__()
         # a rank may get no tile (more ranks than tiles): it still writes its (empty) rank files
         self.allow_zero_length_dataloader_with_multiple_devices = True
-        self.task, self.model = task, model
+        self.task, self.model, self.clock = task, model, clock
 
-    def predict_step(self, batch: tuple[list, list], batch_idx: int) -> list[tuple[int, int, Any]]:
-        images, keys = batch
-        results = self.task.predict_batch(self.model, [to_model_input(image) for image in images])
-        return [(int(k[0]), int(k[1]), r) for k, r in zip(keys, results, strict=True)]
+    def predict_step(self, batch: TileBatch, batch_idx: int) -> tuple[list[tuple[int, int]], Any, float]:
+        images, keys, read_s = batch
+        images = to_model_input(images)
+        self.clock.lap("h2d")
+        raw = self.task.forward(self.model, images)
+        self.clock.lap("forward")
+        result = self.task.postprocess(raw)
+        self.clock.lap("post")
+        return keys, result, read_s
+
+
+def scene_runs(keys: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """A batch's keys cut where the scene changes: (scene, start, stop) of each run."""
+    runs: list[tuple[int, int, int]] = []
+    for index, (scene, _) in enumerate(keys):
+        if runs and runs[-1][0] == scene:
+            runs[-1] = (scene, runs[-1][1], index + 1)
+        else:
+            runs.append((scene, index, index + 1))
+    return runs
 
 
 class RankPlans:
@@ -189,13 +203,20 @@ class RankOutputs:
     def stem(self, world: int, rank: int, scene: int) -> str:
         return rank_stem(self.out_dir, self.scenes[scene].name, rank_file_index(self.shard, world, rank))
 
-    def __call__(self, world: int, rank: int, scene: int) -> RankOutput:
+    def __call__(self, world: int, rank: int, scene: int, device: torch.device) -> RankOutput:
         plan: RankPlan = self.plan_of_rank(world, rank)
         path = self.stem(world, rank, scene) + self.task.spec.rank_suffix
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         parts = plan.saves[scene].parts if plan.saves is not None else None
         return self.task.rank_output(
-            self.scenes[scene], plan.own[scene], plan.predicted[scene], path, self.model_cfg, self.settings, parts
+            self.scenes[scene],
+            plan.own[scene],
+            plan.predicted[scene],
+            path,
+            self.model_cfg,
+            self.settings,
+            parts,
+            device=device,
         )
 
 
@@ -239,23 +260,38 @@ class RankWriter(BatchEndCallback):
 
     def output(self, trainer: L.Trainer, scene: int) -> RankOutput:
         if scene not in self.open:
-            self.open[scene] = self.outputs(trainer.world_size, trainer.global_rank, scene)
+            device = trainer.strategy.root_device
+            self.open[scene] = self.outputs(trainer.world_size, trainer.global_rank, scene, device)
         return self.open[scene]
 
     def plan(self, trainer: L.Trainer) -> RankPlan:
         return self.outputs.plan_of_rank(trainer.world_size, trainer.global_rank)
 
     def batch_predicted(self, trainer: L.Trainer, outputs: Any, batch: Any) -> None:
-        started = time.perf_counter()
+        """Each scene's tiles of the batch to its rank output in one call (a blend: the ``blend`` stage, less what
+        the output spent copying results to the host or waiting for its writer), then the parts due (``write``)."""
+        keys, result, read_s = outputs
         plan = self.plan(trainer)
         if self.seen is None:
             self.seen = [np.zeros(len(tiles), dtype=np.int64) for tiles in plan.predicted]
-        for scene, position, result in outputs:
-            self.seen[scene][position] += 1
-            self.output(trainer, scene).add(plan.predicted[scene][position], result)
+        clock = self.profiler.clock
+        moved = {"d2h": 0.0, "write": 0.0}
+        for scene, start, stop in scene_runs(keys):
+            positions = [position for _, position in keys[start:stop]]
+            np.add.at(self.seen[scene], positions, 1)
+            output = self.output(trainer, scene)
+            before = output.stage_seconds()
+            output.add_batch([plan.predicted[scene][p] for p in positions], result[start:stop])
+            after = output.stage_seconds()
+            for stage, target in (("d2h", "d2h"), ("write_wait", "write")):
+                moved[target] += after.get(stage, 0.0) - before.get(stage, 0.0)
+        clock.lap("blend")
+        for target, seconds in moved.items():
+            clock.move(seconds, "blend", target)
         if plan.saves is not None:
             self.save_parts(plan, plan.saves)
-        self.profiler.end_batch(batch[1], time.perf_counter() - started)
+        clock.lap("write")
+        self.profiler.end_batch(keys, read_s)
 
     def save_parts(self, plan: RankPlan, saves: Sequence[RankSaves]) -> None:
         """Each open scene's finished tiles not in a part yet, as a part (when the clock says so, or the scene's
@@ -290,7 +326,10 @@ class RankWriter(BatchEndCallback):
                 raise RuntimeError(
                     f"rank {rank}, scene {scene.name}: {int((seen == 1).sum())} of {count} tiles predicted once"
                 )
-            summary = self.output(trainer, index).write()
+            output = self.output(trainer, index)
+            summary = output.write()
+            self.profiler.end_write(index)
+            self.profiler.add_parallel("writer", output.stage_seconds().get("writer", 0.0))
             profile = self.profiler.finish(trainer, index)
             stem = self.outputs.stem(world, rank, index)
             own = [t.tile_id for t in plan.own[index]]
@@ -326,12 +365,15 @@ class RankWriter(BatchEndCallback):
 
 
 class PredictionDataModule(L.LightningDataModule):
-    """This rank's share of the shard's tiles (known only once the ranks exist).
+    """This rank's share of the shard's tiles (known only once the ranks exist), batch by batch on the rank's stage
+    clock: the wait for a batch, then its copy to the device.
 
     A rank may get no tile at all (more ranks than tiles): it still writes its (empty) rank file.
     """
 
-    def __init__(self, dataset_for_rank: Any, batch_size: int, workers: int, pin_memory: bool) -> None:
+    def __init__(
+        self, dataset_for_rank: Any, batch_size: int, workers: int, pin_memory: bool, clock: StageClock
+    ) -> None:
         super().__init__()
         self.dataset_for_rank, self.batch_size, self.workers, self.pin_memory = (
             dataset_for_rank,
@@ -339,74 +381,28 @@ class PredictionDataModule(L.LightningDataModule):
             workers,
             pin_memory,
         )
+        self.clock = clock
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.clock.lap("wait")
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.clock.lap("h2d")
+        return batch
 
     def predict_dataloader(self) -> DataLoader:
         trainer = attached_trainer(self)
-        dataset: Dataset = self.dataset_for_rank(trainer.world_size, trainer.global_rank, trainer.strategy.root_device)
+        dataset = self.dataset_for_rank(trainer.world_size, trainer.global_rank, trainer.strategy.root_device)
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
-            shuffle=False,
-            # a map-style dataset has a length (torch's Dataset type leaves __len__ to its subclasses)
-            num_workers=self.workers if len(cast(Sized, dataset)) else 0,
-            collate_fn=collate_lists,
+            batch_sampler=dataset.batches(self.batch_size),
+            num_workers=self.workers if len(dataset) else 0,
+            prefetch_factor=prefetch_factor(self.workers if len(dataset) else 0),
+            collate_fn=collate_tiles,
             pin_memory=self.pin_memory,
             worker_init_fn=functools.partial(bind_worker, rank_pid=os.getpid()),
         )
-
-
-def scene_dataset(
-    strategy: str, raster_path: str, tiles: list[Tile], imagery: ImageSpec, device: torch.device
-) -> Dataset:
-    """One scene's tiles of a rank under the strategy (single and batch read the rank's region of it here)."""
-    if strategy != "window" and tiles:
-        logging.getLogger(LOGGER_NAME).info(
-            "strategy %s holds the region of %s of %.0f MB on %s",
-            strategy,
-            raster_path,
-            region_nbytes(tiles_window(tiles), imagery) / 2**20,
-            device if strategy == "batch" else "cpu",
-        )
-    return prediction_dataset(strategy, raster_path, tiles, imagery, device)
-
-
-class ScenesDataset(Dataset):
-    """Several scenes' tiles, scene after scene: item -> (image, (scene index, position among the scene's tiles)).
-
-    A scene's dataset is made when its first tile is asked for and dropped when the next scene's is, so that a
-    process holds one scene's region (strategies single and batch) or raster handle at a time: items must be
-    asked for in order, as a prediction dataloader does (each worker process goes forward through its batches).
-    """
-
-    def __init__(self, factories: Sequence[Any], sizes: Sequence[int]) -> None:
-        self.factories = list(factories)
-        self.starts = np.cumsum([0, *sizes])
-        self.current: tuple[int, Dataset] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "current": None}
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
-        scene = int(np.searchsorted(self.starts, index, side="right")) - 1
-        if self.current is None or self.current[0] != scene:
-            self.current = None  # the previous scene's region goes before the next one's is read
-            self.current = (scene, self.factories[scene]())
-        position = index - int(self.starts[scene])
-        image, _ = self.current[1][position]
-        return image, (scene, position)
-
-
-def rank_dataset(plans: RankPlans, strategy: str, world: int, rank: int, device: torch.device) -> Dataset:
-    """A rank's tiles to predict of every scene of the job, scene after scene (:class:`ScenesDataset`)."""
-    predicted = plans(world, rank).predicted
-    factories = [
-        functools.partial(scene_dataset, strategy, scene.raster, tiles, scene.imagery, device)
-        for scene, tiles in zip(plans.scenes, predicted, strict=True)
-    ]
-    return ScenesDataset(factories, [len(tiles) for tiles in predicted])
 
 
 def log_job(
@@ -459,7 +455,7 @@ def run_prediction(
     model = task.prepare_for_inference(model, predict)
     loaded = [load_scene(job) for job in scenes]
     strategy = predict.strategy
-    workers = loader_workers(strategy, predict.workers)
+    workers = loader_workers(strategy, rank_workers(predict.workers, spec.accelerator, spec.devices))
     resume = (resume_dir, file_digest(model_file)) if resume_dir is not None else None
     plans = RankPlans(task, loaded, settings, shards, shard, resume, logger)
     profiler = PredictProfiler(strategy, predict.batch_size, workers, shard)
@@ -476,11 +472,13 @@ def run_prediction(
         logger.info("model %s: %s", model_file, task.describe(model_cfg))
         log_job(logger, loaded, shards, shard, spec, strategy, predict.batch_size, workers)
     datamodule = PredictionDataModule(
-        functools.partial(rank_dataset, plans, strategy),
+        lambda world, rank, device: rank_dataset(loaded, plans(world, rank).predicted, strategy, device),
         predict.batch_size,
         workers,
         pin_memory=spec.accelerator == "gpu" and strategy != "batch",
+        clock=profiler.clock,
     )
-    trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
+    module = PredictionModule(task, model, profiler.clock)
+    trainer.predict(module, datamodule=datamodule, return_predictions=False)
     writer.write(trainer)
     end_rank()

@@ -1,10 +1,11 @@
 """The prediction rank's profiler: a Lightning callback measuring time, memory and utilization batch by batch,
-in all and per scene of the job (:mod:`rasterscale.predict.profile` says what each figure means). A batch ends when the
-rank's outputs have taken its results: the rank writer calls :meth:`PredictProfiler.end_batch` with the time
-that took."""
+in all and per scene of the job (:mod:`rasterscale.predict.profile` says what each figure means), and the rank's
+stage timeline (:class:`StageClock`). A batch ends when the rank's outputs have taken its results: the rank writer
+calls :meth:`PredictProfiler.end_batch`."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 
 from rasterscale.grid.sharding import rank_file_index
-from rasterscale.jobs.profile import RankProfile
+from rasterscale.jobs.profile import STAGES, RankProfile
 from rasterscale.predict.profile import (
     MB,
     WORKER_SAMPLE_PERIOD_S,
@@ -25,6 +26,71 @@ from rasterscale.predict.profile import (
     rss_now,
     workers_rss,
 )
+
+COMPUTE_STAGES = ("h2d", "forward", "post")  # the profile's compute_s
+OUTPUT_STAGES = ("d2h", "blend", "write")  # the profile's output_s (its wait_s: the wait)
+DEVICE_STAGES = COMPUTE_STAGES  # timed on a GPU by its own events too (the host only queues them)
+EVENTS_HELD = 64  # CUDA events of the timeline held before the older half is added up
+
+
+class StageClock:
+    """The rank's main thread's time, stage by stage (:data:`STAGES`): each :meth:`lap` gives the time since the
+    previous one to a stage, so that the stages add up to the rank's wall from :meth:`start` to the last lap.
+
+    ``wait``: the rank waiting for its next batch of tiles (the dataloader; its workers read in parallel);
+    ``h2d``: the batch's copy to the device and its scaling there; ``forward``: the model; ``post``: the task's
+    post-processing (softmax, mask thresholds); ``d2h``: results copied to the host while the rank waits;
+    ``blend``: the rank outputs taking the batch (blending, gathering objects); ``write``: the rank waiting for
+    its writer thread, saving parts, and after the last batch the outputs' final writes (the loop's end with them).
+    On a GPU the host only queues device work: CUDA events time ``h2d``,
+    ``forward`` and ``post`` on the device too (:meth:`device_seconds`)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.mark = time.perf_counter()
+        self.events: list[tuple[str, Any]] = []  # (stage, CUDA event at its lap's end), not yet added up
+        self.device_totals = {f"device_{stage}": 0.0 for stage in DEVICE_STAGES}
+
+    def start(self, device: torch.device) -> None:
+        self.device, self.mark = device, time.perf_counter()
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+
+    def lap(self, stage: str) -> float:
+        """The time since the previous lap, given to ``stage``; returned."""
+        now = time.perf_counter()
+        spent, self.mark = now - self.mark, now
+        self.seconds[stage] += spent
+        if self.device.type == "cuda" and stage in (*DEVICE_STAGES, "wait"):
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append((stage, event))
+            if len(self.events) >= EVENTS_HELD:
+                self._add_device_time(len(self.events) - EVENTS_HELD // 2)
+        return spent
+
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """Seconds of a lap that belonged to another stage (a copy or a wait inside the blend)."""
+        seconds = min(seconds, self.seconds[source])
+        self.seconds[source] -= seconds
+        self.seconds[target] += seconds
+
+    def _add_device_time(self, upto: int) -> None:
+        """Add the device's time between the events up to ``upto`` (waiting for it to get there: a few batches
+        behind the host) to the totals; the later ones are kept."""
+        self.events[upto][1].synchronize()
+        for (_, start), (stage, end) in itertools.pairwise(self.events[: upto + 1]):
+            if stage in DEVICE_STAGES:
+                self.device_totals[f"device_{stage}"] += start.elapsed_time(end) / 1000.0
+        self.events = self.events[upto:]
+
+    def device_seconds(self) -> dict[str, float]:
+        """On a GPU, the device's time per stage between the events (waits for the device to finish first)."""
+        if self.device.type != "cuda":
+            return {}
+        if self.events:
+            self._add_device_time(len(self.events) - 1)
+        return dict(self.device_totals)
 
 
 @dataclass
@@ -39,14 +105,22 @@ class Share:
     compute_s: float = 0.0
     output_s: float = 0.0
     memory: list[int] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
-    def add(self, tiles: int, fraction: float, wall: float, compute: float, output: float, memory: int) -> None:
+    def add(self, tiles: int, fraction: float, stages: dict[str, float], memory: int) -> None:
+        """A batch's tiles of the scene, the ``fraction`` of the batch they are, the batch's stage seconds."""
         self.tiles += tiles
         self.batches += 1
-        self.wall_s += wall * fraction
-        self.compute_s += compute * fraction
-        self.output_s += output * fraction
         self.memory.append(memory)
+        self.add_time(fraction, stages)
+
+    def add_time(self, fraction: float, stages: dict[str, float]) -> None:
+        """A ``fraction`` of stage seconds (a batch's, or the final write's)."""
+        for stage, seconds in stages.items():
+            self.stages[stage] += seconds * fraction
+        self.wall_s += sum(stages.values()) * fraction
+        self.compute_s += sum(stages[s] for s in COMPUTE_STAGES) * fraction
+        self.output_s += sum(stages[s] for s in OUTPUT_STAGES) * fraction
 
 
 class PredictProfiler(L.Callback):
@@ -56,8 +130,11 @@ class PredictProfiler(L.Callback):
     def __init__(self, strategy: str, batch_size: int, workers: int, shard: int = 0) -> None:
         self.strategy, self.batch_size, self.workers, self.shard = strategy, batch_size, workers, shard
         self.device = torch.device("cpu")
-        self.started = self.mark = self.batch_started = time.perf_counter()
+        self.started = self.mark = time.perf_counter()
         self.cpu_started = self.cpu_mark = time.process_time()
+        self.clock = StageClock()
+        self.counted = dict.fromkeys(STAGES, 0.0)  # the clock's stages at the end of the previous batch
+        self.parallel: dict[str, float] = {"read": 0.0, "writer": 0.0}  # beside the rank's main thread
         self.total = Share()
         self.scenes: dict[int, Share] = {}
         self.workers_peak, self.workers_sampled = 0, 0.0
@@ -72,6 +149,8 @@ class PredictProfiler(L.Callback):
         self.device = trainer.strategy.root_device
         self.started = self.mark = time.perf_counter()
         self.cpu_started = self.cpu_mark = time.process_time()
+        self.clock.start(self.device)
+        self.counted = dict.fromkeys(STAGES, 0.0)
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_gpu:
@@ -82,26 +161,41 @@ class PredictProfiler(L.Callback):
     ) -> None:
         if self.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.batch_started = time.perf_counter()
 
-    def end_batch(self, keys: list, output: float) -> None:
-        """A batch of tiles (``keys``: their scene index first) is done, its results taken by the rank's outputs
-        in the last ``output`` seconds (blending, writing): the batch's compute is the rest since it started."""
-        if self.on_gpu:
-            torch.cuda.synchronize(self.device)
-            memory = torch.cuda.max_memory_allocated(self.device)
-        else:
-            memory = rss_now()
-        now = time.perf_counter()
-        wall, compute = now - self.mark, now - self.batch_started - output
-        self.mark, self.cpu_mark = now, time.process_time()
-        self.total.add(len(keys), 1.0, wall, compute, output, memory)
+    def end_batch(self, keys: list, read_s: float) -> None:
+        """A batch of tiles (``keys``: their scene index first, read in ``read_s`` seconds by the dataloader) is
+        done, its results taken by the rank's outputs: its stages are the clock's laps since the previous batch."""
+        memory = torch.cuda.max_memory_allocated(self.device) if self.on_gpu else rss_now()
+        stages = self._laps_since_counted()
+        self.parallel["read"] += read_s
+        self.total.add(len(keys), 1.0, stages, memory)
         counts = np.bincount([int(key[0]) for key in keys])
         for scene in np.flatnonzero(counts):
             share = self.scenes.setdefault(int(scene), Share())
-            share.add(int(counts[scene]), counts[scene] / len(keys), wall, compute, output, memory)
-        if now - self.workers_sampled >= WORKER_SAMPLE_PERIOD_S:
-            self.workers_peak, self.workers_sampled = max(self.workers_peak, workers_rss()), now
+            share.add(int(counts[scene]), counts[scene] / len(keys), stages, memory)
+        if self.mark - self.workers_sampled >= WORKER_SAMPLE_PERIOD_S:
+            self.workers_peak, self.workers_sampled = max(self.workers_peak, workers_rss()), self.mark
+
+    def end_write(self, scene: int) -> None:
+        """A scene's rank output is written (after the last batch): the time since the previous lap is its
+        ``write`` (the loop's end after the last batch, then the output's final write)."""
+        if not self.total.batches:
+            return  # a rank without tiles: no timeline (Lightning ran no batch)
+        self.clock.lap("write")
+        stages = self._laps_since_counted()
+        self.total.add_time(1.0, stages)
+        self.scenes.setdefault(scene, Share()).add_time(1.0, stages)
+
+    def _laps_since_counted(self) -> dict[str, float]:
+        """Each stage's seconds since the previous batch or write; the rank's wall ends at the last lap."""
+        stages = {stage: self.clock.seconds[stage] - self.counted[stage] for stage in STAGES}
+        self.counted = dict(self.clock.seconds)
+        self.mark, self.cpu_mark = self.clock.mark, time.process_time()
+        return stages
+
+    def add_parallel(self, stage: str, seconds: float) -> None:
+        """Seconds of work beside the rank's main thread (a writer thread's)."""
+        self.parallel[stage] = self.parallel.get(stage, 0.0) + seconds
 
     def finish(self, trainer: L.Trainer, scene: int | None = None) -> RankProfile:
         """The rank's profile of one scene of the job, or of all (also for a rank without tiles, where Lightning
@@ -154,4 +248,8 @@ class PredictProfiler(L.Callback):
             utilization_source=source,
             host_rss_peak_mb=round(peak_rss() / MB, 1),
             workers_rss_peak_mb=round(max(self.workers_peak, workers_rss()) / MB, 1),
+            stages={stage: round(seconds, 4) for stage, seconds in share.stages.items()},
+            parallel={
+                stage: round(seconds, 4) for stage, seconds in {**self.parallel, **self.clock.device_seconds()}.items()
+            },
         )

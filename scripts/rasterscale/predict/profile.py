@@ -2,11 +2,16 @@
 
 Like the seeds' mgpr summary, but every figure is measured over the whole run rather than sampled once:
 
-- **time**: ``wall_s`` runs from the rank's setup (before its data are set up) to the end of its last batch and
-  splits exactly into ``compute_s`` (inside ``predict_step``: the forward pass and the results back on the
-  host, which waits for the device), ``output_s`` (the rank's outputs taking each batch's results: boxes
-  gathered, class scores blended and blocks written, saved parts) and ``wait_s`` (everything else:
-  reading tiles or a region, copies to the device, the loop itself), the time the device waited for data.
+- **time**: ``wall_s`` runs from the rank's setup (before its data are set up) to the end of its outputs' final
+  write, and splits exactly into the **stage timeline** (``stages``: the rank's main thread, lap by lap,
+  :class:`rasterscale.predict.measure.StageClock`): ``wait`` (for the next batch of tiles), ``h2d`` (its copy to
+  the device and scaling there), ``forward``, ``post`` (the task's post-processing), ``d2h`` (results copied to the
+  host while the rank waits), ``blend`` (the rank outputs taking the batch) and ``write`` (waiting for a writer
+  thread, saved parts, the final write). ``compute_s`` is h2d + forward + post, ``output_s`` d2h + blend + write,
+  ``wait_s`` the wait. Beside it (``parallel``): ``read``, the seconds the dataloader (its workers) spent reading
+  the tiles, ``writer``, a writer thread's seconds writing the rank raster, and on a GPU ``device_h2d``,
+  ``device_forward``, ``device_post``, the device's own time of those stages (CUDA events: the host only queues
+  them).
 - **device memory**: on a GPU, the peak that torch allocated during each batch (the peak is reset at every
   batch start); on a CPU, where the device's memory is the host's, the rank's resident set after each batch.
   ``memory_peak_mb`` is the largest, ``memory_mean_mb`` the mean over batches. ``host_rss_peak_mb`` is the

@@ -96,12 +96,19 @@ class TrainingModule(L.LightningModule):
 
 
 class RankOutput(ABC):
-    """One rank's output of one scene, filled tile by tile in prediction order and written once at the end, from
+    """One rank's output of one scene, filled batch by batch in prediction order and written once at the end, from
     the parts of a previous run of the rank (:mod:`rasterscale.jobs.resume`) and the tiles predicted since."""
 
     @abstractmethod
-    def add(self, tile: Tile, result: Any) -> None:
-        """One predicted tile's result (what :meth:`Task.predict_batch` returned for it)."""
+    def add_batch(self, tiles: Sequence[Tile], result: Any) -> None:
+        """A batch of predicted tiles' result, as :meth:`Task.postprocess` made it (on the rank's device), cut to
+        these tiles (``result[i:j]``: a tensor's first dimension, a list's items)."""
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds so far of the stages the output runs inside :meth:`add_batch` and beside it: ``d2h`` (copies of
+        results to the host the rank waited for), ``write_wait`` (the rank waiting for a writer thread), and
+        ``writer`` (a writer thread's own time, in parallel with the rank). None run: none given."""
+        return {}
 
     @abstractmethod
     def save_part(self, path: Path) -> Part | None:
@@ -181,9 +188,15 @@ class Task(ABC):
     def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
         """The model's fast path (eval mode, folded norms, channels_last...)."""
 
+    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> Any:
+        """The model over a batch of tiles, (B, C, H, W) float on the device ([0, 1] scaled, or raw values): its
+        raw output."""
+        return model(images)
+
     @abstractmethod
-    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[Any]:
-        """A batch of tiles (float [0, 1] tensors on the device) to one host-side result per tile."""
+    def postprocess(self, raw: Any) -> Any:
+        """A batch's raw output as the rank output takes it, still on the device: one result per tile along a
+        tensor's first dimension, or a list of them."""
 
     def tiles_to_predict(self, scene: PredictScene, own: Sequence[Tile]) -> list[Tile]:
         """The tiles a rank predicts for its own tiles (a blending task also needs their neighbours')."""
@@ -199,8 +212,10 @@ class Task(ABC):
         model_cfg: Any,
         settings: Settings,
         parts: Sequence[Part] | None = None,
+        device: torch.device | None = None,
     ) -> RankOutput:
         """The rank's output of a scene at ``path`` (``{stem}{info.rank_suffix}``). ``own``: all the rank's tiles
         of the scene; ``parts``: what a previous run of the rank wrote of them (their tiles are not predicted
         again), None when the rank saves no parts (then :meth:`RankOutput.save_part` is never called);
-        ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part)."""
+        ``predicted``: what the rest needs (:meth:`tiles_to_predict` of the own tiles not in a part); ``device``: the
+        rank's (the CPU when None), where the results come."""

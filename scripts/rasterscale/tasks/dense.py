@@ -25,7 +25,8 @@ from rasterscale.raster.imagery import ImageSpec, read_masked
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task
-from rasterscale.tasks.blending import Blender, halo_tiles, tile_cores
+from rasterscale.tasks.blender import Blender
+from rasterscale.tasks.blending import halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
 
 if TYPE_CHECKING:
@@ -106,8 +107,12 @@ class BlendedRankOutput(RankOutput):
     def __init__(self, blender: Blender, path: str | Path, what: str) -> None:
         self.blender, self.path, self.what = blender, path, what
 
-    def add(self, tile: Tile, result: np.ndarray) -> None:
-        self.blender.add(tile.tile_id, result)
+    def add_batch(self, tiles: Sequence[Tile], result: torch.Tensor) -> None:
+        self.blender.add_batch([tile.tile_id for tile in tiles], result)
+
+    def stage_seconds(self) -> dict[str, float]:
+        busy, blocked = self.blender.write_s
+        return {"write_wait": blocked, "writer": busy}
 
     def save_part(self, path: Path) -> Part | None:
         written = self.blender.save_part(path)
@@ -208,6 +213,7 @@ class DenseTask(Task):
         model_cfg: Any,
         settings: Settings,
         parts: Sequence[Part] | None = None,
+        device: torch.device | None = None,
     ) -> RankOutput:
         blender = self.blender(
             list(predicted),
@@ -223,5 +229,7 @@ class DenseTask(Task):
             **self.blend_options(settings),
             parts=[part.path for part in parts or ()],
             keep_unsaved=parts is not None,
+            blend_mb=settings.predict.blend_mb,
+            device=device or torch.device("cpu"),
         )
         return BlendedRankOutput(blender, path, self.blended)

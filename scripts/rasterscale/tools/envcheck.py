@@ -16,7 +16,10 @@ from rasterscale.atomic import write_json
 from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import DummyDataset
 from rasterscale.grid.sharding import split_balanced
+from rasterscale.predict.batches import Batches
 from rasterscale.predict.engine import BatchEndCallback, PredictionDataModule, PredictionModule
+from rasterscale.predict.measure import StageClock
+from rasterscale.runtime.cores import rank_workers
 from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
 from rasterscale.tasks.registry import task_spec
 
@@ -24,7 +27,8 @@ LOGGER_NAME = "rasterscale.check"
 
 
 class RankShare(Dataset):
-    """A rank's share of the random tiles: item -> (image, (0, position)), as prediction's datasets key them."""
+    """A rank's share of the random tiles: item -> (image, (0, position), 0.0), as prediction's datasets key them
+    (:class:`~rasterscale.predict.batches.ScenesDataset`: no read time), in batches of one shape."""
 
     def __init__(self, dataset: DummyDataset, indices: list[int]) -> None:
         self.dataset, self.indices = dataset, indices
@@ -32,9 +36,12 @@ class RankShare(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, tuple[int, int], float]:
         image, _ = self.dataset[self.indices[position]]
-        return image, (0, position)
+        return image, (0, position), 0.0
+
+    def batches(self, batch_size: int) -> Batches:
+        return Batches([list(range(k, min(k + batch_size, len(self)))) for k in range(0, len(self), batch_size)])
 
 
 class ThroughputReport(BatchEndCallback):
@@ -69,14 +76,19 @@ def run_environment_check(settings: Settings, spec: RunSpec, out_dir: str | Path
     dataset = DummyDataset(dummy.count, dummy.size, dummy.delay)
     indices = list(range(len(dataset)))
 
-    def dataset_for_rank(world: int, rank: int, device: torch.device) -> Dataset:
+    def dataset_for_rank(world: int, rank: int, device: torch.device) -> RankShare:
         return RankShare(dataset, split_balanced(indices, world, rank))
 
     report = ThroughputReport(out_dir)
     trainer = make_trainer(spec, logger=False, callbacks=[report], use_distributed_sampler=False)
+    clock = StageClock()
     datamodule = PredictionDataModule(
-        dataset_for_rank, predict.batch_size, predict.workers, pin_memory=spec.accelerator == "gpu"
+        dataset_for_rank,
+        predict.batch_size,
+        rank_workers(predict.workers, spec.accelerator, spec.devices),
+        pin_memory=spec.accelerator == "gpu",
+        clock=clock,
     )
-    trainer.predict(PredictionModule(task, model), datamodule=datamodule, return_predictions=False)
+    trainer.predict(PredictionModule(task, model, clock), datamodule=datamodule, return_predictions=False)
     report.write(trainer)
     end_rank()

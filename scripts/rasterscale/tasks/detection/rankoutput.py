@@ -3,6 +3,7 @@ polygons, :mod:`rasterscale.tasks.detectors.rankoutput`)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import geopandas as gpd
 import numpy as np
 import pandas as pd
+import torch
 
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
@@ -22,6 +24,21 @@ class TileDetections:
     boxes: np.ndarray  # tile pixels
     scores: np.ndarray
     labels: np.ndarray
+
+
+def detections_to_host(found: list[dict[str, torch.Tensor]]) -> list[TileDetections]:
+    """A batch's detections (each tile's ``boxes``, ``scores``, ``labels`` on the device) on the host, each kind
+    copied once for the batch."""
+    if not found:
+        return []
+    host = {key: torch.cat([tile[key] for tile in found]).cpu() for key in ("boxes", "scores", "labels")}
+    starts = np.cumsum([0, *(len(tile["scores"]) for tile in found)])
+    return [
+        TileDetections(
+            host["boxes"][a:b].float().numpy(), host["scores"][a:b].float().numpy(), host["labels"][a:b].numpy()
+        )
+        for a, b in itertools.pairwise(starts)
+    ]
 
 
 def detections_frame(
@@ -53,7 +70,10 @@ class DetectionRankOutput(ObjectsRankOutput):
     write_file = staticmethod(write_detections_file)
     empty = staticmethod(empty_detections)
 
+    to_host = staticmethod(detections_to_host)
+
     def add(self, tile: Tile, result: TileDetections) -> None:
+        """One tile's detections, on the host."""
         self.results.append((tile, result))
 
     def frame(self) -> gpd.GeoDataFrame:

@@ -10,7 +10,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from rasterscale.tasks.detection.groundtruth import Annotations, read_annotation
 from rasterscale.tasks.detection.metrics import evaluate_detections
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import detector_of_config, write_deepforest_folder
-from rasterscale.tasks.detection.rankoutput import DetectionRankOutput, TileDetections
+from rasterscale.tasks.detection.rankoutput import DetectionRankOutput
 from rasterscale.tasks.detection.spec import DETECTION
 from rasterscale.tasks.detectors.task import DetectorModel, DetectorTask
 
@@ -101,10 +101,11 @@ class DetectionTask(DetectorTask):
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_detector(model, datasets, batch_size)  # type: ignore[arg-type]
 
-    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[TileDetections]:
-        return [
-            TileDetections(
-                out["boxes"].float().cpu().numpy(), out["scores"].float().cpu().numpy(), out["labels"].cpu().numpy()
-            )
-            for out in model(images)
-        ]
+    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> Any:
+        """The detector over the batch's tiles (torchvision's detectors take a list: its transform, the network and
+        its post-processing)."""
+        return model(list(images))
+
+    def postprocess(self, raw: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """Each tile's boxes, scores and labels as the detector gave them, on the device."""
+        return raw

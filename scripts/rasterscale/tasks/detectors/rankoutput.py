@@ -4,6 +4,7 @@ task's ``rankoutput`` says how a tile's result is held and becomes rows."""
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, ClassVar, Self
 import geopandas as gpd
 import pandas as pd
 
+from rasterscale.grid.tile import Tile
 from rasterscale.tasks.api import PredictScene, RankOutput
 from rasterscale.tasks.spec import Part
 
@@ -38,6 +40,27 @@ class ObjectsRankOutput(RankOutput):
         self.scene, self.labels, self.path = scene, list(labels), Path(path)
         self.parts = list(parts)
         self.results: list[Any] = []  # tiles added and not in a part yet
+        self.d2h_s = 0.0
+
+    @staticmethod
+    @abstractmethod
+    def to_host(result: Any, /) -> list[Any]:
+        """A batch's result (on the device) as each tile's, on the host (what :meth:`add` takes)."""
+
+    @abstractmethod
+    def add(self, tile: Tile, result: Any) -> None:
+        """One tile's result, on the host."""
+
+    def add_batch(self, tiles: Sequence[Tile], result: Any) -> None:
+        """The batch's objects, copied to the host once (:meth:`to_host`), then tile by tile."""
+        started = time.perf_counter()
+        found = self.to_host(result)
+        self.d2h_s += time.perf_counter() - started
+        for tile, one in zip(tiles, found, strict=True):
+            self.add(tile, one)
+
+    def stage_seconds(self) -> dict[str, float]:
+        return {"d2h": self.d2h_s}
 
     @classmethod
     def of_model(cls, scene: PredictScene, model_cfg: Any, path: str | Path, parts: Sequence[Part]) -> Self:

@@ -158,5 +158,6 @@ class DetectorTask(Task):
         model_cfg: Any,
         settings: Settings,
         parts: Sequence[Part] | None = None,
+        device: torch.device | None = None,
     ) -> RankOutput:
         return self.rank_output_class.of_model(scene, model_cfg, path, parts or ())

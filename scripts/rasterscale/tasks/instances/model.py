@@ -19,6 +19,7 @@ Model files (formats, headers, the effective configuration) are :mod:`rasterscal
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,8 @@ __all__ = [
     "InstanceConfig",
     "InstanceSegmenter",
     "build_instance_model",
+    "instances_on_device",
+    "instances_to_host",
     "load_instance_model",
     "predict_instances",
     "save_instance_model",
@@ -169,18 +172,33 @@ def predict_instances(
     less to copy); with ``probabilities``, the float32 probabilities instead."""
     if model.training:
         raise ValueError("predict_instances needs the model in eval mode")
-    threshold = model.mask_threshold
-    results = []
     with torch.inference_mode():
-        for out in model(images):
-            masks = out["masks"][:, 0]
-            masks = masks.float() if probabilities else (masks >= threshold).to(torch.uint8)
-            results.append(
-                {
-                    "boxes": out["boxes"].float().cpu().numpy(),
-                    "scores": out["scores"].float().cpu().numpy(),
-                    "labels": out["labels"].cpu().numpy(),
-                    "masks": masks.cpu().numpy(),
-                }
-            )
-    return results
+        found = instances_on_device(model(images), model.mask_threshold, probabilities)
+    return instances_to_host(found)
+
+
+def instances_on_device(
+    outputs: list[dict[str, torch.Tensor]], threshold: float, probabilities: bool = False
+) -> list[dict[str, torch.Tensor]]:
+    """A batch's instances as the model gave them, still on the device: each tile's ``boxes``, ``scores``,
+    ``labels`` and ``masks`` (N, H, W), thresholded at ``threshold`` into uint8 0/1 (or, with ``probabilities``,
+    float32)."""
+    found = []
+    for out in outputs:
+        masks = out["masks"][:, 0]
+        masks = masks.float() if probabilities else (masks >= threshold).to(torch.uint8)
+        found.append({"boxes": out["boxes"].float(), "scores": out["scores"].float(), "labels": out["labels"]})
+        found[-1]["masks"] = masks
+    return found
+
+
+def instances_to_host(found: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+    """A batch's instances (:func:`instances_on_device`) as numpy arrays, each kind copied once for the batch."""
+    if not found:
+        return []
+    counts = [len(tile["scores"]) for tile in found]
+    host = {
+        key: torch.cat([tile[key] for tile in found]).cpu().numpy() for key in ("boxes", "scores", "labels", "masks")
+    }
+    starts = np.cumsum([0, *counts])
+    return [{key: values[a:b] for key, values in host.items()} for a, b in itertools.pairwise(starts)]

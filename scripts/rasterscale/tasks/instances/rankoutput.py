@@ -19,6 +19,7 @@ import numpy as np
 from rasterscale.grid.tile import Tile
 from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
+from rasterscale.tasks.instances.model import instances_to_host
 from rasterscale.tasks.instances.polygons import (
     empty_instances,
     instances_frame,
@@ -59,7 +60,10 @@ class InstanceRankOutput(ObjectsRankOutput):
         threshold."""
         return cls(scene, model_cfg.labels, path, parts, model_cfg.mask_threshold)
 
+    to_host = staticmethod(instances_to_host)
+
     def add(self, tile: Tile, result: Mapping[str, np.ndarray]) -> None:
+        """One tile's instances, on the host."""
         found = tile_instances(
             result["masks"],
             result["scores"],

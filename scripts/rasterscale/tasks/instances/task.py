@@ -11,7 +11,7 @@ detection is :mod:`rasterscale.tasks.detectors`'. This module is what the core a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from rasterscale.tasks.instances.model import (
     InstanceSegmenter,
     build_instance_model,
     init_from_model_file,
+    instances_on_device,
     load_instance_model,
     predict_instances,
     save_instance_model,
@@ -101,5 +102,12 @@ class InstancesTask(DetectorTask):
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_instances(model, datasets, batch_size)  # type: ignore[arg-type]
 
-    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[dict[str, np.ndarray]]:
-        return predict_instances(cast("InstanceSegmenter", model), images)
+    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> Any:
+        """The segmenter over the batch's tiles (it takes a list), with its mask threshold."""
+        segmenter = cast("InstanceSegmenter", model)
+        return segmenter(list(images)), segmenter.mask_threshold
+
+    def postprocess(self, raw: Any) -> list[dict[str, torch.Tensor]]:
+        """Each tile's instances, their masks thresholded on the device (:func:`.model.instances_on_device`)."""
+        outputs, threshold = raw
+        return instances_on_device(outputs, threshold)

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
+import torch
 from affine import Affine
 from rasterio.windows import Window
 
 from rasterscale.grid.tile import Tile
-from rasterscale.tasks.blending import BLOCK_ROWS, SPILL_AHEAD, Blender, BlendLayout, BlockRaster, RasterSite
+from rasterscale.tasks.blender import BLEND_MB, Blender
+from rasterscale.tasks.blending import BLOCK_ROWS, BlendLayout, BlockRaster, RasterSite
 
 RANK_NODATA = float("nan")  # a rank raster's pixels that are not its own
 
@@ -55,16 +56,17 @@ class ValueBlender(Blender):
         block_rows: int = BLOCK_ROWS,
         parts: Sequence[str | Path] = (),
         keep_unsaved: bool = False,
-        spill_ahead: int = SPILL_AHEAD,
+        blend_mb: float = BLEND_MB,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.labels = list(labels)
         layout = BlendLayout(tiles_to_predict, own_ids, cores, width, height, taper)
         site = RasterSite(out_path, transform, crs, parts, keep_unsaved, block_rows)
-        super().__init__(layout, len(self.labels), site, spill_ahead)
+        super().__init__(layout, len(self.labels), site, blend_mb, device)
 
     def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
         return value_raster(site, width, height, self.labels)
 
-    def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def finish(self, weighted: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The weighted mean of the contributors' values (weights are floored above 0: never a division by 0)."""
-        return (weighted / weights).astype(np.float32)
+        return weighted / weights

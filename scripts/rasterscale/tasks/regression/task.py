@@ -181,9 +181,9 @@ class RegressionTask(DenseTask):
             return model.eval()
         return prepare_dense_for_inference(model, regressor_of(model).net, predict.channels_last)
 
-    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
-        values = model(torch.stack(images)).float()
-        return list(values.cpu().numpy())
+    def postprocess(self, raw: torch.Tensor) -> torch.Tensor:
+        """The values, in fp32."""
+        return raw.float()
 
     def blended_bands(self, model_cfg: RegressorConfig | ModelCard) -> Sequence[str]:
         return model_cfg.labels

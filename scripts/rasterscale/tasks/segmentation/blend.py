@@ -13,22 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
+import torch
 from affine import Affine
 from rasterio.windows import Window
 
 from rasterscale.grid.tile import Tile
+from rasterscale.tasks.blender import BLEND_MB, Blender, SpilledChunks
 from rasterscale.tasks.blending import (
-    SPILL_AHEAD,
     WEIGHT_FLOOR,
-    Blender,
     BlendLayout,
     RasterSite,
-    SpilledPieces,
     TilesByWindow,
     axis_cores,
     axis_weights,
-    core_pieces,
     edge_weights,
     halo_tiles,
     spill_folder,
@@ -37,14 +34,13 @@ from rasterscale.tasks.blending import (
 from rasterscale.tasks.segmentation.rankoutput import BLOCK_ROWS, RankRaster
 
 __all__ = [
-    "SPILL_AHEAD",
+    "BLEND_MB",
     "WEIGHT_FLOOR",
-    "SpilledPieces",
+    "SpilledChunks",
     "TileBlender",
     "TilesByWindow",
     "axis_cores",
     "axis_weights",
-    "core_pieces",
     "edge_weights",
     "halo_tiles",
     "spill_folder",
@@ -79,20 +75,35 @@ class TileBlender(Blender):
         block_rows: int = BLOCK_ROWS,
         parts: Sequence[str | Path] = (),
         keep_unsaved: bool = False,
-        spill_ahead: int = SPILL_AHEAD,
+        blend_mb: float = BLEND_MB,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.num_classes, self.probabilities = num_classes, probabilities
         layout = BlendLayout(tiles_to_predict, own_ids, cores, width, height, taper)
         site = RasterSite(out_path, transform, crs, parts, keep_unsaved, block_rows)
-        super().__init__(layout, num_classes, site, spill_ahead)
+        super().__init__(layout, num_classes, site, blend_mb, device)
 
     def open_raster(self, site: RasterSite, width: int, height: int) -> RankRaster:
         return RankRaster(site, width, height, self.num_classes if self.probabilities else 0)
 
-    def finish(self, weighted: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """The classes (argmax of the sums) and, when asked, the probabilities as round(p * 255)."""
-        data = np.empty((self.raster.count, *weights.shape), dtype=np.uint8)
-        data[0] = np.argmax(weighted, axis=0)
+    def finish(self, weighted: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The classes (argmax of the sums: the first of equal sums) and, when asked, the probabilities as
+        round(p * 255) (half to even), written into one uint8 tensor."""
+        bands = torch.empty((self.raster.count, *weights.shape), dtype=torch.uint8, device=weights.device)
+        first_argmax(weighted, out=bands[0])
         if self.probabilities:
-            data[1:] = np.rint(np.clip(weighted / weights, 0.0, 1.0) * 255.0)
-        return data
+            bands[1:] = (weighted / weights).clamp_(0.0, 1.0).mul_(255.0).round_()
+        return bands
+
+
+def first_argmax(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (h, w, uint8): the index of each pixel's largest value over (C, h, w), the first of equal ones
+    (numpy's argmax), a pass per class (torch's argmax over the first dimension of a small tensor is far slower on
+    CPUs)."""
+    out.zero_()
+    best = values[0]
+    for k in range(1, values.shape[0]):
+        out.masked_fill_(values[k] > best, k)
+        if k + 1 < values.shape[0]:
+            best = torch.maximum(best, values[k])
+    return out

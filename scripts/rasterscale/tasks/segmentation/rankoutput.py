@@ -15,11 +15,9 @@ from rasterscale.tasks.blending import (
     block_span,
     covered_pixels,
 )
-from rasterscale.tasks.segmentation import NODATA_CLASS
+from rasterscale.tasks.segmentation import NODATA_CLASS, PROBABILITY_SCALE
 
 __all__ = ["BLOCKS_TAG", "BLOCK_COLS", "BLOCK_ROWS", "PROBABILITY_SCALE", "RankRaster", "block_span", "covered_pixels"]
-
-PROBABILITY_SCALE = 1 / 255  # probability bands hold round(p * 255)
 
 
 class RankRaster(BlockRaster):

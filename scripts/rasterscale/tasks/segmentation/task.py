@@ -122,9 +122,9 @@ class SegmentationTask(DenseTask):
             return model.eval()
         return prepare_dense_for_inference(model, cast(Segmenter, model).net, predict.channels_last)
 
-    def predict_batch(self, model: torch.nn.Module, images: list[torch.Tensor]) -> list[np.ndarray]:
-        probabilities = torch.softmax(model(torch.stack(images)).float(), dim=1)
-        return list(probabilities.cpu().numpy())
+    def postprocess(self, raw: torch.Tensor) -> torch.Tensor:
+        """The class probabilities (softmax of the logits, in fp32)."""
+        return torch.softmax(raw.float(), dim=1)
 
     def blended_bands(self, model_cfg: SegmenterConfig | ModelCard) -> int:
         return model_cfg.num_classes
