@@ -91,7 +91,8 @@ DENSE_TASKS: dict[str, DenseTask] = {
 
 
 def task_config(task: str) -> dict[str, Any]:
-    """The task, model, tiling and predict sections of a validated config of ``task``: one CPU rank, workers 0."""
+    """The task, model, tiling, predict and merge sections of a validated config of ``task``: one CPU rank, workers 0
+    (the merge section: regression's scene outputs depend on ``merge.tree_tops``)."""
     config = validate_config(
         {
             "task": task,
@@ -99,7 +100,7 @@ def task_config(task: str) -> dict[str, Any]:
             "predict": {"accelerator": "cpu", "devices": 1, "workers": 0},
         }
     )
-    return {key: config[key] for key in ("task", "model", "tiling", "predict")}
+    return {key: config[key] for key in ("task", "model", "tiling", "predict", "merge")}
 
 
 def band_of_rows(side: int, tiles: int = TILES) -> Any:

@@ -241,7 +241,8 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
         check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
         merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(settings)}
-        merge = job_settings({"task": valid["task"], "merge": valid["merge"], "predict": predict})  # a merge job's
+        # a merge job's sections, and the cog section its rule's threads make (scripts/merge.py)
+        merge = job_settings({"task": valid["task"], "merge": valid["merge"], "predict": predict, "cog": valid["cog"]})
         spec.merge({**scene, **merged}, [stem + spec.rank_suffix for stem in stems], merge, spec.labels(settings))
         return merged
     finally:

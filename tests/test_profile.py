@@ -133,7 +133,7 @@ def test_totals_add_rates_and_take_the_longest_wall():
 def test_records_without_a_profile_are_left_out(tmp_path):
     plain, profiled = tmp_path / "rank-0", tmp_path / "rank-1"
     write_rank_record(plain, [0])
-    stored = {name: 0 for name in FIELDS} | rank(1, 3, 1.0, 0.1)
+    stored = {name: 0 for name in FIELDS} | {"stages": {}, "parallel": {}} | rank(1, 3, 1.0, 0.1)
     write_rank_record(profiled, [1], stored)
     assert read_rank_record(plain)["profile"] is None
     gathered = write_scene_profile([plain, profiled], tmp_path / "p.json")

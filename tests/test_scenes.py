@@ -287,11 +287,11 @@ def test_batch_tiles_split_over_shards_and_ranks_exactly_once_and_balanced():
     assert [len(tiles) for tiles in parts[3]] == [0, 0, 2, 1]  # empty for the scenes it has no tile of
 
 
-def test_scenes_dataset_holds_one_scene_at_a_time():
+def test_scenes_dataset_holds_one_scene_at_a_time_and_never_batches_two_tile_shapes():
     import gc
     import weakref
 
-    from rasterscale.predict.engine import ScenesDataset
+    from rasterscale.predict.batches import ScenesDataset
 
     made: list[weakref.ref] = []
 
@@ -308,10 +308,13 @@ def test_scenes_dataset_holds_one_scene_at_a_time():
 
         return make
 
-    dataset = ScenesDataset([factory([4, 5]), factory([]), factory([7, 8, 9])], [2, 0, 3])
+    dataset = ScenesDataset([factory([4, 5]), factory([]), factory([7, 8, 9])], [2, 0, 3], ["rgb 256", "-", "nir 512"])
     assert len(dataset) == 5
     assert [dataset[k][1] for k in range(5)] == [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]  # (scene, position)
     assert len(made) == 2  # the empty scene made nothing
+    # batches in order, of 2, cut where the tile shape changes (a batch is one tensor)
+    assert list(dataset.batches(2)) == [[0, 1], [2, 3], [4]]
+    assert list(dataset.batches(4)) == [[0, 1], [2, 3, 4]]
 
 
 @pytest.mark.parametrize("strategy", ["single", "batch"])

@@ -14,8 +14,12 @@ With a resume folder (the rule's: :func:`rasterscale.jobs.resume.resume_dir`), e
 finished tiles there every ``predict.save_every`` seconds, and a rerun of the job skips the tiles its saved parts
 hold (:mod:`rasterscale.jobs.resume`); the job removes the folder once every rank has written its files.
 
-Tiles travel as uint8 (pinned, copied non-blocking on GPUs) and are scaled on the device; dataloader workers read
-ahead while the model computes (strategies: :mod:`rasterscale.datasets.tiles`). Lightning's predict runs under
+Tiles travel as uint8, a batch as one tensor (:mod:`rasterscale.predict.batches`: pinned, copied non-blocking on
+GPUs), and are scaled on the device; dataloader workers read ahead while the model computes (strategies:
+:mod:`rasterscale.datasets.tiles`; workers from the rank's cores: :mod:`rasterscale.runtime.cores`). A batch's
+result stays on the device until its scene's rank output takes it, in one call (a blend runs there too:
+:mod:`rasterscale.tasks.blender`). Every stage of a batch is timed on the rank's stage clock
+(:class:`~rasterscale.predict.measure.StageClock`). Lightning's predict runs under
 ``torch.inference_mode`` and, where ``predict.precision`` resolves to ``bf16-mixed``/``16-mixed`` on the rank's device
 (:mod:`rasterscale.runtime.precision`), under autocast; the task puts its model on its fast path
 (:mod:`rasterscale.runtime.fastpath`).

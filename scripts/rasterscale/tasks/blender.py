@@ -42,6 +42,7 @@ from rasterscale.tasks.piecewriter import PieceWriter, Placement
 Rect = tuple[int, int, int, int]  # rows [r0, r1), columns [c0, c1) of the scene
 
 BLEND_MB = 256.0  # default bound of a rank's band (predict.blend_mb): waiting chunks beyond it wait on disk
+STACKS_KEPT = 8  # batches of tile kinds whose stacked weights are kept
 CHUNK_COLS = 1024  # the narrowest chunk of the band, in px (a chunk's rows are finished, and written, at once)
 
 
@@ -138,9 +139,11 @@ class EdgeWeights:
     def __init__(self, width: int, height: int, taper: int, device: torch.device) -> None:
         self.width, self.height, self.taper, self.device = width, height, taper, device
         self.made: dict[tuple[int, ...], torch.Tensor] = {}
+        self.batches: dict[tuple[tuple[int, ...], ...], torch.Tensor] = {}
 
-    def of(self, tile: Tile) -> torch.Tensor:
-        key = (
+    def key(self, tile: Tile) -> tuple[int, ...]:
+        """A tile's kind: its size, and which of its edges are inner."""
+        return (
             tile.height,
             tile.width,
             tile.row_off > 0,
@@ -148,14 +151,23 @@ class EdgeWeights:
             tile.col_off > 0,
             tile.col_off + tile.width < self.width,
         )
+
+    def of(self, tile: Tile) -> torch.Tensor:
+        key = self.key(tile)
         if key not in self.made:
             weights = edge_weights(tile, self.width, self.height, self.taper)
             self.made[key] = torch.from_numpy(weights)[None].to(self.device)
         return self.made[key]
 
     def stacked(self, tiles: Sequence[Tile]) -> torch.Tensor:
-        """(B, 1, h, w): the weights of a batch of tiles of one size."""
-        return torch.stack([self.of(tile) for tile in tiles])
+        """(B, 1, h, w): the weights of a batch of tiles of one size (the last few batches' kinds kept: a raster's
+        rows of tiles make the same batches over and over)."""
+        kinds = tuple(self.key(tile) for tile in tiles)
+        if kinds not in self.batches:
+            if len(self.batches) >= STACKS_KEPT:
+                self.batches.pop(next(iter(self.batches)))
+            self.batches[kinds] = torch.stack([self.of(tile) for tile in tiles])
+        return self.batches[kinds]
 
 
 class Blender(ABC):
@@ -211,6 +223,7 @@ class Blender(ABC):
         self.band_rows = max((t.height for t in self.tiles), default=0)
         self.next_index = 0
         self.active: list[int] = []  # chunks the current row of tiles has reached and not gone past
+        self.free: dict[tuple[int, ...], list[torch.Tensor]] = {}  # bands let go, by shape (as many as were active)
         self.held = 0  # bytes of sums on the device
         self.spilled = SpilledChunks(spill_folder(site.path))
         self.weights = EdgeWeights(self.width, self.height, self.taper, self.device)
@@ -303,7 +316,7 @@ class Blender(ABC):
             self.held += chunk.sums.nbytes
         if chunk.sums is not None and chunk.top < row_off:
             self._finish_rows(index, row_off)
-        sums = torch.zeros((self.channels + 1, self.band_rows, chunk.right - chunk.left), device=self.device)
+        sums = self._band((self.channels + 1, self.band_rows, chunk.right - chunk.left))
         if chunk.sums is not None:
             sums[:, : chunk.rows] = chunk.sums
             self.held -= chunk.sums.nbytes
@@ -338,11 +351,22 @@ class Blender(ABC):
             bands = self.finish(chunk.sums[: self.channels, :done], chunk.sums[self.channels, :done])
             self.writer.submit(bands, placements)
         self.held -= chunk.sums.nbytes
+        band = chunk.sums
         if done < chunk.rows:
-            chunk.sums, chunk.top = chunk.sums[:, done:].clone(), chunk.top + done
+            chunk.sums, chunk.top = band[:, done:].clone(), chunk.top + done
             self.held += chunk.sums.nbytes
         else:
             chunk.sums, chunk.top = None, chunk.top + done
+        if band.shape[1] == self.band_rows:
+            self.free.setdefault(tuple(band.shape), []).append(band)
+
+    def _band(self, shape: tuple[int, int, int]) -> torch.Tensor:
+        """Zeroed sums of a chunk reached by a row of tiles: a band let go earlier, or a new one (reused, a band's
+        memory is not mapped again and faulted in at every row)."""
+        free = self.free.get(shape)
+        if free:
+            return free.pop().zero_()
+        return torch.zeros(shape, device=self.device)
 
     def _placements(self, chunk: Chunk, done: int) -> list[Placement]:
         """Where a chunk's first ``done`` rows go: the own cores' rectangles cut to them, each as its window in the

@@ -100,10 +100,11 @@ def first_argmax(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out`` (h, w, uint8): the index of each pixel's largest value over (C, h, w), the first of equal ones
     (numpy's argmax), a pass per class (torch's argmax over the first dimension of a small tensor is far slower on
     CPUs)."""
-    out.zero_()
+    if values.shape[0] == 1:
+        return out.zero_()
+    torch.gt(values[1], values[0], out=out)  # class 1 where it beats class 0 (a comparison into uint8: 0 or 1)
     best = values[0]
-    for k in range(1, values.shape[0]):
+    for k in range(2, values.shape[0]):
+        best = torch.maximum(best, values[k - 1])
         out.masked_fill_(values[k] > best, k)
-        if k + 1 < values.shape[0]:
-            best = torch.maximum(best, values[k])
     return out
