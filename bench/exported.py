@@ -24,14 +24,12 @@ from jobs import run_predict_job
 from measures import autocast, read_tiles
 from rasterscale.config.schema import validate_config
 from rasterscale.config.settings import job_settings, settings_of
-from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
-from rasterscale.grid.tile import TileGrid
-from rasterscale.raster.imagery import resolve_spec
+from rasterscale.grid.manifest import tiles_from_frame
 from rasterscale.runtime.precision import choose, probe
 from rasterscale.tasks.exported.card import FORMS
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tools.export import export_model
-from synthetic import write_raster
+from synthetic import write_scene
 
 PATCH, OVERLAP = 256, 32
 SUFFIXES = {"torchscript": "torchscript.pt", "torch.export": "pt2", "onnx": "onnx"}
@@ -123,10 +121,7 @@ def measure_exported(workdir: Path, side: int, batch: int = 4, accelerator: str 
     rank or one GPU (``accelerator: gpu``)."""
     device = torch.device("cuda" if accelerator == "gpu" else "cpu")
     workdir.mkdir(parents=True, exist_ok=True)
-    raster = write_raster(workdir / "scene.tif", side)
-    frame = build_manifest(raster, PATCH, OVERLAP)
-    manifest = workdir / "tiles.parquet"
-    write_manifest(frame, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
+    raster, manifest, frame = write_scene(workdir, side, PATCH, OVERLAP)
     native = write_unet(workdir / "unet.pt")
     files = {"eager": native}
     for form in FORMS:

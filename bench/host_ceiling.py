@@ -25,12 +25,10 @@ from exported import measure_form, write_unet
 from jobs import run_predict_job
 from measures import read_tiles
 from rasterscale.config.schema import validate_config
-from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
-from rasterscale.grid.tile import TileGrid
+from rasterscale.grid.manifest import tiles_from_frame
 from rasterscale.jobs.profile import STAGES
-from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.exported.card import card_path
-from synthetic import write_raster
+from synthetic import write_scene
 
 PATCH, OVERLAP, BATCH = 256, 32, 32
 TASKS = {"segmentation": (["background", "tree"], "logits"), "regression": (["height"], "values")}
@@ -59,9 +57,10 @@ def write_null_model(path: Path, task: str) -> Path:
     return path
 
 
-def job_config(task: str, model: Path, workers: int | None, accelerator: str) -> dict[str, Any]:
-    """The null model's job: one rank, ``workers`` readers (None: the rank's own choice from its cores)."""
-    predict = {"accelerator": accelerator, "devices": 1, "batch_size": BATCH}
+def job_config(task: str, model: Path, workers: int | None, accelerator: str, batch: int = BATCH) -> dict[str, Any]:
+    """A job of ``model``: one rank, batches of ``batch``, ``workers`` readers (None: the rank's own choice from its
+    cores)."""
+    predict = {"accelerator": accelerator, "devices": 1, "batch_size": batch}
     if workers is not None:
         predict["workers"] = workers
     config = validate_config(
@@ -80,10 +79,7 @@ def measure_host_ceiling(
 ) -> dict[str, Any]:
     """Each task's null-model job per worker count: tiles/s of the rank, per core, the job's wall, and the stages."""
     workdir.mkdir(parents=True, exist_ok=True)
-    raster = write_raster(workdir / "scene.tif", side)
-    manifest = workdir / "tiles.parquet"
-    frame = build_manifest(raster, PATCH, OVERLAP)
-    write_manifest(frame, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
+    raster, manifest, frame = write_scene(workdir, side, PATCH, OVERLAP)
     cores = len(os.sched_getaffinity(0))
     rows: dict[str, Any] = {}
     for task in TASKS:
@@ -115,14 +111,10 @@ def measure_unet_job(workdir: Path, side: int, batch: int, accelerator: str = "g
     its prediction job on one rank (its own worker count, ``precision: auto``) against its pure forward over the
     same tiles preloaded on the device, in the job's batches (:func:`exported.measure_form`, the eager form)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    raster = write_raster(workdir / "scene.tif", side)
-    frame = build_manifest(raster, PATCH, OVERLAP)
-    manifest = workdir / "tiles.parquet"
-    write_manifest(frame, resolve_spec(raster), TileGrid(PATCH, OVERLAP), manifest)
+    raster, manifest, frame = write_scene(workdir, side, PATCH, OVERLAP)
     model = write_unet(workdir / "unet.pt")
     images = read_tiles(raster, tiles_from_frame(frame))
-    config = job_config("segmentation", model, None, accelerator)
-    config["predict"]["batch_size"] = batch
+    config = job_config("segmentation", model, None, accelerator, batch)
     run = measure_form("eager", model, workdir, raster, manifest, images, batch, accelerator, config)
     job = run.pop("job")
     return {

@@ -19,8 +19,10 @@ import torch
 from affine import Affine
 from rasterio.windows import Window
 
-from rasterscale.grid.tile import Tile
+from rasterscale.grid.manifest import build_manifest, write_manifest
+from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_areas, pixel_boxes_to_polygons
+from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
 CRS = "EPSG:32617"
@@ -74,6 +76,16 @@ def write_raster(path: Path, side: int, only: Sequence[Window] | None = None, bl
             shifted = np.roll(pattern, (r * 31 + c * 17) % block, axis=2)
             dst.write(shifted[:, : window.height, : window.width], window=window)
     return path
+
+
+def write_scene(workdir: Path, side: int, patch: int, overlap: int) -> tuple[Path, Path, gpd.GeoDataFrame]:
+    """A side x side scene (:func:`write_raster`) and its tile manifest of ``patch`` px tiles, in ``workdir``: the
+    raster, the manifest file and its frame."""
+    raster = write_raster(workdir / "scene.tif", side)
+    manifest = workdir / "tiles.parquet"
+    frame = build_manifest(raster, patch, overlap)
+    write_manifest(frame, resolve_spec(raster), TileGrid(patch, overlap), manifest)
+    return raster, manifest, frame
 
 
 def tile_windows(tiles: Sequence[Tile]) -> list[Window]:
