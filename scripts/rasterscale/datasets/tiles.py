@@ -21,7 +21,6 @@ copy.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,15 +94,10 @@ class RasterHandle(ProcessRaster):
         super().__init__(path)
         self.spec = spec
 
-    @property
-    def src(self) -> rasterio.io.DatasetReader:
-        """The raster, opened once per process; on opening, the process's block cache is sized for it
-        (:data:`READ_CACHE`, where a prediction rank bounds it)."""
-        opened = self._src is not None and self._pid == os.getpid()
-        src = super().src
-        if not opened:
-            READ_CACHE.fit(src, self.spec)
-        return src
+    def opened(self, src: rasterio.io.DatasetReader) -> None:
+        """The raster is opened in this process: the process's block cache is sized for it (:data:`READ_CACHE`,
+        where a prediction rank bounds it)."""
+        READ_CACHE.fit(src, self.spec)
 
     def read_pixels(self, tile: Tile) -> np.ndarray:
         """The tile as the model's pixels (the spec's bands, scale or raw values, and fill), shape (bands, height,

@@ -95,15 +95,12 @@ class StageClock:
 
 @dataclass
 class Share:
-    """What a rank spent on one scene (or on all): tiles, batches, and the wall, compute and output time of its
-    batches, a batch's time split between its scenes by their tiles (so that the scenes' walls add up to the
-    rank's)."""
+    """What a rank spent on one scene (or on all): tiles, batches, and the seconds of each stage of its batches, a
+    batch's time split between its scenes by their tiles (so that the scenes' walls add up to the rank's); its
+    wall, compute and output time are sums of stages."""
 
     tiles: int = 0
     batches: int = 0
-    wall_s: float = 0.0
-    compute_s: float = 0.0
-    output_s: float = 0.0
     memory: list[int] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
@@ -118,9 +115,18 @@ class Share:
         """A ``fraction`` of stage seconds (a batch's, or the final write's)."""
         for stage, seconds in stages.items():
             self.stages[stage] += seconds * fraction
-        self.wall_s += sum(stages.values()) * fraction
-        self.compute_s += sum(stages[s] for s in COMPUTE_STAGES) * fraction
-        self.output_s += sum(stages[s] for s in OUTPUT_STAGES) * fraction
+
+    @property
+    def wall_s(self) -> float:
+        return sum(self.stages.values())
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.stages[stage] for stage in COMPUTE_STAGES)
+
+    @property
+    def output_s(self) -> float:
+        return sum(self.stages[stage] for stage in OUTPUT_STAGES)
 
 
 class PredictProfiler(L.Callback):

@@ -368,7 +368,11 @@ class ProcessRaster:
         if self._src is None or self._pid != os.getpid():
             self._src = open_raster(self.path)
             self._pid = os.getpid()
+            self.opened(self._src)
         return self._src
+
+    def opened(self, src: rasterio.io.DatasetReader) -> None:
+        """Called once per process, when the raster has just been opened in it (nothing here)."""
 
 
 def check_imagery(
