@@ -25,6 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from rasterscale.errors import InputError, one_line
 from rasterscale.runtime import peers
 from rasterscale.runtime import precision as precisions
+from rasterscale.runtime.allocator import keep_freed_memory
 from rasterscale.runtime.cores import rank_cores
 from rasterscale.runtime.lifetime import bind_rank
 from rasterscale.runtime.preflight import (
@@ -292,7 +293,9 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
 def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.Logger:
     """What every rank does first, in training, prediction and the environment check: its own log file (rank 0
     also logging to the rule's log), its life tied to its job's (:mod:`rasterscale.runtime.lifetime`), Lightning
-    quiet on the other ranks, and on CPUs its share of the cores."""
+    quiet on the other ranks, its freed host memory kept for its next batches (:mod:`rasterscale.runtime.allocator`),
+    and on CPUs its share of the cores."""
+    keep_freed_memory()
     rank = current_rank()
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
     # Lightning's local launcher starts the other ranks from rank 0 unless they were started before
