@@ -130,24 +130,30 @@ def test_any_split_over_ranks_and_shards_gives_the_numpy_blend(tmp_path):
         transform = src.transform
         valid = read_masked(src, spec)[1]
     classes, probabilities = reference_blend(tiles, truth)
-    # (ranks, shards, blend_mb): 0 MB sends every waiting chunk to disk at once
-    for ranks, shards, blend_mb in ((1, 1, BLEND_MB), (2, 1, BLEND_MB), (3, 1, BLEND_MB), (2, 2, BLEND_MB), (2, 1, 0)):
-        out = tmp_path / f"ranks-{ranks}-shards-{shards}-mb-{blend_mb}"
+    # (ranks, shards, blend_mb, probabilities): 0 MB sends every waiting chunk to disk at once; without the
+    # probabilities the band sums no weights (the classes are the argmax of the weighted sums alone)
+    cases = ((1, 1, BLEND_MB, True), (2, 1, BLEND_MB, True), (3, 1, BLEND_MB, True), (2, 2, BLEND_MB, True))
+    for ranks, shards, blend_mb, with_probabilities in (*cases, (2, 1, 0, True), (3, 1, BLEND_MB, False)):
+        out = tmp_path / f"ranks-{ranks}-shards-{shards}-mb-{blend_mb}-{with_probabilities}"
         out.mkdir()
         rank_rasters = predict_ranks(
-            tiles, truth, OVERLAP, out, ranks, transform, UTM17N, probabilities=True, blend_mb=blend_mb, shards=shards
+            tiles, truth, OVERLAP, out, ranks, transform, UTM17N, with_probabilities, blend_mb=blend_mb, shards=shards
         )
         assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in rank_rasters)  # no spill folder left
-        merge_class_rasters(rank_rasters, scene, spec, out / "classes.tif", out / "probabilities.tif", LABELS)
-        with rasterio.open(out / "classes.tif") as merged, rasterio.open(out / "probabilities.tif") as probs:
-            blended, blended_probabilities = merged.read(1), probs.read()
+        probabilities_path = out / "probabilities.tif" if with_probabilities else None
+        merge_class_rasters(rank_rasters, scene, spec, out / "classes.tif", probabilities_path, LABELS)
+        with rasterio.open(out / "classes.tif") as merged:
+            blended = merged.read(1)
         assert np.all((blended == NODATA_CLASS) == ~valid)
-        assert np.array_equal(blended[valid], classes[valid]), (ranks, shards, blend_mb)
-        assert np.array_equal(blended_probabilities[:, valid], probabilities[:, valid]), (ranks, shards, blend_mb)
+        assert np.array_equal(blended[valid], classes[valid]), (ranks, shards, blend_mb, with_probabilities)
+        if with_probabilities:
+            with rasterio.open(out / "probabilities.tif") as probs:
+                assert np.array_equal(probs.read()[:, valid], probabilities[:, valid]), (ranks, shards, blend_mb)
     accuracy = float((blended[valid] == truth[valid]).mean())
     report(
         "blend: 1, 2 and 3 ranks, 2 shards of 2 ranks, and 2 ranks sending every waiting chunk to disk give the class "
-        f"map and probabilities of the raster-wide NumPy blend; pixel accuracy {accuracy:.4f}"
+        "map and probabilities of the raster-wide NumPy blend, 3 ranks without probabilities its class map; pixel "
+        f"accuracy {accuracy:.4f}"
     )
 
 

@@ -4,7 +4,8 @@ and handed to a writer thread; chunks waiting beyond a bound on disk.
 
 The band covers the columns of the tiles a rank predicts, cut where the cores' columns are cut, into chunks of at
 least :data:`CHUNK_COLS` px (:func:`band_chunks`). A tile adds its weighted values and its weights (one tensor of C + 1
-channels: Σ w·v and Σ w) to the chunks it overlaps, a tile's height of rows each. Tiles come row of tiles after row
+channels: Σ w·v, and Σ w where the task's bands need it, :attr:`Blender.weighed`) to the chunks it overlaps, a
+tile's height of rows each. Tiles come row of tiles after row
 of tiles, so every row of the raster above where the next row of tiles begins is final once the current row of tiles
 has gone past a chunk: the chunk's final rows become the raster's bands there (:meth:`Blender.finish`: an argmax, a
 mean) and go to the writer (:class:`~rasterscale.tasks.piecewriter.PieceWriter`, which copies them to the host without
@@ -234,10 +235,16 @@ class Blender(ABC):
     def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
         """The rank raster: ``width`` x ``height`` px at ``site`` (resumed from its parts)."""
 
+    @property
+    def weighed(self) -> bool:
+        """Whether :meth:`finish` needs the sum of the weights (a mean does, an argmax does not): without it the band
+        holds C channels instead of C + 1."""
+        return True
+
     @abstractmethod
-    def finish(self, weighted: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def finish(self, weighted: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """Finished pixels' bands in the rank raster (``raster.count``, h, w), of its dtype, from their sums: Σ w·v
-        (C, h, w) and Σ w (h, w), float32 on the device."""
+        (C, h, w) and Σ w (h, w; None unless :attr:`weighed`), float32 on the device."""
 
     def _local(self, window: Window) -> Window:
         """A window of the scene in the rank raster's pixels."""
@@ -253,12 +260,12 @@ class Blender(ABC):
         """A batch of tiles' values, (B, C, h, w) float32 on the device; tiles come in ``tiles_to_predict`` order."""
         tiles = self._next_tiles(tile_ids, tuple(values.shape))
         weights = self.weights.stacked(tiles)
-        terms = torch.empty((len(tiles), self.channels + 1, *values.shape[2:]), device=self.device)  # w·v and w
-        torch.mul(values.to(self.device), weights, out=terms[:, : self.channels])
-        terms[:, self.channels :] = weights
+        values = values.to(self.device)
+        product = torch.empty(values.shape[1:], device=self.device)  # one tile's w·v at a time (in cache)
         with self._writing():
             for k, tile in enumerate(tiles):
-                self._add_tile(tile, terms[k])
+                torch.mul(values[k], weights[k], out=product)
+                self._add_tile(tile, product, weights[k])
             self.writer.raise_failure()
 
     def _next_tiles(self, tile_ids: Sequence[int], shape: tuple[int, ...]) -> list[Tile]:
@@ -273,9 +280,10 @@ class Blender(ABC):
                 raise ValueError(f"tile {tile_id}: values of shape {shape[1:]}, expected {expected_shape}")
         return tiles
 
-    def _add_tile(self, tile: Tile, terms: torch.Tensor) -> None:
-        """A tile's Σ w·v and w (C + 1, h, w) into the chunks it overlaps; chunks the row has gone past, and at a
-        new row of tiles every chunk, give their finished rows to the writer."""
+    def _add_tile(self, tile: Tile, product: torch.Tensor, weights: torch.Tensor) -> None:
+        """A tile's w·v (``product``, (C, h, w): its values times its ``weights``, rounded as the raster-wide sum
+        rounds them, before the sum) and w (1, h, w) into the chunks it overlaps; chunks the row has gone past, and
+        at a new row of tiles every chunk, give their finished rows to the writer."""
         if self.next_index and tile.row_off != self.tiles[self.next_index - 1].row_off:
             self._end_row(tile.row_off)
         self.next_index += 1
@@ -293,7 +301,11 @@ class Blender(ABC):
             c0, c1 = max(chunk.left, tile.col_off), min(chunk.right, tile.col_off + tile.width)
             rows = slice(tile.row_off - chunk.top, tile.row_off - chunk.top + tile.height)
             assert chunk.sums is not None, "a reached chunk holds its sums"
-            chunk.sums[:, rows, c0 - chunk.left : c1 - chunk.left] += terms[:, :, c0 - tile.col_off : c1 - tile.col_off]
+            sums = chunk.sums[:, rows, c0 - chunk.left : c1 - chunk.left]
+            cols = slice(c0 - tile.col_off, c1 - tile.col_off)
+            sums[: self.channels] += product[:, :, cols]
+            if self.weighed:
+                sums[self.channels :] += weights[:, :, cols]
         self.peak_pending_bytes = max(self.peak_pending_bytes, self.held)
         if self.held > self.bound:
             self._spill_beyond_bound()
@@ -316,7 +328,7 @@ class Blender(ABC):
             self.held += chunk.sums.nbytes
         if chunk.sums is not None and chunk.top < row_off:
             self._finish_rows(index, row_off)
-        sums = self._band((self.channels + 1, self.band_rows, chunk.right - chunk.left))
+        sums = self._band((self.channels + self.weighed, self.band_rows, chunk.right - chunk.left))
         if chunk.sums is not None:
             sums[:, : chunk.rows] = chunk.sums
             self.held -= chunk.sums.nbytes
@@ -348,7 +360,8 @@ class Blender(ABC):
             return
         placements = self._placements(chunk, done)
         if placements:
-            bands = self.finish(chunk.sums[: self.channels, :done], chunk.sums[self.channels, :done])
+            weights = chunk.sums[self.channels, :done] if self.weighed else None
+            bands = self.finish(chunk.sums[: self.channels, :done], weights)
             self.writer.submit(bands, placements)
         self.held -= chunk.sums.nbytes
         band = chunk.sums

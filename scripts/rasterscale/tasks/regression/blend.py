@@ -67,6 +67,7 @@ class ValueBlender(Blender):
     def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
         return value_raster(site, width, height, self.labels)
 
-    def finish(self, weighted: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def finish(self, weighted: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """The weighted mean of the contributors' values (weights are floored above 0: never a division by 0)."""
+        assert weights is not None, "a mean's blender is weighed"
         return weighted / weights

@@ -86,12 +86,17 @@ class TileBlender(Blender):
     def open_raster(self, site: RasterSite, width: int, height: int) -> RankRaster:
         return RankRaster(site, width, height, self.num_classes if self.probabilities else 0)
 
-    def finish(self, weighted: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    @property
+    def weighed(self) -> bool:
+        """The weights' sum only for the probabilities (the classes are the argmax of the weighted sums)."""
+        return self.probabilities
+
+    def finish(self, weighted: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """The classes (argmax of the sums: the first of equal sums) and, when asked, the probabilities as
         round(p * 255) (half to even), written into one uint8 tensor."""
-        bands = torch.empty((self.raster.count, *weights.shape), dtype=torch.uint8, device=weights.device)
+        bands = torch.empty((self.raster.count, *weighted.shape[1:]), dtype=torch.uint8, device=weighted.device)
         first_argmax(weighted, out=bands[0])
-        if self.probabilities:
+        if weights is not None:
             bands[1:] = (weighted / weights).clamp_(0.0, 1.0).mul_(255.0).round_()
         return bands
 
