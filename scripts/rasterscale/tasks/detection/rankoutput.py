@@ -11,10 +11,10 @@ from typing import Any
 import geopandas as gpd
 import numpy as np
 import pandas as pd
-import torch
 
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
+from rasterscale.tasks.detection.batched import BatchDetections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
 from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
 
@@ -26,19 +26,12 @@ class TileDetections:
     labels: np.ndarray
 
 
-def detections_to_host(found: list[dict[str, torch.Tensor]]) -> list[TileDetections]:
-    """A batch's detections (each tile's ``boxes``, ``scores``, ``labels`` on the device) on the host, each kind
-    copied once for the batch."""
-    if not found:
-        return []
-    host = {key: torch.cat([tile[key] for tile in found]).cpu() for key in ("boxes", "scores", "labels")}
-    starts = np.cumsum([0, *(len(tile["scores"]) for tile in found)])
-    return [
-        TileDetections(
-            host["boxes"][a:b].float().numpy(), host["scores"][a:b].float().numpy(), host["labels"][a:b].numpy()
-        )
-        for a, b in itertools.pairwise(starts)
-    ]
+def detections_to_host(found: BatchDetections) -> list[TileDetections]:
+    """A batch's detections (one tensor per kind on the device) on the host, in one copy, as each tile's."""
+    host = found.packed().cpu().numpy()
+    starts = np.searchsorted(host[:, 6], np.arange(found.count + 1), side="left")
+    pieces = itertools.pairwise(starts)
+    return [TileDetections(host[a:b, :4], host[a:b, 4], host[a:b, 5].astype(np.int64)) for a, b in pieces]
 
 
 def detections_frame(

@@ -10,7 +10,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ import torch
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, on_data
 from rasterscale.tasks.api import SizedDataset
+from rasterscale.tasks.detection.batched import BatchDetections, HeadOutputs, head_outputs, select_detections
 from rasterscale.tasks.detection.dataset import TrainTileDataset
 from rasterscale.tasks.detection.groundtruth import Annotations, read_annotations
 from rasterscale.tasks.detection.metrics import evaluate_detections
@@ -101,11 +102,12 @@ class DetectionTask(DetectorTask):
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_detector(model, datasets, batch_size)  # type: ignore[arg-type]
 
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> Any:
-        """The detector over the batch's tiles (torchvision's detectors take a list: its transform, the network and
-        its post-processing)."""
-        return model(list(images))
+    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> HeadOutputs:
+        """The detector's network over the batch as one tensor: torchvision's transform done for the whole batch,
+        backbone and heads, the anchors of its size made once (:mod:`rasterscale.tasks.detection.batched`)."""
+        return head_outputs(cast("RetinaNet", model), images)
 
-    def postprocess(self, raw: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        """Each tile's boxes, scores and labels as the detector gave them, on the device."""
-        return raw
+    def postprocess(self, raw: HeadOutputs) -> BatchDetections:
+        """The batch's boxes, scores and labels, as torchvision's RetinaNet keeps them, selected for the whole batch
+        at once, on the device."""
+        return select_detections(raw)

@@ -1,0 +1,242 @@
+"""RetinaNet over a batch of tiles as one tensor on the device: what torchvision's RetinaNet does image by image
+(its transform, its anchors, its post-processing), done once for the whole batch, with the same arithmetic.
+
+- **Pre-processing** (:func:`model_input`): the batch normalized by the model's mean and std, resized in one
+  bilinear interpolation (torchvision's scale: its ``min_size``, ``max_size``; only where the model records a
+  resize, DeepForest's 400 px tiles seen at 800 px) and zero-padded to the backbone's multiple of 32, all in one
+  operation each. A batch's tiles share one size (the rank's batches never mix tile shapes).
+- **Anchors** (:class:`Anchors`): made once per input size and kept for every batch, in fp32. torchvision makes
+  them at every call in the features' dtype: under bf16 autocast an 800 px anchor grid in steps of 4 px.
+- **Post-processing** (:func:`select_detections`): each level's scores past the score threshold, then its top-k
+  candidates (``topk_candidates``) of every tile at once; the boxes decoded and clipped for the batch; one
+  batched NMS over the batch (the tile in its key, with the class); then each tile's cap
+  (``detections_per_img``). DeepForest's settings keep their meaning: ``score_thresh``, ``nms_thresh``, the cap.
+
+The result (:class:`BatchDetections`) is one tensor per kind for the batch, on the device, tiles in order and each
+tile's boxes by score; it leaves the device in one copy (:meth:`BatchDetections.packed`). On a CPU, in fp32, the
+boxes, scores and labels are torchvision's (``tests/test_detection_batched.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torchvision.models.detection import RetinaNet
+from torchvision.models.detection._utils import BoxCoder
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import batched_nms, clip_boxes_to_image
+
+Size = tuple[int, int]  # (height, width) in px
+
+PACKED_COLUMNS = 7  # a packed detection: x0, y0, x1, y1, score, label, tile (labels and tiles exact in fp32)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A batch as the backbone takes it: ``images`` (B, C, H, W), normalized, resized and padded; each tile's size
+    before (``tile``) and after the resize (``resized``), unpadded."""
+
+    images: torch.Tensor
+    tile: Size
+    resized: Size
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a RetinaNet keeps of its candidates: its score threshold, its NMS IoU threshold, its top-k candidates
+    per level, its cap per tile, and its box coder."""
+
+    score_thresh: float
+    nms_thresh: float
+    topk_candidates: int
+    detections_per_img: int
+    box_coder: BoxCoder
+
+    @classmethod
+    def of(cls, model: RetinaNet) -> Selection:
+        return cls(
+            model.score_thresh, model.nms_thresh, model.topk_candidates, model.detections_per_img, model.box_coder
+        )
+
+
+@dataclass(frozen=True)
+class HeadOutputs:
+    """The network's output for a batch: each level's class logits (B, HWA, C) and box regressions (B, HWA, 4), the
+    anchors of every level (HWA, 4, fp32), the input's sizes, and what the model keeps of it."""
+
+    logits: list[torch.Tensor]
+    regressions: list[torch.Tensor]
+    anchors: list[torch.Tensor]
+    input: ModelInput
+    selection: Selection
+
+
+@dataclass(frozen=True)
+class BatchDetections:
+    """A batch's detections on its device: ``boxes`` (N, 4, tile pixels), ``scores`` (N), ``labels`` (N, int64) and
+    ``tiles`` (N, int64: each detection's tile in the batch), tiles in order, a tile's boxes by score; ``count``:
+    the tiles of the batch (some may have none)."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+    tiles: torch.Tensor
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, part: slice) -> BatchDetections:
+        """The detections of the tiles ``part`` of the batch (a run of one scene's tiles), numbered from 0."""
+        start, stop, step = part.indices(self.count)
+        if step != 1:
+            raise ValueError("a run of tiles is contiguous")
+        if (start, stop) == (0, self.count):
+            return self
+        keep = (self.tiles >= start) & (self.tiles < stop)
+        return BatchDetections(
+            self.boxes[keep], self.scores[keep], self.labels[keep], self.tiles[keep] - start, max(0, stop - start)
+        )
+
+    def packed(self) -> torch.Tensor:
+        """(N, :data:`PACKED_COLUMNS`) float32: boxes, score, label and tile of each detection, one tensor to copy."""
+        columns = (self.boxes.float(), self.scores.float()[:, None], self.labels[:, None], self.tiles[:, None])
+        return torch.cat([column.to(torch.float32) for column in columns], dim=1)
+
+
+def model_input(transform: GeneralizedRCNNTransform, images: torch.Tensor) -> ModelInput:
+    """A batch of tiles (B, C, h, w, float in [0, 1]) as torchvision's transform makes each of them, at once:
+    normalized, resized when the model records a resize (``transform.native`` False: DeepForest's 800 px), padded to
+    the transform's multiple (``size_divisible``) with zeros."""
+    dtype, device = images.dtype, images.device
+    mean = torch.as_tensor(transform.image_mean, dtype=dtype, device=device)[None, :, None, None]
+    std = torch.as_tensor(transform.image_std, dtype=dtype, device=device)[None, :, None, None]
+    tile: Size = (int(images.shape[-2]), int(images.shape[-1]))
+    images = (images - mean) / std
+    if not getattr(transform, "native", False):
+        images = resized_batch(transform, images)
+    resized: Size = (int(images.shape[-2]), int(images.shape[-1]))
+    stride = transform.size_divisible
+    padded = [int(math.ceil(side / stride) * stride) for side in resized]
+    if list(resized) != padded:
+        images = F.pad(images, (0, padded[1] - resized[1], 0, padded[0] - resized[0]))
+    return ModelInput(images, tile, resized)
+
+
+def resized_batch(transform: GeneralizedRCNNTransform, images: torch.Tensor) -> torch.Tensor:
+    """torchvision's evaluation resize (``min_size[-1]``, ``max_size`` or ``fixed_size``: one bilinear interpolation,
+    the scale recomputed from the output size), over the whole batch."""
+    if transform.fixed_size is not None:
+        size = [transform.fixed_size[1], transform.fixed_size[0]]
+        return F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+    height, width = images.shape[-2:]
+    scale = min(transform.min_size[-1] / min(height, width), transform.max_size / max(height, width))
+    return F.interpolate(images, scale_factor=scale, mode="bilinear", recompute_scale_factor=True, align_corners=False)
+
+
+class Anchors:
+    """A RetinaNet's anchors of each input size (and its feature maps' sizes), made once in fp32 by its anchor
+    generator and kept: every batch of a rank has the same few sizes. :meth:`of_model`: a model's, kept while the
+    model lives."""
+
+    kept: ClassVar[weakref.WeakKeyDictionary[AnchorGenerator, Anchors]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, generator: AnchorGenerator) -> None:
+        self.generator = generator
+        self.made: dict[tuple, list[torch.Tensor]] = {}
+
+    @classmethod
+    def of_model(cls, model: RetinaNet) -> Anchors:
+        generator = model.anchor_generator
+        if generator not in cls.kept:
+            cls.kept[generator] = cls(generator)
+        return cls.kept[generator]
+
+    def of(self, size: Size, grids: list[Size], device: torch.device) -> list[torch.Tensor]:
+        """Each level's anchors (HWA, 4) of an input of ``size`` whose feature maps are ``grids``."""
+        key = (size, tuple(grids), str(device))
+        if key not in self.made:
+            strides = [
+                [torch.tensor(size[0] // g[0], dtype=torch.int64, device=device)]
+                + [torch.tensor(size[1] // g[1], dtype=torch.int64, device=device)]
+                for g in grids
+            ]
+            with torch.autocast(device.type, enabled=False):
+                self.generator.set_cell_anchors(torch.float32, device)
+                self.made[key] = self.generator.grid_anchors([list(g) for g in grids], strides)
+        return self.made[key]
+
+
+def head_outputs(model: RetinaNet, images: torch.Tensor) -> HeadOutputs:
+    """The network over a batch of tiles (B, C, h, w, float in [0, 1]): backbone and heads, split by level, with the
+    model's anchors (:meth:`Anchors.of_model`)."""
+    batch = model_input(model.transform, images)
+    features = list(model.backbone(batch.images).values())
+    head = model.head(features)
+    sizes = [int(f.shape[-2]) * int(f.shape[-1]) for f in features]
+    per_location = head["cls_logits"].shape[1] // sum(sizes)
+    counts = [size * per_location for size in sizes]
+    grids: list[Size] = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
+    padded: Size = (int(batch.images.shape[-2]), int(batch.images.shape[-1]))
+    return HeadOutputs(
+        list(head["cls_logits"].split(counts, dim=1)),
+        list(head["bbox_regression"].split(counts, dim=1)),
+        Anchors.of_model(model).of(padded, grids, images.device),
+        batch,
+        Selection.of(model),
+    )
+
+
+def select_detections(raw: HeadOutputs) -> BatchDetections:
+    """torchvision's RetinaNet post-processing for the whole batch at once (module docstring), boxes in tile
+    pixels."""
+    model = raw.selection
+    count = int(raw.logits[0].shape[0])
+    boxes, scores, labels, tiles = [], [], [], []
+    for logits, regressions, level_anchors in zip(raw.logits, raw.regressions, raw.anchors, strict=True):
+        classes = logits.shape[-1]
+        level_scores = torch.sigmoid(logits).flatten(1)  # (B, HWA * C)
+        passed = torch.where(level_scores > model.score_thresh, level_scores, -1.0)
+        top, index = passed.topk(min(model.topk_candidates, passed.shape[1]), dim=1)
+        tile, column = (top > model.score_thresh).nonzero(as_tuple=True)
+        index = index[tile, column]
+        anchor = torch.div(index, classes, rounding_mode="floor")
+        decoded = model.box_coder.decode_single(regressions[tile, anchor], level_anchors[anchor])
+        boxes.append(clip_boxes_to_image(decoded, raw.input.resized))
+        scores.append(top[tile, column])
+        labels.append(index % classes)
+        tiles.append(tile)
+    all_boxes, all_scores = torch.cat(boxes), torch.cat(scores)
+    all_labels, all_tiles = torch.cat(labels), torch.cat(tiles)
+    classes = int(raw.logits[0].shape[-1])
+    keep = batched_nms(all_boxes, all_scores, all_tiles * classes + all_labels, model.nms_thresh)  # by score
+    keep = keep[torch.sort(all_tiles[keep], stable=True).indices]  # tile by tile, each by score
+    kept_tiles = all_tiles[keep]
+    firsts = torch.searchsorted(kept_tiles, kept_tiles, right=False)
+    keep = keep[torch.arange(len(keep), device=keep.device) - firsts < model.detections_per_img]
+    return BatchDetections(
+        to_tile_pixels(all_boxes[keep], raw.input),
+        all_scores[keep],
+        all_labels[keep],
+        all_tiles[keep],
+        count,
+    )
+
+
+def to_tile_pixels(boxes: torch.Tensor, batch: ModelInput) -> torch.Tensor:
+    """Boxes of the resized input back in tile pixels (torchvision's ``resize_boxes``, the same arithmetic)."""
+    if batch.resized == batch.tile:
+        return boxes
+    ratio_height, ratio_width = (
+        torch.tensor(tile, dtype=torch.float32, device=boxes.device)
+        / torch.tensor(resized, dtype=torch.float32, device=boxes.device)
+        for tile, resized in zip(batch.tile, batch.resized, strict=True)
+    )
+    x0, y0, x1, y1 = boxes.unbind(1)
+    return torch.stack((x0 * ratio_width, y0 * ratio_height, x1 * ratio_width, y1 * ratio_height), dim=1)
