@@ -142,7 +142,23 @@ def predict_rows(section: dict[str, Any]) -> list[Row]:
     if section.get("auto_speedup"):
         how = "tiles/s, auto's / 32-true's" + same_precision(section["runs"])
         rows.append(("predict", "auto vs 32-true", f"{section['auto_speedup']:.2f}x", how))
-    return rows + ranks
+    return rows + scaling_rows(section.get("scaling")) + ranks
+
+
+def scaling_rows(scaling: dict[str, Any] | None) -> list[Row]:
+    """The auto job on every rank against one rank alone (or why it was not measured; nothing from a run that
+    stopped before it)."""
+    if scaling is None:
+        return []
+    if not ok(scaling):
+        return [("predict", "ranks vs one", "error", scaling["error"])]
+    if "speedup" not in scaling:
+        return [("predict", "ranks vs one", "-", scaling["note"])]
+    how = (
+        f"the auto job's tiles/s on {scaling['ranks']} ranks ({scaling['all_ranks_tiles_per_s']:.1f}) over one rank"
+        f" alone ({scaling['one_rank_tiles_per_s']:.1f}); per rank {scaling['efficiency']:.2f}"
+    )
+    return [("predict", f"{scaling['ranks']} ranks vs one", f"{scaling['speedup']:.2f}x", how)]
 
 
 def forward_rows(section: dict[str, Any]) -> list[Row]:
@@ -154,11 +170,25 @@ def forward_rows(section: dict[str, Any]) -> list[Row]:
             "forward",
             f"pure forward, batch {batch}",
             f"{rate:.1f} tiles/s",
-            f"{section['precision']}, uint8 {where}, scaled there, whole model with NMS; median of"
-            f" {section['rounds']} rounds; {section['model']}",
+            f"{section['precision']}, uint8 {where}, scaled there, the job's batched model with anchors and NMS;"
+            f" median of {section['rounds']} rounds; {section['model']}",
         )
         for batch, rate in section["tiles_per_s"].items()
     ]
+    for batch, rate in section["fp32_tiles_per_s"].items():
+        rows.append(("forward", f"pure forward, batch {batch}, 32-true", f"{rate:.1f} tiles/s", f"fp32, {where}"))
+    if section.get("auto_over_fp32") is not None:
+        rows.append(("forward", f"{section['precision']} / 32-true", f"{section['auto_over_fp32']:.2f}x", "tiles/s"))
+    agreement = section["precision_agreement"]
+    value, how = agreement_text(agreement, "32-true", agreement["precision"])
+    rows.append(
+        (
+            "forward",
+            f"{agreement['precision']} vs 32-true boxes",
+            value,
+            f"{how} (eager both, score >= {agreement['score_threshold']}): the precision's own effect",
+        )
+    )
     if section["device"].startswith("cuda"):
         rows.append(
             (
@@ -184,27 +214,39 @@ def forward_rows(section: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def agreement_text(agreement: dict[str, Any], reference: str, other: str) -> tuple[str, str]:
+    """A box agreement's value (matched fractions, each way) and how it was counted."""
+    value = f"{percent(agreement['reference_matched_fraction'])} / {percent(agreement['other_matched_fraction'])}"
+    how = (
+        f"of {agreement['reference']} {reference} / {agreement['other']} {other} boxes matched at IoU >="
+        f" {agreement['min_iou']}; |score diff| mean {agreement['score_abs_diff_mean']}"
+    )
+    return value, how
+
+
 def compile_rows(section: dict[str, Any]) -> list[Row]:
-    rates, agreement = section["tiles_per_s"], section["agreement"]
-    return [
-        (
-            "compile",
-            "compiled vs eager",
-            f"{section['speedup']:.2f}x",
-            f"backbone+FPN+head compiled ({section['backend']}), anchors and NMS eager; {section['precision']},"
-            f" {section['tiles']} tiles at batch {section['batch']}: {rates['eager']:.1f} -> {rates['compiled']:.1f}"
-            f" tiles/s; compile {section['compile_s']:.0f} s",
-        ),
-        (
-            "compile",
-            "same boxes",
-            f"{percent(agreement['reference_matched_fraction'])} / {percent(agreement['other_matched_fraction'])}",
-            f"of {agreement['reference']} eager / {agreement['other']} compiled boxes matched at IoU >="
-            f" {agreement['min_iou']} (score >= {section['score_threshold']}); |score diff| mean"
-            f" {agreement['score_abs_diff_mean']}; {section['model']}",
-        ),
-        ("compile", "verdict", "kept" if section["kept"] else "not kept", section["rule"] + eager_note(section)),
-    ]
+    rows: list[Row] = []
+    for name, run in section["runs"].items():
+        if not ok(run):
+            rows.append(("compile", name, "error", run["error"]))
+            continue
+        rates = run["tiles_per_s"]
+        value, how = agreement_text(run["agreement"], "eager", "compiled")
+        rows += [
+            (
+                "compile",
+                f"{name}: compiled vs eager",
+                f"{run['speedup']:.2f}x",
+                f"backbone+FPN+head compiled ({run['backend']}, mode {run['mode']}), anchors and NMS eager;"
+                f" {run['tiles']} tiles at batch {run['batch']}: {rates['eager']:.1f} -> {rates['compiled']:.1f}"
+                f" tiles/s; compile {run['compile_s']:.0f} s",
+            ),
+            ("compile", f"{name}: same boxes", value, f"{how} (score >= {run['score_threshold']})"),
+            ("compile", f"{name}: verdict", "kept" if run["kept"] else "not kept", run["rule"] + eager_note(run)),
+        ]
+    kept = ", ".join(section["kept_modes"]) or "none"
+    rows.append(("compile", "modes kept", kept, f"kept at every precision measured; {section['model']}"))
+    return rows
 
 
 def eager_note(section: dict[str, Any]) -> str:

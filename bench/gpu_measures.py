@@ -6,12 +6,16 @@
 - predict: the real prediction job (scripts/predict.py) over a larger synthetic scene (a demo scene repeated), one
   rank per GPU, at ``auto`` and at ``32-true``, with the model the ``auto`` training wrote; every rank's profile
   (tiles/s, data wait, NVML utilization, peak memory, precision) from its rank record.
-- forward: the same model's pure forward (uint8 tiles already on the device, scaled there, the whole model with its
-  anchors and NMS; no reading, no outputs) at batch 16 and 32 at what ``auto`` resolves to, against the
-  prediction job's tiles/s per rank.
-- compile: ``torch.compile`` of the backbone, FPN and head (anchors and NMS stay eager) against the eager fast
-  path on the same tiles, in a process of its own (a compiler that hangs or crashes costs only this section): kept
-  only if it is faster and finds the same boxes (matched at a high IoU).
+- forward: the same model's pure forward as the job runs it (uint8 batches already on the device, scaled there,
+  the batched RetinaNet of :mod:`rasterscale.tasks.detection.batched`: pre-processing, network, anchors and NMS;
+  no reading, no outputs) at batch 16 and 32 at what ``auto`` resolves to and at ``32-true``, against the
+  prediction job's tiles/s per rank; and the boxes at ``auto`` against those at ``32-true`` (the precision's own
+  effect).
+- compile: ``torch.compile`` of the backbone, FPN and head (static shapes, full batches; anchors and NMS stay
+  eager), each mode (``default``; ``reduce-overhead``: CUDA graphs) at ``auto`` and at ``32-true``, each against
+  the eager path of the same precision on the same tiles, each in a process of its own (a compiler that hangs or
+  crashes costs only its row): kept only if it is faster and finds the same boxes (matched at a high IoU), so
+  that compile's effect is judged apart from the precision's.
 - copy: host to device copy rate of a prediction batch of uint8 tiles, pinned (non-blocking, as a GPU job
   copies) and pageable, beside the prediction job's data-wait fraction.
 
@@ -51,6 +55,9 @@ from rasterscale.predict.profile import MB, UtilizationSampler
 from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin
+from rasterscale.tasks.detection.batched import BatchDetections
+from rasterscale.tasks.detection.rankoutput import detections_to_host
+from rasterscale.tasks.detection.task import DetectionTask
 from rasterscale.tools.synth import synthesize_scene
 from synthetic import write_detector
 
@@ -88,6 +95,7 @@ class Sizes:
     forward_tiles: int = 256  # preloaded tiles of a timed round
     rounds: int = 3  # timed rounds (the median counts)
     compile_backend: str = "inductor"
+    compile_modes: tuple[str | None, ...] = (None, "reduce-overhead")  # None: torch.compile's default mode
     compile_tiles: int = 128
     copy_rounds: int = 50
     cpu_ranks: int = 2  # ranks of a CPU run (a GPU run has one rank per visible GPU)
@@ -118,6 +126,7 @@ CPU = Sizes(
     forward_tiles=4,
     rounds=2,
     compile_backend="eager",
+    compile_modes=(None,),  # the eager backend takes no mode
     compile_tiles=4,  # one batch of predict_batch
     copy_rounds=20,
     job_timeout_s=240,
@@ -378,18 +387,20 @@ def job_summary(job: JobResult) -> dict[str, Any]:
     }
 
 
-def predict_once(bench: Bench, precision: str) -> dict[str, Any]:
+def predict_once(bench: Bench, precision: str, ranks: int | None = None) -> dict[str, Any]:
+    """The prediction job at ``precision`` on ``ranks`` ranks (the run's: one per visible GPU)."""
     s = bench.sizes
+    ranks = ranks or bench.ranks
     raster, manifest = bench.predict_scene
     predict = {
         "accelerator": bench.accelerator,
-        "devices": bench.ranks,
+        "devices": ranks,
         "batch_size": s.predict_batch,
-        "workers": workers_per_rank(s.predict_workers, bench.ranks),
+        "workers": workers_per_rank(s.predict_workers, ranks),
         "precision": precision,
     }
     config = predict_config(predict, SCORE_THRESHOLD, {"patch_size": s.patch, "overlap": s.overlap})
-    workdir = bench.workdir / f"predict-{precision}"
+    workdir = bench.workdir / f"predict-{precision}-{ranks}"
     job = run_predict_job(workdir, raster, manifest, bench.model_file, predict, timeout=s.job_timeout_s, config=config)
     summary = job_summary(job)
     used = ", ".join(sorted({str(rank["precision"]) for rank in summary["ranks"]}))  # one value: the ranks agree
@@ -405,7 +416,26 @@ def measure_predict(bench: Bench) -> dict[str, Any]:
         bench.predicted = auto
     if ok(auto) and ok(fp32):
         result["auto_speedup"] = ratio(auto["tiles_per_s"], fp32["tiles_per_s"])
+    result["scaling"] = attempt(functools.partial(measure_scaling, bench))
     return result
+
+
+def measure_scaling(bench: Bench) -> dict[str, Any]:
+    """The ``auto`` job on one rank against the job on all of the run's (one per visible GPU): tiles/s, and that
+    ratio over the ranks (1.0: every rank as fast as one alone). One GPU: not measured, and said so."""
+    if bench.ranks == 1:
+        return {"ranks": 1, "note": f"one {bench.accelerator.upper()} visible: the job on several is not measured"}
+    if bench.predicted is None:
+        return {"ranks": bench.ranks, "note": "no auto prediction job on every rank to compare (it failed)"}
+    one = predict_once(bench, precisions.AUTO, ranks=1)
+    speedup = ratio(bench.predicted["tiles_per_s"], one["tiles_per_s"])
+    return {
+        "ranks": bench.ranks,
+        "one_rank_tiles_per_s": one["tiles_per_s"],
+        "all_ranks_tiles_per_s": bench.predicted["tiles_per_s"],
+        "speedup": speedup,
+        "efficiency": ratio(speedup, bench.ranks) if speedup is not None else None,
+    }
 
 
 # --- forward --------------------------------------------------------------------------------------------------
@@ -423,16 +453,21 @@ def detector(model_file: Path, device: torch.device, score_threshold: float) -> 
     return fast_model(model_file, score_threshold).to(device)
 
 
-def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[Sequence[torch.Tensor]]:
-    batches = [images[k : k + batch] for k in range(0, len(images) - batch + 1, batch)]
+def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[torch.Tensor]:
+    """The tiles as full batches of ``batch``, each one tensor (as the job's dataloader hands them over)."""
+    batches = [torch.stack(list(images[k : k + batch])) for k in range(0, len(images) - batch + 1, batch)]
     if not batches:
         raise ValueError(f"{len(images)} tiles make no batch of {batch}")
     return batches
 
 
-def run_batch(model: torch.nn.Module, batch: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """The model over uint8 tiles on its device, scaled there as the prediction job scales them."""
-    return model([to_model_input(image) for image in batch])
+TASK = DetectionTask()
+
+
+def run_batch(model: torch.nn.Module, batch: torch.Tensor) -> BatchDetections:
+    """The model over a batch of uint8 tiles on its device as the prediction job runs it: scaled there, then the
+    task's forward and post-processing (the batched RetinaNet)."""
+    return TASK.postprocess(TASK.forward(model, to_model_input(batch)))
 
 
 @contextlib.contextmanager
@@ -442,7 +477,7 @@ def predicting(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
-def timed_pass(model: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]], device: torch.device) -> float:
+def timed_pass(model: torch.nn.Module, batches: Sequence[torch.Tensor], device: torch.device) -> float:
     """Seconds of one pass over the batches (the device synchronized before and after)."""
     synchronize(device)
     started = time.perf_counter()
@@ -489,8 +524,14 @@ def measure_forward(bench: Bench) -> dict[str, Any]:
         str(batch): round(forward_rate(model, images, batch, bench.auto, s.rounds), 2) for batch in s.forward_batches
     }
     utilization = sampler.stop() if sampler is not None else None
+    largest = max(s.forward_batches)
+    fp32 = round(forward_rate(model, images, largest, precisions.FP32, s.rounds), 2)
+    batches = full_batches(images, largest)
     result: dict[str, Any] = {
         "precision": bench.auto,
+        "fp32_tiles_per_s": {str(largest): fp32},
+        "auto_over_fp32": ratio(rates[str(largest)], fp32),
+        "precision_agreement": precision_agreement(model, batches, bench.auto),
         "device": str(device),
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "tiles": len(images),
@@ -504,6 +545,20 @@ def measure_forward(bench: Bench) -> dict[str, Any]:
     release(device)
     result.update(against_job(bench.predicted, rates, s.predict_batch))
     return result
+
+
+def precision_agreement(model: torch.nn.Module, batches: Sequence[torch.Tensor], precision: str) -> dict[str, Any]:
+    """The boxes at ``precision`` (``auto``'s) against those at ``32-true``, eager both (the precision's own effect
+    on the boxes, apart from any compiler's), at the first of :data:`COMPILE_SCORE_THRESHOLDS` where fp32 finds a box
+    a tile."""
+    kept = model.score_thresh
+    try:
+        threshold, reference = reference_boxes(model, batches, precisions.FP32)
+        with predicting(precision, batches[0].device):
+            other = detections_of(model, batches)
+    finally:
+        model.score_thresh = kept
+    return {"precision": precision, "score_threshold": threshold, **box_agreement(reference, other)}
 
 
 def against_job(job: dict[str, Any] | None, rates: dict[str, float], batch: int) -> dict[str, Any]:
@@ -523,16 +578,20 @@ def against_job(job: dict[str, Any] | None, rates: dict[str, float], batch: int)
 # --- compile --------------------------------------------------------------------------------------------------
 
 
-def compile_detector(model: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """The detector with its backbone (ResNet and FPN) and its head compiled; the transform, the anchors and the
-    postprocessing (score filter, box decoding, NMS) stay eager."""
-    model.backbone = torch.compile(model.backbone, backend=backend, dynamic=False)
-    model.head = torch.compile(model.head, backend=backend, dynamic=False)
+def compile_detector(model: torch.nn.Module, backend: str, mode: str | None = None) -> torch.nn.Module:
+    """The detector with its backbone (ResNet and FPN) and its head compiled (static shapes; ``mode``:
+    torch.compile's, ``reduce-overhead`` for CUDA graphs); the pre-processing, the anchors and the post-processing
+    (score filter, box decoding, NMS) stay eager."""
+    options: dict[str, Any] = {"backend": backend, "dynamic": False}
+    if mode is not None:
+        options["mode"] = mode
+    model.backbone = torch.compile(model.backbone, **options)
+    model.head = torch.compile(model.head, **options)
     return model
 
 
-def numpy_detections(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
-    return [{key: value.float().cpu().numpy() for key, value in out.items()} for out in outputs]
+def numpy_detections(outputs: BatchDetections) -> list[dict[str, np.ndarray]]:
+    return [{"boxes": tile.boxes, "scores": tile.scores, "labels": tile.labels} for tile in detections_to_host(outputs)]
 
 
 def box_agreement(reference: list[dict], other: list[dict], min_iou: float = MIN_IOU) -> dict[str, Any]:
@@ -563,35 +622,55 @@ def box_agreement(reference: list[dict], other: list[dict], min_iou: float = MIN
     }
 
 
-def detections_of(model: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+def detections_of(model: torch.nn.Module, batches: Sequence[torch.Tensor]) -> list[dict[str, np.ndarray]]:
     return [d for batch in batches for d in numpy_detections(run_batch(model, batch))]
 
 
-def compared_boxes(
-    eager: torch.nn.Module, compiled: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]]
-) -> tuple[float, dict[str, list[dict[str, np.ndarray]]]]:
-    """Both models' boxes at the first of :data:`COMPILE_SCORE_THRESHOLDS` where the eager one finds a box a tile
-    (the threshold is the model's score filter: the compiled graphs are the same at any)."""
+def reference_boxes(
+    model: torch.nn.Module, batches: Sequence[torch.Tensor], precision: str
+) -> tuple[float, list[dict[str, np.ndarray]]]:
+    """The model's boxes at ``precision`` at the first of :data:`COMPILE_SCORE_THRESHOLDS` where it finds a box a
+    tile (a briefly trained model's scores are low); the model keeps that threshold (its score filter)."""
     tiles = sum(len(batch) for batch in batches)
-    for threshold in COMPILE_SCORE_THRESHOLDS:
-        eager.score_thresh = compiled.score_thresh = threshold
-        reference = detections_of(eager, batches)
-        if sum(len(d["boxes"]) for d in reference) >= tiles or threshold == COMPILE_SCORE_THRESHOLDS[-1]:
-            break
-    return threshold, {"eager": reference, "compiled": detections_of(compiled, batches)}
+    with predicting(precision, batches[0].device):
+        for threshold in COMPILE_SCORE_THRESHOLDS:
+            model.score_thresh = threshold
+            reference = detections_of(model, batches)
+            if sum(len(d["boxes"]) for d in reference) >= tiles:
+                break
+    return threshold, reference
+
+
+def compared_boxes(
+    eager: torch.nn.Module, compiled: torch.nn.Module, batches: Sequence[torch.Tensor], precision: str
+) -> tuple[float, dict[str, list[dict[str, np.ndarray]]]]:
+    """Both models' boxes at ``precision``, at the eager one's threshold of :func:`reference_boxes` (the
+    threshold is the model's score filter: the compiled graphs are the same at any)."""
+    threshold, reference = reference_boxes(eager, batches, precision)
+    compiled.score_thresh = threshold
+    with predicting(precision, batches[0].device):
+        return threshold, {"eager": reference, "compiled": detections_of(compiled, batches)}
 
 
 def compile_comparison(
-    model_file: Path, raster: Path, manifest: Path, sizes: Sizes, device_name: str, precision: str, threads: int
+    model_file: Path,
+    raster: Path,
+    manifest: Path,
+    sizes: Sizes,
+    device_name: str,
+    precision: str,
+    threads: int,
+    mode: str | None = None,
 ) -> dict[str, Any]:
-    """Eager fast path against the compiled one on the same tiles: rates (alternating rounds), boxes, verdict."""
+    """Eager path against the compiled one (``mode``) at ``precision`` on the same tiles: rates (alternating
+    rounds), boxes, verdict."""
     device = torch.device(device_name)
     torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = True
     images = device_tiles(raster, manifest, sizes.compile_tiles, device)
     batches = full_batches(images, sizes.predict_batch)
     eager = detector(model_file, device, COMPILE_SCORE_THRESHOLDS[0])
-    compiled = compile_detector(detector(model_file, device, COMPILE_SCORE_THRESHOLDS[0]), sizes.compile_backend)
+    compiled = compile_detector(detector(model_file, device, COMPILE_SCORE_THRESHOLDS[0]), sizes.compile_backend, mode)
     with predicting(precision, device):
         started = time.perf_counter()
         run_batch(compiled, batches[0])
@@ -602,13 +681,14 @@ def compile_comparison(
         for _ in range(sizes.rounds):
             seconds["eager"].append(timed_pass(eager, batches, device))
             seconds["compiled"].append(timed_pass(compiled, batches, device))
-        threshold, boxes = compared_boxes(eager, compiled, batches)
+    threshold, boxes = compared_boxes(eager, compiled, batches, precision)
     tiles = len(batches) * sizes.predict_batch
     rates = {name: round(tiles / statistics.median(values), 2) for name, values in seconds.items()}
     speedup = ratio(rates["compiled"], rates["eager"]) or 0.0
     agreement = box_agreement(boxes["eager"], boxes["compiled"])
     return {
         "backend": sizes.compile_backend,
+        "mode": mode or "default",
         "precision": precision,
         "device": device_name,
         "tiles": tiles,
@@ -652,12 +732,23 @@ def isolated(function: Callable[..., dict[str, Any]], args: tuple, timeout: floa
 
 
 def measure_compile(bench: Bench) -> dict[str, Any]:
+    """Each compile mode at ``auto`` and at ``32-true`` (one precision where they are the same), each against
+    eager at its precision, each in a process of its own; a mode is kept where it is kept at every precision."""
     raster, manifest = bench.predict_scene
     s = bench.sizes
-    args = (bench.model_file, raster, manifest, s, str(bench.device), bench.auto, bench.threads)
-    result = isolated(compile_comparison, args, s.compile_timeout_s)
-    result["model"] = f"{describe_model(s)}, {bench.model_kind}"
-    return result
+    runs: dict[str, dict[str, Any]] = {}
+    for mode in s.compile_modes:
+        for precision in dict.fromkeys((bench.auto, precisions.FP32)):
+            args = (bench.model_file, raster, manifest, s, str(bench.device), precision, bench.threads, mode)
+            runs[f"{mode or 'default'} @ {precision}"] = attempt(
+                functools.partial(isolated, compile_comparison, args, s.compile_timeout_s)
+            )
+    kept = [
+        mode or "default"
+        for mode in s.compile_modes
+        if all(run.get("kept") for name, run in runs.items() if name.startswith(f"{mode or 'default'} @ "))
+    ]
+    return {"runs": runs, "kept_modes": kept, "model": f"{describe_model(s)}, {bench.model_kind}"}
 
 
 # --- copy -----------------------------------------------------------------------------------------------------

@@ -71,14 +71,20 @@ def test_figures_are_measured(bench_gpu):
     for run in sections["predict"]["runs"].values():
         assert run["tiles"] == len(tile_grid(side, side, CPU.patch, CPU.overlap))
         assert run["tiles_per_s"] > 0 and run["job_wall_s"] > 0 and 0 <= run["wait_fraction"] < 1
+    scaling = sections["predict"]["scaling"]  # 2 CPU ranks against one
+    assert scaling["ranks"] == CPU.cpu_ranks and scaling["one_rank_tiles_per_s"] > 0 and scaling["speedup"] > 0
     forward = sections["forward"]
     assert set(forward["tiles_per_s"]) == {str(batch) for batch in CPU.forward_batches}
     assert all(rate > 0 for rate in forward["tiles_per_s"].values())
     assert forward["job_over_forward"] > 0
-    compiled = sections["compile"]
-    assert compiled["backend"] == "eager" and compiled["speedup"] > 0
-    assert compiled["tiles_per_s"]["eager"] > 0 and compiled["tiles_per_s"]["compiled"] > 0
-    assert compiled["agreement"]["reference"] > 0 and compiled["agreement"]["same_boxes"]  # the eager backend
+    assert forward["fp32_tiles_per_s"][str(max(CPU.forward_batches))] > 0 and forward["auto_over_fp32"] > 0
+    assert forward["precision_agreement"]["reference"] > 0  # fp32's boxes, against auto's
+    runs, auto = sections["compile"]["runs"], result["auto"]
+    assert set(runs) == {f"default @ {precision}" for precision in dict.fromkeys((auto, "32-true"))}
+    for compiled in runs.values():
+        assert compiled["backend"] == "eager" and compiled["speedup"] > 0
+        assert compiled["tiles_per_s"]["eager"] > 0 and compiled["tiles_per_s"]["compiled"] > 0
+        assert compiled["agreement"]["reference"] > 0 and compiled["agreement"]["same_boxes"]  # the eager backend
     dense = sections["dense"]
     assert set(dense["ceiling"]["rows"]) == {"segmentation/workers=auto", "regression/workers=auto"}
     for row in dense["ceiling"]["rows"].values():  # the null model's job, its stages adding up to its rank's wall
