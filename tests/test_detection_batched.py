@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torchvision.ops import box_iou
+from torchvision.ops import batched_nms, box_iou
 
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detection.batched import Anchors, BatchDetections, head_outputs, select_detections
 from rasterscale.tasks.detection.model import build_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig
 from rasterscale.tasks.detection.rankoutput import detections_to_host
+from rasterscale.tasks.detectors.batching import nms_by_group
 from rasterscale.tasks.detectors.model import prepare_for_inference
 
 LABELS = ("tree", "snag")
@@ -134,3 +135,17 @@ def test_anchors_are_made_once_per_input_size_in_fp32():
     with torch.inference_mode():
         head_outputs(model, tiles(1, size=128))
     assert len(Anchors.of_model(model).made) == 2
+
+
+def test_one_nms_over_every_group_keeps_what_an_nms_per_group_keeps():
+    """The GPU's single NMS (each group's boxes moved to a cell of their own), run here on the CPU, against
+    torchvision's NMS per group: 40 groups (tiles x classes) of overlapping boxes."""
+    generator = torch.Generator().manual_seed(0)
+    corners = torch.rand((3000, 2), generator=generator) * 180
+    boxes = torch.cat([corners, corners + 8 + torch.rand((3000, 2), generator=generator) * 30], dim=1)
+    scores = torch.rand(3000, generator=generator)
+    groups = torch.randint(0, 40, (3000,), generator=generator)
+    expected = batched_nms(boxes, scores, groups, 0.3)
+    got = nms_by_group(boxes, scores, groups, 0.3, one_call=True)
+    assert 200 < len(expected) < 3000  # boxes suppressed, and kept, in every group
+    assert torch.equal(got, expected)

@@ -1,15 +1,17 @@
 """RetinaNet over a batch of tiles as one tensor on the device: what torchvision's RetinaNet does image by image
 (its transform, its anchors, its post-processing), done once for the whole batch, with the same arithmetic.
 
-- **Pre-processing** (:func:`model_input`): the batch normalized by the model's mean and std, resized in one
-  bilinear interpolation (torchvision's scale: its ``min_size``, ``max_size``; only where the model records a
-  resize, DeepForest's 400 px tiles seen at 800 px) and zero-padded to the backbone's multiple of 32, all in one
-  operation each. A batch's tiles share one size (the rank's batches never mix tile shapes).
+- **Pre-processing** (:mod:`rasterscale.tasks.detectors.batching`, shared with Mask R-CNN): the batch normalized
+  by the model's mean and std, resized in one bilinear interpolation (torchvision's scale: its ``min_size``,
+  ``max_size``; only where the model records a resize, DeepForest's 400 px tiles seen at 800 px) and zero-padded
+  to the backbone's multiple of 32, all in one operation each. A batch's tiles share one size (the rank's batches
+  never mix tile shapes).
 - **Anchors** (:class:`Anchors`): made once per input size and kept for every batch, in fp32. torchvision makes
   them at every call in the features' dtype: under bf16 autocast an 800 px anchor grid in steps of 4 px.
 - **Post-processing** (:func:`select_detections`): each level's scores past the score threshold, then its top-k
   candidates (``topk_candidates``) of every tile at once; the boxes decoded and clipped for the batch; one
-  batched NMS over the batch (the tile in its key, with the class); then each tile's cap
+  NMS over the batch (the tile in its key, with the class: one call on a GPU however many boxes,
+  :func:`~rasterscale.tasks.detectors.batching.nms_by_group`); then each tile's cap
   (``detections_per_img``). DeepForest's settings keep their meaning: ``score_thresh``, ``nms_thresh``, the cap.
 
 The result (:class:`BatchDetections`) is one tensor per kind for the batch, on the device, tiles in order and each
@@ -19,32 +21,26 @@ boxes, scores and labels are torchvision's (``tests/test_detection_batched.py``)
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torchvision.models.detection import RetinaNet
 from torchvision.models.detection._utils import BoxCoder
 from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.models.detection.transform import GeneralizedRCNNTransform
-from torchvision.ops import batched_nms, clip_boxes_to_image
+from torchvision.ops import clip_boxes_to_image
 
-Size = tuple[int, int]  # (height, width) in px
+from rasterscale.tasks.detectors.batching import (
+    ModelInput,
+    Size,
+    first_of_each_tile,
+    model_input,
+    nms_by_group,
+    to_tile_pixels,
+)
 
 PACKED_COLUMNS = 7  # a packed detection: x0, y0, x1, y1, score, label, tile (labels and tiles exact in fp32)
-
-
-@dataclass(frozen=True)
-class ModelInput:
-    """A batch as the backbone takes it: ``images`` (B, C, H, W), normalized, resized and padded; each tile's size
-    before (``tile``) and after the resize (``resized``), unpadded."""
-
-    images: torch.Tensor
-    tile: Size
-    resized: Size
 
 
 @dataclass(frozen=True)
@@ -108,36 +104,6 @@ class BatchDetections:
         """(N, :data:`PACKED_COLUMNS`) float32: boxes, score, label and tile of each detection, one tensor to copy."""
         columns = (self.boxes.float(), self.scores.float()[:, None], self.labels[:, None], self.tiles[:, None])
         return torch.cat([column.to(torch.float32) for column in columns], dim=1)
-
-
-def model_input(transform: GeneralizedRCNNTransform, images: torch.Tensor) -> ModelInput:
-    """A batch of tiles (B, C, h, w, float in [0, 1]) as torchvision's transform makes each of them, at once:
-    normalized, resized when the model records a resize (``transform.native`` False: DeepForest's 800 px), padded to
-    the transform's multiple (``size_divisible``) with zeros."""
-    dtype, device = images.dtype, images.device
-    mean = torch.as_tensor(transform.image_mean, dtype=dtype, device=device)[None, :, None, None]
-    std = torch.as_tensor(transform.image_std, dtype=dtype, device=device)[None, :, None, None]
-    tile: Size = (int(images.shape[-2]), int(images.shape[-1]))
-    images = (images - mean) / std
-    if not getattr(transform, "native", False):
-        images = resized_batch(transform, images)
-    resized: Size = (int(images.shape[-2]), int(images.shape[-1]))
-    stride = transform.size_divisible
-    padded = [int(math.ceil(side / stride) * stride) for side in resized]
-    if list(resized) != padded:
-        images = F.pad(images, (0, padded[1] - resized[1], 0, padded[0] - resized[0]))
-    return ModelInput(images, tile, resized)
-
-
-def resized_batch(transform: GeneralizedRCNNTransform, images: torch.Tensor) -> torch.Tensor:
-    """torchvision's evaluation resize (``min_size[-1]``, ``max_size`` or ``fixed_size``: one bilinear interpolation,
-    the scale recomputed from the output size), over the whole batch."""
-    if transform.fixed_size is not None:
-        size = [transform.fixed_size[1], transform.fixed_size[0]]
-        return F.interpolate(images, size=size, mode="bilinear", align_corners=False)
-    height, width = images.shape[-2:]
-    scale = min(transform.min_size[-1] / min(height, width), transform.max_size / max(height, width))
-    return F.interpolate(images, scale_factor=scale, mode="bilinear", recompute_scale_factor=True, align_corners=False)
 
 
 class Anchors:
@@ -215,11 +181,8 @@ def select_detections(raw: HeadOutputs) -> BatchDetections:
     all_boxes, all_scores = torch.cat(boxes), torch.cat(scores)
     all_labels, all_tiles = torch.cat(labels), torch.cat(tiles)
     classes = int(raw.logits[0].shape[-1])
-    keep = batched_nms(all_boxes, all_scores, all_tiles * classes + all_labels, model.nms_thresh)  # by score
-    keep = keep[torch.sort(all_tiles[keep], stable=True).indices]  # tile by tile, each by score
-    kept_tiles = all_tiles[keep]
-    firsts = torch.searchsorted(kept_tiles, kept_tiles, right=False)
-    keep = keep[torch.arange(len(keep), device=keep.device) - firsts < model.detections_per_img]
+    keep = nms_by_group(all_boxes, all_scores, all_tiles * classes + all_labels, model.nms_thresh)
+    keep = first_of_each_tile(keep, all_tiles, model.detections_per_img)
     return BatchDetections(
         to_tile_pixels(all_boxes[keep], raw.input),
         all_scores[keep],
@@ -227,16 +190,3 @@ def select_detections(raw: HeadOutputs) -> BatchDetections:
         all_tiles[keep],
         count,
     )
-
-
-def to_tile_pixels(boxes: torch.Tensor, batch: ModelInput) -> torch.Tensor:
-    """Boxes of the resized input back in tile pixels (torchvision's ``resize_boxes``, the same arithmetic)."""
-    if batch.resized == batch.tile:
-        return boxes
-    ratio_height, ratio_width = (
-        torch.tensor(tile, dtype=torch.float32, device=boxes.device)
-        / torch.tensor(resized, dtype=torch.float32, device=boxes.device)
-        for tile, resized in zip(batch.tile, batch.resized, strict=True)
-    )
-    x0, y0, x1, y1 = boxes.unbind(1)
-    return torch.stack((x0 * ratio_width, y0 * ratio_height, x1 * ratio_width, y1 * ratio_height), dim=1)
