@@ -256,6 +256,7 @@ VETTED_LOADS = {
     ("tasks/exported/pt2.py", "load_pt2"): "the vetted records of a .pt2 only, from a new in-memory archive",
     ("tasks/exported/runtime.py", "torch.jit.load"): "TorchScript's own interpreter: registered operators, no Python",
     ("runtime/lifetime.py", "ctypes.CDLL"): "the C library already in the process (prctl), no file named",
+    ("runtime/allocator.py", "ctypes.CDLL"): "the C library already in the process (mallopt), no file named",
     ("raster/vsi.py", "ctypes.CDLL"): "rasterio's own GDAL library (its wheel's, or the one mapped), never a user's",
     ("tasks/spec.py", "importlib.import_module"): "a task's module named in the package's registry, not by a file",
 }
