@@ -138,14 +138,20 @@ def test_anchors_are_made_once_per_input_size_in_fp32():
 
 
 def test_one_nms_over_every_group_keeps_what_an_nms_per_group_keeps():
-    """The GPU's single NMS (each group's boxes moved to a cell of their own), run here on the CPU, against
-    torchvision's NMS per group: 40 groups (tiles x classes) of overlapping boxes."""
+    """The GPU's single NMS (each group's boxes moved to a cell of their own in float64), run here on the CPU, and
+    the NMS per group of the CPU, against torchvision's batched NMS: 40 groups (tiles x classes) of overlapping
+    boxes; and a tile's boxes the same wherever the tile is in its batch."""
     generator = torch.Generator().manual_seed(0)
     corners = torch.rand((3000, 2), generator=generator) * 180
     boxes = torch.cat([corners, corners + 8 + torch.rand((3000, 2), generator=generator) * 30], dim=1)
     scores = torch.rand(3000, generator=generator)
     groups = torch.randint(0, 40, (3000,), generator=generator)
-    expected = batched_nms(boxes, scores, groups, 0.3)
-    got = nms_by_group(boxes, scores, groups, 0.3, one_call=True)
+    expected = batched_nms(boxes, scores, groups, 0.3)  # past 1,000 boxes: torchvision's NMS per group
     assert 200 < len(expected) < 3000  # boxes suppressed, and kept, in every group
-    assert torch.equal(got, expected)
+    for one_call in (True, False):
+        assert torch.equal(nms_by_group(boxes, scores, groups, 0.3, one_call=one_call), expected), one_call
+    # a tile's (group 0's) boxes moved to another place in the batch (group 39): the same kept
+    first = groups == 0
+    for one_call in (True, False):
+        alone = nms_by_group(boxes[first], scores[first], groups[first] + 39, 0.3, one_call=one_call)
+        assert torch.equal(alone, nms_by_group(boxes[first], scores[first], groups[first], 0.3, one_call=one_call))

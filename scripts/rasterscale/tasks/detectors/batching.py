@@ -1,17 +1,21 @@
 """What the batched detectors share (detection's RetinaNet, instances' Mask R-CNN, each in its task's ``batched``
 module): torchvision's transform done for a whole batch of tiles at once, on the device, with its arithmetic;
-boxes of the resized input back in tile pixels; an NMS over every tile's boxes in one call; each tile's cap.
+anchors made once per input size; boxes of the resized input back in tile pixels; an NMS over every tile's boxes
+in one call; each tile's cap.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
+from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
-from torchvision.ops import batched_nms, nms
+from torchvision.ops import nms
 
 Size = tuple[int, int]  # (height, width) in px
 
@@ -69,23 +73,68 @@ def to_tile_pixels(boxes: torch.Tensor, batch: ModelInput) -> torch.Tensor:
     return torch.stack((x0 * ratio_width, y0 * ratio_height, x1 * ratio_width, y1 * ratio_height), dim=1)
 
 
+class Anchors:
+    """A RetinaNet's anchors of each input size (and its feature maps' sizes), made once in fp32 by its anchor
+    generator and kept: every batch of a rank has the same few sizes. :meth:`of_model`: a model's, kept while the
+    model lives."""
+
+    kept: ClassVar[weakref.WeakKeyDictionary[AnchorGenerator, Anchors]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, generator: AnchorGenerator) -> None:
+        self.generator = generator
+        self.made: dict[tuple, list[torch.Tensor]] = {}
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module) -> Anchors:
+        """The anchors of ``model``'s anchor generator (a RetinaNet's, a region proposal network's)."""
+        generator = cast(AnchorGenerator, model.anchor_generator)
+        if generator not in cls.kept:
+            cls.kept[generator] = cls(generator)
+        return cls.kept[generator]
+
+    def of(self, size: Size, grids: list[Size], device: torch.device) -> list[torch.Tensor]:
+        """Each level's anchors (HWA, 4) of an input of ``size`` whose feature maps are ``grids``."""
+        key = (size, tuple(grids), str(device))
+        if key not in self.made:
+            strides = [
+                [torch.tensor(size[0] // g[0], dtype=torch.int64, device=device)]
+                + [torch.tensor(size[1] // g[1], dtype=torch.int64, device=device)]
+                for g in grids
+            ]
+            with torch.autocast(device.type, enabled=False):
+                self.generator.set_cell_anchors(torch.float32, device)
+                self.made[key] = self.generator.grid_anchors([list(g) for g in grids], strides)
+        return self.made[key]
+
+
 def nms_by_group(
     boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, threshold: float, one_call: bool | None = None
 ) -> torch.Tensor:
-    """torchvision's ``batched_nms`` (boxes of different ``groups``, a tile's class or level, never suppress each
-    other; indices kept by decreasing score), in one NMS on a GPU however many boxes: torchvision switches to one
-    NMS per group past 5,000 boxes there, a Python loop over a batch's tiles and classes. Each group's boxes are
-    moved to a cell of their own on a square grid of cells (offsets on both axes keep the coordinates, and so the
-    IoUs, as exact as a few groups' would be). Elsewhere torchvision's own (one NMS per group on a CPU: exact);
-    ``one_call``: the one NMS anyway (True), or torchvision's (False), whatever the device."""
+    """An NMS within each group (a tile's class, or level), boxes of different groups never suppressing each other:
+    the indices kept, by decreasing score (equal scores in index order). A tile's boxes come out the same whatever
+    the other tiles of its batch: torchvision's ``batched_nms`` moves each group's boxes by its index in float32
+    below 1,000 boxes on a CPU (5,000 on a GPU), which rounds them by the tile's place in the batch, and loops over
+    the groups above.
+
+    On a GPU (``one_call``), one NMS over every group: each group's boxes moved to a cell of their own on a square
+    grid, in float64, where the move is exact. Elsewhere one NMS per group."""
     if one_call is None:
         one_call = boxes.device.type == "cuda"
-    if not one_call or boxes.numel() == 0:
-        return batched_nms(boxes, scores, groups, threshold)
-    side = boxes.max() + 1
-    columns = math.ceil(math.sqrt(int(groups.max()) + 1))
-    shift = torch.stack((groups % columns, groups // columns), dim=1).to(boxes) * side
-    return nms(boxes + shift.repeat(1, 2), scores, threshold)
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    if one_call:
+        exact = boxes.double()
+        side = exact.max() + 1
+        columns = math.ceil(math.sqrt(int(groups.max()) + 1))
+        shift = torch.stack((groups % columns, groups // columns), dim=1).double() * side
+        keep = nms(exact + shift.repeat(1, 2), scores.double(), threshold)
+    else:
+        kept = torch.zeros(len(boxes), dtype=torch.bool, device=boxes.device)
+        for group in torch.unique(groups):
+            members = torch.where(groups == group)[0]
+            kept[members[nms(boxes[members], scores[members], threshold)]] = True
+        keep = torch.where(kept)[0]
+    return keep[torch.sort(scores[keep], descending=True, stable=True).indices]
 
 
 def first_of_each_tile(keep: torch.Tensor, tiles: torch.Tensor, cap: int) -> torch.Tensor:
