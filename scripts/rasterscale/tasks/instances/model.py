@@ -34,6 +34,7 @@ from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
+from rasterscale.tasks.instances.batched import BatchInstances
 from rasterscale.tasks.instances.modelfiles import (
     BOX_HEAD_WIDTH,
     CLASS_LAYERS,
@@ -179,26 +180,26 @@ def predict_instances(
 
 def instances_on_device(
     outputs: list[dict[str, torch.Tensor]], threshold: float, probabilities: bool = False
-) -> list[dict[str, torch.Tensor]]:
-    """A batch's instances as the model gave them, still on the device: each tile's ``boxes``, ``scores``,
-    ``labels`` and ``masks`` (N, H, W), thresholded at ``threshold`` into uint8 0/1 (or, with ``probabilities``,
-    float32)."""
-    found = []
-    for out in outputs:
-        masks = out["masks"][:, 0]
-        masks = masks.float() if probabilities else (masks >= threshold).to(torch.uint8)
-        found.append({"boxes": out["boxes"].float(), "scores": out["scores"].float(), "labels": out["labels"]})
-        found[-1]["masks"] = masks
-    return found
+) -> BatchInstances:
+    """torchvision's instances of a batch (each tile's ``boxes``, ``scores``, ``labels``, ``masks`` (N, 1, H, W)) as
+    one tensor per kind, still on the device, the masks thresholded at ``threshold`` into uint8 0/1 (or, with
+    ``probabilities``, float32)."""
+    masks = torch.cat([out["masks"][:, 0] for out in outputs])
+    masks = masks.float() if probabilities else (masks >= threshold).to(torch.uint8)
+    device = masks.device
+    tiles = torch.cat([torch.full((len(out["scores"]),), k, device=device) for k, out in enumerate(outputs)])
+    return BatchInstances(
+        torch.cat([out["boxes"] for out in outputs]).float(),
+        torch.cat([out["scores"] for out in outputs]).float(),
+        torch.cat([out["labels"] for out in outputs]),
+        tiles,
+        masks,
+        len(outputs),
+    )
 
 
-def instances_to_host(found: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
-    """A batch's instances (:func:`instances_on_device`) as numpy arrays, each kind copied once for the batch."""
-    if not found:
-        return []
-    counts = [len(tile["scores"]) for tile in found]
-    host = {
-        key: torch.cat([tile[key] for tile in found]).cpu().numpy() for key in ("boxes", "scores", "labels", "masks")
-    }
-    starts = np.cumsum([0, *counts])
+def instances_to_host(found: BatchInstances) -> list[dict[str, np.ndarray]]:
+    """A batch's instances as numpy arrays, tile by tile, each kind copied once for the batch."""
+    host = {key: getattr(found, key).cpu().numpy() for key in ("boxes", "scores", "labels", "masks")}
+    starts = np.searchsorted(found.tiles.cpu().numpy(), np.arange(found.count + 1), side="left")
     return [{key: values[a:b] for key, values in host.items()} for a, b in itertools.pairwise(starts)]

@@ -11,7 +11,7 @@ detection is :mod:`rasterscale.tasks.detectors`'. This module is what the core a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -21,13 +21,13 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.tasks.api import SizedDataset
 from rasterscale.tasks.detectors.metrics import greedy_match, precision_recall_f1
 from rasterscale.tasks.detectors.task import DetectorModel, DetectorTask
+from rasterscale.tasks.instances.batched import BatchInstances, MaskLogits, instances_of, pasted_instances
 from rasterscale.tasks.instances.dataset import InstanceTileDataset
 from rasterscale.tasks.instances.groundtruth import GroundTruth, read_ground_truth
 from rasterscale.tasks.instances.model import (
     InstanceSegmenter,
     build_instance_model,
     init_from_model_file,
-    instances_on_device,
     load_instance_model,
     predict_instances,
     save_instance_model,
@@ -102,12 +102,12 @@ class InstancesTask(DetectorTask):
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
         return validate_instances(model, datasets, batch_size)  # type: ignore[arg-type]
 
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> Any:
-        """The segmenter over the batch's tiles (it takes a list), with its mask threshold."""
-        segmenter = cast("InstanceSegmenter", model)
-        return segmenter(list(images)), segmenter.mask_threshold
+    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> MaskLogits:
+        """The segmenter's network over the batch as one tensor: proposals, boxes and mask logits selected for the
+        whole batch at once (:mod:`rasterscale.tasks.instances.batched`)."""
+        return instances_of(cast("InstanceSegmenter", model), images)
 
-    def postprocess(self, raw: Any) -> list[dict[str, torch.Tensor]]:
-        """Each tile's instances, their masks thresholded on the device (:func:`.model.instances_on_device`)."""
-        outputs, threshold = raw
-        return instances_on_device(outputs, threshold)
+    def postprocess(self, raw: MaskLogits) -> BatchInstances:
+        """The batch's instances in tile pixels, their masks pasted into their tiles and thresholded, on the
+        device."""
+        return pasted_instances(raw)

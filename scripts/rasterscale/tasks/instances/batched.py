@@ -1,0 +1,197 @@
+"""Mask R-CNN over a batch of tiles as one tensor on the device: what torchvision's Mask R-CNN does image by image
+(its transform, the region proposals' filtering, the boxes' selection, the masks pasted into the tile one by one),
+done for the whole batch at once, with the same arithmetic but the masks' interpolation.
+
+- **Pre-processing**: the batch normalized, resized and padded at once
+  (:func:`~rasterscale.tasks.detectors.batching.model_input`, shared with RetinaNet).
+- **Proposals** (:func:`proposals`): the region proposal network's anchors made once per input size in fp32
+  (:class:`~rasterscale.tasks.detectors.batching.Anchors`), its boxes decoded for the batch, each level's
+  ``pre_nms_top_n`` of every tile at once (torchvision's own top-k), then the small and low-scoring ones dropped and
+  one NMS over the batch (tile and level in its key), and each tile's ``post_nms_top_n``.
+- **Boxes** (:func:`instances_of`): the box head over every tile's proposals (torchvision's RoI pooling takes them
+  together), class scores and boxes decoded for the batch, then background, low scores and empty boxes dropped,
+  one NMS over the batch (tile and class in its key) and each tile's cap (``detections_per_img``).
+- **Masks**: the mask head over every instance at once, each instance's class channel; pasted into its tile by
+  :func:`paste_masks`: torchvision pads each 28 x 28 mask by a pixel, widens its box to match and interpolates it
+  bilinearly into the box, one mask at a time (a host round trip per mask on a GPU); here the interpolation is
+  two batched matrix products (rows, then columns: bilinear is separable) for every mask at once. Probabilities
+  agree with torchvision's to float rounding (a sum in another order); thresholded masks differ only at pixels within
+  that rounding of ``mask_threshold``.
+
+The result (:class:`BatchInstances`) is one tensor per kind for the batch, tiles in order, a tile's instances by
+score, the masks thresholded on the device (uint8, a quarter of the bytes to copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchvision.models.detection import MaskRCNN
+from torchvision.ops import clip_boxes_to_image, remove_small_boxes
+
+from rasterscale.tasks.detectors.batching import (
+    Anchors,
+    ModelInput,
+    Size,
+    first_of_each_tile,
+    model_input,
+    nms_by_group,
+    to_tile_pixels,
+)
+
+MASK_PADDING = 1  # torchvision pads a mask by a pixel before pasting it (paste_masks_in_image)
+EMPTY_BOX = 1e-2  # torchvision drops boxes narrower than this (px) before the boxes' NMS
+
+
+@dataclass(frozen=True)
+class BatchInstances:
+    """A batch's instances on its device: ``boxes`` (N, 4, tile pixels), ``scores``, ``labels``, ``tiles`` (each
+    instance's tile in the batch), ``masks`` (N, h, w: uint8 0/1 at the tile's size; float probabilities when
+    asked), tiles in order, a tile's instances by score; ``count``: the tiles of the batch."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+    tiles: torch.Tensor
+    masks: torch.Tensor
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, part: slice) -> BatchInstances:
+        """The instances of the tiles ``part`` of the batch (a run of one scene's tiles), numbered from 0."""
+        start, stop, step = part.indices(self.count)
+        if step != 1:
+            raise ValueError("a run of tiles is contiguous")
+        if (start, stop) == (0, self.count):
+            return self
+        keep = (self.tiles >= start) & (self.tiles < stop)
+        return BatchInstances(
+            self.boxes[keep],
+            self.scores[keep],
+            self.labels[keep],
+            self.tiles[keep] - start,
+            self.masks[keep],
+            max(0, stop - start),
+        )
+
+
+@dataclass(frozen=True)
+class MaskLogits:
+    """The network's output for a batch, before the masks are pasted: each instance's box (in the resized input's
+    pixels), score, label (0-based, as :class:`~rasterscale.tasks.instances.model.InstanceSegmenter` gives them),
+    tile and mask logits (N, M, M) of its class; the input's sizes; the model's mask threshold."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+    tiles: torch.Tensor
+    logits: torch.Tensor
+    input: ModelInput
+    count: int
+    threshold: float
+
+
+def proposals(model: MaskRCNN, batch: ModelInput, features: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tile's region proposals (torchvision's region proposal network in evaluation, for the batch at once)."""
+    rpn = model.rpn
+    count = int(batch.images.shape[0])
+    objectness, deltas = rpn.head(features)
+    grids: list[Size] = [(int(f.shape[-2]), int(f.shape[-1])) for f in features]
+    padded: Size = (int(batch.images.shape[-2]), int(batch.images.shape[-1]))
+    anchors = torch.cat(Anchors.of_model(rpn).of(padded, grids, batch.images.device))
+    per_level = [int(o.shape[1] * o.shape[2] * o.shape[3]) for o in objectness]
+    scores = torch.cat([o.permute(0, 2, 3, 1).reshape(count, -1) for o in objectness], dim=1)
+    codes = torch.cat(
+        [d.view(count, -1, 4, *d.shape[-2:]).permute(0, 3, 4, 1, 2).reshape(count, -1, 4) for d in deltas], 1
+    )
+    boxes = rpn.box_coder.decode_single(codes.reshape(-1, 4), anchors.repeat(count, 1)).view(count, -1, 4)
+    top = rpn._get_top_n_idx(scores, per_level)  # each level's pre_nms_top_n of every tile (torchvision's own)
+    levels = torch.cat([torch.full((n,), k, device=scores.device) for k, n in enumerate(per_level)])[top]
+    rows = torch.arange(count, device=scores.device)[:, None]
+    boxes = clip_boxes_to_image(boxes[rows, top].reshape(-1, 4), batch.resized)
+    scores = torch.sigmoid(scores[rows, top]).reshape(-1)
+    tiles = rows.expand_as(top).reshape(-1)
+    levels = levels.reshape(-1)
+    keep = remove_small_boxes(boxes, rpn.min_size)
+    keep = keep[scores[keep] >= rpn.score_thresh]
+    kept = nms_by_group(boxes[keep], scores[keep], tiles[keep] * len(per_level) + levels[keep], rpn.nms_thresh)
+    keep = keep[first_of_each_tile(kept, tiles[keep], rpn.post_nms_top_n())]
+    return [boxes[keep][tiles[keep] == tile] for tile in range(count)]
+
+
+def instances_of(model: MaskRCNN, images: torch.Tensor) -> MaskLogits:
+    """The network over a batch of tiles (B, C, h, w, float in [0, 1]): proposals, boxes and mask logits."""
+    batch = model_input(model.transform, images)
+    count = int(images.shape[0])
+    feature_maps = model.backbone(batch.images)
+    sizes = [batch.resized] * count
+    heads = model.roi_heads
+    regions = proposals(model, batch, list(feature_maps.values()))
+    pooled = heads.box_head(heads.box_roi_pool(feature_maps, regions, sizes))
+    class_logits, regressions = heads.box_predictor(pooled)
+    classes = int(class_logits.shape[-1])
+    boxes = clip_boxes_to_image(heads.box_coder.decode(regressions, regions), batch.resized)  # (R, C, 4)
+    scores = torch.softmax(class_logits, -1)
+    tiles = torch.cat([torch.full((len(r),), k, device=images.device) for k, r in enumerate(regions)])
+    labels = torch.arange(classes, device=images.device).expand_as(scores)
+    boxes, scores, labels = boxes[:, 1:].reshape(-1, 4), scores[:, 1:].reshape(-1), labels[:, 1:].reshape(-1)
+    tiles = tiles[:, None].expand(-1, classes - 1).reshape(-1)
+    keep = torch.where(scores > heads.score_thresh)[0]
+    keep = keep[remove_small_boxes(boxes[keep], min_size=EMPTY_BOX)]
+    kept = nms_by_group(boxes[keep], scores[keep], tiles[keep] * classes + labels[keep], heads.nms_thresh)
+    keep = keep[first_of_each_tile(kept, tiles[keep], heads.detections_per_img)]
+    boxes, scores, labels, tiles = boxes[keep], scores[keep], labels[keep], tiles[keep]
+    found = [boxes[tiles == tile] for tile in range(count)]
+    logits = heads.mask_predictor(heads.mask_head(heads.mask_roi_pool(feature_maps, found, sizes)))
+    logits = logits[torch.arange(len(labels), device=labels.device), labels]
+    # 0-based labels outside, as the segmenter gives them (torchvision's class 0 is its background)
+    return MaskLogits(boxes, scores, labels - 1, tiles, logits, batch, count, model.mask_threshold)
+
+
+def paste_masks(probabilities: torch.Tensor, boxes: torch.Tensor, size: Size) -> torch.Tensor:
+    """Each mask (N, M, M) in its box (N, 4, the image's pixels) of an image of ``size``, as torchvision's
+    ``paste_masks_in_image`` puts it (padded by :data:`MASK_PADDING`, the box widened to match and cut to whole
+    pixels, bilinear without corner alignment), every mask at once: (N, h, w), zero outside the boxes."""
+    count, side = probabilities.shape[0], probabilities.shape[-1] + 2 * MASK_PADDING
+    if count == 0:
+        return probabilities.new_zeros((0, *size))
+    padded = torch.nn.functional.pad(probabilities, (MASK_PADDING,) * 4)
+    scale = side / (side - 2 * MASK_PADDING)
+    half = (boxes[:, 2:] - boxes[:, :2]) * 0.5 * scale
+    centre = (boxes[:, 2:] + boxes[:, :2]) * 0.5
+    corner = torch.cat([centre - half, centre + half], dim=1).to(torch.int64)  # x0, y0, x1, y1 (truncated)
+    extent = (corner[:, 2:] - corner[:, :2] + 1).clamp(min=1)  # w, h
+    rows = interpolation(corner[:, 1], extent[:, 1], side, size[0], padded.dtype)  # (N, h, side)
+    columns = interpolation(corner[:, 0], extent[:, 0], side, size[1], padded.dtype)  # (N, w, side)
+    return rows @ padded @ columns.transpose(1, 2)
+
+
+def interpolation(
+    start: torch.Tensor, extent: torch.Tensor, side: int, length: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """(N, length, side): the weights of a bilinear resize (align_corners False, as torch's upsample computes them)
+    of ``side`` source pixels to ``extent`` pixels placed from ``start`` along an axis of ``length`` pixels; rows
+    outside [start, start + extent) are zero."""
+    position = torch.arange(length, device=start.device)[None, :] - start[:, None]  # (N, length)
+    inside = (position >= 0) & (position < extent[:, None])
+    scale = (torch.full_like(extent, side, dtype=torch.float32) / extent.to(torch.float32))[:, None]
+    source = (scale * (position.to(torch.float32) + 0.5) - 0.5).clamp(min=0.0)
+    first = source.to(torch.int64).clamp(max=side - 1)
+    step = (first < side - 1).to(torch.int64)
+    upper = (source - first.to(torch.float32)).clamp(0.0, 1.0)
+    weights = torch.zeros((*position.shape, side), dtype=torch.float32, device=start.device)
+    weights.scatter_add_(2, first[..., None], (1.0 - upper)[..., None])
+    weights.scatter_add_(2, (first + step)[..., None], upper[..., None])
+    return (weights * inside[..., None]).to(dtype)
+
+
+def pasted_instances(raw: MaskLogits, probabilities: bool = False) -> BatchInstances:
+    """The batch's instances in tile pixels, their masks pasted into their tiles and thresholded at the model's
+    ``mask_threshold`` into uint8 0/1 (``probabilities``: float32 instead)."""
+    boxes = to_tile_pixels(raw.boxes, raw.input)
+    masks = paste_masks(torch.sigmoid(raw.logits.float()), boxes, raw.input.tile)
+    masks = masks if probabilities else (masks >= raw.threshold).to(torch.uint8)
+    return BatchInstances(boxes.float(), raw.scores.float(), raw.labels, raw.tiles, masks, raw.count)

@@ -1,0 +1,118 @@
+"""The batched Mask R-CNN (rasterscale.tasks.instances.batched) gives torchvision's own per-image results on a CPU
+in fp32: the same boxes, scores and labels tile by tile, and the same masks but at pixels within float rounding of
+the threshold, for native tiles and a resize, with an empty tile amid others, a full cap and a short last batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchvision.ops import box_iou
+
+from rasterscale.raster.bands import InputBands
+from rasterscale.tasks.detectors.model import prepare_for_inference
+from rasterscale.tasks.instances.batched import BatchInstances, instances_of, pasted_instances
+from rasterscale.tasks.instances.model import build_instance_model, instances_on_device, instances_to_host
+from rasterscale.tasks.instances.modelfiles import InstanceConfig
+
+ROUNDING = 1e-5  # mask probabilities' agreement (the paste's interpolation sums in another order)
+
+
+def segmenter(resize: tuple[int, int] | None, cap: int) -> torch.nn.Module:
+    """An untrained Mask R-CNN (ResNet-18, 2 classes), seeded, its proposal network's head and its box predictor
+    drawn as a trained network's (He's initialization: objectness and class scores spread from 0 to 1, not all
+    within 1e-2 of a half, where equal scores make the order of the NMS's ties decide): instances on every textured
+    tile."""
+    torch.manual_seed(0)
+    cfg = InstanceConfig(
+        backbone="resnet18",
+        labels=("tree", "snag"),
+        patch_size=96,
+        fpn_channels=32,
+        score_threshold=0.5,
+        detections_per_tile=cap,
+        resize=resize,
+    )
+    model = build_instance_model(cfg)
+    with torch.no_grad():
+        for layer in (*model.rpn.head.modules(), model.roi_heads.box_predictor.cls_score, model.roi_heads.box_head.fc7):
+            if isinstance(layer, torch.nn.Conv2d | torch.nn.Linear):
+                torch.nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+    return prepare_for_inference(model, channels_last=False)
+
+
+def tiles(count: int, size: int = 96, seed: int = 1) -> torch.Tensor:
+    """Textured tiles in [0, 1]; the second one flat, of the model's mean colour (none of its proposals' class
+    scores past the threshold: an empty tile amid others)."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.nn.functional.avg_pool2d(torch.rand((count, 3, size, size), generator=generator), 5, 1, 2)
+    if count > 1:
+        images[1] = torch.tensor(InputBands().mean)[:, None, None]
+    return images
+
+
+def torchvision_instances(model: torch.nn.Module, images: torch.Tensor) -> BatchInstances:
+    with torch.inference_mode():
+        return instances_on_device(model(list(images)), model.mask_threshold, probabilities=True)
+
+
+def batched_instances(model: torch.nn.Module, images: torch.Tensor) -> BatchInstances:
+    with torch.inference_mode():
+        return pasted_instances(instances_of(model, images), probabilities=True)
+
+
+def assert_same(expected: BatchInstances, got: BatchInstances, threshold: float) -> int:
+    """Tile by tile, each of torchvision's instances matched by one of the batch's of its label at box IoU >= 0.99
+    (the same count), its score within 1e-4 and its mask's probabilities within :data:`ROUNDING` (so the thresholded
+    masks equal but where a probability is that close to ``threshold``); returns the instances compared."""
+    assert got.count == expected.count
+    compared = 0
+    for tile, (want, have) in enumerate(zip(instances_to_host(expected), instances_to_host(got), strict=True)):
+        assert len(have["boxes"]) == len(want["boxes"]), f"tile {tile}: {len(have['boxes'])}, not {len(want['boxes'])}"
+        if not len(have["boxes"]):
+            continue
+        iou = box_iou(torch.from_numpy(want["boxes"]), torch.from_numpy(have["boxes"]))
+        iou[torch.from_numpy(want["labels"])[:, None] != torch.from_numpy(have["labels"])[None, :]] = 0.0
+        best = iou.max(dim=1)
+        assert (best.values >= 0.99).all(), f"tile {tile}: IoU {best.values.min():.4f}"
+        matched = best.indices.numpy()
+        assert len(set(matched.tolist())) == len(matched)
+        assert np.allclose(have["scores"][matched], want["scores"], atol=1e-4)
+        theirs, ours = want["masks"], have["masks"][matched]
+        assert np.abs(ours - theirs).max() <= ROUNDING
+        differ = (ours >= threshold) != (theirs >= threshold)
+        assert (np.abs(theirs[differ] - threshold) <= ROUNDING).all()
+        compared += len(matched)
+    return compared
+
+
+@pytest.mark.parametrize(
+    ("resize", "batch", "cap"),
+    [(None, 4, 100), ((192, 320), 3, 100), (None, 3, 4)],
+    ids=["native tiles", "resized (96 -> 192 px), a batch of 3", "a full cap of 4, a batch of 3"],
+)
+def test_batched_mask_rcnn_gives_torchvisions_instances(resize, batch, cap):
+    model = segmenter(resize, cap)
+    images = tiles(batch)
+    expected, got = torchvision_instances(model, images), batched_instances(model, images)
+    counts = [int((expected.tiles == k).sum()) for k in range(batch)]
+    assert counts[1] == 0 and min(counts[:1] + counts[2:]) > 0, counts  # an empty tile amid others
+    assert assert_same(expected, got, model.mask_threshold) >= min(20, cap + 1), counts
+    if cap < 100:
+        assert max(counts) == cap  # the cap is reached
+    assert got.masks.shape[-2:] == images.shape[-2:]  # masks at the tile's size, whatever the resize
+    short = images[: batch - 1]  # the last batch of a rank, shorter than the rest
+    assert_same(torchvision_instances(model, short), batched_instances(model, short), model.mask_threshold)
+
+
+def test_runs_of_tiles_keep_their_places_and_masks_are_thresholded_on_the_device():
+    model = segmenter(None, 100)
+    images = tiles(4)
+    expected = torchvision_instances(model, images)
+    with torch.inference_mode():
+        raw = instances_of(model, images)
+    got, binary = pasted_instances(raw, probabilities=True), pasted_instances(raw)
+    assert binary.masks.dtype == torch.uint8 and set(binary.masks.unique().tolist()) <= {0, 1}
+    assert torch.equal(binary.masks, (got.masks >= model.mask_threshold).to(torch.uint8))
+    assert_same(expected[0:1], got[0:1], model.mask_threshold)  # a batch cut where the scene changes
+    assert_same(expected[1:4], got[1:4], model.mask_threshold)
