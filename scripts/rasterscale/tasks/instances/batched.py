@@ -108,7 +108,7 @@ def proposals(model: MaskRCNN, batch: ModelInput, features: list[torch.Tensor]) 
         [d.view(count, -1, 4, *d.shape[-2:]).permute(0, 3, 4, 1, 2).reshape(count, -1, 4) for d in deltas], 1
     )
     boxes = rpn.box_coder.decode_single(codes.reshape(-1, 4), anchors.repeat(count, 1)).view(count, -1, 4)
-    top = rpn._get_top_n_idx(scores, per_level)  # each level's pre_nms_top_n of every tile (torchvision's own)
+    top = top_per_level(scores, per_level, rpn.pre_nms_top_n())
     levels = torch.cat([torch.full((n,), k, device=scores.device) for k, n in enumerate(per_level)])[top]
     rows = torch.arange(count, device=scores.device)[:, None]
     boxes = clip_boxes_to_image(boxes[rows, top].reshape(-1, 4), batch.resized)
@@ -120,6 +120,16 @@ def proposals(model: MaskRCNN, batch: ModelInput, features: list[torch.Tensor]) 
     kept = nms_by_group(boxes[keep], scores[keep], tiles[keep] * len(per_level) + levels[keep], rpn.nms_thresh)
     keep = keep[first_of_each_tile(kept, tiles[keep], rpn.post_nms_top_n())]
     return [boxes[keep][tiles[keep] == tile] for tile in range(count)]
+
+
+def top_per_level(scores: torch.Tensor, per_level: list[int], wanted: int) -> torch.Tensor:
+    """(B, K): each level's ``wanted`` best candidates (or all of a smaller level) of every tile, as indices into
+    ``scores`` (B, candidates of every level, level after level): torchvision's ``pre_nms_top_n`` selection."""
+    picks, offset = [], 0
+    for level in scores.split(per_level, dim=1):
+        picks.append(level.topk(min(wanted, int(level.shape[1])), dim=1).indices + offset)
+        offset += int(level.shape[1])
+    return torch.cat(picks, dim=1)
 
 
 def instances_of(model: MaskRCNN, images: torch.Tensor) -> MaskLogits:
