@@ -13,9 +13,9 @@
   effect).
 - compile: ``torch.compile`` of the backbone, FPN and head (static shapes, full batches; anchors and NMS stay
   eager), each mode (``default``; ``reduce-overhead``: CUDA graphs) at ``auto`` and at ``32-true``, each against
-  the eager path of the same precision on the same tiles, each in a process of its own (a compiler that hangs or
-  crashes costs only its row): kept only if it is faster and finds the same boxes (matched at a high IoU), so
-  that compile's effect is judged apart from the precision's.
+  the eager path of the same precision on the same tiles, each mode in a process of its own (a compiler that hangs
+  or crashes costs only that mode's rows): kept only if it is faster and finds the same boxes (matched at a high
+  IoU), so that compile's effect is judged apart from the precision's.
 - copy: host to device copy rate of a prediction batch of uint8 tiles, pinned (non-blocking, as a GPU job
   copies) and pageable, beside the prediction job's data-wait fraction.
 
@@ -731,18 +731,37 @@ def isolated(function: Callable[..., dict[str, Any]], args: tuple, timeout: floa
             process.kill()
 
 
+def compile_comparisons(
+    model_file: Path,
+    raster: Path,
+    manifest: Path,
+    sizes: Sizes,
+    device_name: str,
+    at: tuple[str, ...],
+    threads: int,
+    mode: str | None,
+) -> dict[str, Any]:
+    """:func:`compile_comparison` of one mode at each precision of ``at``, one after the other in this process,
+    each failing soft."""
+    args = (model_file, raster, manifest, sizes, device_name)
+    return {
+        precision: attempt(functools.partial(compile_comparison, *args, precision, threads, mode)) for precision in at
+    }
+
+
 def measure_compile(bench: Bench) -> dict[str, Any]:
     """Each compile mode at ``auto`` and at ``32-true`` (one precision where they are the same), each against
-    eager at its precision, each in a process of its own; a mode is kept where it is kept at every precision."""
+    eager at its precision, a mode in a process of its own (a compiler that hangs costs that mode's rows); a mode
+    is kept where it is kept at every precision."""
     raster, manifest = bench.predict_scene
     s = bench.sizes
+    at = tuple(dict.fromkeys((bench.auto, precisions.FP32)))
     runs: dict[str, dict[str, Any]] = {}
     for mode in s.compile_modes:
-        for precision in dict.fromkeys((bench.auto, precisions.FP32)):
-            args = (bench.model_file, raster, manifest, s, str(bench.device), precision, bench.threads, mode)
-            runs[f"{mode or 'default'} @ {precision}"] = attempt(
-                functools.partial(isolated, compile_comparison, args, s.compile_timeout_s)
-            )
+        args = (bench.model_file, raster, manifest, s, str(bench.device), at, bench.threads, mode)
+        result = attempt(functools.partial(isolated, compile_comparisons, args, s.compile_timeout_s * len(at)))
+        for precision in at:
+            runs[f"{mode or 'default'} @ {precision}"] = result if "error" in result else result[precision]
     kept = [
         mode or "default"
         for mode in s.compile_modes
