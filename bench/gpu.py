@@ -255,6 +255,29 @@ def eager_note(section: dict[str, Any]) -> str:
     return " (the eager backend checks that the graphs are captured: its speed is noise, not the compiler's)"
 
 
+def instances_rows(section: dict[str, Any]) -> list[Row]:
+    """Mask R-CNN's job against its pure forward."""
+    per_rank = ", ".join(f"{rank['tiles_per_s']:.1f}" for rank in section["ranks"])
+    ratio = section["job_over_forward"]
+    return [
+        (
+            "instances",
+            "job",
+            f"{section['tiles_per_s']:.1f} tiles/s",
+            f"{section['tiles']} tiles, {len(section['ranks'])} rank(s) ({per_rank} tiles/s), batch"
+            f" {section['batch']}, {section['precision']}; data wait {percent(section['wait_fraction'])};"
+            f" {section['model']}",
+        ),
+        (
+            "instances",
+            f"pure forward, batch {section['batch']}",
+            f"{section['forward_tiles_per_s']:.1f} tiles/s",
+            "the batched Mask R-CNN as the job runs it, masks pasted and thresholded; tiles preloaded on the device",
+        ),
+        ("instances", "job / pure forward", "-" if ratio is None else f"{ratio:.3f}", "tiles/s per rank over it"),
+    ]
+
+
 def copy_rows(section: dict[str, Any]) -> list[Row]:
     shape = "x".join(str(n) for n in section["batch_shape"])
     rows: list[Row] = []
@@ -318,6 +341,7 @@ FORMATTERS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "predict": predict_rows,
     "forward": forward_rows,
     "compile": compile_rows,
+    "instances": instances_rows,
     "copy": copy_rows,
 }
 

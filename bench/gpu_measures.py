@@ -16,6 +16,9 @@
   the eager path of the same precision on the same tiles, each mode in a process of its own (a compiler that hangs
   or crashes costs only that mode's rows): kept only if it is faster and finds the same boxes (matched at a high
   IoU), so that compile's effect is judged apart from the precision's.
+- instances: an untrained Mask R-CNN of the same backbone and scale (every tile at its cap of instances): the
+  prediction job (``task: instances``) at ``auto`` on every rank against the model's pure forward as the job runs
+  it (the batched Mask R-CNN of :mod:`rasterscale.tasks.instances.batched`, masks pasted and thresholded).
 - copy: host to device copy rate of a prediction batch of uint8 tiles, pinned (non-blocking, as a GPU job
   copies) and pageable, beside the prediction job's data-wait fraction.
 
@@ -47,6 +50,7 @@ from host_ceiling import measure_host_ceiling, measure_unet_job
 from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
 from measures import best_matches, fast_model, spread
 from rasterscale.config.schema import validate_config
+from rasterscale.config.settings import job_settings
 from rasterscale.datasets.tiles import WindowDataset, to_model_input
 from rasterscale.grid.manifest import build_manifest, read_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
@@ -55,11 +59,13 @@ from rasterscale.predict.profile import MB, UtilizationSampler
 from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin
+from rasterscale.tasks.api import Task
 from rasterscale.tasks.detection.batched import BatchDetections
 from rasterscale.tasks.detection.rankoutput import detections_to_host
 from rasterscale.tasks.detection.task import DetectionTask
+from rasterscale.tasks.instances.task import InstancesTask
 from rasterscale.tools.synth import synthesize_scene
-from synthetic import write_detector
+from synthetic import write_detector, write_instance_model
 
 PRECISIONS = (precisions.AUTO, precisions.FP32)  # auto first: its trained model is the one predicted
 SCORE_THRESHOLD = 0.3  # the prediction jobs' and the pure forward's (the model's default)
@@ -464,10 +470,10 @@ def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[torch.Tenso
 TASK = DetectionTask()
 
 
-def run_batch(model: torch.nn.Module, batch: torch.Tensor) -> BatchDetections:
+def run_batch(model: torch.nn.Module, batch: torch.Tensor, task: Task = TASK) -> Any:
     """The model over a batch of uint8 tiles on its device as the prediction job runs it: scaled there, then the
-    task's forward and post-processing (the batched RetinaNet)."""
-    return TASK.postprocess(TASK.forward(model, to_model_input(batch)))
+    task's forward and post-processing (detection's batched RetinaNet, unless ``task`` says otherwise)."""
+    return task.postprocess(task.forward(model, to_model_input(batch)))
 
 
 @contextlib.contextmanager
@@ -477,12 +483,14 @@ def predicting(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
-def timed_pass(model: torch.nn.Module, batches: Sequence[torch.Tensor], device: torch.device) -> float:
+def timed_pass(
+    model: torch.nn.Module, batches: Sequence[torch.Tensor], device: torch.device, task: Task = TASK
+) -> float:
     """Seconds of one pass over the batches (the device synchronized before and after)."""
     synchronize(device)
     started = time.perf_counter()
     for batch in batches:
-        run_batch(model, batch)
+        run_batch(model, batch, task)
     synchronize(device)
     return time.perf_counter() - started
 
@@ -770,6 +778,52 @@ def measure_compile(bench: Bench) -> dict[str, Any]:
     return {"runs": runs, "kept_modes": kept, "model": f"{describe_model(s)}, {bench.model_kind}"}
 
 
+# --- instances ------------------------------------------------------------------------------------------------
+
+
+def measure_instances(bench: Bench) -> dict[str, Any]:
+    """Mask R-CNN's prediction job at ``auto`` on every rank against its pure forward at the job's batch (the
+    same tiles' kind, preloaded on the device, run as the job runs them)."""
+    s, device = bench.sizes, bench.device
+    raster, manifest = bench.predict_scene
+    model_file = write_instance_model(bench.workdir / "instances.pt", s.backbone, s.patch, resize=s.resize)
+    predict = {
+        "accelerator": bench.accelerator,
+        "devices": bench.ranks,
+        "batch_size": s.predict_batch,
+        "workers": workers_per_rank(s.predict_workers, bench.ranks),
+        "precision": precisions.AUTO,
+    }
+    tiling = {"patch_size": s.patch, "overlap": s.overlap}
+    config = validate_config({"task": "instances", "tiling": tiling, "predict": predict})
+    config = {key: config[key] for key in ("task", "model", "tiling", "predict")}
+    workdir = bench.workdir / "instances"
+    job = run_predict_job(workdir, raster, manifest, model_file, predict, timeout=s.job_timeout_s, config=config)
+    summary = job_summary(job)
+    torch.set_num_threads(bench.threads)
+    task = InstancesTask()
+    settings = job_settings(config)
+    model = task.prepare_for_inference(task.load_model(model_file, settings)[0], settings.predict).to(device)
+    batches = full_batches(device_tiles(raster, manifest, s.forward_tiles, device), s.predict_batch)
+    with predicting(bench.auto, device):
+        run_batch(model, batches[0], task)
+        seconds = statistics.median(timed_pass(model, batches, device, task) for _ in range(s.rounds))
+    forward = len(batches) * s.predict_batch / seconds
+    per_rank = [rank["tiles_per_s"] for rank in summary["ranks"] if rank["tiles"]]
+    del model, batches
+    release(device)
+    return {
+        **summary,
+        "precision": bench.auto,
+        "batch": s.predict_batch,
+        "forward_tiles_per_s": round(forward, 2),
+        "job_over_forward": ratio(statistics.mean(per_rank), forward) if per_rank else None,
+        "model": f"Mask R-CNN-{s.backbone}, {s.patch} px tiles"
+        + (f" seen at {s.resize[0]} px" if s.resize else "")
+        + ", untrained (every tile at its cap of instances)",
+    }
+
+
 # --- copy -----------------------------------------------------------------------------------------------------
 
 
@@ -830,6 +884,7 @@ SECTIONS: tuple[tuple[str, Callable[[Bench], dict[str, Any]]], ...] = (
     ("predict", measure_predict),
     ("forward", measure_forward),
     ("compile", measure_compile),
+    ("instances", measure_instances),
     ("copy", measure_copy),
 )
 

@@ -24,6 +24,8 @@ from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_areas, pixel_boxes_to_polygons
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
+from rasterscale.tasks.instances.model import build_instance_model, save_instance_model
+from rasterscale.tasks.instances.modelfiles import InstanceConfig
 
 CRS = "EPSG:32617"
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
@@ -104,6 +106,22 @@ def write_detector(
     torch.manual_seed(seed)
     detector = DetectorConfig(backbone=backbone, patch_size=patch_size, resize=resize)
     save_detector(build_detector(detector), detector, path)
+    return path
+
+
+def write_instance_model(
+    path: Path,
+    backbone: str = "resnet50",
+    patch_size: int = 400,
+    seed: int = 0,
+    resize: tuple[int, int] | None = None,
+) -> Path:
+    """An untrained (seeded) Mask R-CNN model file (``instances``) of DeepForest's architecture and ``resize``:
+    untrained, its class scores all near a third, so that every tile reaches its cap of instances (the heaviest
+    mask work a tile can ask)."""
+    torch.manual_seed(seed)
+    cfg = InstanceConfig(backbone=backbone, patch_size=patch_size, resize=resize)
+    save_instance_model(build_instance_model(cfg), cfg, path)
     return path
 
 

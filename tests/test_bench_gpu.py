@@ -85,6 +85,9 @@ def test_figures_are_measured(bench_gpu):
         assert compiled["backend"] == "eager" and compiled["speedup"] > 0
         assert compiled["tiles_per_s"]["eager"] > 0 and compiled["tiles_per_s"]["compiled"] > 0
         assert compiled["agreement"]["reference"] > 0 and compiled["agreement"]["same_boxes"]  # the eager backend
+    instances = sections["instances"]  # Mask R-CNN's job, every tile predicted once, against its pure forward
+    assert instances["tiles"] == len(tile_grid(side, side, CPU.patch, CPU.overlap))
+    assert instances["forward_tiles_per_s"] > 0 and instances["job_over_forward"] > 0
     dense = sections["dense"]
     assert set(dense["ceiling"]["rows"]) == {"segmentation/workers=auto", "regression/workers=auto"}
     for row in dense["ceiling"]["rows"].values():  # the null model's job, its stages adding up to its rank's wall
