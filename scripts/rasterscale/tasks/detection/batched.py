@@ -6,8 +6,9 @@
   ``max_size``; only where the model records a resize, DeepForest's 400 px tiles seen at 800 px) and zero-padded
   to the backbone's multiple of 32, all in one operation each. A batch's tiles share one size (the rank's batches
   never mix tile shapes).
-- **Anchors** (:class:`Anchors`): made once per input size and kept for every batch, in fp32. torchvision makes
-  them at every call in the features' dtype: under bf16 autocast an 800 px anchor grid in steps of 4 px.
+- **Anchors** (:class:`~rasterscale.tasks.detectors.batching.Anchors`): made once per input size and kept for
+  every batch, in fp32. torchvision makes them at every call in the features' dtype: under bf16 autocast an 800 px
+  anchor grid in steps of 4 px.
 - **Post-processing** (:func:`select_detections`): each level's scores past the score threshold, then its top-k
   candidates (``topk_candidates``) of every tile at once; the boxes decoded and clipped for the batch; one
   NMS over the batch (the tile in its key, with the class: one call on a GPU however many boxes,
@@ -21,17 +22,15 @@ boxes, scores and labels are torchvision's (``tests/test_detection_batched.py``)
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torchvision.models.detection import RetinaNet
 from torchvision.models.detection._utils import BoxCoder
-from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.ops import clip_boxes_to_image
 
 from rasterscale.tasks.detectors.batching import (
+    Anchors,
     ModelInput,
     Size,
     first_of_each_tile,
@@ -104,39 +103,6 @@ class BatchDetections:
         """(N, :data:`PACKED_COLUMNS`) float32: boxes, score, label and tile of each detection, one tensor to copy."""
         columns = (self.boxes.float(), self.scores.float()[:, None], self.labels[:, None], self.tiles[:, None])
         return torch.cat([column.to(torch.float32) for column in columns], dim=1)
-
-
-class Anchors:
-    """A RetinaNet's anchors of each input size (and its feature maps' sizes), made once in fp32 by its anchor
-    generator and kept: every batch of a rank has the same few sizes. :meth:`of_model`: a model's, kept while the
-    model lives."""
-
-    kept: ClassVar[weakref.WeakKeyDictionary[AnchorGenerator, Anchors]] = weakref.WeakKeyDictionary()
-
-    def __init__(self, generator: AnchorGenerator) -> None:
-        self.generator = generator
-        self.made: dict[tuple, list[torch.Tensor]] = {}
-
-    @classmethod
-    def of_model(cls, model: RetinaNet) -> Anchors:
-        generator = model.anchor_generator
-        if generator not in cls.kept:
-            cls.kept[generator] = cls(generator)
-        return cls.kept[generator]
-
-    def of(self, size: Size, grids: list[Size], device: torch.device) -> list[torch.Tensor]:
-        """Each level's anchors (HWA, 4) of an input of ``size`` whose feature maps are ``grids``."""
-        key = (size, tuple(grids), str(device))
-        if key not in self.made:
-            strides = [
-                [torch.tensor(size[0] // g[0], dtype=torch.int64, device=device)]
-                + [torch.tensor(size[1] // g[1], dtype=torch.int64, device=device)]
-                for g in grids
-            ]
-            with torch.autocast(device.type, enabled=False):
-                self.generator.set_cell_anchors(torch.float32, device)
-                self.made[key] = self.generator.grid_anchors([list(g) for g in grids], strides)
-        return self.made[key]
 
 
 def head_outputs(model: RetinaNet, images: torch.Tensor) -> HeadOutputs:
