@@ -33,6 +33,7 @@ from rasterscale.tasks.detectors.batching import (
     Anchors,
     ModelInput,
     Size,
+    TileObjects,
     first_of_each_tile,
     model_input,
     nms_by_group,
@@ -73,31 +74,13 @@ class HeadOutputs:
 
 
 @dataclass(frozen=True)
-class BatchDetections:
-    """A batch's detections on its device: ``boxes`` (N, 4, tile pixels), ``scores`` (N), ``labels`` (N, int64) and
-    ``tiles`` (N, int64: each detection's tile in the batch), tiles in order, a tile's boxes by score; ``count``:
-    the tiles of the batch (some may have none)."""
+class BatchDetections(TileObjects):
+    """A batch's detections on its device (:class:`~rasterscale.tasks.detectors.batching.TileObjects`): ``boxes``
+    (N, 4, tile pixels), ``scores`` (N), ``labels`` (N, int64)."""
 
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
-    tiles: torch.Tensor
-    count: int
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, part: slice) -> BatchDetections:
-        """The detections of the tiles ``part`` of the batch (a run of one scene's tiles), numbered from 0."""
-        start, stop, step = part.indices(self.count)
-        if step != 1:
-            raise ValueError("a run of tiles is contiguous")
-        if (start, stop) == (0, self.count):
-            return self
-        keep = (self.tiles >= start) & (self.tiles < stop)
-        return BatchDetections(
-            self.boxes[keep], self.scores[keep], self.labels[keep], self.tiles[keep] - start, max(0, stop - start)
-        )
 
     def packed(self) -> torch.Tensor:
         """(N, :data:`PACKED_COLUMNS`) float32: boxes, score, label and tile of each detection, one tensor to copy."""
@@ -150,9 +133,9 @@ def select_detections(raw: HeadOutputs) -> BatchDetections:
     keep = nms_by_group(all_boxes, all_scores, all_tiles * classes + all_labels, model.nms_thresh)
     keep = first_of_each_tile(keep, all_tiles, model.detections_per_img)
     return BatchDetections(
-        to_tile_pixels(all_boxes[keep], raw.input),
-        all_scores[keep],
-        all_labels[keep],
-        all_tiles[keep],
-        count,
+        tiles=all_tiles[keep],
+        count=count,
+        boxes=to_tile_pixels(all_boxes[keep], raw.input),
+        scores=all_scores[keep],
+        labels=all_labels[keep],
     )

@@ -1,15 +1,15 @@
 """What the batched detectors share (detection's RetinaNet, instances' Mask R-CNN, each in its task's ``batched``
 module): torchvision's transform done for a whole batch of tiles at once, on the device, with its arithmetic;
 anchors made once per input size; boxes of the resized input back in tile pixels; an NMS over every tile's boxes
-in one call; each tile's cap.
+in one call; each tile's cap; a batch's objects, cut into runs of tiles.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
-from typing import ClassVar, cast
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar, Self, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,34 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import nms
 
 Size = tuple[int, int]  # (height, width) in px
+
+
+@dataclass(frozen=True)
+class TileObjects:
+    """A batch's objects on its device, one tensor per kind (a subclass's fields) along their first dimension, and
+    ``tiles`` (N, int64): each object's tile in the batch, tiles in order, a tile's objects by score; ``count``:
+    the tiles of the batch (some may have none)."""
+
+    tiles: torch.Tensor
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, part: slice) -> Self:
+        """The objects of the tiles ``part`` of the batch (a run of one scene's tiles), their tiles numbered from
+        0."""
+        start, stop, step = part.indices(self.count)
+        if step != 1:
+            raise ValueError("a run of tiles is contiguous")
+        if (start, stop) == (0, self.count):
+            return self
+        keep = (self.tiles >= start) & (self.tiles < stop)
+        kinds = {field.name: getattr(self, field.name)[keep] for field in fields(self) if field.name not in RUN_FIELDS}
+        return replace(self, tiles=self.tiles[keep] - start, count=max(0, stop - start), **kinds)
+
+
+RUN_FIELDS = ("tiles", "count")  # what :class:`TileObjects` itself holds: the rest are its objects' kinds
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from rasterscale.tasks.detectors.batching import (
     Anchors,
     ModelInput,
     Size,
+    TileObjects,
     first_of_each_tile,
     model_input,
     nms_by_group,
@@ -45,37 +46,15 @@ EMPTY_BOX = 1e-2  # torchvision drops boxes narrower than this (px) before the b
 
 
 @dataclass(frozen=True)
-class BatchInstances:
-    """A batch's instances on its device: ``boxes`` (N, 4, tile pixels), ``scores``, ``labels``, ``tiles`` (each
-    instance's tile in the batch), ``masks`` (N, h, w: uint8 0/1 at the tile's size; float probabilities when
-    asked), tiles in order, a tile's instances by score; ``count``: the tiles of the batch."""
+class BatchInstances(TileObjects):
+    """A batch's instances on its device (:class:`~rasterscale.tasks.detectors.batching.TileObjects`): ``boxes``
+    (N, 4, tile pixels), ``scores``, ``labels``, ``masks`` (N, h, w: uint8 0/1 at the tile's size; float
+    probabilities when asked)."""
 
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
-    tiles: torch.Tensor
     masks: torch.Tensor
-    count: int
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, part: slice) -> BatchInstances:
-        """The instances of the tiles ``part`` of the batch (a run of one scene's tiles), numbered from 0."""
-        start, stop, step = part.indices(self.count)
-        if step != 1:
-            raise ValueError("a run of tiles is contiguous")
-        if (start, stop) == (0, self.count):
-            return self
-        keep = (self.tiles >= start) & (self.tiles < stop)
-        return BatchInstances(
-            self.boxes[keep],
-            self.scores[keep],
-            self.labels[keep],
-            self.tiles[keep] - start,
-            self.masks[keep],
-            max(0, stop - start),
-        )
 
 
 @dataclass(frozen=True)
@@ -204,4 +183,6 @@ def pasted_instances(raw: MaskLogits, probabilities: bool = False) -> BatchInsta
     boxes = to_tile_pixels(raw.boxes, raw.input)
     masks = paste_masks(torch.sigmoid(raw.logits.float()), boxes, raw.input.tile)
     masks = masks if probabilities else (masks >= raw.threshold).to(torch.uint8)
-    return BatchInstances(boxes.float(), raw.scores.float(), raw.labels, raw.tiles, masks, raw.count)
+    return BatchInstances(
+        tiles=raw.tiles, count=raw.count, boxes=boxes.float(), scores=raw.scores.float(), labels=raw.labels, masks=masks
+    )

@@ -189,12 +189,12 @@ def instances_on_device(
     device = masks.device
     tiles = torch.cat([torch.full((len(out["scores"]),), k, device=device) for k, out in enumerate(outputs)])
     return BatchInstances(
-        torch.cat([out["boxes"] for out in outputs]).float(),
-        torch.cat([out["scores"] for out in outputs]).float(),
-        torch.cat([out["labels"] for out in outputs]),
-        tiles,
-        masks,
-        len(outputs),
+        tiles=tiles,
+        count=len(outputs),
+        boxes=torch.cat([out["boxes"] for out in outputs]).float(),
+        scores=torch.cat([out["scores"] for out in outputs]).float(),
+        labels=torch.cat([out["labels"] for out in outputs]),
+        masks=masks,
     )
 
 
