@@ -102,9 +102,9 @@ def to_tile_pixels(boxes: torch.Tensor, batch: ModelInput) -> torch.Tensor:
 
 
 class Anchors:
-    """A RetinaNet's anchors of each input size (and its feature maps' sizes), made once in fp32 by its anchor
-    generator and kept: every batch of a rank has the same few sizes. :meth:`of_model`: a model's, kept while the
-    model lives."""
+    """A detector's anchors (a RetinaNet's, a region proposal network's) of each input size (and its feature maps'
+    sizes), made once in fp32 by its anchor generator and kept: every batch of a rank has the same few sizes.
+    :meth:`of_model`: a model's, kept while the model lives."""
 
     kept: ClassVar[weakref.WeakKeyDictionary[AnchorGenerator, Anchors]] = weakref.WeakKeyDictionary()
 

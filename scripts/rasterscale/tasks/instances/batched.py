@@ -98,7 +98,13 @@ def proposals(model: MaskRCNN, batch: ModelInput, features: list[torch.Tensor]) 
     keep = keep[scores[keep] >= rpn.score_thresh]
     kept = nms_by_group(boxes[keep], scores[keep], tiles[keep] * len(per_level) + levels[keep], rpn.nms_thresh)
     keep = keep[first_of_each_tile(kept, tiles[keep], rpn.post_nms_top_n())]
-    return [boxes[keep][tiles[keep] == tile] for tile in range(count)]
+    return per_tile(boxes[keep], tiles[keep], count)
+
+
+def per_tile(values: torch.Tensor, tiles: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``values`` of objects in tile order (``tiles``: each one's tile, ascending) as one tensor per tile of the
+    ``count`` (torchvision's RoI pooling takes a list)."""
+    return list(values.split(torch.bincount(tiles, minlength=count).tolist()))
 
 
 def top_per_level(scores: torch.Tensor, per_level: list[int], wanted: int) -> torch.Tensor:
@@ -133,7 +139,7 @@ def instances_of(model: MaskRCNN, images: torch.Tensor) -> MaskLogits:
     kept = nms_by_group(boxes[keep], scores[keep], tiles[keep] * classes + labels[keep], heads.nms_thresh)
     keep = keep[first_of_each_tile(kept, tiles[keep], heads.detections_per_img)]
     boxes, scores, labels, tiles = boxes[keep], scores[keep], labels[keep], tiles[keep]
-    found = [boxes[tiles == tile] for tile in range(count)]
+    found = per_tile(boxes, tiles, count)
     logits = heads.mask_predictor(heads.mask_head(heads.mask_roi_pool(feature_maps, found, sizes)))
     logits = logits[torch.arange(len(labels), device=labels.device), labels]
     # 0-based labels outside, as the segmenter gives them (torchvision's class 0 is its background)
