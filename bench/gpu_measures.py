@@ -393,18 +393,24 @@ def job_summary(job: JobResult) -> dict[str, Any]:
     }
 
 
-def predict_once(bench: Bench, precision: str, ranks: int | None = None) -> dict[str, Any]:
-    """The prediction job at ``precision`` on ``ranks`` ranks (the run's: one per visible GPU)."""
+def job_predict(bench: Bench, precision: str, ranks: int) -> dict[str, Any]:
+    """A prediction job's ``predict`` section: ``ranks`` ranks at ``precision``, the run's batch and workers."""
     s = bench.sizes
-    ranks = ranks or bench.ranks
-    raster, manifest = bench.predict_scene
-    predict = {
+    return {
         "accelerator": bench.accelerator,
         "devices": ranks,
         "batch_size": s.predict_batch,
         "workers": workers_per_rank(s.predict_workers, ranks),
         "precision": precision,
     }
+
+
+def predict_once(bench: Bench, precision: str, ranks: int | None = None) -> dict[str, Any]:
+    """The prediction job at ``precision`` on ``ranks`` ranks (the run's: one per visible GPU)."""
+    s = bench.sizes
+    ranks = ranks or bench.ranks
+    raster, manifest = bench.predict_scene
+    predict = job_predict(bench, precision, ranks)
     config = predict_config(predict, SCORE_THRESHOLD, {"patch_size": s.patch, "overlap": s.overlap})
     workdir = bench.workdir / f"predict-{precision}-{ranks}"
     job = run_predict_job(workdir, raster, manifest, bench.model_file, predict, timeout=s.job_timeout_s, config=config)
@@ -496,14 +502,15 @@ def timed_pass(
 
 
 def forward_rate(
-    model: torch.nn.Module, images: Sequence[torch.Tensor], batch: int, precision: str, rounds: int
+    model: torch.nn.Module, images: Sequence[torch.Tensor], batch: int, precision: str, rounds: int, task: Task = TASK
 ) -> float:
-    """Tiles per second of the pure forward at ``batch`` (median of ``rounds`` passes, after a warm-up batch)."""
+    """Tiles per second of the pure forward at ``batch`` as ``task``'s job runs it (median of ``rounds`` passes,
+    after a warm-up batch)."""
     device = images[0].device
     batches = full_batches(images, batch)
     with predicting(precision, device):
-        run_batch(model, batches[0])
-        seconds = statistics.median(timed_pass(model, batches, device) for _ in range(rounds))
+        run_batch(model, batches[0], task)
+        seconds = statistics.median(timed_pass(model, batches, device, task) for _ in range(rounds))
     return len(batches) * batch / seconds
 
 
@@ -787,13 +794,7 @@ def measure_instances(bench: Bench) -> dict[str, Any]:
     s, device = bench.sizes, bench.device
     raster, manifest = bench.predict_scene
     model_file = write_instance_model(bench.workdir / "instances.pt", s.backbone, s.patch, resize=s.resize)
-    predict = {
-        "accelerator": bench.accelerator,
-        "devices": bench.ranks,
-        "batch_size": s.predict_batch,
-        "workers": workers_per_rank(s.predict_workers, bench.ranks),
-        "precision": precisions.AUTO,
-    }
+    predict = job_predict(bench, precisions.AUTO, bench.ranks)
     tiling = {"patch_size": s.patch, "overlap": s.overlap}
     config = validate_config({"task": "instances", "tiling": tiling, "predict": predict})
     config = {key: config[key] for key in ("task", "model", "tiling", "predict")}
@@ -804,13 +805,10 @@ def measure_instances(bench: Bench) -> dict[str, Any]:
     task = InstancesTask()
     settings = job_settings(config)
     model = task.prepare_for_inference(task.load_model(model_file, settings)[0], settings.predict).to(device)
-    batches = full_batches(device_tiles(raster, manifest, s.forward_tiles, device), s.predict_batch)
-    with predicting(bench.auto, device):
-        run_batch(model, batches[0], task)
-        seconds = statistics.median(timed_pass(model, batches, device, task) for _ in range(s.rounds))
-    forward = len(batches) * s.predict_batch / seconds
+    images = device_tiles(raster, manifest, s.forward_tiles, device)
+    forward = forward_rate(model, images, s.predict_batch, bench.auto, s.rounds, task)
     per_rank = [rank["tiles_per_s"] for rank in summary["ranks"] if rank["tiles"]]
-    del model, batches
+    del model, images
     release(device)
     return {
         **summary,
