@@ -104,6 +104,18 @@ def cluster(tmp_path_factory):
         cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """One S3 server for the test session (moto's, in a process of its own, with AWS's request signing and an IAM
+    user's policy enforced: tests/remote_servers.py), shared by the test modules that read from S3: each puts its
+    objects into a bucket of its own."""
+    from remote_servers import S3Server
+
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def raster_factory(tmp_path: Path):
     def make(name: str = "scene.tif", **kwargs) -> Path:

@@ -1,11 +1,19 @@
-"""Real servers on loopback for remote rasters: an HTTP server with Range support (RangeHTTPServer's handler) and an
-S3-compatible server (moto's server mode), each in a thread of the test process, counting the bytes of the bodies
-it serves (what GDAL fetched)."""
+"""Real servers on loopback for remote rasters, counting the bytes of the bodies they serve (what GDAL fetched): an
+HTTP server with Range support (RangeHTTPServer's handler) in a thread of the test process, and an S3 server (moto's
+server mode, with AWS's request signing and IAM policies enforced) in a process of its own, ended by its pid.
+
+Run as a script, this module is that S3 server: ``python remote_servers.py`` prints its port, then serves."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -97,18 +105,81 @@ class RangeServer:
         return f"http://127.0.0.1:{self.port}/{name}" + (f"?{query}" if query else "")
 
 
-class _CountingApp:
-    """A WSGI middleware counting the bytes of the response bodies."""
+# ---------------------------------------------------------------------------------------------------------
+# The S3 server: moto's, in a process of its own
+# ---------------------------------------------------------------------------------------------------------
 
-    def __init__(self, app: Any, counter: Counter) -> None:
-        self.app, self.counter = app, counter
+CONTROL = "/_rasterscale"  # the test's own requests to the server process: counts and faults, never S3's
+REGION = "us-east-1"
+ADMIN = ("admin-key-id", "admin-secret")  # moto's setup before its checks are on: any key is accepted
+# The tests' user: everything on S3 but the objects under private/ of any bucket (AccessDenied).
+POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+        {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::*/private/*"},
+    ],
+}
 
-    def __call__(self, environ: dict, start_response: Any) -> Iterator[bytes]:
+
+class _Faults:
+    """What the server does to the range requests for pixels (those not from byte 0: not a header's) after
+    ``after`` of them: ``throttle`` answers each with S3's 503 SlowDown, ``drop`` breaks the connection after
+    half of each body. Set by the test over :data:`CONTROL`."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None
+        self.after = 0
+        self.seen = 0
+        self._lock = threading.Lock()
+
+    def set(self, mode: str | None, after: int) -> None:
+        with self._lock:
+            self.mode, self.after, self.seen = mode, after, 0
+
+    def fault(self, environ: dict) -> str | None:
+        """The fault to play on this request, if any (counted when it asks for pixels)."""
+        range_ = environ.get("HTTP_RANGE", "")
+        if environ.get("REQUEST_METHOD") != "GET" or not range_ or range_.startswith("bytes=0-"):
+            return None
+        with self._lock:
+            if self.mode is None:
+                return None
+            self.seen += 1
+            return self.mode if self.seen > self.after else None
+
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.'
+    b"</Message></Error>"
+)
+
+
+class _ServerApp:
+    """moto's WSGI app behind the test's controls: the bytes of the response bodies counted per path, the faults
+    of :class:`_Faults` played, and :data:`CONTROL` answered (``GET .../counts``, ``POST .../reset``,
+    ``POST .../fault`` with ``{"mode": ..., "after": n}``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.counter, self.faults = app, Counter(), _Faults()
+
+    def __call__(self, environ: dict, start_response: Any) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        if path.startswith(CONTROL):
+            return self.control(path[len(CONTROL) :], environ, start_response)
+        fault = self.faults.fault(environ)
+        if fault == "throttle":
+            start_response("503 Slow Down", [("Content-Type", "application/xml"), ("Retry-After", "0")])
+            return [SLOW_DOWN]
         self.counter.add(path, 0, requests=1, range_=environ.get("HTTP_RANGE", ""))
-        body: Iterable[bytes] = self.app(environ, start_response)
+        return self.body(path, self.app(environ, start_response), drop=fault == "drop")
+
+    def body(self, path: str, body: Iterable[bytes], drop: bool) -> Iterator[bytes]:
         try:
             for chunk in body:
+                if drop:  # half of it, then the connection breaks (the server ends the response early)
+                    yield chunk[: len(chunk) // 2]
+                    raise ConnectionAbortedError("dropped by the test")
                 self.counter.add(path, len(chunk))
                 yield chunk
         finally:
@@ -116,61 +187,130 @@ class _CountingApp:
             if close is not None:
                 close()
 
+    def control(self, what: str, environ: dict, start_response: Any) -> list[bytes]:
+        if what == "/counts":
+            with self.counter._lock:
+                data = {"bytes": self.counter.bytes, "requests": self.counter.requests}
+            answer = json.dumps(data).encode()
+        else:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            sent = json.loads(environ["wsgi.input"].read(length) or b"{}")
+            if what == "/reset":
+                self.counter.reset()
+            elif what == "/fault":
+                self.faults.set(sent.get("mode"), int(sent.get("after", 0)))
+            answer = b"{}"
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [answer]
+
+
+def serve() -> None:
+    """The server process: moto on 127.0.0.1 (a free port, printed first), until it is ended."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Quiet(MotoRequestHandler):
+        def log(self, type: str, message: str, *args: Any) -> None:
+            pass
+
+    app = _ServerApp(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
 
 class S3Server:
-    """moto's S3 server on 127.0.0.1 (a free port) with a bucket; ``environment`` is what GDAL needs to reach it
-    (the endpoint, plain HTTP, path-style addressing, a region)."""
+    """moto's S3 server in a process of its own on 127.0.0.1, with AWS's checks on: requests are signed, with an
+    access key of its IAM user ``rasterscale`` (:attr:`key_id`, :attr:`secret_key`: random, moto's), whose policy
+    denies the objects under ``private/`` (:data:`POLICY`). ``environment`` is what GDAL and boto3 need to reach it
+    (the endpoint, plain HTTP, path-style addressing, the region), credentials apart. One per test session
+    (``conftest.s3_server``): each test module puts its objects into a bucket of its own."""
 
-    def __init__(self, bucket: str = "scenes") -> None:
-        self.bucket = bucket
-        self.counter = Counter()
-        self._server: Any = None
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.key_id = self.secret_key = ""
 
     def start(self) -> S3Server:
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-        from werkzeug.serving import make_server
-
-        class Quiet(MotoRequestHandler):
-            def log(self, type: str, message: str, *args: Any) -> None:
-                pass
-
-        app = _CountingApp(DomainDispatcherApplication(create_backend_app), self.counter)
-        self._server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        self.client().create_bucket(Bucket=self.bucket)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.process = subprocess.Popen(
+            [sys.executable, __file__], stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        assert self.process.stdout is not None
+        self.port = int(self.process.stdout.readline())
+        iam = self._client("iam", *ADMIN)
+        iam.create_user(UserName="rasterscale")
+        iam.put_user_policy(UserName="rasterscale", PolicyName="all-but-private", PolicyDocument=json.dumps(POLICY))
+        key = iam.create_access_key(UserName="rasterscale")["AccessKey"]
+        self.key_id, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        self._post("/moto-api/reset-auth", b"0", "text/plain")  # from now on every request is checked
         return self
+
+    def stop(self) -> None:
+        """End the server process by its pid."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"{host}:{port}"
+        return f"127.0.0.1:{self.port}"
 
-    def client(self) -> Any:
+    def _client(self, service: str, key_id: str, secret: str) -> Any:
         import boto3
 
         return boto3.client(
-            "s3",
-            endpoint_url=f"http://{self.endpoint}",
-            aws_access_key_id="test-key-id",
-            aws_secret_access_key="test-secret-key",
-            region_name="us-east-1",
-        )
+            service, endpoint_url=f"http://{self.endpoint}", aws_access_key_id=key_id,
+            aws_secret_access_key=secret, region_name=REGION,
+        )  # fmt: skip
 
-    def upload(self, path: Path, key: str) -> str:
-        """Put a file into the bucket; its s3:// URI."""
-        self.client().upload_file(str(path), self.bucket, key)
-        return f"s3://{self.bucket}/{key}"
+    def client(self) -> Any:
+        """A boto3 S3 client with the user's credentials."""
+        return self._client("s3", self.key_id, self.secret_key)
+
+    def create_bucket(self, bucket: str) -> None:
+        self.client().create_bucket(Bucket=bucket)
+
+    def upload(self, path: Path, bucket: str, key: str) -> str:
+        """Put a file into a bucket; its s3:// URI."""
+        self.client().upload_file(str(path), bucket, key)
+        return f"s3://{bucket}/{key}"
 
     def environment(self) -> dict[str, str]:
+        """GDAL's and boto3's way to this server (no credentials)."""
         return {
             "AWS_S3_ENDPOINT": self.endpoint,
             "AWS_HTTPS": "NO",
             "AWS_VIRTUAL_HOSTING": "FALSE",
-            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_S3": f"http://{self.endpoint}",
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
         }
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+    def credentials(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": self.key_id, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+
+    def _post(self, path: str, data: bytes, content_type: str = "application/json") -> bytes:
+        request = urllib.request.Request(
+            f"http://{self.endpoint}{path}", data=data, method="POST", headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return bytes(response.read())
+
+    def fetched(self, path: str) -> int:
+        """Body bytes served for ``path`` (``/bucket/key``) since the last :meth:`reset`."""
+        with urllib.request.urlopen(f"http://{self.endpoint}{CONTROL}/counts", timeout=30) as response:
+            return int(json.loads(response.read())["bytes"].get(path, 0))
+
+    def reset(self) -> None:
+        self._post(f"{CONTROL}/reset", b"{}")
+
+    def fault(self, mode: str | None, after: int = 0) -> None:
+        """From the next range request for pixels on, after ``after`` of them: ``throttle`` (503 SlowDown) or
+        ``drop`` (a broken connection) each; None: none."""
+        self._post(f"{CONTROL}/fault", json.dumps({"mode": mode, "after": after}).encode())
+
+
+if __name__ == "__main__":
+    serve()

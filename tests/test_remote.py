@@ -26,6 +26,7 @@ import pystac
 import pytest
 import rasterio
 from affine import Affine
+from shapely.geometry import box
 
 import snakemake_forks
 from conftest import report, write_raster
@@ -41,7 +42,6 @@ from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
 
 SECRET = "s3cr3t-token"  # a signed URL's signature: never in a log or an error
-KEY_SECRET = "profile-secret-key"  # the AWS profile's secret key: never in a log
 TRANSFORM = Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0)
 RUN = RunPaths("model")  # the run of the site's model.pt, given as model.file without model.name: the file's stem
 
@@ -94,19 +94,49 @@ class Site:
         return self.http.url("a.tif", f"sv=2024-05-04&sig={SECRET}")
 
     def fetched(self, path: str) -> int:
-        counter = self.s3.counter if path.startswith("/scenes/") else self.http.counter
-        return counter.bytes.get(path, 0)
+        return self.s3.fetched(path) if path.startswith(f"/{BUCKET}/") else self.http.counter.bytes.get(path, 0)
 
     def reset(self) -> None:
         self.http.counter.reset()
-        self.s3.counter.reset()
+        self.s3.reset()
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What no log, output or message may show: the signed URL's signature, the S3 user's keys."""
+        return SECRET, self.s3.secret_key, self.s3.key_id
+
+
+BUCKET = "scenes"
+# the bucket's objects: the COG, the same COG where the user may not read it, a STAC ItemCollection whose items' hrefs
+# are s3:// (one absolute, one relative to the collection), the model file and annotations
+IN_BUCKET = {
+    "ortho/a.tif": "cog",
+    "private/a.tif": "cog",
+    "stac/collection.json": "collection",
+    "models/model.pt": "model",
+    "truth/a.gpkg": "annotations",
+}
+
+
+def write_bucket_files(root: Path, cog: Path, model: Path) -> dict[str, Path]:
+    """The local files the bucket's objects are (:data:`IN_BUCKET`)."""
+    items = [stac_item("b.1", f"s3://{BUCKET}/ortho/a.tif"), stac_item("b.2", "../ortho/a.tif")]
+    collection = write_json(root / "bucket/collection.json", pystac.ItemCollection(items).to_dict())
+    boxes = gpd.GeoDataFrame(
+        {"label": ["tree", "tree"]},
+        geometry=[box(404001.0, 3284980.0, 404003.0, 3284982.0), box(404010.0, 3284990.0, 404012.5, 3284992.0)],
+        crs="EPSG:32617",
+    )
+    annotations = root / "bucket/a.gpkg"
+    boxes.to_file(annotations)
+    return {"cog": cog, "collection": collection, "model": model, "annotations": annotations}
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, s3_server):
     """A 512 x 256 px 16-bit COG over HTTP (as a.tif, and as stac/item.tif, stac/c1.tif, stac/c2.tif behind the STAC
-    items stac/item.json and collection.json) and on S3 (s3://scenes/ortho/a.tif), GDAL's AWS credentials a named
-    profile of a credentials file."""
+    items stac/item.json and collection.json) and on S3 (s3://scenes/ortho/a.tif, with the objects of
+    :data:`IN_BUCKET`), on the session's S3 server, whose user's keys are a named profile of a credentials file."""
     root = tmp_path_factory.mktemp("remote")
     www = root / "www"
     (www / "stac").mkdir(parents=True)
@@ -114,16 +144,21 @@ def site(tmp_path_factory):
     for name in ("item.tif", "c1.tif", "c2.tif"):
         shutil.copy(cog, www / "stac" / name)
     http = RangeServer(www).start()
-    s3 = S3Server().start()
-    s3.upload(cog, "ortho/a.tif")
+    model = PredictScene.make(root / "model", 128, 128)  # an untrained RetinaNet at score threshold 0
+    s3 = s3_server
+    s3.create_bucket(BUCKET)
+    files = write_bucket_files(root, cog, model.model_file)
+    for key, what in IN_BUCKET.items():
+        s3.upload(files[what], BUCKET, key)
     write_json(www / "stac/item.json", stac_item("item-1", f"item.tif?sig={SECRET}"))  # relative, signed
     collection = [stac_item("c.1", http.url("stac/c1.tif")), stac_item("c.2", http.url("stac/c2.tif"))]
     write_json(root / "collection.json", pystac.ItemCollection(collection).to_dict())
     credentials, profiles = root / "aws/credentials", root / "aws/config"
     credentials.parent.mkdir()
-    credentials.write_text(f"[rasterscale-test]\naws_access_key_id = AKIDTEST\naws_secret_access_key = {KEY_SECRET}\n")
+    credentials.write_text(
+        f"[rasterscale-test]\naws_access_key_id = {s3.key_id}\naws_secret_access_key = {s3.secret_key}\n"
+    )
     profiles.write_text("[profile rasterscale-test]\nregion = us-east-1\n")
-    model = PredictScene.make(root / "model", 128, 128)  # an untrained RetinaNet at score threshold 0
     with pytest.MonkeyPatch.context() as patch:
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_NO_SIGN_REQUEST"):
             patch.delenv(key, raising=False)
@@ -132,14 +167,14 @@ def site(tmp_path_factory):
             "AWS_PROFILE": "rasterscale-test",
             "CPL_AWS_CREDENTIALS_FILE": str(credentials),  # GDAL's name for AWS_SHARED_CREDENTIALS_FILE
             "AWS_CONFIG_FILE": str(profiles),
-            "AWS_SHARED_CREDENTIALS_FILE": str(credentials),  # moto's server, in this process, reads the profile too
+            "AWS_SHARED_CREDENTIALS_FILE": str(credentials),  # boto3's
+            "HOME": str(root),  # no ~/.aws of the machine's
         }
         for key, value in environment.items():
             patch.setenv(key, value)
-        s3.counter.reset()
+        s3.reset()
         yield Site(root, cog, http, s3, model)
     http.stop()
-    s3.stop()
 
 
 def predict_config(site: Site, scenes: dict, **extra) -> dict:
@@ -165,7 +200,7 @@ def all_scenes(site: Site) -> tuple[dict, dict]:
     scenes = {
         "local": {"path": str(site.cog), "scale": scale},
         "web": {"path": site.web_url(), "scale": scale},
-        "bucket": {"path": "s3://scenes/ortho/a.tif", "scale": scale},
+        "bucket": {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": scale},
         "item": {"stac": site.http.url("stac/item.json"), "asset": "visual", "scale": scale},
     }
     return scenes, {"items": [str(site.root / "collection.json")], "asset": "visual", "scale": scale}
@@ -225,24 +260,102 @@ def test_header_checks_fetch_a_few_kb_and_windows_their_blocks(site):
         )
 
 
-def test_s3_needs_credentials_and_says_where_they_come_from(site, monkeypatch):
-    """The module's credentials are a profile of a credentials file (AWS_PROFILE, CPL_AWS_CREDENTIALS_FILE); without
-    any, GDAL's reason and where to set them, in one line. (Run in a child process: GDAL keeps credentials it
-    found for the life of a process.)"""
-    monkeypatch.delenv("AWS_PROFILE")
-    monkeypatch.setenv("CPL_AWS_CREDENTIALS_FILE", str(site.root / "nowhere"))
-    monkeypatch.setenv("HOME", str(site.root))  # no ~/.aws of the machine's
-    code = (
-        "from rasterscale.raster.headers import check_raster\n"
-        "from rasterscale.errors import InputError\n"
-        "try:\n    check_raster('s3://scenes/ortho/a.tif')\nexcept InputError as err:\n    print(err)\n"
-    )
+CHILD = """
+import json, os, sys
+from rasterscale.config.schema import validate_config
+from rasterscale.errors import InputError, ConfigError
+from rasterscale.raster.headers import check_raster
+from rasterscale.raster.s3 import configure_s3, local_copy
+lines = []
+for case in json.loads(sys.argv[1]):
+    os.environ.update(case.get("env", {}))
+    for key in case.get("unset", []):
+        os.environ.pop(key, None)
+    try:
+        if case.get("config"):
+            validate_config(case["config"])
+        else:
+            configure_s3({})
+        if case.get("copy"):
+            local_copy(case["copy"], case["folder"])
+        info = check_raster(case["url"]) if case.get("url") else None
+        lines.append(f"read {info.width} x {info.height}" if info else "copied")
+    except (InputError, ConfigError) as err:
+        lines.append(str(err))
+print(json.dumps(lines))
+"""
+
+
+def in_child(site: Site, cases: list[dict]) -> list[str]:
+    """What a fresh process says of each case in turn (its environment changed as the case says, then a raster's
+    header checked, an object copied, a config validated): GDAL keeps the credentials it found for the life of a
+    process, so each test of where they come from needs one of its own."""
     scripts = str(Path(__file__).resolve().parents[1] / "scripts")
     env = {**os.environ, "PYTHONPATH": scripts}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    line = result.stdout.strip()
-    assert line.startswith("s3://scenes/ortho/a.tif: remote raster cannot be opened (AWS_SECRET_ACCESS_KEY")
+    command = [sys.executable, "-c", CHILD, json.dumps(cases)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=site.root, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+NO_PROFILE = ["AWS_PROFILE", "CPL_AWS_CREDENTIALS_FILE", "AWS_SHARED_CREDENTIALS_FILE"]
+ENDPOINT_VARIABLES = ["AWS_S3_ENDPOINT", "AWS_HTTPS", "AWS_VIRTUAL_HOSTING", "AWS_ENDPOINT_URL_S3"]
+
+
+def test_s3_credentials_come_from_the_environment_a_profile_or_the_config(site):
+    """The same private COG read with the user's keys from each usual place, each in a fresh process: the
+    environment's keys; a profile in boto3's credentials file alone (AWS_SHARED_CREDENTIALS_FILE, which GDAL is
+    pointed at); the config's ``s3.profile`` and ``s3.endpoint`` with no AWS variable set. Without any, GDAL's
+    reason and where to set them, in one line."""
+    url, credentials = f"s3://{BUCKET}/ortho/a.tif", str(site.root / "aws/credentials")
+    endpoint = {"s3": {"profile": "rasterscale-test", "endpoint": f"http://{site.s3.endpoint}"}}
+    config = {**endpoint, "scenes": {"a": {"path": url, "scale": {"min": 0, "max": 65535}}}}
+    cases = {
+        "environment": [{"env": site.s3.credentials(), "unset": NO_PROFILE, "url": url}],
+        "credentials file": [
+            {"env": {"AWS_SHARED_CREDENTIALS_FILE": credentials}, "unset": ["CPL_AWS_CREDENTIALS_FILE"], "url": url}
+        ],
+        "config": [{"unset": ["AWS_PROFILE", *ENDPOINT_VARIABLES], "config": config, "url": url}],
+        "none": [{"unset": NO_PROFILE, "env": {"CPL_AWS_CREDENTIALS_FILE": str(site.root / "nowhere")}, "url": url}],
+    }
+    said = {name: in_child(site, case)[0] for name, case in cases.items()}
+    assert said["environment"] == said["credentials file"] == said["config"] == "read 512 x 256", said
+    line = said["none"]
+    assert line.startswith(f"{url}: remote raster cannot be opened (AWS_SECRET_ACCESS_KEY"), line
     assert "AWS_PROFILE" in line and "AWS_NO_SIGN_REQUEST=YES" in line and "\n" not in line
+
+
+def test_s3_refusals_are_one_line_naming_the_url_and_s3s_reason(site, tmp_path):
+    """A raster (GDAL's /vsis3/) and an object read whole (boto3) that cannot be read: a missing bucket, a missing
+    key, an object the user's policy denies, a wrong secret key and an unknown key id: each one line naming the
+    URL and what S3 said, never a key."""
+    wrong_secret = {"AWS_SECRET_ACCESS_KEY": "wrong-secret-key-0123456789"}
+    unknown_key = {"AWS_ACCESS_KEY_ID": "AKIAUNKNOWN000000000", "AWS_SECRET_ACCESS_KEY": "unknown-key-secret-0123"}
+    refusals = {
+        "missing bucket": ("s3://no-such-bucket/a.tif", {}, "The specified bucket does not exist"),
+        "missing key": (f"s3://{BUCKET}/ortho/none.tif", {}, "The specified key does not exist"),
+        "denied": (f"s3://{BUCKET}/private/a.tif", {}, "Access Denied"),
+        "wrong secret": (f"s3://{BUCKET}/ortho/a.tif", wrong_secret, "The request signature we calculated"),
+        "unknown key": (f"s3://{BUCKET}/ortho/a.tif", unknown_key, "The AWS Access Key Id you provided does not exist"),
+    }
+    lines = {}
+    for name, (url, keys, reason) in refusals.items():
+        env = {**site.s3.credentials(), **keys}
+        raster, copied = in_child(
+            site,
+            [
+                {"env": env, "unset": NO_PROFILE, "url": url},
+                {"env": env, "unset": NO_PROFILE, "copy": url, "folder": str(tmp_path)},
+            ],
+        )
+        assert raster.startswith(f"{url}: remote raster cannot be opened ({reason}"), (name, raster)
+        assert copied.startswith(f"{url}: cannot be fetched from S3 ("), (name, copied)
+        assert reason in copied, (name, copied)
+        for line in (raster, copied):
+            assert "\n" not in line and not any(secret in line for secret in (*site.secrets, *keys.values()))
+        lines[name] = copied
+    assert not list(tmp_path.rglob("*.tif")), "a failed fetch left a copy"
+    report("S3 refusals (objects read whole): " + "; ".join(f"{k}: {v[:110]}" for k, v in lines.items()))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -287,6 +400,48 @@ def test_the_plan_skips_remote_rasters_in_inputs_and_staleness(site, tmp_path, m
     assert set(plan.inputs) == {str(site.cog), str(site.root / "collection.json"), str(site.model.model_file)}
     rasters = {scene.name: scene.raster for scene in plan.prediction_batch(0).scenes}
     assert (rasters["web"], rasters["bucket"]) == (site.web_url(), "s3://scenes/ortho/a.tif")  # the jobs' URLs
+
+
+def test_the_plan_reads_scenes_annotations_and_model_from_the_bucket(site, tmp_path, monkeypatch):
+    """Scenes from a STAC ItemCollection in the bucket (s3:// hrefs, one relative to the collection), and a scene's
+    annotations and the model file from the bucket, with the endpoint a config key: the rasters stay URLs read
+    where they live, the files read whole become local copies (Snakemake's inputs), fetched again only when the
+    object changed (a conditional GET: no body the second time)."""
+    for key in ENDPOINT_VARIABLES:
+        monkeypatch.delenv(key)  # and monkeypatch restores them: the config sets them again in this process
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    scale = {"min": 0, "max": 65535}
+    config = predict_config(
+        site,
+        {"own": {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": scale, "annotations": f"s3://{BUCKET}/truth/a.gpkg"}},
+        stac={"items": [f"s3://{BUCKET}/stac/collection.json"], "scale": scale},
+        s3={"endpoint": f"http://{site.s3.endpoint}"},
+    )
+    config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
+    plan = build_plan(config)  # the config's endpoint set in this process's environment (undone by monkeypatch)
+    assert {name: scene.path for name, scene in plan.scenes.items()} == dict.fromkeys(
+        ("own", "b_1", "b_2"), f"s3://{BUCKET}/ortho/a.tif"
+    )
+    copies = tmp_path / ".snakemake/rasterscale/objects" / BUCKET
+    annotations, model = copies / "truth/a.gpkg", copies / "models/model.pt"
+    assert plan.scenes["own"].annotations == str(annotations.relative_to(tmp_path))
+    assert plan.settings.model.file == str(model.relative_to(tmp_path)) and plan.paths.run == "model"
+    assert annotations.read_bytes() == (site.root / "bucket/a.gpkg").read_bytes()
+    assert model.read_bytes() == site.model.model_file.read_bytes()
+    assert set(plan.inputs) >= {str(annotations.relative_to(tmp_path)), str(model.relative_to(tmp_path))}
+    stamp = model.stat().st_mtime_ns
+    site.reset()
+    build_plan(config)
+    assert site.fetched(f"/{BUCKET}/models/model.pt") == site.fetched(f"/{BUCKET}/truth/a.gpkg") == 0
+    assert model.stat().st_mtime_ns == stamp
+
+
+def test_a_url_with_credentials_in_it_is_refused(site, tmp_path, monkeypatch):
+    url = site.http.url("a.tif").replace("http://", "http://reader:pa55word@")
+    message = plan_error(site, tmp_path, {"s": {"path": url}}, monkeypatch)
+    assert message.startswith(f"config: key 'scenes.s.path': the URL {site.http.url('a.tif')}".replace("//", "//***@"))
+    assert "pa55word" not in message and "GDAL_HTTP_USERPWD" in message
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -367,7 +522,7 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
     assert {k: jobs.get(k) for k in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == dict.fromkeys(
         ("tile_manifests_batch_0", "predict", "merge_batch_0"), "1"
     )
-    assert SECRET not in result.stdout + result.stderr and KEY_SECRET not in result.stdout + result.stderr
+    assert not any(secret in result.stdout + result.stderr for secret in site.secrets)
     fetched = {path: site.fetched(path) for path in ("/a.tif", "/scenes/ortho/a.tif", "/stac/item.tif", "/stac/c1.tif")}
     assert all(0 < nbytes <= 64 * 1024 for nbytes in fetched.values()), fetched
     report(
@@ -390,16 +545,23 @@ class RemotePrediction:
 def remote_prediction(site, tmp_path_factory) -> RemotePrediction:
     """One prediction job over the same COG as a local file, over HTTP (a signed URL), on S3 and as a STAC item's
     asset (the scenes' layers asked for, not the report's quicklooks, which read a raster without overviews whole);
-    the bytes served counted from a reset to the job's end. Its local scene's detections are also the reference of
-    an uninterrupted local prediction for the stopping server's test."""
+    the bytes served counted from a reset to the job's end. The model file comes from the bucket, and the way to
+    S3 from the config alone (``s3.profile``, ``s3.endpoint``: no AWS_PROFILE nor endpoint in the environment the
+    workflow starts in). Its local scene's detections are also the reference of an uninterrupted local prediction
+    for the faults' test and the whole-S3 run."""
     workdir = tmp_path_factory.mktemp("remote-prediction")
     scenes = all_scenes(site)[0]
+    config = predict_config(site, scenes, s3={"profile": "rasterscale-test", "endpoint": f"http://{site.s3.endpoint}"})
+    config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
     site.reset()
     started = time.monotonic()
     layers = [RUN.scene_file(name, "detections.parquet") for name in ("local", "web", "bucket", "item")]
-    result = run_workflow(workdir, predict_config(site, scenes), *layers)  # not the report's quicklooks
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("AWS_PROFILE", *ENDPOINT_VARIABLES):
+            patch.delenv(key)
+        result = run_workflow(workdir, config, *layers)  # not the report's quicklooks
     seconds = time.monotonic() - started
-    paths = {"web": "/a.tif", "bucket": "/scenes/ortho/a.tif", "item": "/stac/item.tif"}
+    paths = {"web": "/a.tif", "bucket": f"/{BUCKET}/ortho/a.tif", "item": "/stac/item.tif"}
     return RemotePrediction(workdir, result, seconds, {name: site.fetched(path) for name, path in paths.items()})
 
 
@@ -433,64 +595,65 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
     logged = [run / "logs", run / ".snakemake/log", *outputs]
     result = remote_prediction.result
     text = result.stdout + result.stderr + files_text(*logged)
-    assert SECRET not in text and KEY_SECRET not in text
+    assert not any(secret in text for secret in site.secrets)
     assert SECRET in (run / RUN.job_file("predict", 0)).read_text()
 
 
-@pytest.mark.slow
-def test_a_server_that_stops_mid_prediction_fails_with_one_line_and_the_rerun_resumes(
-    site, remote_prediction, tmp_path
-):
-    """The HTTP server stops right after its second answer beyond the raster's header (the rank's second range of
-    pixels: GDAL reads ahead, doubling the range while reads are sequential, so the third would hold the rest of
-    this small raster): the prediction job fails with one line naming the URL (its signature redacted) and the tile;
-    with the server back (same port), the rerun predicts only the tiles that were not finished and merges the layer
-    of an uninterrupted local prediction (the local scene's of ``remote_prediction``: same model, tiling and
-    prediction settings). Both runs ask for the scene's layer alone (no scores, quicklooks or report pages)."""
-    www = tmp_path / "www"
-    www.mkdir()
-    shutil.copy(site.cog, www / "scene.tif")
-    server = RangeServer(www).start()
-    url = server.url("scene.tif", f"sig={SECRET}")
-    scale = {"min": 0, "max": 65535}
-    scenes = {"web": {"path": url, "scale": scale}, "local": {"path": str(site.cog), "scale": scale}}
-    config = predict_config(site, scenes)
-    config["predict"]["scenes"] = ["web"]
-    server.stop_when = lambda ranges: sum(not header.startswith("bytes=0-") for _, header in ranges) >= 2
-    run, layer = tmp_path / "run", RUN.scene_file("web", "detections.parquet")
-    failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2", layer), timeout=600)
-    assert failed.returncode != 0
-    assert server.stop_when is None  # it stopped
-    served = sum(server.counter.bytes.values())
-    log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
-    assert len(errors) == 1, log[-3000:]
-    assert errors[0].startswith(f"rasterscale: rank 0: {server.url('scene.tif')}?sig=***: tile ")
-    assert "could not be read" in errors[0] and "run the same command again" in errors[0]
-    saved_tiles = sum(
+def saved_tiles(run: Path) -> int:
+    """The tiles a failed prediction job's rank saved (its resume parts)."""
+    return sum(
         len(part["tiles"])
         for index in (run / RUN.shard_resume_dir(0, 0)).glob("*/rank-*.index.json")
         for part in json.loads(index.read_text())["parts"]
     )
-    server.start()
+
+
+@pytest.mark.slow
+def test_s3_throttled_then_dropped_mid_prediction_fails_with_one_line_and_the_rerun_resumes(
+    site, remote_prediction, tmp_path
+):
+    """The S3 server throttles (503 SlowDown to every request, GDAL's retries spent) after the rank's first ranges
+    of pixels: the prediction job fails with one line naming the URL, the tile and S3's reason; the rerun, whose
+    connections the server breaks mid-answer after a few more ranges, fails so too, having saved more tiles; the
+    third run, with the server well, predicts only the tiles not finished and merges the layer of an uninterrupted
+    local prediction (``remote_prediction``'s local scene: same model, tiling and prediction settings)."""
+    scale = {"min": 0, "max": 65535}
+    url = f"s3://{BUCKET}/ortho/a.tif"
+    config = predict_config(site, {"bucket": {"path": url, "scale": scale}})
+    run, layer = tmp_path / "run", RUN.scene_file("bucket", "detections.parquet")
+    command = workflow_command(run, config, "--cores", "2", layer)
+    run_workflow(run, config, RUN.scene_manifest("bucket"))  # the manifest read well: the faults are the rank's
+    lines, saved = {}, {}
     try:
-        run_workflow(run, config, layer)
+        for fault, after in (("throttle", 2), ("drop", 2)):
+            site.s3.fault(fault, after)
+            failed = snakemake_forks.run(command, timeout=600)
+            assert failed.returncode != 0, fault
+            log = (run / "logs/predict/batch-0/shard-0.log").read_text()
+            errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
+            assert len(errors) == 1, log[-3000:]
+            assert errors[0].startswith(f"rasterscale: rank 0: {url}: tile "), errors[0]
+            assert "could not be read" in errors[0] and "run the same command again" in errors[0]
+            lines[fault], saved[fault] = errors[0], saved_tiles(run)
+            text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
+            assert not any(secret in text for secret in site.secrets)
     finally:
-        server.stop()
+        site.s3.fault(None)
+    assert "the server answered HTTP 503 to every retry: it throttles the requests" in lines["throttle"]
+    assert re.search(r"got \d+ bytes, expected \d+", lines["drop"]), lines["drop"]  # a short answer
+    total = len(gpd.read_parquet(run / RUN.scene_manifest("bucket")))
+    assert 0 < saved["throttle"] < saved["drop"] < total, saved
+    run_workflow(run, config, layer)
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    total = len(gpd.read_parquet(run / RUN.scene_manifest("web")))
-    assert f"resuming: {saved_tiles} of {total} tiles already done" in log
-    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run / RUN.root, "web")]
+    assert f"resuming: {saved['drop']} of {total} tiles already done" in log
+    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run / RUN.root, "bucket")]
     redone = sum(r["profile"]["tiles"] for r in records)
-    assert 0 < saved_tiles < total and sum(r["resumed"] for r in records) == saved_tiles
-    assert redone == total - saved_tiles
+    assert sum(r["resumed"] for r in records) == saved["drop"] and redone == total - saved["drop"]
     resumed = gpd.read_parquet(run / layer)
     reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
     assert len(resumed) > 100 and resumed.equals(reference)
-    text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
-    assert SECRET not in text
     report(
-        f"remote server stopped mid-prediction (after serving {served} of the raster's {site.size} bytes): "
-        f"{saved_tiles} of {total} tiles saved; the job failed with: {errors[0][:150]}...; the rerun "
-        f"predicted {redone} of {total} tiles, detections identical to a local run's"
+        f"S3 faults mid-prediction: throttled after 2 ranges, {saved['throttle']} of {total} tiles saved, the job "
+        f"failed with: {lines['throttle'][:160]}...; dropped connections after 2 more, {saved['drop']} saved: "
+        f"{lines['drop'][:160]}...; the third run predicted {redone} tiles, detections identical to a local run's"
     )

@@ -23,10 +23,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from rasterscale.config.objects import fetch_whole_files, refuse_credentials_in_urls
 from rasterscale.config.scenes import expand_all, expand_scenes, sanitized_scene_name
 from rasterscale.config.stac import add_section_scenes, resolve_scene_items
 from rasterscale.errors import ConfigError
 from rasterscale.raster.item_header import ItemHeader
+from rasterscale.raster.s3 import configure_s3
 from rasterscale.tasks.registry import TASKS
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
@@ -173,6 +175,9 @@ def validate_config(
     instance = copy.deepcopy(dict(config))
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
+    if "s3" in instance:  # before any s3:// file is read: the STAC items below, the headers after
+        validate_part(instance["s3"], schema["properties"]["s3"], "s3")
+        configure_s3(instance["s3"])
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
     instance["scenes"], found = expand_stac(instance, schema, found, item_headers)
     if origins is not None:
@@ -192,6 +197,8 @@ def validate_config(
         instance["model"]["name"] = default_model_name(instance["task"], instance["model"]["file"])
     expand_all(instance)
     check_consistency(instance)
+    refuse_credentials_in_urls(instance)
+    fetch_whole_files(instance)
     if notices is not None:
         notices.extend(scored_on_training_data(instance))
     return instance

@@ -50,6 +50,15 @@ class StacSettings:
 
 
 @dataclass(frozen=True)
+class S3Settings:
+    """Object storage on S3: applied as the environment GDAL and boto3 read (:mod:`rasterscale.raster.s3`)."""
+
+    profile: str | None
+    endpoint: str | None
+    region: str | None
+
+
+@dataclass(frozen=True)
 class DemoScene:
     width: int
     height: int
@@ -202,6 +211,7 @@ class Settings:
     task: str
     scenes: dict[str, SceneSettings]
     stac: StacSettings
+    s3: S3Settings
     scenes_on_error: str  # stop | skip
     demo: DemoSettings
     tiling: TilingSettings

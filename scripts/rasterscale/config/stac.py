@@ -1,10 +1,11 @@
 """Scenes from STAC: a scene's raster may be an asset of a STAC Item (``scenes.X.stac`` and ``scenes.X.asset``), and
 the ``stac`` section lists Items and ItemCollections (a search's results saved as JSON), a scene per item named by
-its id. Each Item is a local JSON file or an http(s) URL, read once per invocation (with the scene tables and
-globs, before validation) as plain JSON, an ItemCollection's items one at a time (:func:`iter_items`; pystac took
-490 µs an item, 98 s for 200,000); the scene's ``path`` is the asset's href made absolute (a relative href against
-the item's own location), and a URL's raster is read where it lives (:mod:`rasterscale.raster.remote`). An item
-that will not read, or one without the asset, fails with one line naming it.
+its id. Each Item is a local JSON file, an http(s) URL or an S3 object (``s3://``), read once per invocation (with
+the scene tables and globs, before validation) as plain JSON, an ItemCollection's items one at a time
+(:func:`iter_items`; pystac took 490 µs an item, 98 s for 200,000); the scene's ``path`` is the asset's href made
+absolute (a relative href against the item's own location), and a URL's raster is read where it lives
+(:mod:`rasterscale.raster.remote`). An item that will not read, or one without the asset, fails with one line naming
+it.
 
 Where the item says what its asset's raster is (the ``proj`` extension and the bands' data type:
 :mod:`rasterscale.raster.item_header`), the scene's :class:`~rasterscale.raster.item_header.ItemHeader` is given
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import urllib.error
 import urllib.parse
@@ -25,6 +27,7 @@ from typing import Any
 from rasterscale.config.scenes import STAC_ORIGIN, sanitized_scene_name
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.item_header import ItemHeader, item_header
+from rasterscale.raster.s3 import bucket_and_key, is_s3, read_object
 
 DEFAULT_ASSET = "visual"  # STAC's role and common key of a true-colour (RGB uint8) asset
 TIMEOUT_S = 60  # reading one item or collection over HTTP
@@ -35,13 +38,17 @@ def is_url(source: str) -> bool:
 
 
 def read_text(source: str) -> str:
-    """The text of a local file or an http(s) URL; one line naming it when it cannot be read."""
+    """The text of a local file, an http(s) URL or an S3 object; one line naming it when it cannot be read."""
     try:
+        if is_s3(source):
+            return read_object(source).decode("utf-8")
         if is_url(source):
             request = urllib.request.Request(source, headers={"Accept": "application/geo+json, application/json"})
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
                 return str(response.read().decode("utf-8"))
         return Path(source).read_text(encoding="utf-8")
+    except InputError:
+        raise  # an S3 object's one line, already naming it
     except FileNotFoundError as err:
         raise InputError(f"{source}: STAC item not found") from err
     except urllib.error.HTTPError as err:
@@ -176,9 +183,12 @@ def asset_path(item: Item, asset: Mapping[str, Any], source: str) -> str:
     href = str(asset["href"])
     if "://" in href or href.startswith("/"):
         return href
-    base = _self_href(item) or (source if is_url(source) else str(Path(source).resolve()))
+    base = _self_href(item) or (source if is_url(source) or is_s3(source) else str(Path(source).resolve()))
     if is_url(base):
         return urllib.parse.urljoin(base, href)
+    if is_s3(base):  # urljoin knows no s3:// scheme
+        bucket, key = bucket_and_key(base)
+        return f"s3://{bucket}/{posixpath.normpath(posixpath.join(posixpath.dirname(key), href))}"
     return os.path.normpath(os.path.join(os.path.dirname(base), href))
 
 

@@ -34,7 +34,7 @@ from rasterio.windows import Window
 from rasterscale.errors import InputError, RasterReadError, innermost_cause
 from rasterscale.raster.bands import BandStatistics
 from rasterscale.raster.headers import DEFAULT_BANDS, RasterInfo, check_raster
-from rasterscale.raster.remote import is_remote, open_raster, shown
+from rasterscale.raster.remote import failed_request, is_remote, open_raster, shown, watch_requests
 
 SPEC_KEY = b"rasterscale:imagery"
 FILL_VALUE = 0  # what masked pixels become, in training and prediction alike
@@ -214,10 +214,12 @@ def unreadable(path: str, window: Window | None, err: BaseException, tile_id: in
     raster (named by its URL, redacted) the likelier cause is the network: the line says so."""
     where = describe_window(window) if tile_id is None else f"tile {tile_id} ({describe_window(window)})"
     if is_remote(path):
+        failed = failed_request()
+        cause = innermost_cause(err) + (f"; {failed}" if failed else "")
         return RasterReadError(
-            f"{shown(path)}: {where} could not be read ({innermost_cause(err)}): the server stopped answering or "
-            "refused the request (or the file is damaged); check the URL, the network and credentials, then run "
-            "the same command again (finished tiles are kept)"
+            f"{shown(path)}: {where} could not be read ({cause}): the server stopped answering, refused or "
+            "throttled the request, or broke the connection (or the file is damaged); check the URL, the network "
+            "and credentials, then run the same command again (finished tiles are kept)"
         )
     return RasterReadError(
         f"{path}: {where} will not decode ({innermost_cause(err)}); the file is damaged: copy or export it again"
@@ -227,7 +229,9 @@ def unreadable(path: str, window: Window | None, err: BaseException, tile_id: in
 @contextmanager
 def decoding(path: str, window: Window | None = None) -> Iterator[None]:
     """Reads of the raster at ``path`` (of ``window``; None: decimated) inside: pixels that will not decode raise
-    :func:`unreadable`'s one line instead of GDAL's error."""
+    :func:`unreadable`'s one line instead of GDAL's error (of a remote raster, with the request that failed)."""
+    if is_remote(path):
+        watch_requests()
     try:
         yield
     except RasterioIOError as err:

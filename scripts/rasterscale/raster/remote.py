@@ -25,7 +25,10 @@ cache keys remote headers by it) comes from the answer to the request GDAL makes
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,6 +36,7 @@ import rasterio
 from rasterio.session import DummySession
 
 from rasterscale.errors import InputError, redact
+from rasterscale.raster.s3 import CREDENTIALS_HINT
 from rasterscale.raster.vsi import http_headers
 
 SCHEMES = {"s3://": "/vsis3/", "https://": "/vsicurl/https://", "http://": "/vsicurl/http://"}
@@ -55,6 +59,49 @@ OPEN_SETTINGS = {
     "VSI_CACHE": "TRUE",  # a read cache per open file...
     "VSI_CACHE_SIZE": str(32 * 2**20),  # ...of 32 MB (bytes)
 }
+
+
+# GDAL's warnings of a request that failed and is retried, as rasterio logs them ("HTTP error code: 503 - <url>.
+# Retrying again in 1.0 secs", "CURL error: ..."): a read that fails in the end says no more than libtiff's "got 0
+# bytes", so the last of them tells why.
+FAILED_REQUEST = re.compile(r"(HTTP error code: \d+|CURL error: [^.\n]+)")
+THROTTLED = ("HTTP error code: 429", "HTTP error code: 503")
+
+
+class _FailedRequests(logging.Handler):
+    """The last failed request GDAL warned of, per reading thread."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.local()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = FAILED_REQUEST.search(record.getMessage())
+        if found:
+            self.seen.last = found[1]
+
+
+_FAILED = _FailedRequests()
+
+
+def watch_requests() -> None:
+    """From here on in this thread, remember the last request GDAL warned of having failed (:func:`failed_request`);
+    the handler on rasterio's logger of GDAL's messages is added once."""
+    logger = logging.getLogger("rasterio._err")
+    if _FAILED not in logger.handlers:
+        logger.addHandler(_FAILED)
+    _FAILED.seen.last = None
+
+
+def failed_request() -> str | None:
+    """Why the last request GDAL retried failed, in words, since this thread's :func:`watch_requests`; None if
+    none did."""
+    last: str | None = getattr(_FAILED.seen, "last", None)
+    if last is None:
+        return None
+    if last.startswith(THROTTLED):
+        return f"the server answered {last.replace('error code: ', '')} to every retry: it throttles the requests"
+    return f"the server answered {last.replace('error code: ', '')} to every retry"
 
 
 def is_remote(path: str | Path) -> bool:
@@ -145,10 +192,7 @@ def remote_open_error(path: str | Path, err: BaseException) -> InputError:
     text, name = str(path), file_name(path)
     hint = "check the URL"
     if text.startswith(("s3://", "/vsis3/")):
-        hint += (
-            " and the AWS credentials GDAL reads (AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/credentials; "
-            "AWS_NO_SIGN_REQUEST=YES for a public bucket; AWS_S3_ENDPOINT for another S3 server)"
-        )
+        hint = CREDENTIALS_HINT
     elif "." in name and not name.lower().endswith(tuple(ALLOWED_EXTENSIONS.split(",")[:-1])):
         hint += f" (GDAL requests only file names ending in {ALLOWED_EXTENSIONS}: set CPL_VSIL_CURL_ALLOWED_EXTENSIONS)"
     return InputError(f"{shown(path)}: remote raster cannot be opened ({reason}); {hint}")
