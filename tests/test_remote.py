@@ -17,6 +17,8 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,18 +110,28 @@ class Site:
 
 BUCKET = "scenes"
 # the bucket's objects: the COG, the same COG where the user may not read it, a STAC ItemCollection whose items' hrefs
-# are s3:// (one absolute, one relative to the collection), the model file and annotations
+# are s3:// (one absolute, one relative to the collection), the model file, annotations, and a small COG east of the
+# first (a second scene: the project's layer)
 IN_BUCKET = {
     "ortho/a.tif": "cog",
     "private/a.tif": "cog",
     "stac/collection.json": "collection",
     "models/model.pt": "model",
     "truth/a.gpkg": "annotations",
+    "ortho/b.tif": "beside",
 }
 
 
 def write_bucket_files(root: Path, cog: Path, model: Path) -> dict[str, Path]:
     """The local files the bucket's objects are (:data:`IN_BUCKET`)."""
+    from rasterio.shutil import copy as copy_raster
+
+    east = Affine(0.1, 0, 404051.2, 0, -0.1, 3285000.0)
+    (root / "bucket").mkdir(parents=True, exist_ok=True)
+    plain = write_raster(
+        root / "bucket/b.plain.tif", 256, 128, transform=east, data=np.full((3, 128, 256), 900, "uint16")
+    )
+    copy_raster(plain, root / "bucket/b.tif", driver="COG", blocksize=128, compress="DEFLATE")
     items = [stac_item("b.1", f"s3://{BUCKET}/ortho/a.tif"), stac_item("b.2", "../ortho/a.tif")]
     collection = write_json(root / "bucket/collection.json", pystac.ItemCollection(items).to_dict())
     boxes = gpd.GeoDataFrame(
@@ -129,7 +141,8 @@ def write_bucket_files(root: Path, cog: Path, model: Path) -> dict[str, Path]:
     )
     annotations = root / "bucket/a.gpkg"
     boxes.to_file(annotations)
-    return {"cog": cog, "collection": collection, "model": model, "annotations": annotations}
+    return {"cog": cog, "collection": collection, "model": model, "annotations": annotations,
+            "beside": root / "bucket/b.tif"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -597,6 +610,56 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
     text = result.stdout + result.stderr + files_text(*logged)
     assert not any(secret in text for secret in site.secrets)
     assert SECRET in (run / RUN.job_file("predict", 0)).read_text()
+
+
+def every_file_text(folder: Path) -> Iterator[tuple[Path, str]]:
+    """Each file under ``folder`` as text, a zip archive's members too (the Snakemake report)."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.suffix == ".zip":
+            with zipfile.ZipFile(path) as archive:
+                for member in archive.namelist():
+                    yield path / member, archive.read(member).decode("utf-8", "replace")
+        else:
+            yield path, path.read_bytes().decode("utf-8", "replace")
+
+
+@pytest.mark.slow
+def test_a_whole_run_from_s3_gives_the_local_layer_and_leaves_no_secret(site, remote_prediction, tmp_path):
+    """The whole workflow over two scenes, annotations and the model file in the bucket, with the user's keys in
+    the environment (no profile): tile manifests, prediction, merges, the project's layer, the evaluation and the
+    report's pages, then Snakemake's report. The scene's layer is the local copy's, and no file the run wrote
+    (logs, job files, stored plans, the header cache, reports, benchmarks, profiles, .snakemake/), nor its output,
+    holds the secret key or the key id."""
+    run = tmp_path / "run"
+    scale = {"min": 0, "max": 65535}
+    scene = {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": scale, "annotations": f"s3://{BUCKET}/truth/a.gpkg"}
+    beside = {"path": f"s3://{BUCKET}/ortho/b.tif", "scale": scale}
+    config = predict_config(site, {"bucket": scene, "beside": beside})
+    config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
+    with pytest.MonkeyPatch.context() as patch:
+        for key in NO_PROFILE:
+            patch.delenv(key)
+        for key, value in site.s3.credentials().items():
+            patch.setenv(key, value)
+        started = time.monotonic()
+        result = run_workflow(run, config, "--report", "report.zip", "--report-after-run")
+        seconds = time.monotonic() - started
+    layer = gpd.read_parquet(run / RUN.scene_file("bucket", "detections.parquet"))
+    reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
+    assert len(layer) > 100 and layer.equals(reference)
+    written = [path.name for path in (run / RUN.root).iterdir()]
+    assert {"bucket", "project", "jobs", "report"} <= set(written), written
+    assert (run / RUN.evaluation_file("bucket")).exists() and (run / "report.zip").exists()
+    texts = [(Path("snakemake output"), result.stdout + result.stderr), *every_file_text(run)]
+    armed = [path for path, text in every_file_text(remote_prediction.workdir) if SECRET in text]  # the scan reads
+    assert RUN.job_file("predict", 0) in [str(path.relative_to(remote_prediction.workdir)) for path in armed]
+    assert any(".zip/" in str(path) and "bucket" in text for path, text in texts)  # ...job files and zip members
+    found = [f"{path}: {secret[:4]}..." for path, text in texts for secret in site.secrets[1:] if secret in text]
+    assert not found, found
+    report(
+        f"whole run from S3 ({seconds:.0f} s: two scenes, annotations and the model in the bucket): layer identical "
+        f"to the local copy's; {len(texts)} files scanned (the report's zip's members too), no secret found"
+    )
 
 
 def saved_tiles(run: Path) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 import geopandas as gpd
 import numpy as np
 import pytest
+import rasterio
 import yaml
 
 from conftest import REPO, report
@@ -141,13 +142,16 @@ STEADY_STATUS_CHECKS = (
 )
 
 
-def start_cluster_run(cluster: SlurmCluster, base: Path, config: dict, *targets: str) -> subprocess.Popen:
+def start_cluster_run(
+    cluster: SlurmCluster, base: Path, config: dict, *targets: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     profile = edited_profile(base / "profile", cluster)
     command = workflow_command(base / "work", config, "--profile", str(profile), *targets)
     assert command[1:3] == ["-m", "snakemake"], command
     command[1:3] = ["-c", STEADY_STATUS_CHECKS]  # python -c: snakemake's own entry, after the one change above
     out = (base / "snakemake.out").open("w")
-    return subprocess.Popen(command, env=cluster_env(cluster, base / "bin"), stdout=out, stderr=subprocess.STDOUT)
+    environment = {**cluster_env(cluster, base / "bin"), **(env or {})}
+    return subprocess.Popen(command, env=environment, stdout=out, stderr=subprocess.STDOUT)
 
 
 def finish_cluster_run(cluster: SlurmCluster, base: Path, process: subprocess.Popen, started: float) -> ClusterRun:
@@ -197,8 +201,19 @@ def segmentation_inputs(run: Path) -> dict:
     return config
 
 
+def with_s3_scene(config: dict) -> dict:
+    """The segmentation config with the same raster on S3 as a second scene."""
+    scenes = {**config["scenes"], "tiny_test_s3": {**config["scenes"]["tiny_test"], "path": S3_SCENE}}
+    predict = {**config["predict"], "scenes": ["tiny_test", "tiny_test_s3"]}
+    return {**config, "scenes": scenes, "predict": predict, "project": {"seams": False}}  # one raster: no seam
+
+
+S3_BUCKET = "slurm"
+S3_SCENE = f"s3://{S3_BUCKET}/tiny_test.tif"
+
+
 @pytest.fixture(scope="module")
-def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
+def cluster_runs(cluster, tmp_path_factory, s3_server) -> dict[str, ClusterRun]:
     """Two workflows submitted to the cluster at once (their jobs share its two nodes): the tiny detection config
     (training on 2 nodes, prediction in 2 shards) and a segmentation config (2 shards), each up to what its tests
     read: the detection run to its scores (its merge and evaluation jobs are under test), the segmentation run to
@@ -212,9 +227,16 @@ def cluster_runs(cluster, tmp_path_factory) -> dict[str, ClusterRun]:
     demo = {"detection": ("tiny_train", "tiny_test"), "segmentation": ("tiny_test",)}
     for name, config in configs.items():
         run_workflow(base / name / "work", config, *(f"resources/demo/{scene}.tif" for scene in demo[name]))
+    s3_server.create_bucket(S3_BUCKET)
+    s3_server.upload(base / "segmentation/work/resources/demo/tiny_test.tif", S3_BUCKET, "tiny_test.tif")
+    configs["segmentation"] = with_s3_scene(segmentation_config)  # its S3 scene in the local scene's batch:
+    shutil.rmtree(base / "segmentation/work" / RUNS["segmentation"])  # not the demo run's batches, kept as planned
     steps = {"detection": "scored", "segmentation": "merged"}
+    s3 = {**s3_server.environment(), **s3_server.credentials()}  # the runs' ranks inherit them, under Slurm too
+    targets = {name: [run_paths(config).batch_record(steps[name], 0)] for name, config in configs.items()}
+    targets["segmentation"].append(f"{RUNS['segmentation']}/tiny_test_s3/classes.tif")  # a batch of its own
     processes = {
-        name: start_cluster_run(cluster, base / name, config, run_paths(config).batch_record(steps[name], 0))
+        name: start_cluster_run(cluster, base / name, config, *targets[name], env=s3)
         for name, config in configs.items()
     }
     runs = {name: finish_cluster_run(cluster, base / name, proc, started) for name, proc in processes.items()}
@@ -343,6 +365,32 @@ def test_segmentation_runs_two_shards_on_the_cluster(cluster, cluster_runs):
     assert sorted(processed.tolist()) == sorted(manifest["tile_id"].tolist())
     valid, errors, _ = cog_validate(str(outputs / "tiny_test/classes.tif"))
     assert valid, errors
+
+
+def test_ranks_on_the_cluster_read_s3_with_the_credentials_they_inherit(cluster, cluster_runs, s3_server):
+    """The segmentation run's second scene is its first's raster on the suite's S3 server: every rank of both shard
+    jobs read it with the credentials of the environment the run was started in (sbatch and srun pass it on), and
+    its class map is the local scene's. No job's script or command line, log or file holds a key."""
+    run = cluster_runs["segmentation"]
+    outputs = run.workdir / RUNS["segmentation"]
+    with (
+        rasterio.open(outputs / "tiny_test/classes.tif") as local,
+        rasterio.open(outputs / "tiny_test_s3/classes.tif") as remote,
+    ):
+        assert (local.transform, local.crs) == (remote.transform, remote.crs)
+        assert np.array_equal(local.read(), remote.read())
+    assert len(rank_stems(outputs, "tiny_test_s3", ".tif")) == 4  # both shards' two ranks each read it
+    scripts = []
+    for job_ids in run.jobs.values():
+        for job_id in job_ids:
+            written = cluster.run(["scontrol", "write", "batch_script", job_id, "-"], timeout=15)
+            assert written.returncode == 0, written.stderr
+            scripts.append(written.stdout)
+    assert scripts and all("srun" in script or "python" in script for script in scripts)
+    files = [p.read_bytes().decode("utf-8", "replace") for p in run.workdir.rglob("*") if p.is_file()]
+    for text in (run.output, *scripts, *files):
+        assert s3_server.secret_key not in text and s3_server.key_id not in text
+    report(f"[slurm + S3] {len(scripts)} job scripts and {len(files)} files without a key; class maps identical")
 
 
 PROBE = """
