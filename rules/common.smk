@@ -75,6 +75,7 @@ from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.jobs import paths  # noqa: E402
 from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow.checks import check_default_storage  # noqa: E402
 from rasterscale.workflow.estimate import print_estimate  # noqa: E402
 from rasterscale.workflow.reuse import main_plan  # noqa: E402
 from rasterscale.workflow.storage import fingerprint, job_plan, store_batch_plans  # noqa: E402
@@ -86,6 +87,10 @@ from rasterscale.workflow import resources as job_memory  # noqa: E402
 # results in results/throughput.json here or in this checkout (rasterscale.workflow.estimate).
 PLAN_KEY = fingerprint(config)  # the stored plan's: the raw config's hash
 try:
+    check_default_storage(
+        workflow.storage_settings.default_storage_provider,
+        workflow.storage_settings.default_storage_prefix,
+    )
     if workflow.is_main_process:
         PLAN = main_plan(config, warn=warn)
     else:

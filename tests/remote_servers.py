@@ -260,7 +260,7 @@ class S3Server:
     def _client(self, service: str, key_id: str, secret: str) -> Any:
         import boto3
 
-        return boto3.client(
+        return boto3.session.Session().client(  # a new session: not one that read the environment before
             service, endpoint_url=f"http://{self.endpoint}", aws_access_key_id=key_id,
             aws_secret_access_key=secret, region_name=REGION,
         )  # fmt: skip
@@ -298,10 +298,18 @@ class S3Server:
         with urllib.request.urlopen(request, timeout=30) as response:
             return bytes(response.read())
 
+    def _counts(self) -> dict[str, dict[str, int]]:
+        with urllib.request.urlopen(f"http://{self.endpoint}{CONTROL}/counts", timeout=30) as response:
+            counts: dict[str, dict[str, int]] = json.loads(response.read())
+        return counts
+
     def fetched(self, path: str) -> int:
         """Body bytes served for ``path`` (``/bucket/key``) since the last :meth:`reset`."""
-        with urllib.request.urlopen(f"http://{self.endpoint}{CONTROL}/counts", timeout=30) as response:
-            return int(json.loads(response.read())["bytes"].get(path, 0))
+        return self._counts()["bytes"].get(path, 0)
+
+    def requests(self, path: str) -> int:
+        """Requests answered for ``path`` since the last :meth:`reset`."""
+        return self._counts()["requests"].get(path, 0)
 
     def reset(self) -> None:
         self._post(f"{CONTROL}/reset", b"{}")

@@ -457,6 +457,24 @@ def test_a_url_with_credentials_in_it_is_refused(site, tmp_path, monkeypatch):
     assert "pa55word" not in message and "GDAL_HTTP_USERPWD" in message
 
 
+def test_outputs_on_snakemakes_default_storage_are_refused_at_the_dry_run_in_one_line(site, tmp_path):
+    """``--default-storage-provider s3`` (Snakemake's S3 plugin installed, the server reachable): one line that says
+    what to do, before any job, and nothing written to the bucket."""
+    site.s3.create_bucket("outputs")
+    scenes = {"bucket": {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": {"min": 0, "max": 65535}}}
+    storage = ("--default-storage-provider", "s3", "--default-storage-prefix", "s3://outputs/run")
+    command = workflow_command(tmp_path, predict_config(site, scenes), "-n", *storage)
+    result = snakemake_forks.run(command, timeout=300, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale: ")]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(
+        "rasterscale: --default-storage-provider s3 --default-storage-prefix s3://outputs/run: outputs on "
+        "Snakemake's remote storage are not supported yet"
+    )
+    assert "aws s3 sync results/" in lines[0] and "Traceback" not in result.stderr
+    assert site.s3.client().list_objects_v2(Bucket="outputs").get("KeyCount") == 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # STAC items and collections
 # ---------------------------------------------------------------------------------------------------------
@@ -552,6 +570,7 @@ class RemotePrediction:
     result: subprocess.CompletedProcess
     seconds: float
     fetched: dict[str, int]  # the bytes each remote scene's server served in that job, by the scene's name
+    requests: int  # the requests the S3 server answered for the bucket's scene
 
 
 @pytest.fixture(scope="module")
@@ -575,7 +594,8 @@ def remote_prediction(site, tmp_path_factory) -> RemotePrediction:
         result = run_workflow(workdir, config, *layers)  # not the report's quicklooks
     seconds = time.monotonic() - started
     paths = {"web": "/a.tif", "bucket": f"/{BUCKET}/ortho/a.tif", "item": "/stac/item.tif"}
-    return RemotePrediction(workdir, result, seconds, {name: site.fetched(path) for name, path in paths.items()})
+    fetched = {name: site.fetched(path) for name, path in paths.items()}
+    return RemotePrediction(workdir, result, seconds, fetched, site.s3.requests(paths["bucket"]))
 
 
 @pytest.mark.slow
@@ -598,9 +618,11 @@ def test_prediction_over_remote_scenes_gives_the_local_layer_reading_windows(sit
     for name, fetched in remote_prediction.fetched.items():
         assert full <= fetched < site.size, (name, fetched, full, site.size)
         lines.append(f"{name} fetched {fetched} of {site.size} bytes ({fetched / site.size:.0%}; blocks {full})")
+    assert 0 < remote_prediction.requests < 4 * tiles  # a few ranged GETs a tile (the header's, the blocks')
     report(
         f"remote prediction ({remote_prediction.seconds:.0f} s; 4 scenes of {tiles} tiles, detections identical to "
-        "the local scene's): " + "; ".join(lines)
+        f"the local scene's): " + "; ".join(lines) + f"; S3 answered {remote_prediction.requests} requests for the "
+        f"bucket's scene ({remote_prediction.requests / tiles:.1f} a tile, the header's included)"
     )
     # the URLs' secrets are in the jobs' inputs (their job files, results/{run}/jobs/), and in no log nor output
     outputs = [p for p in (run / "results").iterdir() if p.name != RUN.run]
