@@ -51,9 +51,15 @@ def write_scene(folder, name: str, width: int, height: int, seed: int) -> None:
         dst.write(heights, 1)
 
 
-def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
+def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path, s3_server, monkeypatch):
+    """Also over the test scene's raster on S3 (the suite's S3 server, the user's keys in the environment), as a
+    second predicted scene: its values are the local scene's."""
     write_scene(tmp_path / "data", "tiny_train", 384, 384, seed=1)
     write_scene(tmp_path / "data", "tiny_test", 640, 576, seed=2)  # wider than a COG block: overviews
+    s3_server.create_bucket("regression")
+    s3_scene = s3_server.upload(tmp_path / "data/tiny_test.tif", "regression", "tiny_test.tif")
+    for key, value in {**s3_server.environment(), **s3_server.credentials()}.items():
+        monkeypatch.setenv(key, value)
     rule = {"min_height": 5.0, "intercept": 6.0, "min_diameter": 6.0}  # 0.5 m pixels: windows of 6 m and more
     truth = tmp_path / "data/tiny_test.tops.gpkg"
     true_tops = find_tree_tops(tmp_path / "data/tiny_test.height.tif", TreeTopRule(**rule))
@@ -61,6 +67,9 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
     config = yaml.safe_load(TINY.read_text())
     config["scenes"]["tiny_test"]["tree_tops"] = str(truth)
     config["merge"] = {"tree_tops": rule}
+    config["scenes"]["tiny_test_s3"] = {"path": s3_scene}
+    config["predict"]["scenes"].append("tiny_test_s3")
+    config["project"] = {"seams": False}  # one raster twice: no seam between them
     # up to the scored scene (evaluation.json, quicklook), not the report's run pages and project map
     run = run_paths(config)  # results/tiny_height/: the run (model.name)
     result = run_workflow(tmp_path, config, run.batch_record("scored", 0))
@@ -76,6 +85,8 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path):
         assert out.dtypes == ("float32",) and out.nodata == NODATA_VALUE and out.overviews(1)
         assert out.descriptions == ("height",)
         predicted, transform = out.read(1), out.transform
+    with rasterio.open(tmp_path / run.scene_dir("tiny_test_s3") / "values.tif") as from_s3:
+        assert np.array_equal(from_s3.read(1), predicted) and from_s3.transform == transform
     assert np.isfinite(predicted).all() and (predicted != NODATA_VALUE).all()  # every pixel predicted
     evaluation = json.loads((scene / "evaluation.json").read_text())
     for key in ("mae", "rmse", "bias", "r2"):
