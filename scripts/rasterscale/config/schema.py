@@ -175,9 +175,9 @@ def validate_config(
     instance = copy.deepcopy(dict(config))
     rename_deprecated(instance, notices if notices is not None else [])
     schema = schema or load_schema()
-    if "s3" in instance:  # before any s3:// file is read: the STAC items below, the headers after
+    if "s3" in instance:
         validate_part(instance["s3"], schema["properties"]["s3"], "s3")
-        configure_s3(instance["s3"])
+    configure_s3(instance.get("s3") or {})  # before any s3:// file is read: the STAC items below, the headers after
     instance["scenes"], found = expand_scenes(instance.get("scenes", {}), schema)
     instance["scenes"], found = expand_stac(instance, schema, found, item_headers)
     if origins is not None:
