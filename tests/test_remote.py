@@ -34,7 +34,7 @@ import snakemake_forks
 from conftest import report, write_raster
 from prediction import PredictScene
 from rasterscale.config.schema import validate_config
-from rasterscale.errors import ConfigError, InputError, redact
+from rasterscale.errors import ConfigError, InputError, RasterReadError, redact
 from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
@@ -341,7 +341,8 @@ def test_s3_credentials_come_from_the_environment_a_profile_or_the_config(site):
 def test_s3_refusals_are_one_line_naming_the_url_and_s3s_reason(site, tmp_path):
     """A raster (GDAL's /vsis3/) and an object read whole (boto3) that cannot be read: a missing bucket, a missing
     key, an object the user's policy denies, a wrong secret key and an unknown key id: each one line naming the
-    URL and what S3 said, never a key."""
+    URL and what S3 said, never a key. (One process for all: each case's URL is its own, so GDAL's cache of what
+    it found of a URL cannot answer for another case.)"""
     wrong_secret = {"AWS_SECRET_ACCESS_KEY": "wrong-secret-key-0123456789"}
     unknown_key = {"AWS_ACCESS_KEY_ID": "AKIAUNKNOWN000000000", "AWS_SECRET_ACCESS_KEY": "unknown-key-secret-0123"}
     refusals = {
@@ -349,18 +350,17 @@ def test_s3_refusals_are_one_line_naming_the_url_and_s3s_reason(site, tmp_path):
         "missing key": (f"s3://{BUCKET}/ortho/none.tif", {}, "The specified key does not exist"),
         "denied": (f"s3://{BUCKET}/private/a.tif", {}, "Access Denied"),
         "wrong secret": (f"s3://{BUCKET}/ortho/a.tif", wrong_secret, "The request signature we calculated"),
-        "unknown key": (f"s3://{BUCKET}/ortho/a.tif", unknown_key, "The AWS Access Key Id you provided does not exist"),
-    }
-    lines = {}
-    for name, (url, keys, reason) in refusals.items():
+        "unknown key": (
+            f"s3://{BUCKET}/ortho/b.tif", unknown_key, "The AWS Access Key Id you provided does not exist"
+        ),
+    }  # fmt: skip
+    cases = []
+    for url, keys, _ in refusals.values():
         env = {**site.s3.credentials(), **keys}
-        raster, copied = in_child(
-            site,
-            [
-                {"env": env, "unset": NO_PROFILE, "url": url},
-                {"env": env, "unset": NO_PROFILE, "copy": url, "folder": str(tmp_path)},
-            ],
-        )
+        cases += [{"env": env, "unset": NO_PROFILE, "url": url}, {"env": env, "copy": url, "folder": str(tmp_path)}]
+    said = in_child(site, cases)
+    lines = {}
+    for (name, (url, keys, reason)), raster, copied in zip(refusals.items(), said[::2], said[1::2], strict=True):
         assert raster.startswith(f"{url}: remote raster cannot be opened ({reason}"), (name, raster)
         assert copied.startswith(f"{url}: cannot be fetched from S3 ("), (name, copied)
         assert reason in copied, (name, copied)
@@ -693,52 +693,62 @@ def saved_tiles(run: Path) -> int:
     )
 
 
+def test_a_connection_broken_mid_read_is_one_line_naming_the_url_tile_and_short_answer(site):
+    """The S3 server breaks each connection halfway through its answer (GDAL's retries spent): the rank's read of a
+    tile (read_tile, as a prediction rank reads) fails with one line naming the URL, the tile and the short read."""
+    url = site.s3.upload(site.cog, BUCKET, "ortho/broken.tif")  # a key of its own: nothing of it cached here
+    spec = ImageSpec(low=(0.0, 0.0, 0.0), high=(65535.0, 65535.0, 65535.0), scale="declared")
+    remote = ProcessRaster(url)
+    site.s3.fault("drop")
+    try:
+        with pytest.raises(RasterReadError) as err:
+            read_tile(remote.src, spec, rasterio.windows.Window(128, 128, 128, 128), tile_id=7)
+    finally:
+        site.s3.fault(None)
+    line = str(err.value)
+    assert line.startswith(f"{url}: tile 7 (window col 128, row 128, 128 x 128 px) could not be read ("), line
+    assert re.search(r"got \d+ bytes, expected \d+", line) and "broke the connection" in line and "\n" not in line
+
+
 @pytest.mark.slow
-def test_s3_throttled_then_dropped_mid_prediction_fails_with_one_line_and_the_rerun_resumes(
-    site, remote_prediction, tmp_path
-):
+def test_s3_throttled_mid_prediction_fails_with_one_line_and_the_rerun_resumes(site, remote_prediction, tmp_path):
     """The S3 server throttles (503 SlowDown to every request, GDAL's retries spent) after the rank's first ranges
-    of pixels: the prediction job fails with one line naming the URL, the tile and S3's reason; the rerun, whose
-    connections the server breaks mid-answer after a few more ranges, fails so too, having saved more tiles; the
-    third run, with the server well, predicts only the tiles not finished and merges the layer of an uninterrupted
-    local prediction (``remote_prediction``'s local scene: same model, tiling and prediction settings)."""
+    of pixels: the prediction job fails with one line naming the URL, the tile and the throttling; the rerun, with
+    the server well, predicts only the tiles not finished and merges the layer of an uninterrupted local prediction
+    (``remote_prediction``'s local scene: same model, tiling and prediction settings)."""
     scale = {"min": 0, "max": 65535}
     url = f"s3://{BUCKET}/ortho/a.tif"
     config = predict_config(site, {"bucket": {"path": url, "scale": scale}})
     run, layer = tmp_path / "run", RUN.scene_file("bucket", "detections.parquet")
-    command = workflow_command(run, config, "--cores", "2", layer)
-    run_workflow(run, config, RUN.scene_manifest("bucket"))  # the manifest read well: the faults are the rank's
-    lines, saved = {}, {}
+    run_workflow(run, config, RUN.scene_manifest("bucket"))  # the manifest read well: the fault is the rank's
+    site.s3.fault("throttle", 2)
     try:
-        for fault, after in (("throttle", 2), ("drop", 2)):
-            site.s3.fault(fault, after)
-            failed = snakemake_forks.run(command, timeout=600)
-            assert failed.returncode != 0, fault
-            log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-            errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
-            assert len(errors) == 1, log[-3000:]
-            assert errors[0].startswith(f"rasterscale: rank 0: {url}: tile "), errors[0]
-            assert "could not be read" in errors[0] and "run the same command again" in errors[0]
-            lines[fault], saved[fault] = errors[0], saved_tiles(run)
-            text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
-            assert not any(secret in text for secret in site.secrets)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("GDAL_HTTP_RETRY_DELAY", "0.1")  # the environment's wins: GDAL's 3 retries in a second
+            failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2", layer), timeout=600)
     finally:
         site.s3.fault(None)
-    assert "the server answered HTTP 503 to every retry: it throttles the requests" in lines["throttle"]
-    assert re.search(r"got \d+ bytes, expected \d+", lines["drop"]), lines["drop"]  # a short answer
-    total = len(gpd.read_parquet(run / RUN.scene_manifest("bucket")))
-    assert 0 < saved["throttle"] < saved["drop"] < total, saved
+    assert failed.returncode != 0
+    log = (run / "logs/predict/batch-0/shard-0.log").read_text()
+    errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
+    assert len(errors) == 1, log[-3000:]
+    assert errors[0].startswith(f"rasterscale: rank 0: {url}: tile "), errors[0]
+    assert "the server answered HTTP 503 to every retry: it throttles the requests" in errors[0]
+    assert "run the same command again" in errors[0]
+    text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
+    assert not any(secret in text for secret in site.secrets)
+    saved, total = saved_tiles(run), len(gpd.read_parquet(run / RUN.scene_manifest("bucket")))
+    assert 0 < saved < total
     run_workflow(run, config, layer)
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    assert f"resuming: {saved['drop']} of {total} tiles already done" in log
+    assert f"resuming: {saved} of {total} tiles already done" in log
     records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run / RUN.root, "bucket")]
     redone = sum(r["profile"]["tiles"] for r in records)
-    assert sum(r["resumed"] for r in records) == saved["drop"] and redone == total - saved["drop"]
+    assert sum(r["resumed"] for r in records) == saved and redone == total - saved
     resumed = gpd.read_parquet(run / layer)
     reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
     assert len(resumed) > 100 and resumed.equals(reference)
     report(
-        f"S3 faults mid-prediction: throttled after 2 ranges, {saved['throttle']} of {total} tiles saved, the job "
-        f"failed with: {lines['throttle'][:160]}...; dropped connections after 2 more, {saved['drop']} saved: "
-        f"{lines['drop'][:160]}...; the third run predicted {redone} tiles, detections identical to a local run's"
+        f"S3 throttled mid-prediction after 2 ranges: {saved} of {total} tiles saved, the job failed with: "
+        f"{errors[0][:220]}...; the rerun predicted the other {redone}, detections identical to a local run's"
     )
