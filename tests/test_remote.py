@@ -190,7 +190,7 @@ def site(tmp_path_factory, s3_server):
     http.stop()
 
 
-def predict_config(site: Site, scenes: dict, **extra) -> dict:
+def predict_config(site: Site, scenes: dict | str, **extra) -> dict:
     """One CPU rank reading its tiles itself (no dataloader worker: one header fetch less a scene), a tile a batch
     (scenes predict alike whatever the batch's other scenes), saved after each. The scenes are one raster served
     several ways, all in one place: no seams between them (their mosaics would read each raster again)."""
@@ -416,18 +416,23 @@ def test_the_plan_skips_remote_rasters_in_inputs_and_staleness(site, tmp_path, m
 
 
 def test_the_plan_reads_scenes_annotations_and_model_from_the_bucket(site, tmp_path, monkeypatch):
-    """Scenes from a STAC ItemCollection in the bucket (s3:// hrefs, one relative to the collection), and a scene's
-    annotations and the model file from the bucket, with the endpoint a config key: the rasters stay URLs read
-    where they live, the files read whole become local copies (Snakemake's inputs), fetched again only when the
-    object changed (a conditional GET: no body the second time)."""
+    """Scenes from a scene table and a STAC ItemCollection in the bucket (s3:// hrefs, one relative to the
+    collection), a scene's annotations and the model file from the bucket, with the endpoint a config key: the
+    rasters stay URLs read where they live, the files read whole become local copies (Snakemake's inputs), fetched
+    again only when the object changed (a conditional GET: no body the second time)."""
     for key in ENDPOINT_VARIABLES:
         monkeypatch.delenv(key)  # and monkeypatch restores them: the config sets them again in this process
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     scale = {"min": 0, "max": 65535}
+    table = tmp_path / "scenes.tsv"
+    table.write_text(
+        "name\tpath\tannotations\tscale\n"
+        f"own\ts3://{BUCKET}/ortho/a.tif\ts3://{BUCKET}/truth/a.gpkg\t{{min: 0, max: 65535}}\n"
+    )
     config = predict_config(
         site,
-        {"own": {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": scale, "annotations": f"s3://{BUCKET}/truth/a.gpkg"}},
+        str(table),
         stac={"items": [f"s3://{BUCKET}/stac/collection.json"], "scale": scale},
         s3={"endpoint": f"http://{site.s3.endpoint}"},
     )
@@ -645,45 +650,6 @@ def every_file_text(folder: Path) -> Iterator[tuple[Path, str]]:
             yield path, path.read_bytes().decode("utf-8", "replace")
 
 
-@pytest.mark.slow
-def test_a_whole_run_from_s3_gives_the_local_layer_and_leaves_no_secret(site, remote_prediction, tmp_path):
-    """The whole workflow over two scenes, annotations and the model file in the bucket, with the user's keys in
-    the environment (no profile): tile manifests, prediction, merges, the project's layer, the evaluation and the
-    report's pages, then Snakemake's report. The scene's layer is the local copy's, and no file the run wrote
-    (logs, job files, stored plans, the header cache, reports, benchmarks, profiles, .snakemake/), nor its output,
-    holds the secret key or the key id."""
-    run = tmp_path / "run"
-    scale = {"min": 0, "max": 65535}
-    scene = {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": scale, "annotations": f"s3://{BUCKET}/truth/a.gpkg"}
-    beside = {"path": f"s3://{BUCKET}/ortho/b.tif", "scale": scale}
-    config = predict_config(site, {"bucket": scene, "beside": beside})
-    config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
-    with pytest.MonkeyPatch.context() as patch:
-        for key in NO_PROFILE:
-            patch.delenv(key)
-        for key, value in site.s3.credentials().items():
-            patch.setenv(key, value)
-        started = time.monotonic()
-        result = run_workflow(run, config, "--report", "report.zip", "--report-after-run")
-        seconds = time.monotonic() - started
-    layer = gpd.read_parquet(run / RUN.scene_file("bucket", "detections.parquet"))
-    reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
-    assert len(layer) > 100 and layer.equals(reference)
-    written = [path.name for path in (run / RUN.root).iterdir()]
-    assert {"bucket", "project", "jobs", "report"} <= set(written), written
-    assert (run / RUN.evaluation_file("bucket")).exists() and (run / "report.zip").exists()
-    texts = [(Path("snakemake output"), result.stdout + result.stderr), *every_file_text(run)]
-    armed = [path for path, text in every_file_text(remote_prediction.workdir) if SECRET in text]  # the scan reads
-    assert RUN.job_file("predict", 0) in [str(path.relative_to(remote_prediction.workdir)) for path in armed]
-    assert any(".zip/" in str(path) and "bucket" in text for path, text in texts)  # ...job files and zip members
-    found = [f"{path}: {secret[:4]}..." for path, text in texts for secret in site.secrets[1:] if secret in text]
-    assert not found, found
-    report(
-        f"whole run from S3 ({seconds:.0f} s: two scenes, annotations and the model in the bucket): layer identical "
-        f"to the local copy's; {len(texts)} files scanned (the report's zip's members too), no secret found"
-    )
-
-
 def saved_tiles(run: Path) -> int:
     """The tiles a failed prediction job's rank saved (its resume parts)."""
     return sum(
@@ -710,45 +676,108 @@ def test_a_connection_broken_mid_read_is_one_line_naming_the_url_tile_and_short_
     assert re.search(r"got \d+ bytes, expected \d+", line) and "broke the connection" in line and "\n" not in line
 
 
-@pytest.mark.slow
-def test_s3_throttled_mid_prediction_fails_with_one_line_and_the_rerun_resumes(site, remote_prediction, tmp_path):
-    """The S3 server throttles (503 SlowDown to every request, GDAL's retries spent) after the rank's first ranges
-    of pixels: the prediction job fails with one line naming the URL, the tile and the throttling; the rerun, with
-    the server well, predicts only the tiles not finished and merges the layer of an uninterrupted local prediction
-    (``remote_prediction``'s local scene: same model, tiling and prediction settings)."""
+@dataclass
+class S3Run:
+    """The whole workflow from S3, its prediction throttled once on the way (:func:`s3_run`)."""
+
+    workdir: Path
+    failed: subprocess.CompletedProcess  # the throttled run
+    error: str  # the one line its prediction job failed with
+    saved: int  # the tiles its rank saved before
+    total: int  # the batch's tiles
+    result: subprocess.CompletedProcess  # the whole run after it
+    seconds: float  # of the whole run
+    urls: tuple[str, ...]  # the scenes' rasters
+
+
+@pytest.fixture(scope="module")
+def s3_run(site, tmp_path_factory) -> S3Run:
+    """Two scenes, one with annotations, and the model file, all in the bucket, with the user's keys in the
+    environment (no profile): the tile manifests made; a prediction that the S3 server throttles (503 SlowDown to
+    every request after the rank's first ranges of pixels, GDAL's retries spent, quickly: GDAL_HTTP_RETRY_DELAY
+    from the environment); then, with the server well, the whole workflow (the prediction resumed, merges, the
+    project's layer, the evaluation, the report's pages) and Snakemake's report."""
+    run = tmp_path_factory.mktemp("s3-run") / "run"
     scale = {"min": 0, "max": 65535}
-    url = f"s3://{BUCKET}/ortho/a.tif"
-    config = predict_config(site, {"bucket": {"path": url, "scale": scale}})
-    run, layer = tmp_path / "run", RUN.scene_file("bucket", "detections.parquet")
-    run_workflow(run, config, RUN.scene_manifest("bucket"))  # the manifest read well: the fault is the rank's
-    site.s3.fault("throttle", 2)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
+    urls = (f"s3://{BUCKET}/ortho/a.tif", f"s3://{BUCKET}/ortho/b.tif")
+    scenes = {
+        "bucket": {"path": urls[0], "scale": scale, "annotations": f"s3://{BUCKET}/truth/a.gpkg"},
+        "beside": {"path": urls[1], "scale": scale},
+    }
+    config = predict_config(site, scenes)
+    config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
+    with pytest.MonkeyPatch.context() as patch:
+        for key in NO_PROFILE:
+            patch.delenv(key)
+        for key, value in site.s3.credentials().items():
+            patch.setenv(key, value)
+        run_workflow(run, config, RUN.batch_record("tiled", 0))  # the manifests read well: the fault is the rank's
+        site.s3.fault("throttle", 2)
+        try:
             patch.setenv("GDAL_HTTP_RETRY_DELAY", "0.1")  # the environment's wins: GDAL's 3 retries in a second
-            failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2", layer), timeout=600)
-    finally:
-        site.s3.fault(None)
-    assert failed.returncode != 0
+            failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2"), timeout=600)
+            patch.delenv("GDAL_HTTP_RETRY_DELAY")
+        finally:
+            site.s3.fault(None)
+        log = (run / "logs/predict/batch-0/shard-0.log").read_text()
+        errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
+        assert failed.returncode != 0 and len(errors) == 1, log[-3000:]
+        total = sum(len(gpd.read_parquet(run / RUN.scene_manifest(name))) for name in scenes)
+        saved = saved_tiles(run)
+        started = time.monotonic()
+        result = run_workflow(run, config, "--report", "report.zip", "--report-after-run")
+        seconds = time.monotonic() - started
+    return S3Run(run, failed, errors[0], saved, total, result, seconds, urls)
+
+
+@pytest.mark.slow
+def test_s3_throttled_mid_prediction_fails_with_one_line_and_the_rerun_resumes(s3_run, remote_prediction):
+    """The throttled prediction job failed with one line naming the URL, the tile and the throttling; the rerun
+    predicted only the tiles not finished and merged the layer of an uninterrupted local prediction
+    (``remote_prediction``'s local scene: same model, tiling and prediction settings)."""
+    run, error = s3_run.workdir, s3_run.error
+    assert error.startswith(tuple(f"rasterscale: rank 0: {url}: tile " for url in s3_run.urls)), error
+    assert "the server answered HTTP 503 to every retry: it throttles the requests" in error
+    assert "run the same command again" in error
+    assert 0 < s3_run.saved < s3_run.total
     log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    errors = [line for line in log.splitlines() if line.startswith("rasterscale: ")]
-    assert len(errors) == 1, log[-3000:]
-    assert errors[0].startswith(f"rasterscale: rank 0: {url}: tile "), errors[0]
-    assert "the server answered HTTP 503 to every retry: it throttles the requests" in errors[0]
-    assert "run the same command again" in errors[0]
-    text = failed.stdout + failed.stderr + files_text(run / "logs", run / ".snakemake/log")
-    assert not any(secret in text for secret in site.secrets)
-    saved, total = saved_tiles(run), len(gpd.read_parquet(run / RUN.scene_manifest("bucket")))
-    assert 0 < saved < total
-    run_workflow(run, config, layer)
-    log = (run / "logs/predict/batch-0/shard-0.log").read_text()
-    assert f"resuming: {saved} of {total} tiles already done" in log
-    records = [json.loads(stem.with_suffix(".json").read_text()) for stem in rank_stems(run / RUN.root, "bucket")]
+    assert f"resuming: {s3_run.saved} of {s3_run.total} tiles already done" in log
+    records = [
+        json.loads(stem.with_suffix(".json").read_text())
+        for name in ("bucket", "beside")
+        for stem in rank_stems(run / RUN.root, name)
+    ]
     redone = sum(r["profile"]["tiles"] for r in records)
-    assert sum(r["resumed"] for r in records) == saved and redone == total - saved
-    resumed = gpd.read_parquet(run / layer)
+    assert sum(r["resumed"] for r in records) == s3_run.saved and redone == s3_run.total - s3_run.saved
+    resumed = gpd.read_parquet(run / RUN.scene_file("bucket", "detections.parquet"))
     reference = gpd.read_parquet(remote_prediction.workdir / RUN.scene_file("local", "detections.parquet"))
     assert len(resumed) > 100 and resumed.equals(reference)
     report(
-        f"S3 throttled mid-prediction after 2 ranges: {saved} of {total} tiles saved, the job failed with: "
-        f"{errors[0][:220]}...; the rerun predicted the other {redone}, detections identical to a local run's"
+        f"S3 throttled mid-prediction after 2 ranges: {s3_run.saved} of {s3_run.total} tiles saved, the job failed "
+        f"with: {error[:220]}...; the rerun predicted the other {redone}, detections identical to a local run's"
+    )
+
+
+@pytest.mark.slow
+def test_a_whole_run_from_s3_writes_every_layer_and_leaves_no_secret(site, s3_run, remote_prediction):
+    """The whole run from S3 (:func:`s3_run`) wrote the scenes' layers, the project's, the evaluation, the report's
+    pages and Snakemake's report; no file the run wrote (logs, job files, stored plans, the header cache, reports,
+    benchmarks, profiles, .snakemake/), nor its output, the throttled run's included, holds the secret key or the
+    key id. The scan is armed: it finds the signed URL's signature in ``remote_prediction``'s job file."""
+    run = s3_run.workdir
+    written = [path.name for path in (run / RUN.root).iterdir()]
+    assert {"bucket", "beside", "project", "jobs", "report"} <= set(written), written
+    assert (run / RUN.evaluation_file("bucket")).exists() and (run / "report.zip").exists()
+    outputs = [
+        (Path(f"snakemake output {n}"), r.stdout + r.stderr) for n, r in enumerate((s3_run.failed, s3_run.result))
+    ]
+    texts = [*outputs, *every_file_text(run)]
+    armed = [path for path, text in every_file_text(remote_prediction.workdir) if SECRET in text]  # the scan reads
+    assert RUN.job_file("predict", 0) in [str(path.relative_to(remote_prediction.workdir)) for path in armed]
+    assert any(".zip/" in str(path) and "bucket" in text for path, text in texts)  # ...job files and zip members
+    found = [f"{path}: {secret[:4]}..." for path, text in texts for secret in site.secrets[1:] if secret in text]
+    assert not found, found
+    report(
+        f"whole run from S3 ({s3_run.seconds:.0f} s after the throttled one: two scenes, annotations and the model "
+        f"in the bucket): {len(texts)} files scanned (the report's zip's members too), no secret found"
     )
