@@ -33,12 +33,14 @@ from shapely.geometry import box
 import snakemake_forks
 from conftest import report, write_raster
 from prediction import PredictScene
+from rasterscale.config.objects import fetch_whole_files
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError, RasterReadError, redact
 from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
+from rasterscale.tasks.exported.card import card_path
 from rasterscale.workflow.checks import build_plan
 from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
@@ -275,6 +277,7 @@ def test_header_checks_fetch_a_few_kb_and_windows_their_blocks(site):
 
 CHILD = """
 import json, os, sys
+from rasterscale.config.objects import fetch_whole_files
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import InputError, ConfigError
 from rasterscale.raster.headers import check_raster
@@ -453,6 +456,26 @@ def test_the_plan_reads_scenes_annotations_and_model_from_the_bucket(site, tmp_p
     build_plan(config)
     assert site.fetched(f"/{BUCKET}/models/model.pt") == site.fetched(f"/{BUCKET}/truth/a.gpkg") == 0
     assert model.stat().st_mtime_ns == stamp
+
+
+def test_an_exported_models_card_beside_it_in_the_bucket_is_copied_beside_its_copy(site, tmp_path, monkeypatch):
+    """model.file an exported model in the bucket with its card beside it (``<file>.yaml``): both copied, the card
+    beside the model's copy where the task looks for it; a model without a card: no card, no error."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.onnx").write_bytes(b"onnx bytes")
+    (tmp_path / "net.onnx.yaml").write_text("task: segmentation\n")
+    site.s3.upload(tmp_path / "net.onnx", BUCKET, "exported/net.onnx")
+    site.s3.upload(tmp_path / "net.onnx.yaml", BUCKET, "exported/net.onnx.yaml")
+    site.s3.upload(tmp_path / "net.onnx", BUCKET, "exported/bare.onnx")
+    for name in ("net", "bare"):
+        config = {"scenes": {}, "stac": {}, "model": {"file": f"s3://{BUCKET}/exported/{name}.onnx", "card": None}}
+        fetch_whole_files(config)
+        copy = tmp_path / config["model"]["file"]
+        assert copy.read_bytes() == b"onnx bytes"
+        assert card_path(copy).exists() == (name == "net")
+    assert card_path(tmp_path / ".snakemake/rasterscale/objects/scenes/exported/net.onnx").read_text() == (
+        "task: segmentation\n"
+    )
 
 
 def test_a_url_with_credentials_in_it_is_refused(site, tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """The config's files that live elsewhere, settled while the config is validated (on ``snakemake -n`` too):
 
-- a file that is read whole (a scene's ``annotations``, ``model.file``, ``model.card``) may be an S3 object
-  (``s3://bucket/key``): its key is given a local copy in its place (:func:`rasterscale.raster.s3.local_copy`), kept
-  while the object's ETag stays the same, so the jobs, Snakemake's inputs and the checks read a local file;
+- a file that is read whole (a scene's ``annotations``, ``model.file`` and the card beside an exported model,
+  ``model.card``) may be an S3 object (``s3://bucket/key``): its key is given a local copy in its place
+  (:func:`rasterscale.raster.s3.local_copy`), kept while the object's ETag stays the same, so the jobs,
+  Snakemake's inputs and the checks read a local file;
 - a URL with a user name or password in it (``https://user:password@host/...``) is refused, whatever the key: the
   config's paths are written into the job files and the stored plan, and credentials belong in the environment
   or a profile (a signed URL's token is the URL's own and is kept: docs/data.md, "Object storage").
@@ -15,6 +16,7 @@ from typing import Any
 
 from rasterscale.errors import URL, ConfigError
 from rasterscale.raster.s3 import is_s3, local_copy
+from rasterscale.tasks.exported.card import card_path
 
 WHOLE_FILES = ("file", "card")  # the model's keys naming files that are read whole
 
@@ -24,14 +26,19 @@ def fetch_whole_files(config: dict[str, Any]) -> None:
     for name, scene in config["scenes"].items():
         if is_s3(scene.get("annotations")):
             scene["annotations"] = _copy(scene["annotations"], f"scenes.{name}.annotations")
+    model, url = config["model"], config["model"].get("file")
     for key in WHOLE_FILES:
-        if is_s3(config["model"].get(key)):
-            config["model"][key] = _copy(config["model"][key], f"model.{key}")
+        if is_s3(model.get(key)):
+            model[key] = _copy(model[key], f"model.{key}")
+    if is_s3(url) and not model.get("card"):  # an exported model's card beside it (card_path), if there is one
+        beside = str(card_path(model["file"]))[len(model["file"]) :]
+        _copy(url + beside, "model.file", missing_ok=True)
 
 
-def _copy(url: str, key: str) -> str:
+def _copy(url: str, key: str, missing_ok: bool = False) -> str:
+    """The local copy of ``url`` (one line naming the key when it cannot be fetched)."""
     try:
-        return local_copy(url)
+        return local_copy(url, missing_ok=missing_ok) or ""
     except ValueError as err:
         raise ConfigError(f"config: key '{key}': {err}") from err
 

@@ -127,10 +127,10 @@ def read_object(url: str) -> bytes:
         raise _fetch_error(url, err) from err
 
 
-def local_copy(url: str, folder: str | Path = COPIES) -> str:
+def local_copy(url: str, folder: str | Path = COPIES, missing_ok: bool = False) -> str | None:
     """The path of a local copy of an S3 object, ``{folder}/{bucket}/{key}``, fetched when there is none or the
     object's ETag is not the copy's (a conditional GET: an unchanged object is not fetched again), written
-    atomically (a partial fetch leaves no copy)."""
+    atomically (a partial fetch leaves no copy). ``missing_ok``: None when there is no such key (and no copy)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = bucket_and_key(url)
@@ -140,8 +140,12 @@ def local_copy(url: str, folder: str | Path = COPIES) -> str:
     try:
         response = _client().get_object(Bucket=bucket, Key=key, **({"IfNoneMatch": known} if known else {}))
     except ClientError as err:
-        if known and err.response.get("Error", {}).get("Code") in ("304", "NotModified"):
+        code = err.response.get("Error", {}).get("Code")
+        if known and code in ("304", "NotModified"):
             return str(path)
+        if missing_ok and code in ("NoSuchKey", "404"):
+            path.unlink(missing_ok=True)
+            return None
         raise _fetch_error(url, err) from err
     except BotoCoreError as err:
         raise _fetch_error(url, err) from err
