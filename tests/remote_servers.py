@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from http.server import ThreadingHTTPServer
@@ -216,7 +217,15 @@ def serve() -> None:
     app = _ServerApp(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
     print(server.server_address[1], flush=True)
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True).start()
     server.serve_forever()
+
+
+def _end_with_parent(parent: int) -> None:
+    """End the server when the test process that started it is gone (killed before its fixture's teardown)."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
 
 
 class S3Server:
