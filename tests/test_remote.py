@@ -42,6 +42,7 @@ from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
 from rasterscale.tasks.exported.card import card_path
 from rasterscale.workflow.checks import build_plan
+from rasterscale.workflow.reuse import main_plan
 from remote_servers import RangeServer, S3Server
 from workflow import rank_stems, run_workflow, workflow_command
 
@@ -222,7 +223,8 @@ def all_scenes(site: Site) -> tuple[dict, dict]:
 
 
 def files_text(*folders: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for folder in folders for p in folder.rglob("*") if p.is_file())
+    """The text of every file under ``folders`` (:func:`every_file_text`) in one string."""
+    return "\n".join(text for folder in folders for _, text in every_file_text(folder))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -456,6 +458,28 @@ def test_the_plan_reads_scenes_annotations_and_model_from_the_bucket(site, tmp_p
     build_plan(config)
     assert site.fetched(f"/{BUCKET}/models/model.pt") == site.fetched(f"/{BUCKET}/truth/a.gpkg") == 0
     assert model.stat().st_mtime_ns == stamp
+
+
+def test_a_plan_that_read_a_bucket_object_is_built_again_and_sees_it_changed(site, tmp_path, monkeypatch):
+    """A local raster whose annotations are in the bucket: the main process's plan is not reused from its record
+    (no stat of the local copy tells the object changed), so the next plan asks S3 again and copies the new
+    object."""
+    monkeypatch.chdir(tmp_path)
+    key = "truth/changing.gpkg"
+    site.s3.upload(site.root / "bucket/a.gpkg", BUCKET, key)
+    scene = {"path": str(site.cog), "scale": {"min": 0, "max": 65535}, "annotations": f"s3://{BUCKET}/{key}"}
+    config = predict_config(site, {"local": scene})
+    plan = main_plan(config)
+    copy = tmp_path / plan.scenes["local"].annotations
+    assert (
+        plan.unwatched == plan.scenes["local"].annotations
+        and copy.read_bytes() == (site.root / "bucket/a.gpkg").read_bytes()
+    )
+    changed = tmp_path / "changed.gpkg"
+    gpd.read_file(site.root / "bucket/a.gpkg").iloc[:1].to_file(changed)
+    site.s3.upload(changed, BUCKET, key)
+    main_plan(config)
+    assert copy.read_bytes() == changed.read_bytes()
 
 
 def test_an_exported_models_card_beside_it_in_the_bucket_is_copied_beside_its_copy(site, tmp_path, monkeypatch):

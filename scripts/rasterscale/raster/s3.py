@@ -74,6 +74,12 @@ def configure_s3(section: Mapping[str, Any]) -> None:
         os.environ["CPL_AWS_CREDENTIALS_FILE"] = shared
 
 
+def is_local_copy(path: str) -> bool:
+    """Whether ``path`` is a local copy of an object (:func:`local_copy`): what tells its versions apart is the
+    object's ETag in its bucket, which no stat of the copy watches."""
+    return path.startswith(f"{COPIES}/")
+
+
 def bucket_and_key(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b.gpkg`` as ``("bucket", "a/b.gpkg")``; one line naming it when either is missing."""
     bucket, _, key = url[len(SCHEME) :].partition("/")

@@ -33,6 +33,7 @@ from rasterscale.raster.imagery import ImageSpec, band_statistics, check_imagery
 from rasterscale.raster.item_header import ItemHeader
 from rasterscale.raster.item_header import recorded_skips as recorded_skips_in
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
+from rasterscale.raster.s3 import is_local_copy
 from rasterscale.runtime.preflight import launch_geometry
 from rasterscale.tasks.registry import task_spec
 from rasterscale.workflow.batches import form_batches, read_recorded
@@ -298,11 +299,13 @@ def scene_files(scene: SceneSettings) -> Iterator[str]:
 
 
 def run_files(settings: Settings) -> Iterator[str]:
-    """The files a plan's checks read besides the scenes': the STAC items scenes came from, the model files."""
+    """The files a plan's checks read besides the scenes': the STAC items scenes came from, the model files (a
+    card file among them)."""
     yield from settings.stac.items
     model = settings.model
+    card = model.card if isinstance(model.card, str) else None  # a card file, not one written into the config
     yield from (
-        path for path in (model.file, settings.train.init, model.backbone_weights, model.encoder_weights) if path
+        path for path in (model.file, card, settings.train.init, model.backbone_weights, model.encoder_weights) if path
     )
 
 
@@ -358,11 +361,14 @@ SIBLINGS = "siblings:"  # a watched file's sidecar files' names: SIBLINGS + its 
 
 
 def unwatched_read(plan: Plan) -> str:
-    """The first path the plan's checks read that no stat watches ("" when none): a remote file, or a raster not
-    trusted from its STAC item that is a VRT (its header depends on its sources)."""
+    """The first path the plan's checks read that no stat watches ("" when none): a remote file, a local copy of
+    an S3 object (the object may change in its bucket: only the next plan's fetch asks), or a raster not trusted from
+    its STAC item that is a VRT (its header depends on its sources)."""
     trusted = {plan.scenes[name].path for name in plan.trusted}
     for path in _read_files(plan.settings):
-        if path not in trusted and (is_remote(path) or path.lower().endswith(".vrt")):
+        if path in trusted:
+            continue
+        if is_remote(path) or is_local_copy(path) or path.lower().endswith(".vrt"):
             return path
     return ""
 
