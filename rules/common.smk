@@ -12,7 +12,8 @@
 #   jobfiles    the plan's job files (rasterscale.workflow.jobfiles), written with the plan before the DAG: every
 #               job reads its own and nothing else (no setting reaches a job as a flag or a param)
 #   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
-#   REQUESTED   the files the command line names (a batch rule declares those of its files)
+#   REQUESTED   the files the command line names (a batch rule declares those of its files, all with IN_BUCKET)
+#   IN_BUCKET   outputs on Snakemake's default storage (rasterscale.workflow.default_storage): results/ in the bucket
 #   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
 #   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
 #   scene_input, pattern, fail, warn, note   input functions, wildcard constraints, the one-line exit, notices
@@ -75,11 +76,21 @@ from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
 from rasterscale.jobs import paths  # noqa: E402
 from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
-from rasterscale.workflow.checks import check_default_storage  # noqa: E402
+from rasterscale.workflow import default_storage  # noqa: E402
 from rasterscale.workflow.estimate import print_estimate  # noqa: E402
 from rasterscale.workflow.reuse import main_plan  # noqa: E402
 from rasterscale.workflow.storage import fingerprint, job_plan, store_batch_plans  # noqa: E402
 from rasterscale.workflow import resources as job_memory  # noqa: E402
+
+
+def mirror_storage_prefix():
+    """Outputs on Snakemake's default storage (rasterscale.workflow.default_storage): results/ goes to the bucket,
+    everything else stays local, and the local copy of the storage prefix is the working directory."""
+    default_storage.route_declared_files(workflow.modifier.path_modifier)
+    prefix = workflow.storage_settings.default_storage_prefix.rstrip("/")
+    some_object = workflow.storage_registry.default_storage_provider.object(f"{prefix}/x")
+    default_storage.mirror_working_directory(Path(str(some_object.local_path())).parent)
+
 
 # The main process builds the plan with every check and writes the jobs' files, each only when its content changed
 # (a job reruns when what it uses changed, and only then), or reuses both while nothing they read changed; a job's
@@ -87,10 +98,13 @@ from rasterscale.workflow import resources as job_memory  # noqa: E402
 # results in results/throughput.json here or in this checkout (rasterscale.workflow.estimate).
 PLAN_KEY = fingerprint(config)  # the stored plan's: the raw config's hash
 try:
-    check_default_storage(
+    IN_BUCKET = default_storage.check_default_storage(
         workflow.storage_settings.default_storage_provider,
         workflow.storage_settings.default_storage_prefix,
+        workflow.storage_settings.keep_storage_local,
     )
+    if IN_BUCKET:
+        mirror_storage_prefix()
     if workflow.is_main_process:
         PLAN = main_plan(config, warn=warn)
     else:
@@ -108,8 +122,9 @@ os.environ[JOB_PARENT] = str(this_process())
 # The batches whose rules (tile_manifests_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
 # or in a job's re-parse those of its --allowed-rules (its parse does not grow with the project).
 RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
-# The files the command line may ask for: a batch's rule declares its record, its files gone since, and these
-REQUESTED = batches.requested_files(sys.argv)
+# The files the command line may ask for: a batch's rule declares its record, its files gone since, and these; all
+# of them with outputs in a bucket (only declared files go there)
+REQUESTED = batches.EVERY_FILE if IN_BUCKET else batches.requested_files(sys.argv)
 PATHS = PLAN.paths  # this run's outputs: results/{run}/
 DEMO = PLAN.settings.demo
 # the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's

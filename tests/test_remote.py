@@ -27,6 +27,7 @@ import numpy as np
 import pystac
 import pytest
 import rasterio
+import yaml
 from affine import Affine
 from shapely.geometry import box
 
@@ -36,11 +37,12 @@ from prediction import PredictScene
 from rasterscale.config.objects import fetch_whole_files
 from rasterscale.config.schema import validate_config
 from rasterscale.errors import ConfigError, InputError, RasterReadError, redact
-from rasterscale.jobs.paths import RunPaths
+from rasterscale.jobs.paths import RunPaths, check_job
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec, ProcessRaster, read_tile
 from rasterscale.raster.remote import file_name, gdal_path, is_remote, shown
 from rasterscale.tasks.exported.card import card_path
+from rasterscale.workflow import default_storage
 from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.reuse import main_plan
 from remote_servers import RangeServer, S3Server
@@ -112,6 +114,9 @@ class Site:
 
 
 BUCKET = "scenes"
+OUTPUTS = "outputs"  # the bucket of the whole S3 run's outputs (s3_run), on Snakemake's default storage
+STORAGE = ("--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{OUTPUTS}/run")
+KEEP = "--keep-storage-local-copies"
 # the bucket's objects: the COG, the same COG where the user may not read it, a STAC ItemCollection whose items' hrefs
 # are s3:// (one absolute, one relative to the collection), the model file, annotations, and a small COG east of the
 # first (a second scene: the project's layer)
@@ -163,6 +168,7 @@ def site(tmp_path_factory, s3_server):
     model = PredictScene.make(root / "model", 128, 128)  # an untrained RetinaNet at score threshold 0
     s3 = s3_server
     s3.create_bucket(BUCKET)
+    s3.create_bucket(OUTPUTS)
     files = write_bucket_files(root, cog, model.model_file)
     for key, what in IN_BUCKET.items():
         s3.upload(files[what], BUCKET, key)
@@ -509,22 +515,70 @@ def test_a_url_with_credentials_in_it_is_refused(site, tmp_path, monkeypatch):
     assert "pa55word" not in message and "GDAL_HTTP_USERPWD" in message
 
 
-def test_outputs_on_snakemakes_default_storage_are_refused_at_the_dry_run_in_one_line(site, tmp_path):
-    """``--default-storage-provider s3`` (Snakemake's S3 plugin installed, the server reachable): one line that says
-    what to do, before any job, and nothing written to the bucket."""
-    site.s3.create_bucket("outputs")
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("results/model/bucket/detections.parquet", True),
+        ("results/model/predict/batch-0/shard-1", True),
+        ("results/models/model.pt", True),
+        ("./results/model/batches/merged-0.json", True),
+        ("results/model/jobs/predict/batch-0.json", False),  # the plan's, written before the DAG
+        ("results/demo/jobs/scene.json", False),
+        ("results/checks/environment/job.json", False),
+        ("results/checks/environment/rank-0.json", True),
+        ("resources/demo/a.tif", False),
+        ("logs/predict/batch-0/shard-0.log", False),
+        ("/data/ortho/a.tif", False),
+        ("results", False),
+    ],
+)
+def test_only_results_but_the_plans_job_files_go_to_the_bucket(path, expected):
+    assert default_storage.in_bucket(path) is expected
+
+
+def test_the_storage_prefixs_local_copy_is_a_link_to_the_working_directory(tmp_path):
+    """Made once (a relative link), kept, moved where it pointed elsewhere; a folder of local copies is refused."""
+    link = tmp_path / ".snakemake/storage/s3/outputs/run"
+    default_storage.mirror_working_directory(link, tmp_path)
+    assert os.readlink(link) == "../../../.." and link.resolve() == tmp_path.resolve()
+    (tmp_path / "results").mkdir()
+    assert (link / "results").resolve() == (tmp_path / "results").resolve()
+    default_storage.mirror_working_directory(link, tmp_path)  # a job's re-parse: unchanged
+    assert os.readlink(link) == "../../../.."
+    link.unlink()
+    link.symlink_to(tmp_path / "results")
+    default_storage.mirror_working_directory(link, tmp_path)
+    assert link.resolve() == tmp_path.resolve()
+    link.unlink()
+    link.mkdir()
+    with pytest.raises(ConfigError, match=r"run: Snakemake's local copies of the storage prefix are a folder; remove"):
+        default_storage.mirror_working_directory(link, tmp_path)
+
+
+def test_default_storage_is_on_with_a_prefix_and_kept_local_copies_and_else_says_what_to_add():
+    assert default_storage.check_default_storage(None, None, False) is False
+    assert default_storage.check_default_storage("s3", "s3://outputs/run", True) is True
+    with pytest.raises(ConfigError, match=r"^--default-storage-provider s3: give the bucket and folder the outputs"):
+        default_storage.check_default_storage("s3", None, True)
+    with pytest.raises(ConfigError, match=r"s3://outputs/run: add --keep-storage-local-copies \(or keep-storage"):
+        default_storage.check_default_storage("s3", "s3://outputs/run", False)
+
+
+def test_default_storage_without_its_local_copies_kept_is_refused_at_the_dry_run_in_one_line(site, tmp_path):
+    """Outputs on Snakemake's default storage (its S3 plugin installed, the server reachable) without their local
+    copies kept: one line that says what to add, before any job, and nothing in the bucket."""
     scenes = {"bucket": {"path": f"s3://{BUCKET}/ortho/a.tif", "scale": {"min": 0, "max": 65535}}}
-    storage = ("--default-storage-provider", "s3", "--default-storage-prefix", "s3://outputs/run")
-    command = workflow_command(tmp_path, predict_config(site, scenes), "-n", *storage)
+    command = workflow_command(tmp_path, predict_config(site, scenes), "-n", *STORAGE)
     result = snakemake_forks.run(command, timeout=300, check=False)
     lines = [line for line in result.stderr.splitlines() if line.startswith("rasterscale: ")]
     assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
     assert lines[0].startswith(
-        "rasterscale: --default-storage-provider s3 --default-storage-prefix s3://outputs/run: outputs on "
-        "Snakemake's remote storage are not supported yet"
+        "rasterscale: --default-storage-provider s3 --default-storage-prefix s3://outputs/run: add "
+        "--keep-storage-local-copies (or keep-storage-local-copies: true in the profile)"
     )
-    assert "aws s3 sync results/" in lines[0] and "Traceback" not in result.stderr
-    assert site.s3.client().list_objects_v2(Bucket="outputs").get("KeyCount") == 0
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / ".snakemake/storage/s3/outputs/run").is_symlink()
+    assert site.s3.client().list_objects_v2(Bucket=OUTPUTS).get("KeyCount") == 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -743,7 +797,8 @@ def s3_run(site, tmp_path_factory) -> S3Run:
     environment (no profile): the tile manifests made; a prediction that the S3 server throttles (503 SlowDown to
     every request after the rank's first ranges of pixels, GDAL's retries spent, quickly: GDAL_HTTP_RETRY_DELAY
     from the environment); then, with the server well, the whole workflow (the prediction resumed, merges, the
-    project's layer, the evaluation, the report's pages) and Snakemake's report."""
+    project's layer, the evaluation, the report's pages) and Snakemake's report. Every run's outputs go to the
+    bucket :data:`OUTPUTS` through Snakemake's default storage (:data:`STORAGE`)."""
     run = tmp_path_factory.mktemp("s3-run") / "run"
     scale = {"min": 0, "max": 65535}
     urls = (f"s3://{BUCKET}/ortho/a.tif", f"s3://{BUCKET}/ortho/b.tif")
@@ -758,11 +813,11 @@ def s3_run(site, tmp_path_factory) -> S3Run:
             patch.delenv(key)
         for key, value in site.s3.credentials().items():
             patch.setenv(key, value)
-        run_workflow(run, config, RUN.batch_record("tiled", 0))  # the manifests read well: the fault is the rank's
+        run_workflow(run, config, *STORAGE, KEEP, RUN.batch_record("tiled", 0))  # read well: the fault is the rank's
         site.s3.fault("throttle", 2)
         try:
             patch.setenv("GDAL_HTTP_RETRY_DELAY", "0.1")  # the environment's wins: GDAL's 3 retries in a second
-            failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2"), timeout=600)
+            failed = snakemake_forks.run(workflow_command(run, config, "--cores", "2", *STORAGE, KEEP), timeout=600)
             patch.delenv("GDAL_HTTP_RETRY_DELAY")
         finally:
             site.s3.fault(None)
@@ -772,7 +827,7 @@ def s3_run(site, tmp_path_factory) -> S3Run:
         total = sum(len(gpd.read_parquet(run / RUN.scene_manifest(name))) for name in scenes)
         saved = saved_tiles(run)
         started = time.monotonic()
-        result = run_workflow(run, config, "--report", "report.zip", "--report-after-run")
+        result = run_workflow(run, config, *STORAGE, KEEP, "--report", "report.zip", "--report-after-run")
         seconds = time.monotonic() - started
     return S3Run(run, failed, errors[0], saved, total, result, seconds, urls)
 
@@ -828,3 +883,56 @@ def test_a_whole_run_from_s3_writes_every_layer_and_leaves_no_secret(site, s3_ru
         f"whole run from S3 ({s3_run.seconds:.0f} s after the throttled one: two scenes, annotations and the model "
         f"in the bucket): {len(texts)} files scanned (the report's zip's members too), no secret found"
     )
+
+
+def bucket_objects(site: Site, prefix: str) -> dict[str, bytes]:
+    """The objects under ``prefix`` of the outputs' bucket, by their key less the prefix."""
+    client = site.s3.client()
+    keys = [
+        item["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=OUTPUTS, Prefix=prefix)
+        for item in page.get("Contents", [])
+    ]
+    return {key[len(prefix) :]: client.get_object(Bucket=OUTPUTS, Key=key)["Body"].read() for key in keys}
+
+
+@pytest.mark.slow
+def test_a_whole_s3_runs_outputs_are_in_the_bucket_and_its_job_files_stay_local(site, s3_run):
+    """Snakemake's default storage took every file the whole run wrote under results/ to the bucket, byte for byte
+    the working directory's (its local mirror): manifests, rank files, the batches' records, the layers, the
+    project's, the evaluation and the report's pages; the plan's job files stayed local, as logs/ did."""
+    run = s3_run.workdir
+    local = {str(p.relative_to(run)): p.read_bytes() for p in (run / "results").rglob("*") if p.is_file()}
+    stored = bucket_objects(site, "run/")
+    jobs = sorted(path for path in local if "/jobs/" in path or path == check_job())
+    assert RUN.job_file("predict", 0) in jobs and check_job() in jobs
+    expected = {path: data for path, data in local.items() if path not in jobs}
+    assert sorted(set(stored) - set(expected)) == [] and sorted(set(expected) - set(stored)) == []
+    assert all(stored[path] == data for path, data in expected.items())
+    for layer in ("project/detections.gpkg", "bucket/detections.parquet", "bucket/evaluation.json", "report/run.html"):
+        assert f"{RUN.root}/{layer}" in stored, layer
+    assert not any(key.startswith(("logs/", "benchmarks/", ".snakemake/")) for key in stored)
+    report(f"whole S3 run's outputs in s3://{OUTPUTS}/run/: {len(stored)} objects, {len(jobs)} job files kept local")
+
+
+@pytest.mark.slow
+def test_outputs_in_the_bucket_are_read_back_from_it_and_a_rerun_does_nothing(site, s3_run, monkeypatch):
+    """With the prediction's rank files and a scene's layer gone from the working directory, the merge asked for
+    again reads the rank files back from the bucket and writes the same layer; then nothing is left to do."""
+    run = s3_run.workdir
+    layer = run / RUN.scene_file("bucket", "detections.parquet")
+    before = layer.read_bytes()
+    shutil.rmtree(run / RUN.shard_dir(0, 0))
+    layer.unlink()
+    for key in NO_PROFILE:
+        monkeypatch.delenv(key)
+    for key, value in site.s3.credentials().items():
+        monkeypatch.setenv(key, value)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    result = run_workflow(run, config, *STORAGE, KEEP, "--forcerun", "merge_batch_0")
+    output = result.stdout + result.stderr
+    assert f"Retrieving from storage: s3://{OUTPUTS}/run/{RUN.shard_dir(0, 0)}" in output
+    assert (run / RUN.shard_dir(0, 0)).is_dir() and layer.read_bytes() == before
+    assert f"Storing in storage: s3://{OUTPUTS}/run/{RUN.scene_file('bucket', 'detections.parquet')}" in output
+    again = snakemake_forks.run(workflow_command(run, config, "-n", *STORAGE, KEEP), timeout=300)
+    assert "Nothing to be done" in again.stdout + again.stderr

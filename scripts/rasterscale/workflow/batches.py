@@ -224,6 +224,11 @@ def missing_since(files: Sequence[str], written: int, root: str = ".") -> list[s
     return gone
 
 
+# What a batch rule declares when every file must be declared: with Snakemake's default storage only the declared
+# files go to the bucket (rasterscale.workflow.default_storage), so there a batch's rule declares all of its files.
+EVERY_FILE: frozenset[str] = frozenset({"<every file of the batch>"})
+
+
 def requested_files(argv: Sequence[str], workdir: str | Path = ".") -> frozenset[str]:
     """The words of a Snakemake command line that may be files it asks for, as paths relative to ``workdir``: a
     batch rule declares those of its files (with the files gone: :meth:`rasterscale.workflow.plan.Plan.declared_files`)

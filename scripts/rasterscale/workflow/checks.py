@@ -329,23 +329,6 @@ def check_writable(settings: Settings, workdir: str | Path = ".") -> None:
         )
 
 
-def check_default_storage(provider: str | None, prefix: str | None) -> None:
-    """Snakemake's default storage (``--default-storage-provider``, or ``default-storage-provider:`` in a profile)
-    is refused at once, in one line that says what to do: the jobs read and write the paths their job files name
-    (``results/...``, written by the plan before the DAG), not Snakemake's local copies of storage objects
-    (``.snakemake/storage/...``), and the job files, rasters and model files are no storage objects; the run would
-    fail at its first job instead (docs/data.md, "Object storage")."""
-    if provider is None:
-        return
-    where = f" --default-storage-prefix {prefix}" if prefix else ""
-    raise ConfigError(
-        f"--default-storage-provider {provider}{where}: outputs on Snakemake's remote storage are not supported yet "
-        "(the jobs write the paths their job files name, not Snakemake's local copies of storage objects); run "
-        "without it on a local or shared file system, then copy the results to the bucket (aws s3 sync results/ "
-        "s3://bucket/run/results/, or rclone copy); inputs may stay where they are (s3:// paths in the config)"
-    )
-
-
 def unwritable_folder(workdir: str | Path = ".", others: Sequence[str | Path] = ()) -> Path | None:
     """The first folder the workflow writes into that it cannot (the working directory, its results/, logs/,
     benchmarks/, .snakemake/ and ``others`` where they exist), or None."""

@@ -34,7 +34,7 @@ from rasterscale.scene import Imagery, Scene
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import partitions
-from rasterscale.workflow.batches import missing_files
+from rasterscale.workflow.batches import EVERY_FILE, missing_files
 
 SECTIONS = ("train", "predict")
 ENTRIES_KEPT = 4  # batches whose entries a plan keeps built (Plan.prediction_batch)
@@ -344,7 +344,10 @@ class Plan:
         (its file object, existence, mtime, the directory-output check, the dry run's listing of it), which at
         200,000 scenes would be several millions of files. Looked for once a plan. Also those ``requested`` (the
         files named on the command line: :func:`rasterscale.workflow.batches.requested_files`), so that a scene's
-        layer can be asked for by its path."""
+        layer can be asked for by its path. With :data:`~rasterscale.workflow.batches.EVERY_FILE`, all of them
+        (outputs on Snakemake's default storage, which takes only declared files to the bucket)."""
+        if requested is EVERY_FILE:
+            return list(self.batch_files(step, batch))
         key = (step, batch)
         if key not in self._declared:
             self._declared[key] = missing_files(self.paths.batch_record(step, batch), self.batch_files(step, batch))

@@ -13,7 +13,7 @@ from typing import Any
 
 from rasterscale.raster.remote import local_files
 from rasterscale.workflow import partitions
-from rasterscale.workflow.batches import REPORTED_SCENES, missing_files, recorded_targets
+from rasterscale.workflow.batches import EVERY_FILE, REPORTED_SCENES, missing_files, recorded_targets
 from rasterscale.workflow.plan import Plan
 
 # The report's categories, numbered: Snakemake's report lists categories in the order of their names.
@@ -120,9 +120,10 @@ def declared_scored_files(plan: Plan, batch: int, requested: AbstractSet[str]) -
     """The files a batch's scoring rule declares besides its record: every one while the run predicts at most
     :data:`~rasterscale.workflow.batches.REPORTED_SCENES` scenes (the report shows each scene's pages); beyond, as
     the other batch rules (:meth:`Plan.declared_files`), those gone since the job ran and those ``requested`` (named
-    on the command line), and the report shows the run and the project, not every scene."""
+    on the command line), and the report shows the run and the project, not every scene. With
+    :data:`~rasterscale.workflow.batches.EVERY_FILE`, every one (outputs on Snakemake's default storage)."""
     scored = scored_files(plan, batch)
-    if plan.predicted_count <= REPORTED_SCENES:
+    if plan.predicted_count <= REPORTED_SCENES or requested is EVERY_FILE:
         return scored
     gone = set(missing_files(plan.paths.batch_record("scored", batch), [f.path for f in scored]))
     return [f for f in scored if f.path in gone or f.path in requested]
