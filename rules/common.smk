@@ -18,6 +18,7 @@
 #   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
 #   scene_input, pattern, fail, warn, note   input functions, wildcard constraints, the one-line exit, notices
 #   DEMO        the demo section (typed): its folder and scenes
+import dataclasses
 import gc
 import importlib.util
 import os
@@ -97,6 +98,7 @@ def mirror_storage_prefix():
 # re-parse loads the stored plan and writes nothing. Then the plan's cost estimate, one line a section, from the bench
 # results in results/throughput.json here or in this checkout (rasterscale.workflow.estimate).
 PLAN_KEY = fingerprint(config)  # the stored plan's: the raw config's hash
+STARTED_WITH = dict(os.environ)  # before the config's s3 section is applied
 try:
     IN_BUCKET = default_storage.check_default_storage(
         workflow.storage_settings.default_storage_provider,
@@ -109,6 +111,13 @@ try:
         PLAN = main_plan(config, warn=warn)
     else:
         PLAN = job_plan(config, warn=warn, argv=sys.argv)
+    if IN_BUCKET and workflow.is_main_process:
+        default_storage.check_plugin_environment(
+            dataclasses.asdict(PLAN.settings.s3),
+            STARTED_WITH,
+            workflow.storage_settings.default_storage_provider,
+            workflow.storage_registry.default_storage_provider.settings,
+        )
 except (ConfigError, InputError) as err:
     fail(err)
 

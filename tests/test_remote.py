@@ -936,3 +936,24 @@ def test_outputs_in_the_bucket_are_read_back_from_it_and_a_rerun_does_nothing(si
     assert f"Storing in storage: s3://{OUTPUTS}/run/{RUN.scene_file('bucket', 'detections.parquet')}" in output
     again = snakemake_forks.run(workflow_command(run, config, "-n", *STORAGE, KEEP), timeout=300)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_an_s3_key_the_storage_plugin_started_without_is_refused_naming_how_to_give_it():
+    """The plugin that writes the outputs started before the config was read: the config's endpoint, profile or
+    region must already be in the environment (or the endpoint on the plugin's command line), else one line."""
+    section = {"endpoint": "http://127.0.0.1:9000", "profile": "lab", "region": None}
+    given = {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000", "AWS_PROFILE": "lab"}
+    no_settings = type("Settings", (), {"endpoint_url": None})()
+    default_storage.check_plugin_environment(section, given, "s3", no_settings)
+    default_storage.check_plugin_environment(section, {}, "gcs", no_settings)  # not S3's plugin
+    flag = type("Settings", (), {"endpoint_url": "http://127.0.0.1:9000/"})()
+    default_storage.check_plugin_environment(section, {"AWS_PROFILE": "lab"}, "s3", flag)
+    with pytest.raises(ConfigError) as err:
+        default_storage.check_plugin_environment(section, {"AWS_PROFILE": "lab"}, "s3", no_settings)
+    assert str(err.value) == (
+        "key 's3.endpoint': Snakemake's S3 storage plugin, which writes the outputs to the bucket, starts before the "
+        "config is read and does not see it: set AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000 in the environment "
+        "snakemake starts in (or --storage-s3-endpoint-url http://127.0.0.1:9000)"
+    )
+    with pytest.raises(ConfigError, match=r"^key 's3.region': .* set AWS_DEFAULT_REGION=eu-west-1 in the env"):
+        default_storage.check_plugin_environment({"region": "eu-west-1"}, {}, "s3", no_settings)

@@ -21,12 +21,13 @@ otherwise (docs/data.md, "Object storage").
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rasterscale.errors import ConfigError
 from rasterscale.jobs.paths import RESULTS, check_job
+from rasterscale.raster.s3 import s3_environment
 
 JOBS = "jobs"  # the folder name of the plan's job files, wherever they are (results/{run}/jobs/, {demo}/jobs/)
 
@@ -94,3 +95,34 @@ def mirror_working_directory(local_prefix: str | Path, workdir: str | Path = "."
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(target, target_is_directory=True)
     os.replace(temporary, link)  # atomic: a job's re-parse sees the old link or the new one
+
+
+# the variables of the s3 section (rasterscale.raster.s3.s3_environment) that boto3, and so the storage plugin, reads
+PLUGIN_READS = {"AWS_ENDPOINT_URL_S3": "endpoint", "AWS_PROFILE": "profile", "AWS_DEFAULT_REGION": "region"}
+
+
+def check_plugin_environment(
+    section: Mapping[str, Any], started_with: Mapping[str, str], provider: str, plugin_settings: Any
+) -> None:
+    """Snakemake's S3 storage plugin, which writes the outputs, makes its boto3 client when Snakemake starts, before
+    the config is read: the ``s3`` section's keys (``section``) reach it only where the environment Snakemake
+    started in (``started_with``) already held them, or for the endpoint its own ``--storage-s3-endpoint-url``
+    (the ``endpoint_url`` of its ``plugin_settings``). Otherwise the outputs would go to another S3 service,
+    profile or region than the one the inputs are read from: one line that says how to give it. A ``provider``
+    other than ``s3`` passes. (The jobs Snakemake submits inherit the config's environment: only the main process
+    needs this.)"""
+    if provider != "s3":
+        return
+    plugin_endpoint = getattr(plugin_settings, "endpoint_url", None)
+    for variable, value in s3_environment(section).items():
+        key = PLUGIN_READS.get(variable)
+        if key is None or started_with.get(variable) == value:
+            continue
+        if key == "endpoint" and (plugin_endpoint or "").rstrip("/") == value:
+            continue
+        also = f" (or --storage-s3-endpoint-url {value})" if key == "endpoint" else ""
+        raise ConfigError(
+            f"key 's3.{key}': Snakemake's S3 storage plugin, which writes the outputs to the bucket, starts before "
+            f"the config is read and does not see it: set {variable}={value} in the environment snakemake starts "
+            f"in{also}"
+        )
