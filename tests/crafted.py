@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -252,7 +253,9 @@ def armed_all(cases: list[tuple[str, Path, Path, str, tuple[int, ...]]]) -> set[
         marker.unlink(missing_ok=True)
     listed = json.dumps([(name, str(path), how, list(shape)) for name, path, _, how, shape in cases])
     script = f"LOADS = {UNSAFE_LOADS!r}\n{ARMING}"
-    subprocess.run([sys.executable, "-c", script, listed], capture_output=True, timeout=300)
+    with tempfile.TemporaryDirectory(prefix="armed-") as scratch:  # torch unpacks an AOTInductor package there
+        environment = {**os.environ, "TMPDIR": scratch}
+        subprocess.run([sys.executable, "-c", script, listed], capture_output=True, timeout=300, env=environment)
     proven = {name for name, _, marker, _, _ in cases if marker.exists()}
     for _, _, marker, _, _ in cases:
         marker.unlink(missing_ok=True)

@@ -916,26 +916,28 @@ def test_a_whole_s3_runs_outputs_are_in_the_bucket_and_its_job_files_stay_local(
 
 
 @pytest.mark.slow
-def test_outputs_in_the_bucket_are_read_back_from_it_and_a_rerun_does_nothing(site, s3_run, monkeypatch):
-    """With the prediction's rank files and a scene's layer gone from the working directory, the merge asked for
-    again reads the rank files back from the bucket and writes the same layer; then nothing is left to do."""
+def test_a_rerun_does_nothing_and_outputs_gone_locally_are_read_back_from_the_bucket(site, s3_run, monkeypatch):
+    """After the whole run, nothing is left to do. With the prediction's rank files and a scene's layer gone from
+    the working directory, the layer asked for again (its merge forced) is merged from the rank files read back
+    from the bucket, the same layer, stored again."""
     run = s3_run.workdir
-    layer = run / RUN.scene_file("bucket", "detections.parquet")
-    before = layer.read_bytes()
-    shutil.rmtree(run / RUN.shard_dir(0, 0))
-    layer.unlink()
     for key in NO_PROFILE:
         monkeypatch.delenv(key)
     for key, value in site.s3.credentials().items():
         monkeypatch.setenv(key, value)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    result = run_workflow(run, config, *STORAGE, KEEP, "--forcerun", "merge_batch_0")
+    again = snakemake_forks.run(workflow_command(run, config, "-n", *STORAGE, KEEP), timeout=300)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    target = RUN.scene_file("bucket", "detections.parquet")
+    layer = run / target
+    before = layer.read_bytes()
+    shutil.rmtree(run / RUN.shard_dir(0, 0))
+    layer.unlink()
+    result = run_workflow(run, config, *STORAGE, KEEP, "--forcerun", "merge_batch_0", target)
     output = result.stdout + result.stderr
     assert f"Retrieving from storage: s3://{OUTPUTS}/run/{RUN.shard_dir(0, 0)}" in output
     assert (run / RUN.shard_dir(0, 0)).is_dir() and layer.read_bytes() == before
-    assert f"Storing in storage: s3://{OUTPUTS}/run/{RUN.scene_file('bucket', 'detections.parquet')}" in output
-    again = snakemake_forks.run(workflow_command(run, config, "-n", *STORAGE, KEEP), timeout=300)
-    assert "Nothing to be done" in again.stdout + again.stderr
+    assert f"Storing in storage: s3://{OUTPUTS}/run/{target}" in output
 
 
 def test_an_s3_key_the_storage_plugin_started_without_is_refused_naming_how_to_give_it():
