@@ -98,7 +98,6 @@ def mirror_storage_prefix():
 # re-parse loads the stored plan and writes nothing. Then the plan's cost estimate, one line a section, from the bench
 # results in results/throughput.json here or in this checkout (rasterscale.workflow.estimate).
 PLAN_KEY = fingerprint(config)  # the stored plan's: the raw config's hash
-STARTED_WITH = dict(os.environ)  # before the config's s3 section is applied
 try:
     IN_BUCKET = default_storage.check_default_storage(
         workflow.storage_settings.default_storage_provider,
@@ -107,6 +106,7 @@ try:
     )
     if IN_BUCKET:
         mirror_storage_prefix()
+        started_with = dict(os.environ)  # what the storage plugin saw: the config's s3 section is not applied yet
     if workflow.is_main_process:
         PLAN = main_plan(config, warn=warn)
     else:
@@ -114,7 +114,7 @@ try:
     if IN_BUCKET and workflow.is_main_process:
         default_storage.check_plugin_environment(
             dataclasses.asdict(PLAN.settings.s3),
-            STARTED_WITH,
+            started_with,
             workflow.storage_settings.default_storage_provider,
             workflow.storage_registry.default_storage_provider.settings,
         )

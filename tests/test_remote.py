@@ -791,6 +791,14 @@ class S3Run:
     urls: tuple[str, ...]  # the scenes' rasters
 
 
+def with_user_keys(patch: pytest.MonkeyPatch, site: Site) -> None:
+    """The user's keys in the environment, and no profile: what the whole S3 run starts with."""
+    for key in NO_PROFILE:
+        patch.delenv(key)
+    for key, value in site.s3.credentials().items():
+        patch.setenv(key, value)
+
+
 @pytest.fixture(scope="module")
 def s3_run(site, tmp_path_factory) -> S3Run:
     """Two scenes, one with annotations, and the model file, all in the bucket, with the user's keys in the
@@ -809,10 +817,7 @@ def s3_run(site, tmp_path_factory) -> S3Run:
     config = predict_config(site, scenes)
     config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
     with pytest.MonkeyPatch.context() as patch:
-        for key in NO_PROFILE:
-            patch.delenv(key)
-        for key, value in site.s3.credentials().items():
-            patch.setenv(key, value)
+        with_user_keys(patch, site)
         run_workflow(run, config, *STORAGE, KEEP, RUN.batch_record("tiled", 0))  # read well: the fault is the rank's
         site.s3.fault("throttle", 2)
         try:
@@ -921,10 +926,7 @@ def test_a_rerun_does_nothing_and_outputs_gone_locally_are_read_back_from_the_bu
     the working directory, the layer asked for again (its merge forced) is merged from the rank files read back
     from the bucket, the same layer, stored again."""
     run = s3_run.workdir
-    for key in NO_PROFILE:
-        monkeypatch.delenv(key)
-    for key, value in site.s3.credentials().items():
-        monkeypatch.setenv(key, value)
+    with_user_keys(monkeypatch, site)
     config = yaml.safe_load((run / "config.yaml").read_text())
     again = snakemake_forks.run(workflow_command(run, config, "-n", *STORAGE, KEEP), timeout=300)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
