@@ -245,6 +245,58 @@ def test_a_file_of_fixed_batch_size_gets_its_batches_cut_and_padded(data, tmp_pa
     assert torch.allclose(got, plain, atol=1e-4)
 
 
+class FlatteningNet(OwnNet):
+    """A user's network whose own code reshapes its input with ``view`` (as attention blocks do): channels_last input
+    makes it raise."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.view(x.shape[0], -1)
+        return self.head(self.features(flat.view(x.shape)))
+
+
+class StridesNet(OwnNet):
+    """A network whose output depends on its input's strides (a contiguous copy where it is not contiguous)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.features(x))
+        return out + 1.0 if not x.is_contiguous() else out
+
+
+def test_an_exported_file_takes_channels_last_batches_only_where_its_output_stays_the_same(data, tmp_path):
+    """predict.channels_last takes effect for TorchScript and torch.export files (their input batches made
+    channels_last, the same logits), not for ONNX (its runtime lays out its input itself), and not for a file whose
+    code fails on such strides or answers them otherwise (contiguous batches, the same logits as the plain module)."""
+    tiles = torch.rand(3, 4, PATCH, PATCH) * 255
+    net = make_net()
+    net.load_state_dict(torch.load(data / "net.state.pt", weights_only=True))  # the files' network
+    own: dict[str, torch.nn.Module] = {}
+    for name, kind in (("view", FlatteningNet), ("strides", StridesNet)):
+        own[name] = kind().eval()
+        own[name].load_state_dict(net.state_dict())
+    scripted = tmp_path / "strides.torchscript.pt"  # scripted, not traced: a trace fixes the branch it took
+    torch.jit.save(torch.jit.script(own["strides"]), str(scripted))
+    card_path(scripted).write_text(yaml.safe_dump(card()))
+    cases = {
+        "torchscript": (data / FILES["torchscript"], True),
+        "torch.export": (data / FILES["torch.export"], True),
+        "onnx": (data / FILES["onnx"], False),
+        "view": (export(own["view"], tmp_path / "view.torchscript.pt", "torchscript", card()), False),
+        "strides": (scripted, False),
+    }
+    with torch.inference_mode():
+        strided = tiles.contiguous(memory_format=torch.channels_last)
+        # armed: those two files do fail on, or answer otherwise to, a channels_last batch
+        with pytest.raises(RuntimeError, match="view"):
+            torch.jit.load(str(cases["view"][0]))(strided)
+        assert not torch.allclose(torch.jit.load(str(scripted))(strided), torch.jit.load(str(scripted))(tiles))
+        for name, (path, expected) in cases.items():
+            model = load_exported(regression_or_segmentation_card(predict_config(data, path, 1)))
+            assert model.prepare(channels_last=False).channels_last is False, name
+            assert model.prepare(channels_last=True).channels_last is expected, name
+            reference = own.get(name, net)(normalized(tiles))
+            assert torch.allclose(model(tiles), reference, atol=1e-4), name
+
+
 def regression_or_segmentation_card(config: dict) -> ModelCard:
     from rasterscale.tasks.segmentation.spec import segmentation_model
 

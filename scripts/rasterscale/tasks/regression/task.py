@@ -178,7 +178,7 @@ class RegressionTask(DenseTask):
 
     def prepare_for_inference(self, model: torch.nn.Module, predict: PredictSettings) -> torch.nn.Module:
         if isinstance(model, ExportedDense):
-            return model.eval()
+            return model.prepare(predict.channels_last)
         return prepare_dense_for_inference(model, regressor_of(model).net, predict.channels_last)
 
     def postprocess(self, raw: torch.Tensor) -> torch.Tensor:
