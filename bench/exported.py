@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # run 
 from jobs import run_predict_job
 from measures import autocast, read_tiles
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import tiles_from_frame
 from rasterscale.runtime.precision import choose, probe
+from rasterscale.settings import job_settings, settings_of
 from rasterscale.tasks.exported.card import FORMS
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tools.export import export_model

@@ -50,7 +50,6 @@ from host_ceiling import measure_host_ceiling, measure_unet_job
 from jobs import JobResult, TrainResult, predict_config, run_predict_job, run_train_job
 from measures import best_matches, fast_model, spread
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings
 from rasterscale.datasets.tiles import WindowDataset, to_model_input
 from rasterscale.grid.manifest import build_manifest, read_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
@@ -59,6 +58,7 @@ from rasterscale.predict.profile import MB, UtilizationSampler
 from rasterscale.raster.imagery import read_spec, resolve_spec
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.ranks import cpu_threads_per_rank, precision_plugin
+from rasterscale.settings import job_settings
 from rasterscale.tasks.api import Task
 from rasterscale.tasks.detection.batched import BatchDetections
 from rasterscale.tasks.detection.rankoutput import detections_to_host

@@ -162,7 +162,7 @@ MERGE_CHILD = """
 import json, sys, time
 from pathlib import Path
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
+from rasterscale.settings import settings_of
 from rasterscale.tasks.instances.merge import merge_scene
 job = json.loads(sys.argv[1])
 started, cpu = time.perf_counter(), time.process_time()

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings
 from rasterscale.jobs.files import PredictJob, TrainJob
 from rasterscale.jobs.paths import rank_stem
 from rasterscale.jobs.rankfiles import read_profiles
 from rasterscale.scene import Scene
+from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.modelfiles import read_model_file
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,12 +42,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from measures import spread
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.datasets.tiles import READ_CACHE, RasterHandle, limit_read_cache, to_model_input
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import RGB_NAMES, InputBands, scaled_input
 from rasterscale.raster.imagery import ImageSpec, resolve_spec
+from rasterscale.settings import settings_of
 from rasterscale.tasks.segmentation.model import build_segmenter
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from rasterscale.tasks.segmentation.task import SegmentationTask

@@ -28,13 +28,13 @@ from typing import Any
 
 from jobs import run_predict_job
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.jobs.files import MergeJob
 from rasterscale.jobs.paths import rank_stem
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.scene import Scene
+from rasterscale.settings import job_settings
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.regression.model import build_regressor, save_regressor
 from rasterscale.tasks.regression.modelfiles import RegressorConfig

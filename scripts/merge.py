@@ -6,12 +6,12 @@ import argparse
 import dataclasses
 
 from rasterscale.atomic import write_json
-from rasterscale.config.settings import CogSettings
 from rasterscale.errors import run_entry
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.jobs.files import MergeJob
 from rasterscale.jobs.profile import format_profile_table, write_scene_profile
 from rasterscale.jobs.rankfiles import check_scene_records
+from rasterscale.settings import CogSettings
 from rasterscale.tasks.registry import task_spec
 
 

@@ -10,13 +10,13 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import build_manifest, read_grid, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
 from rasterscale.runtime.ranks import RunSpec, resolve_precision
 from rasterscale.scene import Scene
+from rasterscale.settings import job_settings, settings_of
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 
 PREDICT_SECTIONS = ("task", "model", "tiling", "predict")  # the settings a prediction job carries

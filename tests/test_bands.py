@@ -11,7 +11,6 @@ import torch
 
 from conftest import write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.datasets.tiles import RasterHandle, load_region, pixels_to_tensor
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import (
@@ -27,6 +26,7 @@ from rasterscale.raster.bands import (
     scaled_input,
 )
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.settings import settings_of
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, save_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header
 from rasterscale.tasks.inputlayer import adapt_first_conv

@@ -9,8 +9,8 @@ import yaml
 import snakemake_forks
 from conftest import REPO, schema_keys
 from rasterscale.config.schema import load_config, load_schema, validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError
+from rasterscale.settings import settings_of
 from workflow import tiny_config
 
 MINIMAL = {"scenes": {"a": {"path": "a.tif"}}}

@@ -14,8 +14,8 @@ import torch
 
 from conftest import UTM17N, write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.settings import settings_of
 from rasterscale.tasks.encoders import SMP_ENCODERS, encoder_name
 from rasterscale.tasks.regression.model import build_regressor, load_regressor, save_regressor
 from rasterscale.tasks.regression.modelfiles import RegressorConfig

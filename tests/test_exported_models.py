@@ -19,8 +19,8 @@ from rasterio.windows import Window
 from scipy import ndimage
 
 import snakemake_forks
-from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
+from rasterscale.settings import job_settings
 from rasterscale.tasks.exported.card import ModelCard, card_path
 from rasterscale.tasks.exported.runtime import load_exported
 from rasterscale.tasks.regression.spec import CARD as REGRESSION_CARD

@@ -24,10 +24,10 @@ import shapely
 import snakemake_forks
 from conftest import REPO, damage_block, write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import check_imagery
+from rasterscale.settings import settings_of
 from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.modelfiles import detector_of_config, read_header
 from rasterscale.tasks.labels import label_indexes
@@ -539,7 +539,7 @@ def test_regression_targets_and_tree_tops_that_cannot_work_stop_the_plan_in_one_
 PEER_RANKS = """
 import sys
 sys.path.insert(0, {scripts!r})
-from rasterscale.config.settings import job_settings
+from rasterscale.settings import job_settings
 from rasterscale.runtime.launch import start_local_ranks
 ranks = start_local_ranks(job_settings({{"predict": {{"devices": 2, "shards": 1}}}}), "predict")  # rank 0 starts 1
 import torch.distributed as dist

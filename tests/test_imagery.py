@@ -171,9 +171,9 @@ def test_manifest_without_spec_says_how_to_fix(tmp_path, raster_factory):
 def test_tile_manifest_entry_logs_the_spec(tmp_path):
     ramp = np.tile(np.arange(256, dtype=np.uint16) * 100, (3, 256, 1))
     path = write_raster(tmp_path / "ramp.tif", 256, 256, data=ramp)
-    from rasterscale.config.settings import job_settings
     from rasterscale.jobs.files import TilesJob
     from rasterscale.scene import Imagery, Scene
+    from rasterscale.settings import job_settings
 
     imagery = Imagery("scenes.ramp", [1, 2, 3], {"percentile": [1, 99]})
     out = tmp_path / "tiles.parquet"

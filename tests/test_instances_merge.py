@@ -16,11 +16,11 @@ import shapely
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
-from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import manifest_frame, tile_grid, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.settings import job_settings, settings_of
 from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.detectors.merge import count_labels as count_instances
 from rasterscale.tasks.detectors.merge import greedy_nms, read_rank_files

@@ -19,9 +19,9 @@ from torchvision.models.detection import maskrcnn_resnet50_fpn
 from conftest import REPO
 from deepforest_files import DeepForestMaskRCNN, torchvision_retinanet, write_deepforest_maskrcnn, write_folder
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import Settings, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings, settings_of
 from rasterscale.tasks.detection.model import build_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig
 from rasterscale.tasks.detectors.model import load_backbone_weights

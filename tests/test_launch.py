@@ -22,7 +22,7 @@ RANK = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     sys.path.insert(0, {scripts!r})
-    from rasterscale.config.settings import job_settings
+    from rasterscale.settings import job_settings
     from rasterscale.runtime import launch
     from rasterscale.runtime.launch import start_local_ranks
     out, fail_rank, devices = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

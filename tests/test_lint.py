@@ -1,10 +1,11 @@
 """The project's own style gates: ruff, the type checker mypy (over scripts/rasterscale, settings in pyproject.toml),
 the import contracts (import-linter, pyproject.toml), snakefmt and snakemake --lint stay clean; the package's import
-graph has no cycle."""
+graph has no cycle, and its layers hold for the imports made for the type checker only too."""
 
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -45,3 +46,15 @@ def test_the_package_has_no_import_cycle():
         if graph.find_shortest_chain(importer=imported, imported=importer)
     ]
     assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_the_package_layers_hold_with_type_only_imports_too():
+    """The package's layers (the first import contract of pyproject.toml) hold for every import, those under
+    TYPE_CHECKING included, which import-linter leaves out (the torch-free contract needs them left out: a spec names
+    the torch half's types): no module types its arguments with a layer above its own."""
+    contract = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    assert contract["type"] == "layers" and contract["layers"][0] == "rasterscale.tools"
+    layers = [grimp.Layer(*(name.strip() for name in layer.split("|"))) for layer in contract["layers"]]
+    graph = grimp.build_graph("rasterscale", exclude_type_checking_imports=False)
+    upward = graph.find_illegal_dependencies_for_layers(layers=layers)
+    assert not upward, sorted(f"{d.importer} -> {d.imported}: {d.routes}" for d in upward)[:5]

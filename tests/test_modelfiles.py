@@ -20,9 +20,9 @@ from deepforest_files import (
 )
 from prediction import PredictScene, predict_rank_file
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import Settings, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings, settings_of
 from rasterscale.tasks.detection.model import build_detector, init_from_model_file, load_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import (
     DEEPFOREST_RESIZE,

@@ -19,12 +19,12 @@ from affine import Affine
 import snakemake_forks
 from conftest import REPO, write_raster
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import Settings, SlurmSettings, carried, section_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import JobFileError, MergeJob, PredictJob, ScoreJob, TrainJob
 from rasterscale.runtime.preflight import Geometry, PreflightError, srun_prefix
 from rasterscale.scene import Imagery, Scene
+from rasterscale.settings import Settings, SlurmSettings, carried, section_of
 from rasterscale.workflow import reports
 from rasterscale.workflow import storage as plan_storage
 from rasterscale.workflow.checks import build_plan

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
 from rasterscale.runtime.precision import (
     BF16,
     FP16,
@@ -28,6 +27,7 @@ from rasterscale.runtime.precision import (
     resolve,
 )
 from rasterscale.runtime.ranks import AgreedPrecision, RunSpec, run_spec, start_rank
+from rasterscale.settings import settings_of
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_FLAGS = AVX2_FLAGS | {"avx512f", "avx512bw", "avx512_vnni"}

@@ -25,11 +25,11 @@ import torch
 from affine import Affine
 
 from conftest import UTM17N, report, write_raster
-from rasterscale.config.settings import job_settings, settings_of
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.jobs.paths import RunPaths, resume_dir
 from rasterscale.jobs.resume import RankSaves, file_digest, prediction_fingerprint
+from rasterscale.settings import job_settings, settings_of
 from rasterscale.tasks.segmentation.blend import TileBlender, halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
 from segmentation_tiles import NUM_CLASSES, class_map, tile_probabilities

@@ -222,8 +222,8 @@ def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, cap
 
 def test_run_spec_prediction_jobs_are_one_node_each():
     from rasterscale.config.schema import validate_config
-    from rasterscale.config.settings import settings_of
     from rasterscale.runtime.ranks import run_spec
+    from rasterscale.settings import settings_of
 
     config = validate_config(
         {

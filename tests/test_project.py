@@ -22,7 +22,6 @@ from rasterio.enums import ColorInterp
 from shapely.geometry import box
 
 from conftest import UTM17N, write_raster, write_rgba
-from rasterscale.config.settings import job_settings
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid import project as grid_project
 from rasterscale.grid.manifest import build_manifest
@@ -44,6 +43,7 @@ from rasterscale.jobs.files import ProjectJob, TilesJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.scene import Scene
+from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
 from rasterscale.workflow import jobfiles

@@ -19,11 +19,11 @@ from shapely.geometry import box
 
 from conftest import UTM17N, write_raster
 from rasterscale.atomic import write_geoparquet
-from rasterscale.config.settings import job_settings
 from rasterscale.grid.partitions import area_neighbourhoods, remove_stale
 from rasterscale.grid.project import source_area
 from rasterscale.jobs.files import ProjectJob
 from rasterscale.raster.summary import HECTARE, NODATA, CellGrid, summarize_layer
+from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.project import merge_project
 from rasterscale.tasks.detectors.project import COVERING
 from test_project import boxes_of, project_job  # noqa: F401 (a fixture)

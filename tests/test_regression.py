@@ -348,8 +348,8 @@ def test_the_projects_values_are_a_vrt_over_the_scenes_with_the_seams_drawn_over
 
 def test_a_regressor_file_keeps_its_target_scale_and_refuses_keys_that_contradict_it(tmp_path):
     from rasterscale.config.schema import validate_config
-    from rasterscale.config.settings import settings_of
     from rasterscale.errors import ConfigError
+    from rasterscale.settings import settings_of
     from rasterscale.tasks.regression.model import build_regressor, load_regressor, save_regressor
     from rasterscale.tasks.regression.modelfiles import RegressorConfig, regressor_of_config
 

@@ -15,8 +15,8 @@ from PIL import Image
 from rasterio.warp import transform_bounds
 
 from conftest import write_raster
-from rasterscale.config.settings import job_settings
 from rasterscale.jobs.files import ProjectMapJob
+from rasterscale.settings import job_settings
 from rasterscale.tasks.detectors.merge import count_labels as count_detections
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.merge import count_classes

@@ -18,10 +18,10 @@ import snakemake_forks
 from conftest import write_raster, write_vrt
 from prediction import PREDICT_SECTIONS, PredictScene
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import job_settings
 from rasterscale.errors import ConfigError
 from rasterscale.jobs.rankfiles import read_tile_ids
 from rasterscale.raster.cog import striped_sources
+from rasterscale.settings import job_settings
 from workflow import matched_fraction, rank_stems, rank_tile_ids, run_workflow, workflow_command
 
 

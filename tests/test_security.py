@@ -18,8 +18,8 @@ import yaml
 
 import crafted
 import snakemake_forks
-from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
+from rasterscale.settings import job_settings
 from rasterscale.tasks.exported.card import card_path
 from rasterscale.tasks.registry import task_spec
 from test_exported_models import BANDS, MEAN, PATCH, STD, card, export, make_net, predict_config, smooth_raster

@@ -210,8 +210,8 @@ def test_synth_crown_polygons_leave_raster_and_boxes_unchanged(tmp_path: Path) -
 
 
 def test_synthesize_scene_entry_writes_crown_polygons_with_crowns(tmp_path: Path) -> None:
-    from rasterscale.config.settings import job_settings
     from rasterscale.jobs.files import SynthesisJob
+    from rasterscale.settings import job_settings
 
     entry = REPO / "scripts" / "synthesize_scene.py"
     scene = {"width": 128, "height": 96, "seed": 3, "nir": False}

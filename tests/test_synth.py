@@ -342,8 +342,8 @@ def test_tree_tops(rich: Scene) -> None:
 def test_entry_script_synthesizes_the_scene_its_job_file_describes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    from rasterscale.config.settings import job_settings
     from rasterscale.jobs.files import SynthesisJob
+    from rasterscale.settings import job_settings
 
     paths = {name: tmp_path / name for name in ("s.tif", "b.gpkg", "h.tif", "t.gpkg")}
     scene = {"width": 128, "height": 96, "seed": 3, "nir": True}

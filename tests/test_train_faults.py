@@ -29,9 +29,9 @@ import snakemake_forks
 from conftest import REPO, report
 from rasterscale.atomic import write_json
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import Settings, job_settings, settings_of
 from rasterscale.jobs.files import TrainJob
 from rasterscale.scene import Scene
+from rasterscale.settings import Settings, job_settings, settings_of
 from rasterscale.train.resume import (
     RESUME_FILE,
     STOP_EXIT_CODE,

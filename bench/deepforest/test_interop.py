@@ -26,7 +26,7 @@ import torchvision
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
+from rasterscale.settings import settings_of
 from rasterscale.tasks.detection.model import build_detector, load_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig, read_header, write_deepforest_folder
 

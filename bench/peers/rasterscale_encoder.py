@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import settings_of
+from rasterscale.settings import settings_of
 from rasterscale.tasks.registry import task_spec
 
 

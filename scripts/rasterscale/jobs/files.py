@@ -4,7 +4,7 @@ setting reaches a job as a command-line flag, a JSON argument or a reload of the
 its job file and the outputs and logs Snakemake gives it).
 
 A job file holds the job's members (its scenes, each a :class:`rasterscale.scene.Scene`; its model file; its
-batch's number ...) and its settings: the :class:`rasterscale.config.settings.Settings` of the sections it uses and
+batch's number ...) and its settings: the :class:`rasterscale.settings.Settings` of the sections it uses and
 no other (a job reruns when its file changes, so only when what it uses changes; reading a section it does not
 carry is an error naming it). A setting travels once: ``tiling.patch_size`` reaches a batch's tile manifests and
 its prediction from the same field of the same config, frozen into both jobs' files.
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from rasterscale.atomic import atomic_path
-from rasterscale.config.settings import Settings, carried, job_settings
 from rasterscale.scene import Scene
+from rasterscale.settings import Settings, carried, job_settings
 
 FORMAT = "rasterscale-job/1"
 J = TypeVar("J", bound="JobFile")

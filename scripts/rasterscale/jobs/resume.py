@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import write_json
-from rasterscale.config.settings import Settings, carried, to_dict
 from rasterscale.jobs.paths import rank_stem
+from rasterscale.settings import Settings, carried, to_dict
 from rasterscale.tasks.spec import Part
 
 RESUME_FORMAT = "rasterscale-resume/1"

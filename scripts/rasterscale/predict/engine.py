@@ -41,7 +41,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import (
     limit_read_cache,
     loader_workers,
@@ -68,6 +67,7 @@ from rasterscale.runtime.cores import prefetch_factor, rank_workers
 from rasterscale.runtime.lifetime import bind_worker
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.scene import Scene
+from rasterscale.settings import Settings
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
 from rasterscale.tasks.registry import task_spec
 

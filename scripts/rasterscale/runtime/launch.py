@@ -31,14 +31,12 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from rasterscale.runtime import peers
 from rasterscale.runtime.lifetime import RANK_LAUNCHER, SIGTERM_EXIT_CODE, exit_at_once, kill_children, this_process
 from rasterscale.runtime.preflight import launch_geometry, slurm_job_id
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
+from rasterscale.settings import Settings
 
 POLL_SECONDS = 0.5
 EXIT_WAIT_SECONDS = 120.0  # how long rank 0, done, waits for the ranks it started to exit

@@ -19,10 +19,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
+from rasterscale.settings import Settings
 
 # The executor plugin submits with "slurm"; inside the job, Snakemake runs the rule with "slurm-jobstep".
 SLURM_EXECUTORS = frozenset({"slurm", "slurm-jobstep"})

@@ -14,7 +14,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 import torch
@@ -37,9 +37,7 @@ from rasterscale.runtime.preflight import (
     launch_geometry,
     launched_by_slurm,
 )
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
+from rasterscale.settings import Settings
 
 LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
 RUNTIME_LOGGER = "rasterscale.runtime"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import lightning as L
 import torch
@@ -26,10 +26,8 @@ from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.runtime.batching import BatchPlan
 from rasterscale.scene import Scene
+from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.spec import Part, TaskSpec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
 
 
 class SizedDataset(Protocol):

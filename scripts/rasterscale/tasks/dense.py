@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -24,13 +24,11 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, read_masked
 from rasterscale.runtime.fastpath import fuse_conv_bn, to_channels_last
 from rasterscale.scene import Scene
+from rasterscale.settings import Settings, TrainSettings
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task
 from rasterscale.tasks.blender import Blender
 from rasterscale.tasks.blending import halo_tiles, tile_cores
 from rasterscale.tasks.spec import Part
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings, TrainSettings
 
 
 def collate_stack(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

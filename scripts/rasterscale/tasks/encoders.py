@@ -27,13 +27,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.errors import ConfigError, InputError
+from rasterscale.settings import ModelSettings
 from rasterscale.tasks.modelfiles import NotATorchFile, payload_header, torch_payload
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import ModelSettings
 
 # the segmentation-models-pytorch networks a dense task may build (the schema's model.architecture takes them from
 # here); each builds and trains a step at 256 px on the encoders of docs/models.md

@@ -14,16 +14,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from rasterscale.atomic import atomic_path
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings
 
 C = TypeVar("C")
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 
 class NotATorchFile(InputError):

@@ -11,13 +11,11 @@ the plan checks at dry run and every task's model configuration records.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.errors import ConfigError
 from rasterscale.raster.bands import InputBands, check_normalize, default_band_names, input_of_keys
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import SceneSettings, Settings
+from rasterscale.settings import SceneSettings, Settings
 
 DEFAULT_COUNT = 3
 

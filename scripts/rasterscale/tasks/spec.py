@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
+from rasterscale.settings import SceneSettings, Settings
 
 if TYPE_CHECKING:
-    from rasterscale.config.settings import SceneSettings, Settings
     from rasterscale.tasks.api import Task
 
 

@@ -13,7 +13,6 @@ import torch
 from torch.utils.data import Dataset
 
 from rasterscale.atomic import write_json
-from rasterscale.config.settings import Settings
 from rasterscale.datasets.tiles import DummyDataset
 from rasterscale.grid.sharding import split_balanced
 from rasterscale.predict.batches import Batches
@@ -21,6 +20,7 @@ from rasterscale.predict.engine import BatchEndCallback, PredictionDataModule, P
 from rasterscale.predict.measure import StageClock
 from rasterscale.runtime.cores import rank_workers
 from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
+from rasterscale.settings import Settings
 from rasterscale.tasks.registry import task_spec
 
 LOGGER_NAME = "rasterscale.check"

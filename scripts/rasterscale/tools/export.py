@@ -19,8 +19,8 @@ import torch
 import yaml
 
 from rasterscale.atomic import atomic_path
-from rasterscale.config.settings import job_settings
 from rasterscale.errors import InputError
+from rasterscale.settings import job_settings
 from rasterscale.tasks.exported.card import FORMS, card_path, form_of
 from rasterscale.tasks.modelfiles import NotATorchFile, torch_payload
 from rasterscale.tasks.registry import task_spec

@@ -24,10 +24,10 @@ import numpy as np
 import yaml
 
 from rasterscale.atomic import atomic_path, save_figure, write_json
-from rasterscale.config.settings import ModelSettings, to_dict
 from rasterscale.jobs.files import ProjectMapJob, RunPageJob, ScoredScene
 from rasterscale.jobs.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
+from rasterscale.settings import ModelSettings, to_dict
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow.reportfiles import SCENE_FILES
 

@@ -26,7 +26,6 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from rasterscale.atomic import save_figure
-from rasterscale.config.settings import Settings, TrainSettings
 from rasterscale.datasets.sampling import EpochSampler, FlippableSamples, KeyedSamples
 from rasterscale.errors import InputError
 from rasterscale.grid.manifest import read_manifest, tiles_from_frame
@@ -37,6 +36,7 @@ from rasterscale.raster.imagery import read_spec
 from rasterscale.runtime.batching import BatchPlan, plan_batches
 from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
 from rasterscale.scene import Scene
+from rasterscale.settings import Settings, TrainSettings
 from rasterscale.tasks.api import SizedDataset, Task, TrainingModule
 from rasterscale.tasks.registry import task_spec
 from rasterscale.train.resume import (

@@ -44,9 +44,9 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
 from rasterscale.atomic import atomic_path, write_json
-from rasterscale.config.settings import Settings, to_dict
 from rasterscale.runtime.lifetime import SIGTERM_EXIT_CODE, bind_worker, exit_at_once
 from rasterscale.runtime.ranks import gather_to_all
+from rasterscale.settings import Settings, to_dict
 
 STOP_EXIT_CODE = SIGTERM_EXIT_CODE  # 143, what a shell reports for a process ended by SIGTERM
 RESUME_FILE = "resume.json"  # the resume folder's index: fingerprint, step, checkpoint file

@@ -20,7 +20,6 @@ from rasterio.errors import CRSError
 
 from rasterscale.config.scenes import is_glob, scene_key
 from rasterscale.config.schema import validate_config
-from rasterscale.config.settings import SceneSettings, Settings, config_without_scenes, settings_of
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid.project import Footprint, find_seams
 from rasterscale.grid.split import check_validation_band
@@ -35,6 +34,7 @@ from rasterscale.raster.item_header import recorded_skips as recorded_skips_in
 from rasterscale.raster.remote import check_tiled, is_remote, local_files
 from rasterscale.raster.s3 import is_local_copy
 from rasterscale.runtime.preflight import launch_geometry
+from rasterscale.settings import SceneSettings, Settings, config_without_scenes, settings_of
 from rasterscale.tasks.registry import task_spec
 from rasterscale.workflow.batches import form_batches, read_recorded
 from rasterscale.workflow.plan import SECTIONS, Plan

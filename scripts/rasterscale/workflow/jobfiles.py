@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rasterscale.config.settings import PredictSettings, SceneSettings, Settings, sections_only
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import (
     CheckJob,
@@ -29,6 +28,7 @@ from rasterscale.jobs.files import (
     TrainJob,
 )
 from rasterscale.scene import Scene
+from rasterscale.settings import PredictSettings, SceneSettings, Settings, sections_only
 from rasterscale.workflow import partitions
 from rasterscale.workflow.checks import SKIPPED
 from rasterscale.workflow.plan import SECTIONS, Plan

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rasterscale.config.schema import nothing_to_do
-from rasterscale.config.settings import RunSettings, SceneSettings, Settings, settings_of
 from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam
 from rasterscale.jobs import paths
@@ -31,6 +30,7 @@ from rasterscale.raster.remote import file_name, local_files
 from rasterscale.runtime.cores import planned_workers
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Imagery, Scene
+from rasterscale.settings import RunSettings, SceneSettings, Settings, settings_of
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import partitions
@@ -76,7 +76,7 @@ class Plan:
 
     @functools.cached_property
     def settings(self) -> Settings:
-        """The validated config, typed (:mod:`rasterscale.config.settings`)."""
+        """The validated config, typed (:mod:`rasterscale.settings`)."""
         return settings_of(self.config)
 
     def with_(self, **changes: Any) -> Plan:

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.atomic import DiskFullError, atomic_path
-from rasterscale.config.settings import config_of_scenes
 from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam, seam_scenes
 from rasterscale.jobs import paths
 from rasterscale.raster.bands import InputBands
 from rasterscale.runtime.preflight import Geometry
 from rasterscale.scene import Scene
+from rasterscale.settings import config_of_scenes
 from rasterscale.workflow import partitions
 from rasterscale.workflow.batches import job_batch
 from rasterscale.workflow.checks import build_plan, file_stat, run_files, scene_files

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rasterscale.raster.geo import box_pairs, pair_ious
 from rasterscale.raster.headers import check_raster
+from rasterscale.settings import EvaluateSettings
 from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.quicklook import render_detections_quicklook
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS
@@ -23,9 +24,6 @@ from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_object
 from rasterscale.tasks.detectors.metrics import average_precision as average_precision  # detection's API, shared
 from rasterscale.tasks.detectors.metrics import precision_recall_f1 as precision_recall_f1
 from rasterscale.tasks.labels import label_indexes
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import EvaluateSettings
 
 
 def boxes_of(boxes: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torchvision.models.detection import RetinaNet
@@ -21,6 +21,7 @@ from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.settings import Settings
 from rasterscale.tasks.detection.modelfiles import (
     CLASS_LOGITS,
     DETECTOR_FORMAT,
@@ -31,9 +32,6 @@ from rasterscale.tasks.detection.modelfiles import (
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.modelfiles import save_payload
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 __all__ = ["DetectorConfig", "build_detector", "load_detector", "save_detector"]
 

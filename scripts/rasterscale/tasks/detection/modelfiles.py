@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.modelfiles import (
     DEEPFOREST_RESIZE,
     DetectorHeader,
@@ -39,9 +40,6 @@ from rasterscale.tasks.detectors.modelfiles import (
     write_hub_folder,
 )
 from rasterscale.tasks.modelfiles import is_state_dict, model_file_error, other_tasks_model, shapes_of
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 DETECTOR_FORMAT = "rasterscale-detector/1"
 NUM_ANCHORS = 9  # torchvision's default anchor generator: 3 sizes x 3 aspect ratios per location

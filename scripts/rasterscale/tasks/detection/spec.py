@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rasterscale.raster.headers import RasterInfo
+from rasterscale.settings import Settings
 from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.merge import merge_scene
 from rasterscale.tasks.detection.metrics import evaluate_scene
@@ -18,9 +19,6 @@ from rasterscale.tasks.detection.modelfiles import detector_of_config
 from rasterscale.tasks.detection.project import merge_project
 from rasterscale.tasks.detection.quicklook import render_detections_quicklook, scored_boxes
 from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 
 def evaluate(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import geopandas as gpd
 import numpy as np
@@ -26,9 +26,7 @@ from rasterscale.atomic import atomic_path, write_geoparquet, write_gpkg
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec, on_data, read_spec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import MergeSettings
+from rasterscale.settings import MergeSettings
 
 BOX_COLUMNS = ["px_xmin", "px_ymin", "px_xmax", "px_ymax"]  # an object's box in raster pixels, in every frame
 

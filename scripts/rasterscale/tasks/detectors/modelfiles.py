@@ -16,16 +16,14 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from rasterscale.atomic import atomic_folder
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings
 from rasterscale.tasks.modelfiles import NotATorchFile, model_file, model_file_error, torch_payload
 from rasterscale.tasks.modelinput import model_input
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
 FOLDER_FILES = ("config.json", "model.safetensors")

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.merge import count_labels
 from rasterscale.tasks.detectors.modelfiles import ResNetFPNConfig
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 # a model that DeepForest reads too: every task's model files and its DeepForest model folder
 MODEL_FILES_WITH_DEEPFOREST = {

@@ -22,6 +22,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.headers import RasterInfo, check_raster
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
+from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task, TrainingModule
 from rasterscale.tasks.detectors.model import freeze_pretrained_backbone, load_backbone_weights, prepare_for_inference
 from rasterscale.tasks.detectors.modelfiles import ResNetFPNConfig, deepforest_folder_note, deepforest_folder_of
@@ -31,7 +32,6 @@ from rasterscale.tasks.spec import Part
 if TYPE_CHECKING:
     from torchvision.models.detection import MaskRCNN, RetinaNet
 
-    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
 
 LOGGER = logging.getLogger("rasterscale.train")
 

@@ -22,15 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from rasterscale.errors import InputError
 from rasterscale.raster.bands import InputBands
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import ModelSettings
+from rasterscale.settings import ModelSettings
 
 FORMS = ("onnx", "torch.export", "torchscript")
 SUFFIX_FORMS = {".onnx": "onnx", ".pt2": "torch.export"}

@@ -9,11 +9,11 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rasterscale.settings import ModelSettings, Settings
 from rasterscale.tasks.exported.card import CardRules, ModelCard, card_error, is_exported, read_card
 from rasterscale.tasks.modelfiles import model_file
 
 if TYPE_CHECKING:
-    from rasterscale.config.settings import ModelSettings, Settings
     from rasterscale.tasks.exported.runtime import ExportedDense
 
 

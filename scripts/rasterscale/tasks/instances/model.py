@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredic
 
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv
+from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.instances.batched import BatchInstances
@@ -46,9 +47,6 @@ from rasterscale.tasks.instances.modelfiles import (
     resolve_instances,
 )
 from rasterscale.tasks.modelfiles import save_payload
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 __all__ = [
     "InstanceConfig",

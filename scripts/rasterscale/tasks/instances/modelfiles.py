@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.modelfiles import (
     DetectorHeader,
     ResNetFPNConfig,
@@ -41,9 +42,6 @@ from rasterscale.tasks.detectors.modelfiles import (
     write_hub_folder,
 )
 from rasterscale.tasks.modelfiles import model_file_error, other_tasks_model, payload_header, shapes_of
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 TASK = "instances"
 INSTANCES_FORMAT = "rasterscale-instances/1"

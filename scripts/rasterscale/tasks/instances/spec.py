@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rasterscale.raster.geometry_checks import count_rectangles
 from rasterscale.raster.headers import RasterInfo, check_raster
+from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
 from rasterscale.tasks.instances.groundtruth import check_ground_truth, read_ground_truth
 from rasterscale.tasks.instances.merge import merge_scene
@@ -19,9 +20,6 @@ from rasterscale.tasks.instances.metrics import evaluate_scene
 from rasterscale.tasks.instances.modelfiles import instances_of_config
 from rasterscale.tasks.instances.project import merge_project
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook, scored_crowns
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 RECTANGLES_WARNED = 0.9  # the share of a file's polygons that are rectangles from which the dry run warns
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
+from rasterscale.settings import Settings
 from rasterscale.tasks.encoders import (
     ARCHITECTURES,
     DEFAULT_ARCHITECTURE,
@@ -27,9 +28,6 @@ from rasterscale.tasks.encoders import (
 )
 from rasterscale.tasks.modelfiles import model_file, payload_config, smp_fields, smp_record, task_payload
 from rasterscale.tasks.modelinput import model_input
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 REGRESSOR_FORMAT = "rasterscale-regressor/1"
 LOSSES: tuple[str, ...] = ("l1", "mse", "huber")  # the schema's model.loss takes them from here

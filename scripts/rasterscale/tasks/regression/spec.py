@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.atomic import write_json
 from rasterscale.errors import InputError
@@ -21,6 +21,7 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, is_remote, shown
+from rasterscale.settings import SceneSettings, Settings
 from rasterscale.tasks.encoders import ARCHITECTURES
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
@@ -37,9 +38,6 @@ from rasterscale.tasks.regression.treetops import (
     write_tree_tops,
 )
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import SceneSettings, Settings
 
 VALUES = "values.tif"  # a scene's merged values (every label a band of it)
 TREE_TOPS = {"tops": "tree_tops.parquet", "tops_gpkg": "tree_tops.gpkg"}  # with merge.tree_tops

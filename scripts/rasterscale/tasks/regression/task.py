@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ import torch
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
+from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.api import SizedDataset, TrainingModule
 from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
@@ -42,9 +43,6 @@ from rasterscale.tasks.regression.model import (
 )
 from rasterscale.tasks.regression.modelfiles import RegressorConfig
 from rasterscale.tasks.regression.spec import CARD, REGRESSION, regression_model
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import PredictSettings, Settings, TrainSettings
 
 HUBER_DELTA = 1.0  # in standardized units: one std of the targets
 TRAIN_LOGGER = "rasterscale.train"  # the training job's log

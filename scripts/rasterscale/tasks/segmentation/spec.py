@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rasterscale.atomic import write_json
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.settings import Settings
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
 from rasterscale.tasks.merging import write_project_mosaic
@@ -21,9 +22,6 @@ from rasterscale.tasks.segmentation.metrics import evaluate_class_map, render_se
 from rasterscale.tasks.segmentation.modelfiles import ARCHITECTURES, SegmenterConfig, segmenter_of_config
 from rasterscale.tasks.segmentation.vectorize import vectorize_classes
 from rasterscale.tasks.spec import MODEL_FILES, TaskSpec
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import Settings
 
 
 def summarize(metrics: Mapping[str, Any]) -> str:

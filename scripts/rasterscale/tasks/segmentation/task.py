@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ import torch
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
+from rasterscale.settings import PredictSettings, Settings
 from rasterscale.tasks.api import SizedDataset, TrainingModule
 from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
@@ -40,9 +41,6 @@ from rasterscale.tasks.segmentation.model import (
 )
 from rasterscale.tasks.segmentation.modelfiles import SegmenterConfig
 from rasterscale.tasks.segmentation.spec import CARD, SEGMENTATION, segmentation_model
-
-if TYPE_CHECKING:
-    from rasterscale.config.settings import PredictSettings, Settings
 
 
 class SegmentationTrainingModule(TrainingModule):

@@ -2,7 +2,7 @@
 
 :func:`settings_of` builds them once from the config :func:`rasterscale.config.schema.validate_config` returns,
 which has every schema default filled in: the dataclasses restate no default (the schema is the one place), a key
-the schema gives no default and the config leaves unset is ``None``. Code below ``config/`` reads attributes
+the schema gives no default and the config leaves unset is ``None``. Code outside ``config/`` reads attributes
 (``settings.tiling.patch_size``), never ``config["tiling"]["patch_size"]`` (tests/test_settings.py keeps it so).
 JSON lists become tuples; mappings the schema leaves open (a scene's ``scale``, ``normalize``, ``model.card``,
 ``merge.tree_tops``) stay plain values that their own modules read; a number the schema also takes as a string (a
