@@ -29,7 +29,7 @@ def main() -> None:
         stems = list(scene.rank_files)
         check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
         outputs = [stem + spec.rank_suffix for stem in stems]
-        merged = spec.merge(scene.as_mapping(), outputs, settings, job.labels)
+        merged = spec.merge(scene, outputs, settings, job.labels)
         print(f"{scene.name}: merged {len(stems)} rank files: {merged}")
         profile = write_scene_profile(stems, scene.outputs["profile"])
         print(format_profile_table(profile, title=f"predict profile ({scene.outputs['profile']})"))

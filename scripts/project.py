@@ -14,7 +14,7 @@ def main() -> None:
     args = parser.parse_args()
     job = ProjectJob.read(args.job)
     spec = task_spec(job.settings.task)  # not the task itself: no torch here
-    print(spec.merge_project(job.as_mapping()))
+    print(spec.merge_project(job))
 
 
 if __name__ == "__main__":

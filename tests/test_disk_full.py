@@ -37,11 +37,14 @@ from rasterscale.atomic import FULL_BELOW, DiskFullError, atomic_path, space_lef
 from rasterscale.errors import one_line
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame
 from rasterscale.grid.tile import Tile
+from rasterscale.jobs.files import ProjectJob
 from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.cog import conversion_bytes, convert_to_cog
 from rasterscale.raster.header_cache import HeaderCache
 from rasterscale.raster.headers import read_checked_header
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.scene import ProjectSource
+from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.merge import write_detections_file
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
 from rasterscale.tasks.detection.modelfiles import write_deepforest_folder
@@ -162,7 +165,8 @@ def project_objects(count: int) -> gpd.GeoDataFrame:
 
 def write_partition(path: Path, frame: gpd.GeoDataFrame) -> None:
     """A partition of a project layer (its owners' objects, Hilbert-sorted), as a partition's job writes it."""
-    job = {"outputs": {"partition": str(path)}, "owners": ["a"], "sources": [{"name": "a"}, {"name": "b"}]}
+    sources = (ProjectSource("a"), ProjectSource("b"))
+    job = ProjectJob(UTM17N, ("tree",), sources, {"partition": str(path)}, job_settings({"task": "detection"}), ("a",))
     write_project(job, frame, len(frame), "detections", layer="detections")
 
 

@@ -8,6 +8,7 @@ SIGKILLed once its saved parts hold some tiles, rerun, and compared with an unin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -237,13 +238,14 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
             scenes = list(PredictJob.read(RUN.job_file("predict", 0)).scenes)
             run_prediction(scenes, settings.model.file, job, run_spec(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(settings.task)
-        (scene,) = json.loads(Path(RUN.job_file("predict", 0)).read_text())["scenes"]
-        stems = [str(out / scene["name"] / f"rank-{i}") for i in (0, 1)]
-        check_scene_records(stems, read_manifest(scene["manifest"])["tile_id"].to_numpy())
-        merged = {key: str(out / Path(scene[key]).name) for key in spec.scene_outputs(settings)}
+        (scene,) = PredictJob.read(RUN.job_file("predict", 0)).scenes
+        stems = [str(out / scene.name / f"rank-{i}") for i in (0, 1)]
+        check_scene_records(stems, read_manifest(scene.manifest)["tile_id"].to_numpy())
+        merged = {key: str(out / Path(scene.outputs[key]).name) for key in spec.scene_outputs(settings)}
         # a merge job's sections, and the cog section its rule's threads make (scripts/merge.py)
         merge = job_settings({"task": valid["task"], "merge": valid["merge"], "predict": predict, "cog": valid["cog"]})
-        spec.merge({**scene, **merged}, [stem + spec.rank_suffix for stem in stems], merge, spec.labels(settings))
+        into = dataclasses.replace(scene, outputs={**scene.outputs, **merged})
+        spec.merge(into, [stem + spec.rank_suffix for stem in stems], merge, spec.labels(settings))
         return merged
     finally:
         os.sched_setaffinity(0, affinity)

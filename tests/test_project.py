@@ -42,7 +42,7 @@ from rasterscale.jobs import paths
 from rasterscale.jobs.files import ProjectJob, TilesJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.mosaic import write_mosaic
-from rasterscale.scene import Scene
+from rasterscale.scene import ProjectSource, Scene
 from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
@@ -764,13 +764,18 @@ def project_job(tmp_path) -> Callable[[float], dict]:
     d_parquet = write_detections(tmp_path / "d.parquet", d_boxes, UTM17N, origin=(cx, cy))
     sources.append({"name": "d", "crs": UTM17N, "bounds": list(prints["d"].bounds), "parquet": d_parquet})
 
-    def job(iou_threshold: float) -> dict:
+    def job(iou_threshold: float) -> ProjectJob:
         merge = {"iou_threshold": 0.9, "edge_tolerance": 2, "containment_threshold": 0.6}
         settings = job_settings({"task": "detection", "merge": merge, "project": {"iou_threshold": iou_threshold}})
         outputs = {"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")}
-        return ProjectJob(UTM17N, ("tree",), tuple(sources), outputs, settings).as_mapping()
+        return ProjectJob(UTM17N, ("tree",), project_sources(sources), outputs, settings)
 
     return job
+
+
+def project_sources(entries: list[dict]) -> tuple[ProjectSource, ...]:
+    """Project sources from their job-file entries (name, CRS, bounds or core, layers by key)."""
+    return tuple(ProjectSource.from_dict(entry) for entry in entries)
 
 
 def boxes_of(frame: gpd.GeoDataFrame, origin=(X0, Y0)) -> list[tuple[str, str, tuple[float, ...]]]:
@@ -786,7 +791,7 @@ def boxes_of(frame: gpd.GeoDataFrame, origin=(X0, Y0)) -> list[tuple[str, str, t
 def test_the_project_keeps_each_crown_once_from_its_owner_and_the_better_of_cross_source_duplicates(project_job):
     job = project_job(0.2)
     line = merge_project(job)
-    merged = gpd.read_parquet(job["outputs"]["parquet"])
+    merged = gpd.read_parquet(job.outputs["parquet"])
     assert list(merged.columns) == PROJECT_COLUMNS and merged.crs == UTM17N
     assert merged["score"].is_monotonic_decreasing
     ours = merged[merged["source"].isin(["a", "b", "a+b"])]
@@ -800,14 +805,14 @@ def test_the_project_keeps_each_crown_once_from_its_owner_and_the_better_of_cros
         ("b", "b", (20.92, 14.0, 22.92, 16.0)),  # the seam's box of it (0.5) gives way
     ]
     counts = "9 detections from 4 scenes and 1 seams (11 owned, 2 duplicates across sources)"
-    assert line == f"{counts} -> {job['outputs']['parquet']}"
-    assert len(gpd.read_file(job["outputs"]["gpkg"], layer="detections")) == 9
+    assert line == f"{counts} -> {job.outputs['parquet']}"
+    assert len(gpd.read_file(job.outputs["gpkg"], layer="detections")) == 9
 
 
 def test_a_scene_in_another_crs_has_its_detections_and_footprint_reprojected_into_the_projects_crs(project_job):
     job = project_job(0.2)
     merge_project(job)
-    merged = gpd.read_parquet(job["outputs"]["parquet"])
+    merged = gpd.read_parquet(job.outputs["parquet"])
     (c,) = merged[merged["source"] == "c"].itertuples()
     assert c.scene == "c"
     ox, oy = C18
@@ -823,7 +828,7 @@ def test_a_scene_in_another_crs_has_its_detections_and_footprint_reprojected_int
 def test_cross_source_duplicates_are_judged_at_the_projects_iou_threshold(project_job):
     job = project_job(0.5)  # above both pairs' IoU (0.30, 0.37); their overlap is below merge.containment_threshold
     merge_project(job)
-    merged = gpd.read_parquet(job["outputs"]["parquet"])
+    merged = gpd.read_parquet(job.outputs["parquet"])
     kept = {box for source, _, box in boxes_of(merged) if source in ("a", "b", "a+b")}
     assert {
         (16.9, 2.0, 18.9, 4.0),
@@ -890,7 +895,7 @@ def test_the_plan_of_two_abutting_scenes_predicts_their_seam_and_the_project_job
     mosaic = "results/detector/seams/a+b/mosaic.vrt"  # the run: detector (no model.name, no model.file)
     assert (entry.raster, entry.mosaic, entry.core) == (mosaic, ("a.tif", "b.tif"), seam.core)
     assert entry.manifest == "results/detector/seams/a+b/tiles.parquet"
-    sources = {source["name"]: source for source in jobfiles.project_job(plan).sources}
+    sources = {source.name: source.to_dict() for source in jobfiles.project_job(plan).sources}  # as the file says
     assert list(sources) == ["a", "b", "a+b"]
     assert sources["a"]["bounds"] == [X0, Y0, X0 + 60, Y0 + 60] and sources["a"]["crs"] == UTM17N
     assert (
@@ -933,16 +938,14 @@ def test_segmentation_project_draws_a_seams_classes_over_its_scenes_where_it_pre
     seam = np.full((32, 64), 255, np.uint8)
     seam[8:24, 24:40] = 1  # a crown across the border, only the seam saw whole
     seam_path = class_raster(tmp_path / "seam.tif", seam, 404000.0)
-    job = {
-        "crs": "EPSG:32617",
-        "labels": ["background", "tree"],
-        "sources": [
-            {"name": "a", "crs": "EPSG:32617", "classes": str(a)},
-            {"name": "a+b", "crs": "EPSG:32617", "classes": str(seam_path)},
-            {"name": "b", "crs": "EPSG:32617", "classes": str(b)},
-        ],
-        "outputs": {"classes": str(tmp_path / "project/classes.vrt"), "gpkg": str(tmp_path / "project/classes.gpkg")},
-    }
+    sources = [
+        {"name": "a", "crs": "EPSG:32617", "classes": str(a)},
+        {"name": "a+b", "crs": "EPSG:32617", "classes": str(seam_path)},
+        {"name": "b", "crs": "EPSG:32617", "classes": str(b)},
+    ]
+    outputs = {"classes": str(tmp_path / "project/classes.vrt"), "gpkg": str(tmp_path / "project/classes.gpkg")}
+    settings = job_settings({"task": "segmentation"})
+    job = ProjectJob("EPSG:32617", ("background", "tree"), project_sources(sources), outputs, settings)
     merge_classes(job)
     with rasterio.open(tmp_path / "project/classes.vrt") as src:
         classes = src.read(1)
@@ -1002,9 +1005,9 @@ def test_the_project_of_crowns_keeps_each_crown_once_by_polygon_iou_across_sourc
     merge = {"iou_threshold": 0.4, "edge_tolerance": 2, "containment_threshold": 0.6}
     settings = job_settings({"task": "instances", "merge": merge, "project": {"iou_threshold": 0.2}})
     outputs = {"parquet": str(tmp_path / "project.parquet"), "gpkg": str(tmp_path / "project.gpkg")}
-    job = ProjectJob(UTM17N, ("tree",), tuple(sources), outputs, settings).as_mapping()
+    job = ProjectJob(UTM17N, ("tree",), project_sources(sources), outputs, settings)
     line = merge_crowns(job)
-    merged = gpd.read_parquet(job["outputs"]["parquet"])
+    merged = gpd.read_parquet(job.outputs["parquet"])
     assert list(merged.columns) == PROJECT_CROWN_COLUMNS and merged.crs == UTM17N
     assert boxes_of(merged) == [
         ("a+b", "a", (17.98, 2.0, 19.98, 4.0)),  # a's square of it (IoU 0.30, 0.6) gives way to the seam's (0.8)
@@ -1014,7 +1017,7 @@ def test_the_project_of_crowns_keeps_each_crown_once_by_polygon_iou_across_sourc
     ]
     np.testing.assert_allclose(merged["area_m2"], merged.geometry.area)
     counts = "4 crowns from 2 scenes and 1 seams (5 owned, 1 duplicates across sources)"
-    assert line == f"{counts} -> {job['outputs']['parquet']}"
+    assert line == f"{counts} -> {job.outputs['parquet']}"
 
 
 def test_recorded_targets_look_only_in_folders_changed_since_the_record(tmp_path):

@@ -4,6 +4,7 @@ new scene touches; the summary raster's values on known objects, classes and val
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -33,27 +34,24 @@ from test_project import boxes_of, project_job  # noqa: F401 (a fixture)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def partition_jobs(job: dict, groups: dict[int, list[str]], folder: Path) -> list[dict]:
+def partition_jobs(job: ProjectJob, groups: dict[int, list[str]], folder: Path) -> list[ProjectJob]:
     """The partitions' jobs of a project's job: each group's sources, their neighbours', the outer areas."""
-    sources = {source["name"]: source for source in job["sources"]}
-    areas = {name: source_area(source, job["crs"]) for name, source in sources.items()}
+    sources = {source.name: source for source in job.sources}
+    areas = {name: source_area(source, job.crs) for name, source in sources.items()}
     found = area_neighbourhoods(groups, areas, 0.001)
-    sections = {"task": job["task"], "merge": job["merge"], "project": job["project"]}
-    settings = job_settings(sections)
     jobs = []
     for group, near in found.items():
         read = tuple(sources[name] for name in [*near.owners, *near.neighbours])
-        outer = tuple({k: v for k, v in sources[name].items() if k != "parquet"} for name in near.outer)
+        outer = tuple(dataclasses.replace(sources[name], outputs={}) for name in near.outer)
         outputs = {"partition": str(folder / f"batch-{group}.parquet")}
-        partition = ProjectJob(job["crs"], tuple(job["labels"]), read, outputs, settings, near.owners, outer)
-        jobs.append(partition.as_mapping())
+        jobs.append(ProjectJob(job.crs, job.labels, read, outputs, job.settings, near.owners, outer))
     return jobs
 
 
 def test_a_partitioned_layer_reads_as_one_layer_holding_exactly_the_single_files_objects(project_job, tmp_path):  # noqa: F811
     whole = project_job(0.2)
     merge_project(whole)
-    single = gpd.read_parquet(whole["outputs"]["parquet"])
+    single = gpd.read_parquet(whole.outputs["parquet"])
     folder = tmp_path / "detections"
     groups = {0: ["a"], 1: ["a+b", "b"], 2: ["c"], 3: ["d"]}  # a's and b's partitions meet at the seam a+b
     lines = [merge_project(job) for job in partition_jobs(whole, groups, folder)]
@@ -64,7 +62,7 @@ def test_a_partitioned_layer_reads_as_one_layer_holding_exactly_the_single_files
     assert boxes_of(layer) == boxes_of(single)  # each object once, the same ones
     counts = [pq.ParquetFile(path).metadata.num_rows for path in sorted(folder.glob("*.parquet"))]
     assert sum(counts) == len(layer) and len(counts) == 4
-    for path in [whole["outputs"]["parquet"], *folder.glob("*.parquet")]:  # GeoParquet 1.1 bbox covering
+    for path in [whole.outputs["parquet"], *folder.glob("*.parquet")]:  # GeoParquet 1.1 bbox covering
         geo = json.loads(pq.read_schema(path).metadata[b"geo"])
         assert geo["version"] == "1.1.0"
         assert geo["columns"]["geometry"]["covering"]["bbox"]["xmin"] == ["bbox", "xmin"]

@@ -18,8 +18,11 @@ from conftest import UTM17N, write_raster
 from rasterscale.errors import InputError
 from rasterscale.grid.manifest import build_manifest, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
+from rasterscale.jobs.files import ProjectJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
+from rasterscale.scene import ProjectSource
+from rasterscale.settings import job_settings
 from rasterscale.tasks.blending import edge_weights, halo_tiles, tile_cores
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.groundtruth import read_targets
@@ -339,7 +342,14 @@ def test_the_projects_values_are_a_vrt_over_the_scenes_with_the_seams_drawn_over
         {"name": "left", "values": str(left), "crs": UTM17N},
         {"name": "right", "values": str(right), "crs": UTM17N},
     ]
-    assert "over 3 value rasters" in merge_project({"sources": sources, "outputs": {"values": str(out)}})
+    job = ProjectJob(
+        UTM17N,
+        ("height",),
+        project_sources(sources),
+        {"values": str(out)},
+        job_settings({"task": "regression", "merge": {}}),
+    )
+    assert "over 3 value rasters" in merge_project(job)
     with rasterio.open(out) as src:
         assert src.width == 200 and src.dtypes == ("float32",) and src.nodata == NODATA_VALUE
         row = src.read(1)[50]
@@ -395,7 +405,7 @@ def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
     left = write_target(tmp_path / "left.tif", field[:, :100], TRANSFORM, nodata=NODATA_VALUE)
     right_transform = Affine(0.5, 0, 404050.0, 0, -0.5, 3285000.0)
     right = write_target(tmp_path / "right.tif", field[:, 100:], right_transform, nodata=NODATA_VALUE)
-    config = {"merge": {"tree_tops": {"min_height": 5.0}}}
+    settings = job_settings({"task": "regression", "merge": {"tree_tops": {"min_height": 5.0}}})
     sources = [
         {"name": "left", "values": str(left), "crs": UTM17N},
         {"name": "right", "values": str(right), "crs": UTM17N},
@@ -404,7 +414,7 @@ def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
         "values": str(tmp_path / "project/values.vrt"),
         **{k: str(tmp_path / "project" / v) for k, v in TREE_TOPS.items()},
     }
-    line = merge_project({**config, "sources": sources, "outputs": outputs})
+    line = merge_project(ProjectJob(UTM17N, ("height",), project_sources(sources), outputs, settings))
     assert "4 tree tops ->" in line
     tops = read_tree_tops(outputs["tops_gpkg"])
     found = sorted((round(p.y, 2), round(p.x, 2), h) for p, h in zip(tops.geometry, tops["height"], strict=True))
@@ -416,6 +426,11 @@ def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
     per_scene = 0
     for name, values in (("left", left), ("right", right)):
         scene = {"values": str(values), **{k: str(tmp_path / name / v) for k, v in TREE_TOPS.items()}}
-        write_tops(values, tree_top_rule(config["merge"]["tree_tops"]), scene)
+        write_tops(values, tree_top_rule(settings.merge.tree_tops), scene)
         per_scene += len(read_tree_tops(scene["tops"]))
     assert per_scene == 5  # the cut crown seen twice, once from each side: the project's layer holds it once
+
+
+def project_sources(entries: list[dict]) -> tuple[ProjectSource, ...]:
+    """Project sources from their job-file entries (name, CRS, layers by key)."""
+    return tuple(ProjectSource.from_dict(entry) for entry in entries)

@@ -142,3 +142,50 @@ def test_no_code_below_config_reads_the_config_as_a_mapping():
         if reads:
             counts[path.relative_to(REPO).as_posix()] = reads
     assert not counts, f"config read as a mapping (read the typed settings instead): {counts}"
+
+
+# -- the task boundary is typed: a task reads a Scene, a ProjectJob and its sources by attribute -------------------
+
+JOB_MEMBERS = re.compile(r"^(scene|job|source|area|partition)s?$")
+
+
+def job_mapping_reads(source: str) -> list[str]:
+    """Every ``scene["key"]``, ``job.get("key")``, ``source["key"]`` ...: a job's member read as a mapping."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target, key = None, None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target, key = node.value, node.slice.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            target, key = node.func.value, node.args[0].value
+        if isinstance(target, ast.Name) and JOB_MEMBERS.match(target.id) and isinstance(key, str):
+            found.append(f"line {node.lineno}: {target.id}[{key!r}]")
+    return found
+
+
+def test_the_job_mapping_finder_finds_a_member_read_by_key():
+    source = """
+a = scene["raster"]
+b = job.get("owners")
+c = source["name"]
+d = scene.outputs["classes"]
+e = job.settings.project.iou_threshold
+"""
+    assert job_mapping_reads(source) == ["line 2: scene['raster']", "line 3: job['owners']", "line 4: source['name']"]
+
+
+def test_the_tasks_read_their_scenes_and_project_jobs_by_attribute_not_as_mappings():
+    """A task's merge, evaluation, quicklook and counts take a Scene; its project merge a ProjectJob (as its
+    ProjectJobFields) with ProjectSource sources: typed fields, a layer's file by key in ``outputs`` only."""
+    counts = {}
+    for path in [*sorted((REPO / "scripts/rasterscale/tasks").rglob("*.py")), REPO / "scripts/merge.py"]:
+        reads = job_mapping_reads(path.read_text())
+        if reads:
+            counts[path.relative_to(REPO).as_posix()] = reads
+    assert not counts, f"a job's member read as a mapping (read its typed fields): {counts}"

@@ -1,7 +1,8 @@
 """A scene as the workflow hands it to its jobs: the raster it is read from, its tile manifest, its imagery keys,
 its ground truth, its rank files and merged outputs (:class:`Scene`). One shape for every job: the plan writes it
-into the job files (:mod:`rasterscale.jobs.files`), training, prediction, merge and evaluation read it. No
-torch and no rasterscale import: every layer may use it.
+into the job files (:mod:`rasterscale.jobs.files`), training, prediction, merge and evaluation read it; and a
+source of the project's layers (a scene or a seam) as the project's merge reads it (:class:`ProjectSource`). No
+torch, and of the package only the settings: every layer may use it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from rasterscale.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -111,16 +114,62 @@ class Scene:
             tree_tops=data.get("tree_tops", ""),
         )
 
-    def as_mapping(self) -> dict[str, Any]:
-        """Every field by name, the outputs as flat keys: the ``scene`` a task's merge and evaluation read."""
-        return {
-            "name": self.name,
-            "raster": self.raster,
-            "manifest": self.manifest,
-            "annotations": self.annotations,
-            "label_column": self.label_column,
-            "image_path": self.image_path,
-            "rank_files": list(self.rank_files),
-            "tree_tops": self.tree_tops,
-            **self.outputs,
-        }
+
+@dataclass(frozen=True)
+class ProjectSource:
+    """A source of the project's layers (a scene or a seam, :mod:`rasterscale.grid.project`) as the project's merge
+    reads it: its name, CRS and area (a scene's footprint ``bounds``, a seam's ``core``, WKT; none for a scene whose
+    header the plan did not read), and its merged layers by key (none where a partition needs only its area)."""
+
+    name: str
+    crs: str | None = None
+    bounds: tuple[float, float, float, float] | None = None
+    core: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON entry: name, CRS, core or bounds where known, and the layers as flat keys. Built once and
+        shared (a source is listed by the partitions around it): not to be changed."""
+        return self._entry
+
+    @functools.cached_property
+    def _entry(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name}
+        if self.core:
+            data.update(crs=self.crs, core=self.core)
+        elif self.bounds is not None:
+            data.update(crs=self.crs, bounds=list(self.bounds))
+        return {**data, **self.outputs}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProjectSource:
+        bounds = data.get("bounds")
+        return cls(
+            name=data["name"],
+            crs=data.get("crs"),
+            bounds=(bounds[0], bounds[1], bounds[2], bounds[3]) if bounds is not None else None,
+            core=data.get("core", ""),
+            outputs={key: value for key, value in data.items() if key not in ("name", "crs", "bounds", "core")},
+        )
+
+
+class ProjectJobFields(Protocol):
+    """What a task's project merge reads of its job (:class:`rasterscale.jobs.files.ProjectJob` has these fields):
+    the project's CRS and class names, its sources (their merged layers, CRS and areas), its outputs by key, its
+    settings (task, merge, project); a partition's also the sources it keeps the objects of (``owners``) and the
+    ``areas`` of its neighbours' neighbours (:mod:`rasterscale.grid.partitions`)."""
+
+    @property
+    def crs(self) -> str: ...
+    @property
+    def labels(self) -> tuple[str, ...]: ...
+    @property
+    def sources(self) -> tuple[ProjectSource, ...]: ...
+    @property
+    def outputs(self) -> dict[str, str]: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def owners(self) -> tuple[str, ...]: ...
+    @property
+    def areas(self) -> tuple[ProjectSource, ...]: ...

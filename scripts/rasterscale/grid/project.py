@@ -31,6 +31,8 @@ import shapely
 from shapely import STRtree
 from shapely.geometry import Polygon, box
 
+from rasterscale.scene import ProjectSource
+
 SEAM_JOIN = "+"
 SNAP = 1e-4  # GEOS's buffer drops a vertex nearer the last than this times the distance (CURVE_VERTEX_SNAP_...)
 SAMPLES = 8  # members of a group of translates computed to check that they move alike (its first among them)
@@ -343,21 +345,21 @@ def tile_regions(cores: Sequence[str], margins: np.ndarray) -> np.ndarray:
     return np.asarray(shapely.buffer(shapely.from_wkt(np.asarray(cores, dtype=object)), margins, join_style="mitre"))
 
 
-def source_area(source: Mapping[str, Any], crs: str) -> shapely.Geometry | None:
+def source_area(source: ProjectSource, crs: str) -> shapely.Geometry | None:
     """A project source's footprint (a scene's ``bounds``) or core (a seam's, WKT), in the project's CRS ``crs``;
     None for a scene whose header the plan did not read (a demo scene not yet made)."""
-    if "core" in source:
-        area = shapely.from_wkt(source["core"])
-    elif "bounds" in source:
-        area = box(*source["bounds"])
+    if source.core:
+        area = shapely.from_wkt(source.core)
+    elif source.bounds is not None:
+        area = box(*source.bounds)
     else:
         return None
-    if source["crs"] == crs:
+    if source.crs == crs:
         return area
     import geopandas as gpd
 
     step = max(area.length / 256, 1e-9)  # densified: a straight edge bends in another CRS
-    return gpd.GeoSeries([shapely.segmentize(area, step)], crs=source["crs"]).to_crs(crs).iloc[0]
+    return gpd.GeoSeries([shapely.segmentize(area, step)], crs=source.crs).to_crs(crs).iloc[0]
 
 
 def _tolerance(footprints: Mapping[str, Footprint], names: Sequence[str]) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from rasterscale.atomic import atomic_path
-from rasterscale.scene import Scene
+from rasterscale.scene import ProjectSource, Scene
 from rasterscale.settings import Settings, carried, job_settings
 
 FORMAT = "rasterscale-job/1"
@@ -92,24 +92,17 @@ class JobFile:
 JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-class Encoded(dict[str, Any]):
-    """A member already in its JSON form, made once and listed by many job files (a project source's entry, in the
-    files of the partitions around it): written as it is, not encoded again. It holds JSON values only."""
-
-
 def _encode(value: Any) -> Any:
     """A member as its JSON value (dispatched on its exact type first: at 100,000 scenes the job files hold tens of
     millions of values)."""
     kind = type(value)
     if kind in JSON_SCALARS:
         return value
-    if kind is Encoded:
-        return value
     if kind is dict:
         return {key: _encode(item) for key, item in value.items()}
     if kind is tuple or kind is list:
         return [_encode(item) for item in value]
-    if kind is Scene:
+    if kind is Scene or kind is ProjectSource:
         return value.to_dict()
     if isinstance(value, Settings):
         return carried(value)
@@ -127,6 +120,8 @@ def _decode(hint: Any, value: Any) -> Any:
         return job_settings(value)
     if hint is Scene:
         return Scene.from_dict(value)
+    if hint is ProjectSource:
+        return ProjectSource.from_dict(value)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         hints = typing.get_type_hints(hint)
         return hint(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)})
@@ -241,19 +236,11 @@ class ProjectJob(JobFile):
     KIND: ClassVar[str] = "project"
     crs: str
     labels: tuple[str, ...]
-    sources: tuple[dict[str, Any], ...]
+    sources: tuple[ProjectSource, ...]
     outputs: dict[str, str]
     settings: Settings
     owners: tuple[str, ...] = ()
-    areas: tuple[dict[str, Any], ...] = ()
-
-    def as_mapping(self) -> dict[str, Any]:
-        """The job as the task's project merge reads it."""
-        sections = carried(self.settings)
-        data: dict[str, Any] = {"task": self.settings.task, "crs": self.crs, "labels": list(self.labels)}
-        data |= {"merge": sections["merge"], "project": sections["project"]}
-        data |= {"owners": list(self.owners), "areas": list(self.areas)}
-        return {**data, "sources": list(self.sources), "outputs": self.outputs}
+    areas: tuple[ProjectSource, ...] = ()
 
 
 @dataclass(frozen=True)

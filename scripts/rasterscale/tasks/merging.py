@@ -33,6 +33,7 @@ from rasterscale.raster.imagery import ImageSpec, decoding, read_masked
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.raster.remote import open_raster
 from rasterscale.raster.windows import intersection
+from rasterscale.scene import ProjectJobFields
 
 # GDAL's block cache while merging or vectorizing: each block is read once, and GDAL's default (5% of the node's
 # memory) would fill up with blocks never read again
@@ -213,13 +214,13 @@ def finish_layers(layers: Sequence[ScratchLayer], threads: int, meanwhile: Calla
     return result
 
 
-def write_project_mosaic(job: Mapping[str, Any], layer: str, task: str) -> int:
-    """A project's ``layer`` at ``job["outputs"][layer]``: a VRT over the scenes' merged rasters of it, then the
+def write_project_mosaic(job: ProjectJobFields, layer: str, task: str) -> int:
+    """A project's ``layer`` at ``job.outputs[layer]``: a VRT over the scenes' merged rasters of it, then the
     seams' (drawn over the scenes' where they predicted, their nodata left out); returns how many rasters it
     draws. The scenes must share a CRS (a VRT has one; ``task`` names the project's task in the error)."""
-    crs = {source["crs"] for source in job["sources"] if "crs" in source}
+    crs = {source.crs for source in job.sources if source.crs is not None}
     if len(crs) > 1:
         raise InputError(f"project: the scenes are in {len(crs)} CRSs; a {task} project's VRT needs one")
-    ordered = sorted(job["sources"], key=lambda source: is_seam(source["name"]))
-    write_mosaic(job["outputs"][layer], [source[layer] for source in ordered])
+    ordered = sorted(job.sources, key=lambda source: is_seam(source.name))
+    write_mosaic(job.outputs[layer], [source.outputs[layer] for source in ordered])
     return len(ordered)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
+from rasterscale.scene import ProjectJobFields, Scene
 from rasterscale.settings import SceneSettings, Settings
 
 if TYPE_CHECKING:
@@ -43,13 +44,14 @@ class TaskSpec:
       truth, one-line :class:`~rasterscale.errors.InputError` naming the file; its warnings (a file that is likely
       a mistake), each ``(scene key, line)``: the dry run says the line (``{scene}`` the scene's name) unless the
       scene sets that key true;
-    - ``merge(scene, outputs, settings, labels)``: a scene's rank outputs into its layers (``labels``: the resolved
-      class names); a line for the log;
+    - ``merge(scene, outputs, settings, labels)``: a scene's rank outputs into its layers (``scene``: a
+      :class:`~rasterscale.scene.Scene`, its layers' files in ``scene.outputs``; ``labels``: the resolved class
+      names); a line for the log;
     - ``evaluate(scene, settings, labels, out, quicklook)``: the merged output scored against the annotations,
       written to ``out`` (JSON) with a quicklook; the metrics; ``summarize(metrics)`` their one-line summary;
     - ``project_outputs(settings)``: the project's layers, ``{key: file name}`` under ``results/{run}/project/``;
-      ``merge_project(job)`` merges them (``job``: :class:`rasterscale.jobs.files.ProjectJob` as a mapping),
-      a line for the log;
+      ``merge_project(job)`` merges them (``job``: a :class:`rasterscale.jobs.files.ProjectJob`, read as its
+      :class:`~rasterscale.scene.ProjectJobFields`), a line for the log;
     - ``quicklook(scene, settings, png, title)``: the same picture of a scene's merged output over its imagery, for a
       scene without annotations (no ground truth drawn);
     - ``counts(scene, labels)``: what a scene's merged output holds, by class name, in ``count_unit`` (the report's
@@ -73,13 +75,13 @@ class TaskSpec:
     default_model_name: str
     labels: Callable[[Settings], list[str]]
     check_annotations: Callable[[str, RasterInfo, list[str], str | None, str], Sequence[tuple[str, str]] | None]
-    merge: Callable[[Mapping[str, Any], Sequence[str], Settings, Sequence[str]], str]
+    merge: Callable[[Scene, Sequence[str], Settings, Sequence[str]], str]
     evaluate: Callable[..., dict[str, Any]]
     summarize: Callable[[Mapping[str, Any]], str]
     project_outputs: Callable[[Settings], dict[str, str]]
-    merge_project: Callable[[Mapping[str, Any]], str]
-    quicklook: Callable[[Mapping[str, Any], Settings, str | Path, str], None]
-    counts: Callable[[Mapping[str, Any], Sequence[str]], dict[str, int]]
+    merge_project: Callable[[ProjectJobFields], str]
+    quicklook: Callable[[Scene, Settings, str | Path, str], None]
+    counts: Callable[[Scene, Sequence[str]], dict[str, int]]
     count_unit: str
     implementation: str
     model_input: Callable[[Settings], InputBands]

@@ -16,8 +16,7 @@ from rasterscale.tools.report import render_scene
 def score_scene(scored: ScoredScene, job: ScoreJob, spec: TaskSpec) -> str:
     """Score a predicted scene: with annotations its evaluation and quicklook, without them its quicklook alone;
     a line for the log."""
-    scene = scored.scene.as_mapping()
-    name = scored.scene.name
+    scene, name = scored.scene, scored.scene.name
     if scored.evaluation:
         metrics = spec.evaluate(scene, job.settings, list(job.labels), scored.evaluation, scored.quicklook)
         return f"{name}: {spec.summarize(metrics)}"

@@ -397,7 +397,7 @@ def render_scene(scored: ScoredScene, labels: Sequence[str], spec: TaskSpec) -> 
     if set(outputs) != set(SCENE_FILES):
         raise ValueError(f"a scene's renderings are {sorted(SCENE_FILES)}, not {sorted(outputs)}")
     scene = scored.scene
-    counts = spec.counts(scene.as_mapping(), list(labels))
+    counts = spec.counts(scene, list(labels))
     write_json({"unit": spec.count_unit, "counts": counts, "total": sum(counts.values())}, outputs["counts"])
     metrics = read_json(scored.evaluation) if scored.evaluation else None
     summary = spec.summarize(metrics) if metrics is not None else ""

@@ -27,7 +27,7 @@ from rasterscale.jobs.files import (
     TilesJob,
     TrainJob,
 )
-from rasterscale.scene import Scene
+from rasterscale.scene import ProjectSource, Scene
 from rasterscale.settings import PredictSettings, SceneSettings, Settings, sections_only
 from rasterscale.workflow import partitions
 from rasterscale.workflow.checks import SKIPPED
@@ -114,9 +114,9 @@ class SourceEntries:
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
-        self._made: dict[tuple[str, bool], dict[str, Any]] = {}
+        self._made: dict[tuple[str, bool], ProjectSource] = {}
 
-    def __call__(self, name: str, outputs: bool = True) -> dict[str, Any]:
+    def __call__(self, name: str, outputs: bool = True) -> ProjectSource:
         key = (name, outputs)
         if key not in self._made:
             if len(self._made) >= self.KEPT:

@@ -18,7 +18,7 @@ import shapely
 
 from rasterscale.grid.partitions import Neighbourhood, area_neighbourhoods
 from rasterscale.grid.project import is_seam, source_area
-from rasterscale.jobs.files import Encoded
+from rasterscale.scene import ProjectSource
 
 if TYPE_CHECKING:
     from rasterscale.workflow.plan import Plan
@@ -65,16 +65,17 @@ def summary_layers(plan: Plan) -> list[str]:
     return [plan.project_outputs()["parquet" if kind == "objects" else kind]]
 
 
-def source_entry(plan: Plan, name: str, outputs: bool = True) -> Encoded:
+def source_entry(plan: Plan, name: str, outputs: bool = True) -> ProjectSource:
     """A project source as a project job lists it: its name, CRS and footprint (a scene's ``bounds``) or core (a
     seam's), and (``outputs``) its merged layers by key."""
     layers = plan.scene_outputs(name) if outputs else {}
     if is_seam(name):
         seam = plan.seam(name)
-        return Encoded(name=name, crs=plan.footprints[seam.a].crs, core=seam.core, **layers)
+        return ProjectSource(name, plan.footprints[seam.a].crs, core=seam.core, outputs=layers)
     footprint = plan.footprints.get(name)
-    area = {"crs": footprint.crs, "bounds": list(footprint.bounds)} if footprint else {}
-    return Encoded(name=name, **area, **layers)
+    if footprint is None:
+        return ProjectSource(name, outputs=layers)
+    return ProjectSource(name, footprint.crs, footprint.bounds, outputs=layers)
 
 
 def partition_groups(plan: Plan) -> dict[int, list[str]]:

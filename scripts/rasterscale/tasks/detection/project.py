@@ -6,13 +6,11 @@ smaller box lies inside the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import geopandas as gpd
 import numpy as np
 
 from rasterscale.raster.geo import box_areas, box_pairs, intersection_areas, pair_ious
+from rasterscale.scene import ProjectJobFields
 from rasterscale.tasks.detectors.merge import greedy_nms
 from rasterscale.tasks.detectors.project import PROJECT_COLUMNS, apart, owned_layer, write_project
 
@@ -32,10 +30,10 @@ def cross_source_duplicates(frame: gpd.GeoDataFrame, iou: float, containment: fl
     return greedy_nms(frame["score"].to_numpy(dtype=np.float64), i[duplicate], j[duplicate])
 
 
-def merge_project(job: Mapping[str, Any]) -> str:
+def merge_project(job: ProjectJobFields) -> str:
     """Write the project's detections (GeoParquet and GeoPackage, or a partition of them:
     :func:`~rasterscale.tasks.detectors.project.write_project`); a line for the log."""
     frame, owned = owned_layer(job)
-    keep = cross_source_duplicates(frame, job["project"]["iou_threshold"], job["merge"]["containment_threshold"])
+    keep = cross_source_duplicates(frame, job.settings.project.iou_threshold, job.settings.merge.containment_threshold)
     merged = frame[keep].sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
     return write_project(job, merged, owned, "detections", layer="detections")

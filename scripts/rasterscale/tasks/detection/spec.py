@@ -4,13 +4,14 @@ says what it shares with instances)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rasterscale.raster.headers import RasterInfo
+from rasterscale.scene import Scene
 from rasterscale.settings import Settings
 from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.merge import merge_scene
@@ -22,18 +23,18 @@ from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
 
 
 def evaluate(
-    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Scene, settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     return evaluate_scene(
-        scene["parquet"],
-        scene["raster"],
-        scene["annotations"],
+        scene.outputs["parquet"],
+        scene.raster,
+        scene.annotations,
         list(labels),
-        scene.get("label_column") or None,
+        scene.label_column or None,
         settings.evaluate,
         out,
         quicklook,
-        scene.get("image_path"),
+        scene.image_path,
     )
 
 
@@ -41,8 +42,8 @@ def check_annotations(path: str, raster: RasterInfo, labels: list[str], label_co
     read_annotations(path, raster, labels, label_column, image)
 
 
-def scored(scene: Mapping[str, Any], min_score: float) -> np.ndarray:
-    return scored_boxes(scene["parquet"], min_score)
+def scored(scene: Scene, min_score: float) -> np.ndarray:
+    return scored_boxes(scene.outputs["parquet"], min_score)
 
 
 DETECTION = objects_spec(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.raster.bands import InputBands
+from rasterscale.scene import Scene
 from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.merge import count_labels
 from rasterscale.tasks.detectors.modelfiles import ResNetFPNConfig
@@ -33,7 +34,7 @@ PROJECT_KEYS = ("iou_threshold", "partition_scenes")
 # scene's merged objects
 SceneMerge = Callable[..., Sized]
 # a scene's shapes (by its paths: the scene as a mapping) scoring at least a score, in the raster's pixels
-ScoredShapes = Callable[[Mapping[str, Any], float], Sized]
+ScoredShapes = Callable[[Scene, float], Sized]
 # a task's quicklook: (raster, predicted shapes, true shapes or None, png, title=...)
 Quicklook = Callable[..., None]
 
@@ -63,11 +64,11 @@ class ObjectLayer:
     def model_input(self, settings: Settings) -> InputBands:
         return self.of_config(settings)[0].input
 
-    def merge(self, scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
+    def merge(self, scene: Scene, outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
         merged = self.merge_scene(
-            outputs, scene["manifest"], scene["raster"], scene["gpkg"], scene["parquet"], settings.merge
+            outputs, scene.manifest, scene.raster, scene.outputs["gpkg"], scene.outputs["parquet"], settings.merge
         )
-        return f"{len(merged)} {self.layer} -> {scene['gpkg']}"
+        return f"{len(merged)} {self.layer} -> {scene.outputs['gpkg']}"
 
     def summarize(self, metrics: Mapping[str, Any]) -> str:
         return (
@@ -75,15 +76,15 @@ class ObjectLayer:
             f"{self.ap_name}={metrics['map50']:.3f}"
         )
 
-    def quicklook(self, scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
+    def quicklook(self, scene: Scene, settings: Settings, png: str | Path, title: str) -> None:
         """The evaluation's picture without ground truth: the shapes scoring at least evaluate.score_threshold."""
         threshold = settings.evaluate.score_threshold
         found = self.scored(scene, threshold)
         text = f"{title}: {len(found)} {self.shapes} of score >= {threshold}"
-        self.render_quicklook(scene["raster"], found, None, png, title=text)
+        self.render_quicklook(scene.raster, found, None, png, title=text)
 
-    def counts(self, scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
-        return count_labels(scene["parquet"], labels)
+    def counts(self, scene: Scene, labels: Sequence[str]) -> dict[str, int]:
+        return count_labels(scene.outputs["parquet"], labels)
 
 
 def objects_spec(

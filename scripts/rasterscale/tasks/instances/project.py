@@ -6,13 +6,11 @@ again in the project's CRS."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import geopandas as gpd
 import numpy as np
 import shapely
 
+from rasterscale.scene import ProjectJobFields
 from rasterscale.tasks.detectors.merge import greedy_nms
 from rasterscale.tasks.detectors.project import apart, owned_layer, write_project
 from rasterscale.tasks.instances.merge import LAYER, crown_layer
@@ -35,13 +33,11 @@ def cross_source_duplicates(frame: gpd.GeoDataFrame, iou: float, containment: fl
     return greedy_nms(frame["score"].to_numpy(dtype=np.float64), i[duplicate], j[duplicate])
 
 
-def merge_project(job: Mapping[str, Any]) -> str:
+def merge_project(job: ProjectJobFields) -> str:
     """Write the project's crowns (GeoParquet and GeoPackage, or a partition of them:
     :func:`~rasterscale.tasks.detectors.project.write_project`); a line for the log."""
     frame, owned = owned_layer(job)
-    keep = cross_source_duplicates(frame, job["project"]["iou_threshold"], job["merge"]["containment_threshold"])
+    keep = cross_source_duplicates(frame, job.settings.project.iou_threshold, job.settings.merge.containment_threshold)
     merged = frame[keep].sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
-    crowns = crown_layer(merged, job["crs"]).assign(
-        scene=merged["scene"].to_numpy(), source=merged["source"].to_numpy()
-    )
+    crowns = crown_layer(merged, job.crs).assign(scene=merged["scene"].to_numpy(), source=merged["source"].to_numpy())
     return write_project(job, crowns[PROJECT_CROWN_COLUMNS], owned, "crowns", layer=LAYER)

@@ -4,7 +4,7 @@ mask IoU 0.5 (:func:`rasterscale.tasks.detectors.spec.objects_spec` says what it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from rasterscale.raster.geometry_checks import count_rectangles
 from rasterscale.raster.headers import RasterInfo, check_raster
+from rasterscale.scene import Scene
 from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.spec import ObjectLayer, objects_spec
 from rasterscale.tasks.instances.groundtruth import check_ground_truth, read_ground_truth
@@ -25,27 +26,27 @@ RECTANGLES_WARNED = 0.9  # the share of a file's polygons that are rectangles fr
 
 
 def evaluate(
-    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Scene, settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
     """The scene's crowns against its ground truth at ``evaluate.mask_iou_threshold``, with the scores of the crowns
     crossing an inner tile edge and of the others (the tile manifest's edges)."""
-    raster = check_raster(scene["raster"])
-    column, image = scene.get("label_column") or None, scene.get("image_path") or None
-    truth = read_ground_truth(scene["annotations"], raster, list(labels), column, image)
+    raster = check_raster(scene.raster)
+    column, image = scene.label_column or None, scene.image_path or None
+    truth = read_ground_truth(scene.annotations, raster, list(labels), column, image)
     thresholds = {
         "iou_threshold": settings.evaluate.mask_iou_threshold,
         "score_threshold": settings.evaluate.score_threshold,
     }
     return evaluate_scene(
-        scene["parquet"],
-        scene["raster"],
+        scene.outputs["parquet"],
+        scene.raster,
         truth.polygons,
         truth.labels,
         list(labels),
         thresholds,
         out,
         quicklook,
-        scene["manifest"],
+        scene.manifest,
     )
 
 
@@ -66,8 +67,8 @@ def check_annotations(
     return []
 
 
-def scored(scene: Mapping[str, Any], min_score: float) -> np.ndarray:
-    return scored_crowns(scene["parquet"], check_raster(scene["raster"]).transform, min_score)
+def scored(scene: Scene, min_score: float) -> np.ndarray:
+    return scored_crowns(scene.outputs["parquet"], check_raster(scene.raster).transform, min_score)
 
 
 INSTANCES = objects_spec(

@@ -21,6 +21,7 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, is_remote, shown
+from rasterscale.scene import ProjectJobFields, Scene
 from rasterscale.settings import SceneSettings, Settings
 from rasterscale.tasks.encoders import ARCHITECTURES
 from rasterscale.tasks.exported.card import CardRules, ModelCard
@@ -76,54 +77,54 @@ def summarize(metrics: Mapping[str, Any]) -> str:
     return line
 
 
-def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
+def merge(scene: Scene, outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
     summary = merge_value_rasters(
         list(outputs),
-        scene["raster"],
-        read_spec(scene["manifest"]),
-        scene["values"],
+        scene.raster,
+        read_spec(scene.manifest),
+        scene.outputs["values"],
         list(labels),
         threads=settings.cog.threads,
     )
     means = ", ".join(f"mean {label} {_number(mean)}" for label, mean in summary["mean"].items())
     line = f"{VALUES} ({summary['pixels']} px with values, {means}; nodata {summary['nodata_pixels']} px)"
     rule = tree_top_rule(settings.merge.tree_tops)
-    return line if rule is None else f"{line}; {write_tops(scene['values'], rule, scene)}"
+    return line if rule is None else f"{line}; {write_tops(scene.outputs['values'], rule, scene.outputs)}"
 
 
 def evaluate(
-    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Scene, settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
-    targets = read_targets(scene["annotations"], scene["raster"], list(labels))
-    metrics, histograms = evaluate_values(scene["values"], targets, list(labels))
-    metrics["scene_raster"] = shown(scene["raster"])
-    if scene.get("tree_tops") and scene.get("tops"):  # true tops, and the tops merge.tree_tops found
-        truth = read_tree_tops(scene["tree_tops"])
+    targets = read_targets(scene.annotations, scene.raster, list(labels))
+    metrics, histograms = evaluate_values(scene.outputs["values"], targets, list(labels))
+    metrics["scene_raster"] = shown(scene.raster)
+    if scene.tree_tops and scene.outputs.get("tops"):  # true tops, and the tops merge.tree_tops found
+        truth = read_tree_tops(scene.tree_tops)
         metrics["tree_tops"] = score_tree_tops(
-            read_tree_tops(scene["tops"]), truth, settings.evaluate.tree_top_distance
+            read_tree_tops(scene.outputs["tops"]), truth, settings.evaluate.tree_top_distance
         )
     write_json(metrics, out)
-    title = f"{file_name(scene['raster'])}: {summarize(metrics)}"
+    title = f"{file_name(scene.raster)}: {summarize(metrics)}"
     render_density_plot(histograms, list(labels), quicklook, title=title)
     return metrics
 
 
-def merge_project(job: Mapping[str, Any]) -> str:
+def merge_project(job: ProjectJobFields) -> str:
     """The project's values: a VRT over the scenes' values COGs, then the seams' (drawn over the scenes' where they
     predicted, their nodata left out)."""
-    outputs = job["outputs"]
+    outputs = job.outputs
     rasters = write_project_mosaic(job, "values", "regression")
     line = f"{outputs['values']} over {rasters} value rasters"
-    rule = tree_top_rule(job.get("merge", {}).get("tree_tops"))
+    rule = tree_top_rule(job.settings.merge.tree_tops)
     return line if rule is None else f"{line}; {write_tops(outputs['values'], rule, outputs)}"
 
 
-def quicklook(scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
-    render_values_quicklook(scene["values"], png, title=title)
+def quicklook(scene: Scene, settings: Settings, png: str | Path, title: str) -> None:
+    render_values_quicklook(scene.outputs["values"], png, title=title)
 
 
-def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
-    return count_values(scene["values"], list(labels))
+def counts(scene: Scene, labels: Sequence[str]) -> dict[str, int]:
+    return count_values(scene.outputs["values"], list(labels))
 
 
 # an exported regression model gives a channel per value, in the values' own units

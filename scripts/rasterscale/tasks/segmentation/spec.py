@@ -12,6 +12,7 @@ from rasterscale.raster.bands import InputBands
 from rasterscale.raster.headers import RasterInfo
 from rasterscale.raster.imagery import read_spec
 from rasterscale.raster.remote import file_name, shown
+from rasterscale.scene import ProjectJobFields, Scene
 from rasterscale.settings import Settings
 from rasterscale.tasks.exported.card import CardRules, ModelCard
 from rasterscale.tasks.exported.resolve import exported_card
@@ -29,51 +30,51 @@ def summarize(metrics: Mapping[str, Any]) -> str:
     return f"miou={metrics['miou']:.3f} pixel_accuracy={metrics['pixel_accuracy']:.3f} {ious}"
 
 
-def merge(scene: Mapping[str, Any], outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
+def merge(scene: Scene, outputs: Sequence[str], settings: Settings, labels: Sequence[str]) -> str:
     summary = merge_class_rasters(
         list(outputs),
-        scene["raster"],
-        read_spec(scene["manifest"]),
-        scene["classes"],
-        scene.get("probabilities"),
+        scene.raster,
+        read_spec(scene.manifest),
+        scene.outputs["classes"],
+        scene.outputs.get("probabilities"),
         list(labels),
-        gpkg_path=scene["gpkg"],
+        gpkg_path=scene.outputs["gpkg"],
         threads=settings.cog.threads,
     )
     pixels = ", ".join(f"{label} {count}" for label, count in summary["pixels"].items())
     return (
         f"classes.tif ({pixels} px; nodata {summary['nodata_pixels']} px), {summary['polygons']} polygons -> "
-        f"{scene['gpkg']}"
+        f"{scene.outputs['gpkg']}"
     )
 
 
 def evaluate(
-    scene: Mapping[str, Any], settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
+    scene: Scene, settings: Settings, labels: Sequence[str], out: str | Path, quicklook: str | Path
 ) -> dict[str, Any]:
-    truth = read_segmentation_truth(scene["annotations"], scene["raster"], list(labels), scene.get("label_column"))
-    metrics = evaluate_class_map(scene["classes"], truth)
-    metrics["scene_raster"] = shown(scene["raster"])
+    truth = read_segmentation_truth(scene.annotations, scene.raster, list(labels), scene.label_column)
+    metrics = evaluate_class_map(scene.outputs["classes"], truth)
+    metrics["scene_raster"] = shown(scene.raster)
     write_json(metrics, out)
-    title = f"{file_name(scene['raster'])}: mIoU={metrics['miou']:.3f}"
-    render_segmentation_quicklook(scene["raster"], scene["classes"], truth, quicklook, title=title)
+    title = f"{file_name(scene.raster)}: mIoU={metrics['miou']:.3f}"
+    render_segmentation_quicklook(scene.raster, scene.outputs["classes"], truth, quicklook, title=title)
     return metrics
 
 
-def merge_project(job: Mapping[str, Any]) -> str:
+def merge_project(job: ProjectJobFields) -> str:
     """The project's classes: a VRT over the scenes' class COGs, then the seams' (drawn over the scenes' where they
     predicted, their nodata left out), and its polygons."""
-    outputs = job["outputs"]
+    outputs = job.outputs
     rasters = write_project_mosaic(job, "classes", "segmentation")
-    polygons = vectorize_classes(outputs["classes"], outputs["gpkg"], job["labels"])
+    polygons = vectorize_classes(outputs["classes"], outputs["gpkg"], list(job.labels))
     return f"{outputs['classes']} over {rasters} class rasters, {polygons} polygons -> {outputs['gpkg']}"
 
 
-def quicklook(scene: Mapping[str, Any], settings: Settings, png: str | Path, title: str) -> None:
-    render_segmentation_quicklook(scene["raster"], scene["classes"], None, png, title=title)
+def quicklook(scene: Scene, settings: Settings, png: str | Path, title: str) -> None:
+    render_segmentation_quicklook(scene.raster, scene.outputs["classes"], None, png, title=title)
 
 
-def counts(scene: Mapping[str, Any], labels: Sequence[str]) -> dict[str, int]:
-    return count_classes(scene["classes"], list(labels))
+def counts(scene: Scene, labels: Sequence[str]) -> dict[str, int]:
+    return count_classes(scene.outputs["classes"], list(labels))
 
 
 # an exported segmentation model gives a channel per class: logits, or probabilities
