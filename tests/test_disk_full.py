@@ -55,9 +55,9 @@ from rasterscale.tasks.segmentation.blend import TileBlender, tile_cores
 from rasterscale.tasks.segmentation.merge import merge_class_rasters
 from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.storage import (
-    batch_plan,
     fingerprint,
     load_plan,
+    plan_of_batch,
     plan_to_json,
     store_batch_plans,
     store_plan_text,
@@ -388,7 +388,7 @@ def test_the_stored_plan_short_of_space_is_not_stored_with_one_warning_and_no_st
     stored = store_plan_text(plan_to_json(older), key, disk.root)
     store_batch_plans(older, key, disk.root)
     assert stored is not None and load_plan(key, disk.root) == older and plan != older and len(batches) == 6
-    whole, each = plan_to_json(plan), len(plan_to_json(batch_plan(plan, batches[0])))
+    whole, each = plan_to_json(plan), len(plan_to_json(plan_of_batch(plan, batches[0])))
     before = disk.files()
     warnings: list[str] = []
     disk.fill(len(whole) // 2)
@@ -415,7 +415,7 @@ def test_the_stored_plan_short_of_space_is_not_stored_with_one_warning_and_no_st
     # space freed: stored as always
     assert store_plan_text(whole, key, disk.root) == stored and load_plan(key, disk.root) == plan
     store_batch_plans(plan, key, disk.root)
-    assert [load_plan(key, disk.root, b) for b in batches] == [batch_plan(plan, b) for b in batches]
+    assert [load_plan(key, disk.root, b) for b in batches] == [plan_of_batch(plan, b) for b in batches]
 
 
 def test_the_header_cache_short_of_space_is_removed_with_one_warning_and_made_again_after(disk, tmp_path):

@@ -151,7 +151,7 @@ def test_paths_are_spelled_in_one_place():
     ]
     # what every run shares: not keyed by the run
     assert paths.trained_model("m") == "results/models/m.pt"
-    assert paths.model_file("m.metrics.csv") == "results/models/m.metrics.csv"
+    assert paths.models_file("m.metrics.csv") == "results/models/m.metrics.csv"
     assert paths.environment_rank_file(1) == "results/checks/environment/rank-1.json"
     assert paths.check_job() == "results/checks/environment/job.json"
     assert paths.synthesis_job("resources/demo", "d") == "resources/demo/jobs/d.json"
@@ -659,7 +659,7 @@ def grid_config(workdir: Path) -> dict:
 
 
 def test_a_batch_plan_answers_what_its_batchs_jobs_ask_as_the_whole_plan_does(workdir):
-    """A job of one batch loads its batch's plan (storage.batch_plan): every rule of the batch (tile manifests,
+    """A job of one batch loads its batch's plan (storage.plan_of_batch): every rule of the batch (tile manifests,
     prediction, merge, scoring, partition) gets the same inputs, declared files and memory from it, and its job
     files come out the same (but a partition's, which lists its neighbours' areas), while it holds a fraction of the
     scenes."""
@@ -672,7 +672,7 @@ def test_a_batch_plan_answers_what_its_batchs_jobs_ask_as_the_whole_plan_does(wo
     Path(plan.paths.batch_record("tiled", 0)).write_text("{}")  # batch 0 ran, and its files are gone
     scored = scored_batches(plan)
     for number in plan.batch_numbers:
-        scoped = plan_from_json(plan_to_json(plan_storage.batch_plan(plan, number)))
+        scoped = plan_from_json(plan_to_json(plan_storage.plan_of_batch(plan, number)))
         assert scoped.scope == number and len(scoped.scenes) < len(plan.scenes)
         for job in (tiles_job, predict_job, merge_job):
             assert job(scoped, number) == job(plan, number)

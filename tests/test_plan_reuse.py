@@ -394,7 +394,7 @@ def test_a_damaged_stored_plan_file_is_built_again_with_one_warning(workdir, sto
         storage.store_batch_plans(first, key)  # onstart: over a damaged one too
         for number in (0, 1):
             written = path.with_name(f"batch-{number}.json").read_text()
-            assert written == storage.plan_to_json(storage.batch_plan(first, number))
+            assert written == storage.plan_to_json(storage.plan_of_batch(first, number))
     else:
         again: list[str] = []
         assert main_plan(config, warn=again.append) == first and not [x for x in again if "cannot be read" in x]

@@ -21,7 +21,7 @@ from rasterscale.tasks.detectors.merge import count_labels as count_detections
 from rasterscale.tasks.segmentation import NODATA_CLASS
 from rasterscale.tasks.segmentation.merge import count_classes
 from rasterscale.tasks.segmentation.metrics import iou_scores
-from rasterscale.tools.report import map_footprints, plot_project_map, profile_page, scores_page, table
+from rasterscale.tools.report import map_outlines, plot_project_map, profile_page, scores_page, table
 from workflow import table_rows
 
 
@@ -58,7 +58,7 @@ def test_project_map_puts_scenes_of_two_crss_on_one_map_in_longitude_and_latitud
             transform=Affine(2.0, 0, -9070000.0, 0, -2.0, 3380000.0),
         ),
     ]
-    crs, footprints = map_footprints(ProjectMapJob(tuple(scenes), job_settings({"task": "detection"})))
+    crs, footprints = map_outlines(ProjectMapJob(tuple(scenes), job_settings({"task": "detection"})))
     assert crs.to_epsg() == 4326
     assert [(f.name, f.roles, f.count) for f in footprints] == [
         ("north", ("predict",), 1200),
@@ -85,7 +85,7 @@ def test_project_map_keeps_the_scenes_own_crs_when_they_share_one(tmp_path):
             tmp_path, "b", ["predict"], 0, width=256, height=128, transform=Affine(0.1, 0, 404030, 0, -0.1, 3285000)
         ),
     ]
-    crs, footprints = map_footprints(ProjectMapJob(tuple(scenes), job_settings({"task": "detection"})))
+    crs, footprints = map_outlines(ProjectMapJob(tuple(scenes), job_settings({"task": "detection"})))
     assert crs.to_epsg() == 32617
     outline = footprints[1].outline
     assert np.allclose([*outline.min(axis=0), *outline.max(axis=0)], [404030, 3284987.2, 404055.6, 3285000])

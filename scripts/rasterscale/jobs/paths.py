@@ -138,14 +138,14 @@ def model_dir() -> str:
     return f"{RESULTS}/models"
 
 
-def model_file(name: str) -> str:
+def models_file(name: str) -> str:
     """A file of the models' folder by its name (a task's model files: {name}.pt, {name}.metrics.csv, ...)."""
     return f"{model_dir()}/{name}"
 
 
 def trained_model(name: str) -> str:
     """The model file training writes for the model ``name``."""
-    return model_file(f"{name}.pt")
+    return models_file(f"{name}.pt")
 
 
 def demo_raster(directory: str, name: str) -> str:

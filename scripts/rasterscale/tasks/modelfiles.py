@@ -28,7 +28,7 @@ class NotATorchFile(InputError):
     """A file that torch cannot load as a whole torch-saved file of tensors and plain containers."""
 
 
-def model_file(settings: Settings) -> tuple[str | None, bool]:
+def starting_model_file(settings: Settings) -> tuple[str | None, bool]:
     """The model file the config starts from and whether it is a starting point for training:
     (``model.file``, False) to predict with, (``train.init``, True) to fine-tune, or (None, False)."""
     predicted_with = settings.model.file

@@ -412,7 +412,7 @@ def render_scene(scored: ScoredScene, labels: Sequence[str], spec: TaskSpec) -> 
 
 
 @dataclass(frozen=True)
-class Footprint:
+class MapOutline:
     """A scene on the project map: its outline (x, y in the map's CRS), roles, and merged output's total count
     (None: not predicted)."""
 
@@ -435,7 +435,7 @@ def raster_outline(path: str | Path, points_per_edge: int = 16) -> tuple[Any, np
     return info.crs, np.column_stack([xs, ys])
 
 
-def map_footprints(job: ProjectMapJob) -> tuple[Any, list[Footprint]]:
+def map_outlines(job: ProjectMapJob) -> tuple[Any, list[MapOutline]]:
     """The scenes' outlines in one CRS (theirs when they share one, else longitude/latitude) with their counts."""
     from rasterio.crs import CRS
     from rasterio.warp import transform
@@ -449,11 +449,11 @@ def map_footprints(job: ProjectMapJob) -> tuple[Any, list[Footprint]]:
             xs, ys = transform(crs, target, outline[:, 0], outline[:, 1])
             outline = np.column_stack([xs, ys])
         count = int(read_json(scene["counts"])["total"]) if scene["counts"] else None
-        footprints.append(Footprint(scene["name"], outline, tuple(scene["roles"]), count))
+        footprints.append(MapOutline(scene["name"], outline, tuple(scene["roles"]), count))
     return target, footprints
 
 
-def plot_project_map(crs: Any, footprints: Sequence[Footprint], unit: str, png: str | Path) -> None:
+def plot_project_map(crs: Any, footprints: Sequence[MapOutline], unit: str, png: str | Path) -> None:
     """The scenes' footprints in one figure: a predicted scene filled by its count, a scene only trained on outlined,
     dashed; a marker at each footprint's centre (a footprint may be too small to see at the map's scale), and up to
     :data:`LABELLED_FOOTPRINTS` scenes named beside it with their count."""
@@ -567,7 +567,7 @@ def read_summary(path: str | Path, bands: int = 4) -> tuple[Any, np.ma.MaskedArr
         return src.crs, data, extent, names
 
 
-def plot_summary_map(summary: str | Path, crs: Any, footprints: Sequence[Footprint], png: str | Path) -> None:
+def plot_summary_map(summary: str | Path, crs: Any, footprints: Sequence[MapOutline], png: str | Path) -> None:
     """The project's summary raster (objects per hectare, class cover or mean value a cell; up to 4 bands side
     by side), the scenes outlined over it when the map's CRS is the raster's."""
     import matplotlib
@@ -597,8 +597,8 @@ def plot_summary_map(summary: str | Path, crs: Any, footprints: Sequence[Footpri
 def render_project_map(job: ProjectMapJob, unit: str, png: str | Path) -> None:
     """The project's summary raster (a run of several scenes), else the scenes' footprints and counts."""
     if job.summary:
-        crs, footprints = map_footprints(job) if len(job.scenes) <= OUTLINED_SCENES else (None, [])
+        crs, footprints = map_outlines(job) if len(job.scenes) <= OUTLINED_SCENES else (None, [])
         plot_summary_map(job.summary, crs, footprints, png)
         return
-    crs, footprints = map_footprints(job)
+    crs, footprints = map_outlines(job)
     plot_project_map(crs, footprints, unit, png)

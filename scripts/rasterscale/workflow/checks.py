@@ -287,11 +287,11 @@ def checked_files(settings: Settings) -> Iterator[str]:
 
 def _read_files(settings: Settings) -> Iterator[str]:
     for scene in settings.scenes.values():
-        yield from scene_files(scene)
+        yield from checked_scene_files(scene)
     yield from run_files(settings)
 
 
-def scene_files(scene: SceneSettings) -> Iterator[str]:
+def checked_scene_files(scene: SceneSettings) -> Iterator[str]:
     """The files a plan's checks read of a scene: its raster, annotations, STAC item and tree tops (local or
     not)."""
     yield scene.path

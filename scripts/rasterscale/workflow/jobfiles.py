@@ -32,7 +32,13 @@ from rasterscale.settings import PredictSettings, SceneSettings, Settings, secti
 from rasterscale.workflow import partitions
 from rasterscale.workflow.checks import SKIPPED
 from rasterscale.workflow.plan import SECTIONS, Plan
-from rasterscale.workflow.reportfiles import mapped_scenes, model_file, scene_files, scored_batches, scored_scenes
+from rasterscale.workflow.reportfiles import (
+    mapped_scenes,
+    predicting_model_file,
+    scene_pages,
+    scored_batches,
+    scored_scenes,
+)
 
 
 def carrying(plan: Plan, *names: str, **sections: Any) -> Settings:
@@ -81,7 +87,7 @@ def score_job(plan: Plan, batch: int) -> ScoreJob:
     for name in scored_scenes(plan, batch):
         scene = plan.truth_scene(name, outputs=plan.scene_outputs(name))
         evaluation = plan.paths.evaluation_file(name) if plan.is_evaluated(name) else ""
-        scenes.append(ScoredScene(scene, evaluation, plan.paths.quicklook_file(name), scene_files(plan, name)))
+        scenes.append(ScoredScene(scene, evaluation, plan.paths.quicklook_file(name), scene_pages(plan, name)))
     return ScoreJob(batch, tuple(scenes), plan.labels, carrying(plan, "task", "evaluate"))
 
 
@@ -175,7 +181,9 @@ def run_page_job(plan: Plan) -> RunPageJob:
     }
     trained = bool(plan.train_scenes) and not plan.settings.model.file
     profiles = {name: plan.paths.scene_profile(name) for name in plan.predict_scenes}
-    return RunPageJob(plan.labels, geometry, model_file(plan), trained, profiles, plan.settings, plan.skipped)
+    return RunPageJob(
+        plan.labels, geometry, predicting_model_file(plan), trained, profiles, plan.settings, plan.skipped
+    )
 
 
 def project_map_job(plan: Plan) -> ProjectMapJob:
@@ -183,7 +191,7 @@ def project_map_job(plan: Plan) -> ProjectMapJob:
     scenes = []
     for name in mapped_scenes(plan):
         roles = [role for role, names in (("train", train), ("predict", predict)) if name in names]
-        counts = scene_files(plan, name)["counts"] if name in predict else ""
+        counts = scene_pages(plan, name)["counts"] if name in predict else ""
         scenes.append({"name": name, "raster": plan.scene_source(name), "roles": roles, "counts": counts})
     summary = partitions.summary_file(plan) if plan.has_project() else ""
     return ProjectMapJob(tuple(scenes), carrying(plan, "task"), summary)

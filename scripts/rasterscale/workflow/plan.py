@@ -62,7 +62,7 @@ class Plan:
     # it was left out (scenes_on_error: skip). Both the main process's only: a job's re-parse needs neither.
     trusted: dict[str, ItemHeader] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    # a batch's plan (rasterscale.workflow.storage.batch_plan), what the jobs of batch ``scope`` read: its members,
+    # a batch's plan (rasterscale.workflow.storage.plan_of_batch), what the jobs of batch ``scope`` read: its members,
     # their scenes and seams, the training scenes, and its partition's neighbourhood (``neighbourhoods``)
     # ``predict.scenes`` of its config lists its own only, ``predicted`` counts the whole plan's
     scope: int | None = None
@@ -446,7 +446,7 @@ class Plan:
     def trained_model_outputs(self, name: str) -> dict[str, str]:
         """Everything training writes for a model: the model file (for detection, its DeepForest folder too),
         curves."""
-        return {key: paths.model_file(file.format(name=name)) for key, file in self.task.model_files.items()}
+        return {key: paths.models_file(file.format(name=name)) for key, file in self.task.model_files.items()}
 
     def truth_scene(self, name: str, outputs: dict[str, str] | None = None) -> Scene:
         """A scene with its ground truth (training, scoring): raster, manifest, annotations, image name, tree tops,

@@ -27,7 +27,7 @@ PROJECT_MAP = "project_map.png"
 SCENE_FILES = {"scores": "scores.html", "profile": "profile.html", "plot": "profile.png", "counts": "counts.json"}
 
 
-def scene_files(plan: Plan, name: str) -> dict[str, str]:
+def scene_pages(plan: Plan, name: str) -> dict[str, str]:
     """A predicted scene's renderings by key: scores and prediction profile (HTML), the profile's plot (PNG), and
     its counts (JSON: what the project map reads)."""
     return {key: plan.paths.report_scene_file(name, file) for key, file in SCENE_FILES.items()}
@@ -52,7 +52,7 @@ def report_targets(plan: Plan) -> list[str]:
     return targets
 
 
-def model_file(plan: Plan) -> str:
+def predicting_model_file(plan: Plan) -> str:
     """The model file the run predicts with (trained by it, or model.file); "" when it trains none and
     predicts nothing."""
     if plan.predict_scenes or plan.trains:
@@ -66,7 +66,7 @@ def model_file(plan: Plan) -> str:
 def run_inputs(plan: Plan) -> dict[str, Any]:
     """Rule report_run's input: the model file (when there is one), the merge records of the batches whose
     scenes' profiles it reads."""
-    model = model_file(plan)
+    model = predicting_model_file(plan)
     profiles = plan.batch_records("merged", plan.predict_scenes)  # the merges write the profiles
     return {**({"model": model} if model else {}), "profiles": profiles}
 
@@ -101,7 +101,7 @@ def scored_files(plan: Plan, batch: int) -> list[ScoredFile]:
     quicklook and its renderings (scores and profile pages, the profile's plot, the counts)."""
     files = []
     for name in scored_scenes(plan, batch):
-        pages = scene_files(plan, name)
+        pages = scene_pages(plan, name)
         if plan.is_evaluated(name):
             files.append(ScoredFile(plan.paths.evaluation_file(name), name))
             files.append(ScoredFile(plan.paths.quicklook_file(name), name, "quicklook", "quicklook"))

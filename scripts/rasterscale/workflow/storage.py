@@ -5,7 +5,7 @@ while nothing it read changed); a job's re-parse (cluster or subprocess) loads i
 reading every header again, and builds it itself when none is stored for its config or an input changed since
 (:func:`job_plan`).
 
-Beside it, each batch's plan (:func:`batch_plan`, ``plan-{fingerprint}/batch-{b}.json``): what the jobs of one
+Beside it, each batch's plan (:func:`plan_of_batch`, ``plan-{fingerprint}/batch-{b}.json``): what the jobs of one
 batch read, a few hundred kilobytes whatever the project's size. A job of one batch (its tile manifests,
 prediction, merge, scoring, partition: Snakemake names it on the job's command line, ``--target-jobs``) loads its
 batch's plan, so that its parse does not grow with the project (at 200,000 scenes the whole plan is hundreds of
@@ -41,7 +41,7 @@ from rasterscale.scene import Scene
 from rasterscale.settings import config_of_scenes
 from rasterscale.workflow import partitions
 from rasterscale.workflow.batches import job_batch
-from rasterscale.workflow.checks import build_plan, file_stat, run_files, scene_files
+from rasterscale.workflow.checks import build_plan, checked_scene_files, file_stat, run_files
 from rasterscale.workflow.jsonshape import Row, check_shape
 from rasterscale.workflow.plan import Plan
 
@@ -91,7 +91,7 @@ def store_batch_plans(plan: Plan, key: str, workdir: str | Path = ".", warn: War
     current = set()  # the files that hold this plan's batch plans
     for number in plan.batch_numbers:
         path = folder / f"batch-{number}.json"
-        text = plan_to_json(batch_plan(plan, number))
+        text = plan_to_json(plan_of_batch(plan, number))
         if not (_holds(path, text) or store_cache_text(text, path, warn)):
             break
         current.add(path.name)
@@ -126,7 +126,7 @@ def _warn_on_stderr(line: str) -> None:
     sys.stderr.write(f"rasterscale: warning: {line}\n")
 
 
-def batch_plan(plan: Plan, batch: int) -> Plan:
+def plan_of_batch(plan: Plan, batch: int) -> Plan:
     """The plan as the jobs of ``batch`` read it: its members (their entries, scenes, footprints, seams and files),
     its partition's neighbourhood (their scenes' footprints: its memory estimate) and the batches holding it, and
     the training scenes (rules every parse defines read them). Its ``predict.scenes`` lists those of these scenes,
@@ -142,7 +142,7 @@ def batch_plan(plan: Plan, batch: int) -> Plan:
     scenes.update(plan.train_scenes)
     own = [name for name in sorted(scenes) if name in plan.scenes]
     held = [name for batch_members in members.values() for name in batch_members]
-    files = [*run_files(plan.settings), *(f for name in own for f in scene_files(plan.scenes[name]))]
+    files = [*run_files(plan.settings), *(f for name in own for f in checked_scene_files(plan.scenes[name]))]
     return Plan(
         config=config_of_scenes(plan.config, own),
         origins={name: plan.origins[name] for name in own if name in plan.origins},

@@ -22,7 +22,7 @@ from rasterscale.atomic import atomic_folder
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.raster.bands import InputBands
 from rasterscale.settings import Settings
-from rasterscale.tasks.modelfiles import NotATorchFile, model_file, model_file_error, torch_payload
+from rasterscale.tasks.modelfiles import NotATorchFile, model_file_error, starting_model_file, torch_payload
 from rasterscale.tasks.modelinput import model_input
 
 DEEPFOREST_RESIZE = (800, 1333)  # torchvision's GeneralizedRCNNTransform defaults, which DeepForest relies on
@@ -143,7 +143,7 @@ def config_error(problem: str) -> Exception:
 def detector_model_file(settings: Settings) -> tuple[str | None, bool]:
     """:func:`model_file` of a torchvision detector's config, which starts from a model file or from ImageNet
     weights for its backbone (``model.backbone_weights``), not both."""
-    path, new_head = model_file(settings)
+    path, new_head = starting_model_file(settings)
     if new_head and settings.model.backbone_weights:
         raise config_error("train.init and model.backbone_weights are both set: keep one of them")
     return path, new_head

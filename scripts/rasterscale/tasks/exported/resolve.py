@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rasterscale.settings import ModelSettings, Settings
 from rasterscale.tasks.exported.card import CardRules, ModelCard, card_error, is_exported, read_card
-from rasterscale.tasks.modelfiles import model_file
+from rasterscale.tasks.modelfiles import starting_model_file
 
 if TYPE_CHECKING:
     from rasterscale.tasks.exported.runtime import ExportedDense
@@ -21,7 +21,7 @@ def exported_card(settings: Settings, rules: CardRules, check: bool = True) -> M
     """The card of the config's exported model file (``model.file``), None when it names none. ``check``: the dry
     run's check of the card against the file (:func:`rasterscale.tasks.exported.runtime.check_exported`, run once
     per file state). An exported file as ``train.init``: one line (exported files predict only)."""
-    path, new_head = model_file(settings)
+    path, new_head = starting_model_file(settings)
     return card_of_file(path, new_head, settings, rules, check)
 
 

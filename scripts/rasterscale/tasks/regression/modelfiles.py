@@ -26,7 +26,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, payload_config, smp_fields, smp_record, task_payload
+from rasterscale.tasks.modelfiles import payload_config, smp_fields, smp_record, starting_model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 REGRESSOR_FORMAT = "rasterscale-regressor/1"
@@ -127,7 +127,7 @@ def regressor_of_config(settings: Settings) -> RegressorConfig:
     file's: keys that contradict them fail with one line naming the file (at dry run), as do encoder weights that
     cannot start the network (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`)."""
     model = settings.model
-    path, new_head = model_file(settings)
+    path, new_head = starting_model_file(settings)
     header = read_regressor_header(path) if path else None
     labels = tuple(model.labels or (header.labels if header else DEFAULT_LABELS))
     if header is not None and not new_head and [x.casefold() for x in labels] != [x.casefold() for x in header.labels]:

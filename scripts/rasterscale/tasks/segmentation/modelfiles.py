@@ -26,7 +26,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import model_file, payload_config, smp_fields, smp_record, task_payload
+from rasterscale.tasks.modelfiles import payload_config, smp_fields, smp_record, starting_model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 __all__ = ["ARCHITECTURES", "UNET_DECODER", "SegmenterConfig", "segmenter_of_config"]
@@ -102,7 +102,7 @@ def segmenter_of_config(settings: Settings) -> SegmenterConfig:
     config's keys contradict, and encoder weights that cannot start the network
     (:func:`~rasterscale.tasks.encoders.checked_encoder_weights`) raise a one-line error naming it (at dry run)."""
     model = settings.model
-    path, new_head = model_file(settings)
+    path, new_head = starting_model_file(settings)
     header = read_segmenter_header(path) if path else None
     labels = tuple(model.labels or (header.labels if header else DEFAULT_LABELS))
     if header is not None and len(labels) != header.num_classes:
