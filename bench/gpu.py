@@ -76,6 +76,8 @@ def percent(value: float | None) -> str:
 
 def label(requested: str, run: dict[str, Any]) -> str:
     used = run.get("precision")
+    if run.get("one_run"):  # auto is 32-true on this device: one job stands for both (gpu_measures.at_each_precision)
+        return f"{requested} (auto's run)"
     return f"auto ({used})" if requested == "auto" and used else requested
 
 
@@ -104,7 +106,8 @@ def train_rows(section: dict[str, Any]) -> list[Row]:
 
 
 def same_precision(runs: dict[str, Any]) -> str:
-    """A note where ``auto`` resolved to 32-true: the two runs are the same, their difference is noise."""
+    """A note where ``auto`` resolved to the same precision as 32-true on each rank but was run twice: the two runs
+    are the same, their difference is noise."""
     used = {run.get("precision") for run in runs.values()}
     return f" ({used.pop()} both: auto is 32-true on this device, the difference is noise)" if len(used) == 1 else ""
 

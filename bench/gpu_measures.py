@@ -344,12 +344,29 @@ def train_once(bench: Bench, precision: str) -> dict[str, Any]:
     return train_summary(job, config)
 
 
+def at_each_precision(bench: Bench, once: Callable[[Bench, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A job run by ``once`` at each of :data:`PRECISIONS`, failing soft; where ``auto`` resolves to 32-true on this
+    device (a CPU without native bf16) the two are the same job: its one run stands for both (``one_run``)."""
+    runs = {precisions.AUTO: attempt(functools.partial(once, bench, precisions.AUTO))}
+    auto = runs[precisions.AUTO]
+    if bench.auto == precisions.FP32 and ok(auto):
+        runs[precisions.FP32] = {**auto, "requested": precisions.FP32, "one_run": True}
+    else:
+        runs[precisions.FP32] = attempt(functools.partial(once, bench, precisions.FP32))
+    return runs
+
+
+def one_run(runs: dict[str, dict[str, Any]]) -> bool:
+    """Whether one run stands for both precisions (:func:`at_each_precision`): no speedup to report."""
+    return any(run.get("one_run") for run in runs.values())
+
+
 def measure_train(bench: Bench) -> dict[str, Any]:
     """Training at ``auto`` and at ``32-true``: steady steps/s and images/s, and auto's speedup per step."""
-    runs = {precision: attempt(functools.partial(train_once, bench, precision)) for precision in PRECISIONS}
+    runs = at_each_precision(bench, train_once)
     result: dict[str, Any] = {"runs": runs, "model": describe_model(bench.sizes)}
     auto, fp32 = runs[precisions.AUTO], runs[precisions.FP32]
-    if ok(auto) and ok(fp32):
+    if ok(auto) and ok(fp32) and not one_run(runs):
         result["auto_speedup"] = ratio(fp32["step_ms"], auto["step_ms"])
     return result
 
@@ -421,12 +438,12 @@ def predict_once(bench: Bench, precision: str, ranks: int | None = None) -> dict
 
 def measure_predict(bench: Bench) -> dict[str, Any]:
     """The prediction job at ``auto`` and at ``32-true``: tiles/s, and every rank's profile."""
-    runs = {precision: attempt(functools.partial(predict_once, bench, precision)) for precision in PRECISIONS}
+    runs = at_each_precision(bench, predict_once)
     auto, fp32 = runs[precisions.AUTO], runs[precisions.FP32]
     result: dict[str, Any] = {"runs": runs, "model": f"{describe_model(bench.sizes)}, {bench.model_kind}"}
     if ok(auto):
         bench.predicted = auto
-    if ok(auto) and ok(fp32):
+    if ok(auto) and ok(fp32) and not one_run(runs):
         result["auto_speedup"] = ratio(auto["tiles_per_s"], fp32["tiles_per_s"])
     result["scaling"] = attempt(functools.partial(measure_scaling, bench))
     return result
