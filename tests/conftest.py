@@ -201,3 +201,11 @@ def write_vrt(path: Path, sources: list[Path]) -> Path:
         f"<GeoTransform>{left}, {px}, 0, {top}, 0, {py}</GeoTransform>{''.join(bands)}</VRTDataset>\n"
     )
     return path
+
+
+def project_sources(entries: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """Project sources (rasterscale.scene.ProjectSource) from their job-file entries (name, CRS, bounds or core,
+    layers by key)."""
+    from rasterscale.scene import ProjectSource
+
+    return tuple(ProjectSource.from_dict(entry) for entry in entries)

@@ -21,7 +21,7 @@ from affine import Affine
 from rasterio.enums import ColorInterp
 from shapely.geometry import box
 
-from conftest import UTM17N, write_raster, write_rgba
+from conftest import UTM17N, project_sources, write_raster, write_rgba
 from rasterscale.errors import ConfigError, InputError
 from rasterscale.grid import project as grid_project
 from rasterscale.grid.manifest import build_manifest
@@ -42,7 +42,7 @@ from rasterscale.jobs import paths
 from rasterscale.jobs.files import ProjectJob, TilesJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.mosaic import write_mosaic
-from rasterscale.scene import ProjectSource, Scene
+from rasterscale.scene import Scene
 from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
@@ -771,11 +771,6 @@ def project_job(tmp_path) -> Callable[[float], dict]:
         return ProjectJob(UTM17N, ("tree",), project_sources(sources), outputs, settings)
 
     return job
-
-
-def project_sources(entries: list[dict]) -> tuple[ProjectSource, ...]:
-    """Project sources from their job-file entries (name, CRS, bounds or core, layers by key)."""
-    return tuple(ProjectSource.from_dict(entry) for entry in entries)
 
 
 def boxes_of(frame: gpd.GeoDataFrame, origin=(X0, Y0)) -> list[tuple[str, str, tuple[float, ...]]]:

@@ -14,14 +14,13 @@ from affine import Affine
 from rasterio.windows import Window
 from rio_cogeo.cogeo import cog_validate
 
-from conftest import UTM17N, write_raster
+from conftest import UTM17N, project_sources, write_raster
 from rasterscale.errors import InputError
 from rasterscale.grid.manifest import build_manifest, tile_grid, tiles_from_frame
 from rasterscale.grid.tile import Tile
 from rasterscale.jobs.files import ProjectJob
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import resolve_spec
-from rasterscale.scene import ProjectSource
 from rasterscale.settings import job_settings
 from rasterscale.tasks.blending import edge_weights, halo_tiles, tile_cores
 from rasterscale.tasks.regression.blend import ValueBlender
@@ -429,8 +428,3 @@ def test_a_projects_tree_tops_are_found_once_across_a_scene_border(tmp_path):
         write_tops(values, tree_top_rule(settings.merge.tree_tops), scene)
         per_scene += len(read_tree_tops(scene["tops"]))
     assert per_scene == 5  # the cut crown seen twice, once from each side: the project's layer holds it once
-
-
-def project_sources(entries: list[dict]) -> tuple[ProjectSource, ...]:
-    """Project sources from their job-file entries (name, CRS, layers by key)."""
-    return tuple(ProjectSource.from_dict(entry) for entry in entries)

@@ -89,27 +89,31 @@ def _is_config(node: ast.expr) -> bool:
     return name is not None and bool(CONFIG_NAMES.search(name))
 
 
+def keyed_read(node: ast.AST) -> tuple[ast.expr, object] | None:
+    """``(X, "key")`` of ``X["key"]`` or ``X.get("key")`` (a constant key); None for any other node."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.value, node.slice.value
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    ):
+        return node.func.value, node.args[0].value
+    return None
+
+
 def config_reads(source: str) -> list[str]:
     """Every ``X["key"]`` or ``X.get("key")`` of a config key on the config or a section of it, and every section
     taken by a variable (``config[section]``)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        key: object = None
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and reads_config(node.value):
-            key = node.slice.value
+        read = keyed_read(node)
+        if read is not None and reads_config(read[0]) and read[1] in KEYS:
+            found.append(f"line {node.lineno}: [{read[1]!r}]")
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and _is_config(node.value):
             found.append(f"line {node.lineno}: [{node.slice.id}]")
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "get"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and reads_config(node.func.value)
-        ):
-            key = node.args[0].value
-        if key in KEYS:
-            found.append(f"line {node.lineno}: [{key!r}]")
     return sorted(found)
 
 
@@ -153,17 +157,7 @@ def job_mapping_reads(source: str) -> list[str]:
     """Every ``scene["key"]``, ``job.get("key")``, ``source["key"]`` ...: a job's member read as a mapping."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        target, key = None, None
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            target, key = node.value, node.slice.value
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "get"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-        ):
-            target, key = node.func.value, node.args[0].value
+        target, key = keyed_read(node) or (None, None)
         if isinstance(target, ast.Name) and JOB_MEMBERS.match(target.id) and isinstance(key, str):
             found.append(f"line {node.lineno}: {target.id}[{key!r}]")
     return found
