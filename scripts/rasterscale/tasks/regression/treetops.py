@@ -48,6 +48,7 @@ from rasterscale.atomic import write_geoparquet, write_gpkg
 from rasterscale.errors import InputError
 from rasterscale.raster.geometry_checks import check_points, read_features
 from rasterscale.raster.remote import open_raster, shown
+from rasterscale.tasks.pointmatching import match_points, square_pixel_size
 
 # scipy is imported in the functions that use it: every parse of the workflow imports this module (through the
 # task registry), and only tree tops need scipy (0.3 s of each parse and job start)
@@ -298,15 +299,6 @@ def _block_tops(
     return rows + int(window.row_off), cols + int(window.col_off), heights[rows, cols]
 
 
-def square_pixel_size(src: rasterio.io.DatasetReader) -> float:
-    """The raster's pixel size in CRS units (metres), which must be square."""
-    transform = src.transform
-    width, height = math.hypot(transform.a, transform.d), math.hypot(transform.b, transform.e)
-    if not math.isclose(width, height, rel_tol=1e-6) or width <= 0:
-        raise InputError(f"{shown(src.name)}: tree tops need square pixels, got {width} x {height}")
-    return width
-
-
 def find_tree_tops(
     raster: str | Path, rule: TreeTopRule, block: int = 2048, *, plateau_margin: int = PLATEAU_MARGIN
 ) -> gpd.GeoDataFrame:
@@ -361,50 +353,6 @@ def _in_crs_of(truth: gpd.GeoDataFrame, predicted: gpd.GeoDataFrame) -> gpd.GeoD
     if predicted.crs is None or truth.crs is None:
         raise ValueError("tree tops: one of predicted and true tops has no CRS; both need one to be compared")
     return truth if truth.crs == predicted.crs else truth.to_crs(predicted.crs)
-
-
-def match_points(predicted: np.ndarray, truth: np.ndarray, max_distance: float) -> tuple[np.ndarray, np.ndarray]:
-    """One-to-one matching of predicted to true points within ``max_distance``: the most pairs, and among those the
-    least total distance (an optimal assignment). Candidate pairs come from KD-trees; the assignment is solved per
-    connected group of candidates (a handful of points each), so it scales to 100k points. Returns the matched
-    (predicted, true) indexes."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-    from scipy.spatial import cKDTree
-
-    if len(predicted) == 0 or len(truth) == 0:
-        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
-    pairs = cKDTree(predicted).sparse_distance_matrix(cKDTree(truth), max_distance, output_type="ndarray")
-    p, t, d = pairs["i"].astype(np.int64), pairs["j"].astype(np.int64), pairs["v"].astype(np.float64)
-    n_pred = len(predicted)
-    graph = coo_matrix((np.ones(p.size), (p, t + n_pred)), shape=(n_pred + len(truth),) * 2)
-    _, component = connected_components(graph, directed=False)
-    group = component[p]
-    order = np.argsort(group, kind="stable")
-    p, t, d, group = p[order], t[order], d[order], group[order]
-    bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
-    single = np.diff(bounds) == 1  # one candidate pair alone: matched as it is
-    matched_p, matched_t = [p[bounds[:-1][single]]], [t[bounds[:-1][single]]]
-    for start, stop in zip(bounds[:-1][~single], bounds[1:][~single], strict=True):
-        mp, mt = _assign(p[start:stop], t[start:stop], d[start:stop], max_distance)
-        matched_p.append(mp)
-        matched_t.append(mt)
-    return np.concatenate(matched_p), np.concatenate(matched_t)
-
-
-def _assign(p: np.ndarray, t: np.ndarray, d: np.ndarray, max_distance: float) -> tuple[np.ndarray, np.ndarray]:
-    """The optimal assignment within one group of candidate pairs: as many pairs as possible, then the least total
-    distance (a candidate pair costs its distance less a bonus larger than any group's total distance)."""
-    from scipy.optimize import linear_sum_assignment
-
-    rows, p_index = np.unique(p, return_inverse=True)
-    cols, t_index = np.unique(t, return_inverse=True)
-    bonus = max_distance * (min(rows.size, cols.size) + 1) + 1.0
-    cost = np.zeros((rows.size, cols.size))
-    cost[p_index, t_index] = d - bonus
-    r, c = linear_sum_assignment(cost)
-    paired = cost[r, c] < 0
-    return rows[r[paired]], cols[c[paired]]
 
 
 def score_tree_tops(
