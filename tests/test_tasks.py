@@ -22,7 +22,9 @@ PACKAGE = REPO / "scripts" / "rasterscale"
 def test_the_schema_takes_the_task_values_and_the_tasks_enums_from_the_registry():
     schema = load_schema()
     assert (
-        schema["properties"]["task"]["enum"] == list(TASKS) == ["detection", "segmentation", "instances", "regression"]
+        schema["properties"]["task"]["enum"]
+        == list(TASKS)
+        == ["detection", "segmentation", "instances", "regression", "points"]
     )
     assert schema["properties"]["model"]["properties"]["architecture"]["enum"] == [None, *ARCHITECTURES]
     with pytest.raises(ConfigError, match="'task'"):
@@ -40,22 +42,25 @@ def test_each_spec_loads_its_torch_half_which_points_back_to_it(name):
 @pytest.mark.parametrize(
     ("task", "section", "key", "value", "owner"),
     [
-        ("segmentation", "model", "score_threshold", 0.5, "detection and instances"),
-        ("detection", "model", "architecture", "fpn", "segmentation and regression"),
-        ("instances", "model", "encoder", "resnet34", "segmentation and regression"),
-        ("detection", "model", "encoder_weights", "s2.pth", "segmentation and regression"),
+        ("segmentation", "model", "score_threshold", 0.5, "detection, instances and points"),
+        ("detection", "model", "architecture", "fpn", "segmentation, regression and points"),
+        ("instances", "model", "encoder", "resnet34", "segmentation, regression and points"),
+        ("detection", "model", "encoder_weights", "s2.pth", "segmentation, regression and points"),
         ("detection", "model", "mask_threshold", 0.5, "instances"),
         ("instances", "evaluate", "iou_threshold", 0.5, "detection"),
         ("segmentation", "evaluate", "mask_iou_threshold", 0.5, "instances"),
-        ("segmentation", "model", "loss", "mse", "regression"),
+        ("segmentation", "model", "loss", "mse", "regression and points"),
         ("regression", "predict", "probabilities", True, "segmentation"),
         ("regression", "model", "fpn_channels", 128, "detection and instances"),
         ("detection", "merge", "tree_tops", {"min_height": 2}, "regression"),
         ("segmentation", "evaluate", "tree_top_distance", 0.5, "regression"),
+        ("regression", "merge", "point_distance", 0.5, "points"),
+        ("detection", "evaluate", "point_distance", 0.5, "points"),
+        ("segmentation", "model", "sigma", 0.5, "points"),
     ],
 )
 def test_a_key_only_another_task_reads_is_refused_naming_both(task, section, key, value, owner):
-    for name in owner.split(" and "):
+    for name in re.split(", | and ", owner):
         assert key in task_spec(name).config_keys[section]  # the key is the owners', by their specs
         validate_config({"task": name, section: {key: value}})  # and valid there
     with pytest.raises(ConfigError, match=f"'{section}.{key}' applies to task {owner} only, and task is {task}"):

@@ -36,6 +36,7 @@ class SceneSettings:
     image_path: str | None
     tree_tops: str | None
     rectangles_ok: bool | None
+    centroids_ok: bool | None
     label_column: str | None
 
 
@@ -93,6 +94,7 @@ class ModelSettings:
     score_threshold: float | None
     nms_threshold: float | None
     detections_per_tile: int | None
+    sigma: float | None
     fpn_channels: int | None
     mask_threshold: float | None
     resize: Any
@@ -151,6 +153,7 @@ class MergeSettings:
     iou_threshold: float
     edge_tolerance: float
     containment_threshold: float
+    point_distance: float
     tree_tops: Mapping[str, Any] | None
 
 
@@ -168,6 +171,8 @@ class EvaluateSettings:
     iou_threshold: float
     mask_iou_threshold: float
     score_threshold: float
+    point_distance: float
+    count_cell: float
     tree_top_distance: float
 
 

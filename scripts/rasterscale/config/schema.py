@@ -44,7 +44,9 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
         for dotted, values in spec.schema_enums.items():
             section, key = dotted.split(".")
             prop = schema["properties"][section]["properties"][key]
-            prop["enum"] = [*([None] if None in prop.get("enum", []) else []), *values]
+            given = prop.get("enum", [])  # the file's, and the values of the tasks before this one
+            earlier = [value for value in given if value is not None]
+            prop["enum"] = [*([None] if None in given else []), *dict.fromkeys([*earlier, *values])]
     return schema
 
 
@@ -117,7 +119,7 @@ def check_task_keys(raw: Mapping[str, Any], default_task: str) -> None:
     for (section, key), tasks in readers.items():
         values = raw.get(section)
         if (section, key) not in own and isinstance(values, dict) and values.get(key) is not None:
-            which = " and ".join(tasks)
+            which = " and ".join([", ".join(tasks[:-1]), tasks[-1]] if len(tasks) > 1 else tasks)
             raise ConfigError(f"config: key '{section}.{key}' applies to task {which} only, and task is {task}")
     own_scene_keys = set(TASKS[task].scene_keys) if task in TASKS else set()
     scenes = raw.get("scenes")

@@ -75,7 +75,7 @@ def check_points(path: str, geometries: np.ndarray, names: Sequence[str], needs:
     task ``needs`` (e.g. ``tree tops need points``)."""
     geometries = np.asarray(geometries, dtype=object)
     check_present(path, geometries, names, needs)
-    check_of_kinds(path, geometries, names, {POINT}, "points", needs)
+    check_of_kinds(path, geometries, names, {POINT}, f"{POINT.name.lower()}s", needs)  # "points"
 
 
 def check_polygonal(

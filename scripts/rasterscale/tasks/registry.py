@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from rasterscale.tasks.detection.spec import DETECTION
 from rasterscale.tasks.instances.spec import INSTANCES
+from rasterscale.tasks.points.spec import POINTS
 from rasterscale.tasks.regression.spec import REGRESSION
 from rasterscale.tasks.segmentation.spec import SEGMENTATION
 from rasterscale.tasks.spec import TaskSpec
 
-TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (DETECTION, SEGMENTATION, INSTANCES, REGRESSION)}
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (DETECTION, SEGMENTATION, INSTANCES, REGRESSION, POINTS)}
 
 
 def task_spec(name: str) -> TaskSpec:

@@ -3,14 +3,14 @@ beside it or from ``model.card`` in the config.
 
 .. code-block:: yaml
 
-    task: segmentation          # segmentation | regression
+    task: segmentation          # segmentation | regression | points
     labels: [background, tree]  # class names (segmentation) or value names (regression), in output-channel order
     bands: [red, green, blue]   # the input bands in channel order (count = the file's input channels)
     input: scaled               # scaled: tiles as 0-255 / 255, in [0, 1] (default) | raw: band values as float32
     normalize: {mean: [..], std: [..]}  # optional: applied by rasterscale first; leave out when the file
                                 # normalizes itself (it then takes [0, 1] or raw values as they are)
     tile_size: 256              # the tile size the file takes, or any
-    output: logits              # logits | probabilities (segmentation) | values (regression); channels first
+    output: logits              # logits | probabilities (segmentation) | values (regression) | heatmap (points)
     output_stride: 1            # input pixels per output pixel, when the output is coarser than the input
 
 A file is exported (not a rasterscale ``.pt`` payload) when it ends in ``.onnx`` or ``.pt2``, or when it has a card:

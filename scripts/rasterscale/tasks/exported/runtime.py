@@ -295,6 +295,8 @@ class ExportedDense(torch.nn.Module):
             out = F.interpolate(out.float(), size=images.shape[-2:], mode="bilinear", align_corners=False)
         if self.card.output == "probabilities":
             out = torch.log(out.float().clamp_min(1e-12))
+        elif self.card.output == "heatmap":  # a point model's heatmap: its logits, which a sigmoid maps back
+            out = torch.logit(out.float(), eps=1e-6)
         # the dense tasks' layout (a softmax over a few classes, and the blend's reads per tile, are slower strided)
         return out.contiguous()
 
