@@ -19,6 +19,7 @@ from rasterio.windows import Window
 from scipy import ndimage
 
 import snakemake_forks
+from pointblobs import HeatmapNet, blob_centres, blob_scene
 from rasterscale.errors import InputError
 from rasterscale.settings import job_settings
 from rasterscale.tasks.exported.card import ModelCard, card_path
@@ -496,40 +497,6 @@ def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
         export_model(tmp_path / "seg.onnx", tmp_path / "again.onnx")
 
 
-class HeatmapNet(torch.nn.Module):
-    """A user's point model: a Gaussian blur of the bands' mean, then a sigmoid: a heatmap in [0, 1] whose peaks are
-    the centres of bright round blobs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = torch.nn.Sequential(torch.nn.Conv2d(4, 1, 7, padding=3, bias=False))
-        r = torch.arange(7, dtype=torch.float32) - 3
-        kernel = torch.exp(-(r[:, None] ** 2 + r[None, :] ** 2) / (2 * 1.5**2))
-        with torch.no_grad():
-            self.features[0].weight.copy_((kernel / kernel.sum() / 4).expand(1, 4, 7, 7))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(12.0 * (self.features(x) - 0.4))
-
-
-def blob_scene(path: Path) -> tuple[Path, np.ndarray]:
-    """Bright round blobs (sigma 2 px) on a dark ground, centred on pixels every 13 px with a jitter; their
-    centres (column, row) as pixel centres."""
-    rng = np.random.default_rng(5)
-    centres = np.array([(c + rng.integers(-2, 3), r + rng.integers(-2, 3)) for r in range(8, HEIGHT - 6, 13)
-                        for c in range(8, WIDTH - 6, 13)])  # fmt: skip
-    rows, cols = np.mgrid[0:HEIGHT, 0:WIDTH]
-    field = np.zeros((HEIGHT, WIDTH))
-    for c, r in centres:
-        field = np.maximum(field, np.exp(-((cols - c) ** 2 + (rows - r) ** 2) / (2 * 2.0**2)))
-    data = np.repeat((field * 250).astype(np.uint8)[None], 4, axis=0)
-    profile = {"driver": "GTiff", "width": WIDTH, "height": HEIGHT, "count": 4, "dtype": "uint8"}
-    profile.update(crs="EPSG:32617", transform=rasterio.Affine(0.1, 0, 404000.0, 0, -0.1, 3285000.0))
-    with rasterio.open(path, "w", photometric="MINISBLACK", **profile) as dst:
-        dst.write(data)
-    return path, centres + 0.5
-
-
 def test_an_onnx_point_model_gives_the_peaks_of_its_heatmap_through_its_card(tmp_path):
     """A points card (output: heatmap) on an ONNX file, through the real workflow on 2 ranks (their tiles' cores
     meeting between blobs and on them): the scene's points are the blobs' centres, each once, at its pixel's
@@ -537,7 +504,8 @@ def test_an_onnx_point_model_gives_the_peaks_of_its_heatmap_through_its_card(tmp
     is refused in one line."""
     import geopandas as gpd
 
-    raster, centres = blob_scene(tmp_path / "blobs.tif")
+    centres = blob_centres(WIDTH, HEIGHT)
+    raster = blob_scene(tmp_path / "blobs.tif", WIDTH, HEIGHT, centres)
     net = HeatmapNet().eval()
     scale = {"input": "scaled", "normalize": None}
     keys = {k: v for k, v in card(task="points", labels=["tree"], output="heatmap", **scale).items() if v is not None}
@@ -551,7 +519,7 @@ def test_an_onnx_point_model_gives_the_peaks_of_its_heatmap_through_its_card(tmp
     found = gpd.read_parquet(tmp_path / "run" / layer)
     log = "".join(p.read_text() for p in (tmp_path / "run/logs/predict").glob("**/*.log"))
     assert "exported onnx file, points: heatmap of [tree]" in log
-    assert sorted(zip(found["px_x"], found["px_y"], strict=True)) == sorted(map(tuple, centres.tolist()))
+    assert sorted(zip(found["px_x"], found["px_y"], strict=True)) == sorted(map(tuple, (centres + 0.5).tolist()))
     assert np.allclose(found.geometry.x, 404000.0 + 0.1 * found["px_x"]) and (found["label"] == "tree").all()
     with rasterio.open(raster) as src, torch.inference_mode():
         heat = net(torch.from_numpy(src.read().astype(np.float32) / 255)[None])[0, 0].numpy()
