@@ -27,6 +27,7 @@ from measures import (
     spread,
     timed,
 )
+from points import measure_points_job, measure_points_merge
 from rasterscale.grid.manifest import build_manifest, tiles_from_frame, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.raster.imagery import resolve_spec
@@ -79,6 +80,8 @@ class Sizes:
     interleave_side: int = 2048  # the 13-band raster read pixel- and band-interleaved (49 tiles)
     exported_side: int = 7168  # the scene each exported form predicts (1024 tiles of 256 px)
     ceiling_side: int = 6144  # the null model's scene (784 tiles of 256 px): the host ceiling
+    points_merge: int = 1_000_000  # points of one scene, decoded by the tiles holding them (bench/points.py)
+    points_job_side: int = 4096  # the scene a points job and a segmentation job predict (289 tiles of 256 px)
 
 
 QUICK = Sizes(
@@ -98,6 +101,8 @@ QUICK = Sizes(
     interleave_side=1024,
     exported_side=1024,
     ceiling_side=1024,
+    points_merge=20_000,
+    points_job_side=1024,
 )
 
 TARGETS = {  # figure: (comparison, target)
@@ -106,6 +111,10 @@ TARGETS = {  # figure: (comparison, target)
     "scaling_2v1": (">=", 1.9),
     "rss_mb": ("<=", 1536.0),
     "merge_1m_s": ("<=", 10.0),
+    "points_merge_1m_s": ("<=", 10.0),  # the points' core rule and one point per place (bench/points.py)
+    # a points job's tiles/s over segmentation's at the same U-Net: its peaks decoded per batch on the device
+    # cost no more than the blend they replace
+    "points_job_vs_segmentation": (">=", 0.9),
     "manifest_100k_s": ("<=", 2.0),
     "seg_rank_rss_mb": ("<=", 1536.0),
     "seg_merge_rss_mb": ("<=", 1024.0),
@@ -182,6 +191,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
     details["rss"] = timed(partial(measure_rss, workdir, model_file, sizes.rss_sides, sizes.rss_tiles))
     details["merge"] = timed(partial(measure_merge, sizes.merge_objects))
     details["manifest"] = timed(partial(measure_manifest, workdir, sizes.manifest_side))
+    details["points"] = timed(partial(measure_points_merge, workdir / "points", sizes.points_merge))
+    details["points_job"] = timed(partial(measure_points_job, workdir / "points-job", sizes.points_job_side))
     details["segmentation"] = timed(partial(measure_segmentation_rss, workdir, sizes.seg_rss_sides))
     details["regression"] = timed(partial(measure_regression_rss, workdir, sizes.regression_rss_sides))
     details["instances_rank"] = timed(partial(measure_instances_rank_rss, workdir, sizes.rss_sides, sizes.rss_tiles))
@@ -209,6 +220,8 @@ def run_bench(workdir: Path, sizes: Sizes, trained: tuple[Path, Path]) -> dict[s
         "rss_mb": {side: r["rss_peak_mb"] for side, r in details["rss"].items() if isinstance(r, dict)},
         "merge_1m_s": details["merge"]["seconds"],
         "manifest_100k_s": details["manifest"]["seconds"],
+        "points_merge_1m_s": details["points"]["seconds"],
+        "points_job_vs_segmentation": details["points_job"]["points_vs_segmentation"],
         **dense_figures(details, "segmentation"),
         **dense_figures(details, "regression"),
         "instances_merge_1m_s": details["instances"]["merge"]["seconds"],
@@ -286,6 +299,22 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result['manifest_100k_s']:.2f} s",
             "manifest_100k_s",
             f"{d['manifest']['tiles']} tiles, build_manifest + GeoParquet",
+        ),
+        (
+            "points: 1M, core rule + merge",
+            f"{result['points_merge_1m_s']:.2f} s",
+            "points_merge_1m_s",
+            f"{d['points']['decoded']} decoded by {d['points']['tiles']} tiles -> {d['points']['kept']} kept "
+            f"(ranks {d['points']['ranks_s']:.1f} s, merge {d['points']['merge_s']:.1f} s; the merge job with "
+            f"its files {d['points']['merge_job_s']:.1f} s)",
+        ),
+        (
+            "points job / segmentation job",
+            f"{result['points_job_vs_segmentation']:.2f}x",
+            "points_job_vs_segmentation",
+            f"tiles/s {d['points_job']['points']['tiles_per_s']:.2f} vs "
+            f"{d['points_job']['segmentation']['tiles_per_s']:.2f} ({d['points_job']['model']}, 1 CPU rank), "
+            f"{d['points_job']['points']['points_per_s']:.0f} points/s",
         ),
     ]
     rows += dense_rows(result, "segmentation") + dense_rows(result, "regression")

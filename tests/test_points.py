@@ -19,8 +19,8 @@ from rasterscale.raster.imagery import resolve_spec
 from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.blending import tile_cores
 from rasterscale.tasks.points.dataset import gaussian_heatmap
-from rasterscale.tasks.points.decode import decode_peaks
-from rasterscale.tasks.points.layer import in_core
+from rasterscale.tasks.points.decode import decode_peaks, window_max
+from rasterscale.tasks.points.layer import in_cores
 from rasterscale.tasks.points.merge import merge_scene, one_per_place
 from rasterscale.tasks.points.modelfiles import PeakRule, PointsConfig, peak_window
 from rasterscale.tasks.points.rankoutput import PointsRankOutput
@@ -47,17 +47,17 @@ def test_the_window_spans_the_distance_either_side():
     assert peak_window(0.05, 0.1) == 3  # never less than one pixel either side
 
 
-def test_a_point_in_two_overlapping_tiles_is_kept_by_the_one_whose_core_holds_it():
+def test_a_point_in_two_overlapping_tiles_is_kept_by_the_one_whose_core_holds_it_batch_or_tile():
     tiles = [Tile(0, 0, 0, 64, 64), Tile(1, 48, 0, 64, 64)]  # 16 px of overlap: cores cut at column 56
     cores = tile_cores(tiles, 112, 64)
     assert cores[0] == Window(0, 0, 56, 64) and cores[1] == Window(56, 0, 56, 64)
     for column in (54.0, 55.0, 56.0, 57.0):  # the same peak seen by both tiles (raster column + 0.5)
-        seen = [
-            in_core(np.array([[column - tile.col_off, 10.0, 0.9, 0.0]]), tile, cores[tile.tile_id]) for tile in tiles
-        ]
+        seen = [in_cores(np.array([[[column - tile.col_off, 10.0, 0.9, 0.0]]]), [tile], cores) for tile in tiles]
         kept = [rows for rows in seen if len(rows)]
         assert len(kept) == 1, column
         assert kept[0][0].tolist() == [column + 0.5, 10.5, pytest.approx(0.9), 0.0, float(column + 0.5 >= 56)]
+        batch = np.array([[[column - tile.col_off, 10.0, 0.9, 0.0], [5.0, 5.0, 0.0, 0.0]] for tile in tiles])
+        assert in_cores(batch, tiles, cores).tolist() == kept[0].tolist()  # both tiles in one pass, the same
 
 
 def test_one_point_per_place_keeps_the_best_of_each_class_within_the_distance():
@@ -172,3 +172,10 @@ def test_points_over_1_2_and_3_ranks_merge_to_each_true_point_once_on_valid_pixe
         assert gpd.read_file(folder / "points.gpkg", layer="points").shape[0] == len(expected)
         layers[ranks] = merged.drop(columns="tile_id")
     assert layers[1].equals(layers[2]) and layers[1].equals(layers[3])
+
+
+def test_the_window_maximum_is_a_square_max_pool():
+    heat = torch.rand(2, 3, 37, 41)
+    for window in (3, 9, 17):
+        square = torch.nn.functional.max_pool2d(heat, window, stride=1, padding=window // 2)
+        assert torch.equal(window_max(heat, window), square), window

@@ -4,7 +4,7 @@ raster's CRS, and the core rule that keeps each tile's points where its core hol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import geopandas as gpd
@@ -55,12 +55,16 @@ def points_frame(rows: np.ndarray, labels: Sequence[str], transform: Any, crs: A
     )
 
 
-def in_core(points: np.ndarray, tile: Tile, core: Window) -> np.ndarray:
-    """(n, 4) decoded points of a tile (its pixels) -> (m, 5) rows in the raster's pixels (pixel centres) of those
-    scoring above 0 whose pixel lies in the tile's ``core``, with the tile's id."""
-    found = points[points[:, 2] > 0]
-    px, py = found[:, 0] + tile.col_off + 0.5, found[:, 1] + tile.row_off + 0.5
-    col0, row0 = core.col_off, core.row_off
-    keep = (px >= col0) & (px < col0 + core.width) & (py >= row0) & (py < row0 + core.height)
-    ids = np.full(int(keep.sum()), tile.tile_id, dtype=np.float64)
-    return np.column_stack([px[keep], py[keep], found[keep, 2], found[keep, 3], ids])
+def in_cores(points: np.ndarray, tiles: Sequence[Tile], cores: Mapping[int, Window]) -> np.ndarray:
+    """(B, N, 4) decoded points of a batch of tiles (each tile's pixels; a row of score 0 is none) -> (m, 5) rows
+    in the raster's pixels (pixel centres) of those whose pixel lies in their tile's core, with the tile's id: the
+    whole batch in one pass."""
+    offsets = np.array([(tile.col_off, tile.row_off, tile.tile_id) for tile in tiles], dtype=np.float64)
+    windows = [cores[tile.tile_id] for tile in tiles]
+    bounds = np.array([(w.col_off, w.row_off, w.col_off + w.width, w.row_off + w.height) for w in windows], np.float64)
+    px = points[..., 0] + offsets[:, None, 0] + 0.5
+    py = points[..., 1] + offsets[:, None, 1] + 0.5
+    keep = (points[..., 2] > 0) & (px >= bounds[:, None, 0]) & (px < bounds[:, None, 2])
+    keep &= (py >= bounds[:, None, 1]) & (py < bounds[:, None, 3])
+    batch, _ = np.nonzero(keep)
+    return np.column_stack([px[keep], py[keep], points[..., 2][keep], points[..., 3][keep], offsets[batch, 2]])

@@ -65,13 +65,19 @@ def merge_scene(
     spec = read_spec(manifest_path)
     if len(points) and spec.mask != "none":
         points = points[valid_at(raster_path, spec, points["px_x"].to_numpy(), points["px_y"].to_numpy())]
-    if len(points):
-        size = (abs(raster.transform.a) + abs(raster.transform.e)) / 2
-        xy = points[["px_x", "px_y"]].to_numpy(dtype=np.float64)
-        labels = pd.factorize(points["label"])[0]
-        points = points[one_per_place(xy, points["score"].to_numpy(dtype=np.float64), labels, distance / size)]
-    rows = points.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)[POINT_COLUMNS]
-    rows = gpd.GeoDataFrame(rows, geometry="geometry", crs=raster.crs)
+    rows = one_per_place_layer(points, (abs(raster.transform.a) + abs(raster.transform.e)) / 2, distance)
     write_geoparquet(rows, parquet_path)
     write_gpkg(rows, gpkg_path, layer=LAYER)
     return rows
+
+
+def one_per_place_layer(points: gpd.GeoDataFrame, pixel_size: float, distance: float) -> gpd.GeoDataFrame:
+    """A scene's points (:data:`POINT_COLUMNS`, pixels of ``pixel_size`` CRS units) one per place within
+    ``distance`` (:func:`one_per_place`), sorted by score (the best first)."""
+    if len(points):
+        xy = points[["px_x", "px_y"]].to_numpy(dtype=np.float64)
+        labels = pd.factorize(points["label"])[0]
+        scores = points["score"].to_numpy(dtype=np.float64)
+        points = points[one_per_place(xy, scores, labels, distance / pixel_size)]
+    rows = points.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)[POINT_COLUMNS]
+    return gpd.GeoDataFrame(rows, geometry="geometry", crs=points.crs)

@@ -20,7 +20,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.tasks.api import PredictScene
 from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
 from rasterscale.tasks.points.decode import decode_peaks
-from rasterscale.tasks.points.layer import POINT_COLUMNS, empty_points, in_core, points_frame
+from rasterscale.tasks.points.layer import POINT_COLUMNS, empty_points, in_cores, points_frame
 from rasterscale.tasks.points.modelfiles import PeakRule
 from rasterscale.tasks.spec import Part
 
@@ -55,16 +55,16 @@ class PointsRankOutput(ObjectsRankOutput):
         return list(result.cpu().numpy())
 
     def add_batch(self, tiles: Sequence[Tile], result: torch.Tensor) -> None:
-        """The batch's heatmaps (B, K, H, W) decoded on the device, then copied to the host once."""
+        """The batch's heatmaps (B, K, H, W) decoded on the device, copied to the host once, and its tiles' points
+        kept by their cores in one pass."""
         points = decode_peaks(result, self.rule.window, self.rule.threshold, self.rule.top_k)
         started = time.perf_counter()
-        found = self.to_host(points)
+        found = points.cpu().numpy()
         self.d2h_s += time.perf_counter() - started
-        for tile, one in zip(tiles, found, strict=True):
-            self.add(tile, one)
+        self.results.append(([tile.tile_id for tile in tiles], in_cores(found, tiles, self.cores)))
 
     def add(self, tile: Tile, result: np.ndarray) -> None:
-        self.results.append((tile.tile_id, in_core(result, tile, self.cores[tile.tile_id])))
+        self.results.append(([tile.tile_id], in_cores(result[None], [tile], self.cores)))
 
     def frame(self) -> gpd.GeoDataFrame:
         rows = [found for _, found in self.results if len(found)]
@@ -72,4 +72,4 @@ class PointsRankOutput(ObjectsRankOutput):
         return points_frame(stacked, self.labels, self.scene.transform, self.scene.crs)
 
     def held_tile_ids(self) -> list[int]:
-        return [tile_id for tile_id, _ in self.results]
+        return [tile_id for tile_ids, _ in self.results for tile_id in tile_ids]
