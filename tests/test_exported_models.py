@@ -454,10 +454,13 @@ def test_an_exported_file_cannot_start_training(data, tmp_path):
 
 
 def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
-    """scripts/export_model.py (rasterscale.tools.export): a segmenter to ONNX and a regressor to torch.export,
-    each with a card that the dry run accepts and with the file's outputs (the exported network normalizes its
-    input itself); a file that is no rasterscale model is refused in one line."""
+    """scripts/export_model.py (rasterscale.tools.export): a segmenter and a point model to ONNX and a regressor to
+    torch.export, each with a card that the dry run accepts and with the file's outputs (the exported network
+    normalizes its input itself); a file that is no rasterscale model is refused in one line."""
     from rasterscale.raster.bands import InputBands
+    from rasterscale.tasks.points.model import build_points_model, save_points_model
+    from rasterscale.tasks.points.modelfiles import PointsConfig
+    from rasterscale.tasks.points.spec import points_model
     from rasterscale.tasks.registry import task_spec
     from rasterscale.tasks.regression.model import build_regressor, save_regressor
     from rasterscale.tasks.regression.modelfiles import RegressorConfig
@@ -472,19 +475,24 @@ def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
     regressor = RegressorConfig(("height",), patch_size=PATCH, input=bands, target_mean=(12.0,), target_std=(4.0,))
     save_segmenter(build_segmenter(segmenter), segmenter, tmp_path / "seg.pt")
     save_regressor(build_regressor(regressor), regressor, tmp_path / "reg.pt")
+    points = PointsConfig(("tree",), patch_size=PATCH, input=bands)
+    save_points_model(build_points_model(points), points, tmp_path / "points.pt")
     tiles = torch.rand(3, 4, PATCH, PATCH) * 255
+    labels = {"segmentation": ["background", "tree"], "regression": ["height"], "points": ["tree"]}
+    outputs = {"segmentation": "logits", "regression": "values", "points": "logits"}
     for task, native, exported, find in (
         ("segmentation", "seg.pt", "seg.onnx", segmentation_model),
         ("regression", "reg.pt", "reg.pt2", regression_model),
+        ("points", "points.pt", "points.onnx", points_model),
     ):
         card_file = export_model(tmp_path / native, tmp_path / exported)
         assert yaml.safe_load(card_file.read_text()) == {
             "task": task,
-            "labels": ["background", "tree"] if task == "segmentation" else ["height"],
+            "labels": labels[task],
             "bands": BANDS,
             "input": "raw",
             "tile_size": PATCH,
-            "output": "logits" if task == "segmentation" else "values",
+            "output": outputs[task],
         }
         config = {"task": task, "model": {"file": str(tmp_path / exported)}, "tiling": {"patch_size": PATCH}}
         model_card = find(job_settings(config))  # the dry run's check of the card against the file

@@ -1,4 +1,4 @@
-"""A rasterscale dense model file (segmentation, regression) exported as TorchScript, a torch.export program or
+"""A rasterscale dense model file (segmentation, regression, points) exported as TorchScript, a torch.export program or
 ONNX, with its model card beside it (``<file>.yaml``): what ``model.file`` takes back, and what other tools run.
 
 The exported network is the whole model: it normalizes its input itself (the card gives no ``normalize``) and
@@ -99,7 +99,7 @@ def export_model(model_file: str | Path, out: str | Path, form: str | None = Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a rasterscale model file (segmentation or regression .pt)")
+    parser.add_argument("model", help="a rasterscale model file (segmentation, regression or points .pt)")
     parser.add_argument("out", help="the exported file: .onnx, .pt2 (torch.export), else TorchScript")
     parser.add_argument("--form", choices=FORMS, help="the form, when the name does not say it")
     args = parser.parse_args()
