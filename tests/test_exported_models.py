@@ -505,36 +505,29 @@ def test_rasterscale_exports_its_own_models_with_their_cards(tmp_path):
         export_model(tmp_path / "seg.onnx", tmp_path / "again.onnx")
 
 
-def test_an_onnx_point_model_gives_the_peaks_of_its_heatmap_through_its_card(tmp_path):
-    """A points card (output: heatmap) on an ONNX file, through the real workflow on 2 ranks (their tiles' cores
-    meeting between blobs and on them): the scene's points are the blobs' centres, each once, at its pixel's
-    centre in the raster's CRS, scored with the plain module's heatmap there; a segmentation card saying heatmap
-    is refused in one line."""
-    import geopandas as gpd
-
-    centres = blob_centres(WIDTH, HEIGHT)
-    raster = blob_scene(tmp_path / "blobs.tif", WIDTH, HEIGHT, centres)
-    net = HeatmapNet().eval()
-    scale = {"input": "scaled", "normalize": None}
-    keys = {k: v for k, v in card(task="points", labels=["tree"], output="heatmap", **scale).items() if v is not None}
-    path = export(net, tmp_path / "tops.onnx", "onnx", keys)
-    config = predict_config(tmp_path, path, 2)
-    config["scenes"]["scene"]["path"] = str(raster)
-    config["task"], config["merge"] = "points", {"point_distance": 0.5}
-    config["model"].update(score_threshold=0.5, sigma=0.3)  # peaks: the highest within 2 sigma (6 px) either side
-    layer = run_paths(config).scene_file("scene", "points.parquet")
-    run_workflow(tmp_path / "run", config, layer)
-    found = gpd.read_parquet(tmp_path / "run" / layer)
-    log = "".join(p.read_text() for p in (tmp_path / "run/logs/predict").glob("**/*.log"))
-    assert "exported onnx file, points: heatmap of [tree]" in log
-    assert sorted(zip(found["px_x"], found["px_y"], strict=True)) == sorted(map(tuple, (centres + 0.5).tolist()))
-    assert np.allclose(found.geometry.x, 404000.0 + 0.1 * found["px_x"]) and (found["label"] == "tree").all()
-    with rasterio.open(raster) as src, torch.inference_mode():
-        heat = net(torch.from_numpy(src.read().astype(np.float32) / 255)[None])[0, 0].numpy()
-    at = heat[(found["px_y"] - 0.5).astype(int), (found["px_x"] - 0.5).astype(int)]
-    assert np.allclose(found["score"], at, atol=1e-4) and (at > 0.9).all()
+def test_an_onnx_heatmap_file_is_read_through_its_points_card_as_the_logits_of_its_heatmap(tmp_path):
+    """A points card (output: heatmap) on an ONNX file, checked at dry run through the task's spec: the file's
+    heatmap comes back as its logits (which the task's sigmoid maps back to the heatmap, as it does a point model's
+    own logits), peaks at the blobs' centres included; a segmentation card saying heatmap is refused in one line.
+    (The same file through the real workflow, across scene borders: tests/test_points_workflow.py.)"""
+    from rasterscale.tasks.points.spec import points_model
     from rasterscale.tasks.segmentation.spec import segmentation_model
 
+    centres = blob_centres(WIDTH, HEIGHT)
+    with rasterio.open(blob_scene(tmp_path / "blobs.tif", WIDTH, HEIGHT, centres)) as src:
+        tiles = torch.from_numpy(src.read(window=Window(0, 0, PATCH, PATCH)).astype(np.float32))[None]
+    net = HeatmapNet().eval()
+    keys = {**card(task="points", labels=["tree"], output="heatmap", input="scaled"), "normalize": None}
+    path = export(net, tmp_path / "tops.onnx", "onnx", {k: v for k, v in keys.items() if v is not None})
+    config = {"task": "points", "model": {"file": str(path)}, "tiling": {"patch_size": PATCH}, "train": {}}
+    model_card = points_model(job_settings(config))
+    assert isinstance(model_card, ModelCard) and model_card.output == "heatmap" and model_card.labels == ("tree",)
+    with torch.inference_mode():
+        heat, logits = net(tiles / 255), load_exported(model_card)(tiles / 255)  # tiles as the task scales them
+    assert logits.shape == heat.shape == (1, 1, PATCH, PATCH)
+    assert torch.allclose(torch.sigmoid(logits), heat, atol=1e-5)
+    inside = centres[(centres < PATCH - 4).all(axis=1)]  # whole blobs in the tile
+    assert len(inside) >= 9 and (heat[0, 0, inside[:, 1], inside[:, 0]] > 0.9).all()  # the blobs' peaks
     bare = tmp_path / "bare.onnx"  # the file without its card beside it
     bare.write_bytes(path.read_bytes())
     wrong = {"task": "segmentation", "model": {"file": str(bare), "card": card(output="heatmap")}}

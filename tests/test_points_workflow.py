@@ -47,6 +47,8 @@ def test_a_surveys_points_are_each_once_in_its_partitioned_project_layer_across_
     summary = run_paths(config).project_file("summary.tif")
     run_workflow(tmp_path / "run", config, summary)
     run = run_dir(tmp_path / "run", config)
+    log = "".join(path.read_text() for path in (tmp_path / "run/logs/predict").glob("**/*.log"))
+    assert "exported onnx file, points: heatmap of [tree]" in log  # its card, checked at dry run
     layer = gpd.read_parquet(run / "project/points")  # the partitions' folder, read as one layer
     assert len(list((run / "project/points").glob("batch-*.parquet"))) >= 1
     expected_xy = np.column_stack(
