@@ -85,7 +85,9 @@ def export_model(model_file: str | Path, out: str | Path, form: str | None = Non
     task = model_task(model_file)
     spec = task_spec(task)
     if not spec.exported_outputs:
-        raise InputError(f"{model_file}: {task} models are not exported (only the tasks whose networks give a map per pixel)")
+        raise InputError(
+            f"{model_file}: {task} models are not exported (only the tasks whose networks give a map per pixel)"
+        )
     model, cfg = spec.load().load_model(model_file, job_settings({"task": task, "model": {}}))  # no model key set
     model.eval()
     example = torch.rand(2, cfg.input.count, cfg.patch_size, cfg.patch_size)
