@@ -28,6 +28,7 @@ from rasterscale.settings import Settings, TrainSettings
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, Task
 from rasterscale.tasks.blender import Blender
 from rasterscale.tasks.blending import halo_tiles, tile_cores
+from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.spec import Part
 
 
@@ -86,6 +87,20 @@ def load_weights(
         lines = str(err).splitlines()
         detail = (lines[1] if len(lines) > 1 else lines[0]).strip()[:160]
         raise InputError(f"{path}: weights do not fit {describe()} ({detail})") from None
+
+
+def start_from_same_network(
+    model: torch.nn.Module, model_cfg: Any, start: torch.nn.Module, start_cfg: Any, init: str
+) -> str:
+    """Load into ``model`` the weights of ``start`` (the task's model file ``init``, on the same network; its first
+    convolution adapted to ``model_cfg``'s bands) whose shapes match: all of them, or all but the head's where it
+    gives another number of channels. A line for the log."""
+    state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
+    own = model.state_dict()
+    kept = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
+    model.load_state_dict(kept, strict=False)
+    head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
+    return f"weights from {init} ({start_cfg.describe()}){and_then(adapted)}{head}"
 
 
 def prepare_dense_for_inference(model: torch.nn.Module, net: torch.nn.Module, channels_last: bool) -> torch.nn.Module:

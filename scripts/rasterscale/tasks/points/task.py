@@ -25,11 +25,16 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
-from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.dense import (
+    DenseTask,
+    DenseTileDataset,
+    collate_stack,
+    prepare_dense_for_inference,
+    start_from_same_network,
+)
 from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.exported.resolve import exported_model
 from rasterscale.tasks.exported.runtime import ExportedDense
-from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.pointmatching import match_points
 from rasterscale.tasks.points.dataset import PointTileDataset
 from rasterscale.tasks.points.decode import decode_peaks
@@ -168,12 +173,7 @@ class PointsTask(DenseTask):
         """Start from ``init``, a rasterscale point model on the same encoder (its head too when it finds as many
         classes)."""
         start, start_cfg, _ = load_points_model(init)
-        state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
-        own = model.state_dict()
-        kept = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
-        model.load_state_dict(kept, strict=False)
-        head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
-        return f"weights from {init} ({start_cfg.describe()}){and_then(adapted)}{head}"
+        return start_from_same_network(model, model_cfg, start, start_cfg, init)
 
     def tile_samples(
         self, scene: Scene, model_cfg: PointsConfig, spec: ImageSpec

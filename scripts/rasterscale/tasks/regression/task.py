@@ -25,11 +25,16 @@ from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.api import SizedDataset, TrainingModule
-from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
+from rasterscale.tasks.dense import (
+    DenseTask,
+    DenseTileDataset,
+    collate_stack,
+    prepare_dense_for_inference,
+    start_from_same_network,
+)
 from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.exported.resolve import exported_model
 from rasterscale.tasks.exported.runtime import ExportedDense
-from rasterscale.tasks.inputlayer import adapt_state_dict, and_then
 from rasterscale.tasks.regression.blend import ValueBlender
 from rasterscale.tasks.regression.dataset import RegressionTileDataset, target_scale
 from rasterscale.tasks.regression.groundtruth import read_targets
@@ -152,12 +157,7 @@ class RegressionTask(DenseTask):
         """Start from ``init``, a rasterscale regressor on the same encoder (its head too when it predicts as many
         values)."""
         start, start_cfg, _ = load_regressor(init)
-        state, adapted = adapt_state_dict(start.state_dict(), model_cfg.input, start_cfg.input)
-        own = model.state_dict()
-        kept = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
-        model.load_state_dict(kept, strict=False)
-        head = "" if len(kept) == len(own) else f"; {len(own) - len(kept)} tensors (the head) new"
-        return f"weights from {init} ({start_cfg.describe()}){and_then(adapted)}{head}"
+        return start_from_same_network(model, model_cfg, start, start_cfg, init)
 
     def tile_samples(
         self, scene: Scene, model_cfg: RegressorConfig, spec: ImageSpec
