@@ -31,6 +31,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import job_forks
+
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = str(Path(importlib.util.find_spec("snakemake").origin).with_name("__main__.py"))  # type: ignore[arg-type]
 ENABLED = os.environ.get("RASTERSCALE_TEST_FORKS", "1") != "0" and sys.platform.startswith("linux")
@@ -70,6 +72,8 @@ def child(request: dict) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("python"):  # the jobs' python: tests/job_forks.py's client (rules/common.smk reads it)
+            sys.executable = request["python"]
         sys.argv = [ENTRY, *request["argv"]]  # as python -m snakemake sets it
         sys.path[0] = request["cwd"]  # python -m puts its working directory first
         from snakemake.cli import main
@@ -118,6 +122,9 @@ class Helper:
     """The test worker's side: the helper process and its pipes."""
 
     def __init__(self) -> None:
+        self.folder = tempfile.TemporaryDirectory(prefix="job-zygote-")
+        self.zygote = job_forks.Zygote(Path(self.folder.name)) if job_forks.ENABLED else None
+        atexit.register(self.stop)
         self.process = subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
@@ -126,6 +133,11 @@ class Helper:
             bufsize=1,
             cwd=REPO,
         )
+
+    def stop(self) -> None:
+        if self.zygote is not None:
+            self.zygote.stop()
+        self.folder.cleanup()
 
     def reply(self, timeout: float | None) -> dict:
         assert self.process.stdout is not None
@@ -138,11 +150,16 @@ class Helper:
             raise RuntimeError(f"the snakemake fork helper ended ({self.process.wait()})")
         return json.loads(line)
 
-    def run(self, command: list[str], timeout: float | None, cwd: str) -> subprocess.CompletedProcess:
+    def run(self, command: list[str], timeout: float | None, cwd: str, fork_jobs: bool) -> subprocess.CompletedProcess:
         assert self.process.stdin is not None
         with tempfile.TemporaryDirectory(prefix="snakemake-fork-") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             request = {"argv": command[3:], "cwd": cwd, "env": dict(os.environ)}
+            if (
+                fork_jobs and self.zygote is not None and self.zygote.alive()
+            ):  # its jobs forked from the worker's zygote
+                request["env"][job_forks.SOCKET_ENV] = self.zygote.socket
+                request["python"] = str(self.zygote.client)
             self.process.stdin.write(json.dumps(request | {"stdout": str(out), "stderr": str(err)}) + "\n")
             started = self.reply(None)
             if "error" in started:
@@ -160,6 +177,16 @@ class Helper:
 _helper: Helper | None = None
 
 
+def job_zygote() -> job_forks.Zygote | None:
+    """The worker's zygote (tests/job_forks.py), started with its helper; None where forks are off."""
+    global _helper
+    if not ENABLED:
+        return None
+    if _helper is None or _helper.process.poll() is not None:
+        _helper = Helper()
+    return _helper.zygote if _helper.zygote is not None and _helper.zygote.alive() else None
+
+
 def run(
     command: list[str],
     *,
@@ -167,15 +194,18 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
     check: bool = False,
+    fork_jobs: bool = True,
 ) -> subprocess.CompletedProcess:
     """``subprocess.run(command, capture_output=True, text=True, ...)``, through the worker's helper where the
-    command is this Python's ``-m snakemake`` in this environment."""
+    command is this Python's ``-m snakemake`` in this environment. ``fork_jobs``: its jobs are forks of the worker's
+    zygote (tests/job_forks.py); False where the same folder is run again by a plain command: the rules' commands
+    name their Python, and another one reruns them."""
     global _helper
     if not ENABLED or command[:3] != [sys.executable, "-m", "snakemake"] or env is not None:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=check)
     if _helper is None or _helper.process.poll() is not None:
         _helper = Helper()
-    result = _helper.run(command, timeout, os.path.abspath(cwd or os.getcwd()))
+    result = _helper.run(command, timeout, os.path.abspath(cwd or os.getcwd()), fork_jobs)
     if check:
         result.check_returncode()
     return result

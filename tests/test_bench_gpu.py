@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import snakemake_forks
 from conftest import REPO
 from rasterscale.grid.manifest import tile_grid
 from rasterscale.runtime import precision as precisions
@@ -26,8 +27,10 @@ def bench_gpu(tmp_path_factory):
     """The CPU run's JSON, its table file and what it printed."""
     workdir = tmp_path_factory.mktemp("bench-gpu")
     out = workdir / "bench-gpu.json"
-    command = [sys.executable, str(REPO / "bench/gpu.py"), "--cpu", "--out", str(out), "--workdir", str(workdir)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    zygote = snakemake_forks.job_zygote()  # the bench and its jobs forked from it (tests/job_forks.py)
+    python, env = (sys.executable, None) if zygote is None else (str(zygote.client), zygote.environment())
+    command = [python, str(REPO / "bench/gpu.py"), "--cpu", "--out", str(out), "--workdir", str(workdir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text()), out.with_suffix(".txt").read_text(), result.stdout
 

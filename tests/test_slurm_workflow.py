@@ -226,7 +226,8 @@ def cluster_runs(cluster, tmp_path_factory, s3_server) -> dict[str, ClusterRun]:
     # synthesis is not what runs on the cluster under test
     demo = {"detection": ("tiny_train", "tiny_test"), "segmentation": ("tiny_test",)}
     for name, config in configs.items():
-        run_workflow(base / name / "work", config, *(f"resources/demo/{scene}.tif" for scene in demo[name]))
+        scenes = (f"resources/demo/{scene}.tif" for scene in demo[name])
+        run_workflow(base / name / "work", config, *scenes, fork_jobs=False)  # the cluster's jobs run plain Python
     s3_server.create_bucket(S3_BUCKET)
     s3_server.upload(base / "segmentation/work/resources/demo/tiny_test.tif", S3_BUCKET, "tiny_test.tif")
     configs["segmentation"] = with_s3_scene(segmentation_config)  # its S3 scene in the local scene's batch:

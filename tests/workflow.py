@@ -70,10 +70,13 @@ def workflow_command(workdir: Path, config: dict, *args: str) -> list[str]:
     ]
 
 
-def run_workflow(workdir: Path, config: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the workflow locally on 2 cores; a failure raises with the tails of every log."""
+def run_workflow(
+    workdir: Path, config: dict, *args: str, timeout: int = 600, fork_jobs: bool = True
+) -> subprocess.CompletedProcess:
+    """Run the workflow locally on 2 cores; a failure raises with the tails of every log. ``fork_jobs``: its jobs
+    forked from the worker's zygote (tests/job_forks.py); False where a plain command runs the folder again."""
     command = workflow_command(workdir, config, "--cores", "2", *args)
-    result = snakemake_forks.run(command, timeout=timeout)
+    result = snakemake_forks.run(command, timeout=timeout, fork_jobs=fork_jobs)
     if result.returncode != 0:
         logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(workdir.glob("logs/**/*.log")))
         raise AssertionError(f"workflow failed ({result.returncode}):\n{result.stderr[-4000:]}\n{logs}")
