@@ -6,8 +6,10 @@ seconds of CPU importing Snakemake, its plugins and the package before it parses
 run. Here a helper process, started once per test worker, imports them, then for each command forks a child that
 is the command: its own process (own pid, working directory, environment and file descriptors; stdout and stderr
 to files), running Snakemake's own entry point (``snakemake.cli.main``) with the command's arguments, exactly as
-``python -m snakemake`` does once its imports are done. Its jobs are processes of its own, as always. What is shared
-is only what the imports made, in its pristine state: the helper runs nothing else.
+``python -m snakemake`` does once its imports are done. Its jobs are processes of its own, as always, forked from
+the worker's job zygote (tests/job_forks.py: the fork's ``sys.executable`` is the zygote's client) unless
+``fork_jobs`` is False. What is shared is only what the imports made, in its pristine state: the helper runs
+nothing else.
 
 Only ``[sys.executable, "-m", "snakemake", ...]`` commands in the worker's own environment (no ``env`` given) go
 through the helper (:func:`run`); any other command (another Python, an environment of the test's own, e.g. one
