@@ -160,7 +160,7 @@ def become(request: dict, fds: list[int], imported_env: dict[str, str], client: 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         script = os.path.abspath(request["argv"][0])
-        sys.argv = [request["argv"][0], *request["argv"][1:]]
+        sys.argv = list(request["argv"])
         sys.executable = client  # what the command starts as Python (a bench's jobs) is forked too
         sys.path[0] = os.path.dirname(script)  # python SCRIPT puts the script's folder first
         try:
@@ -284,7 +284,7 @@ def ended(pidfd: int, selector: selectors.BaseSelector, children: Children) -> N
     """A job ended: reap it and tell its client how."""
     connection, pid = children.pop(pidfd)
     selector.unregister(pidfd)
-    if any(key.fileobj is connection for key in selector.get_map().values()):
+    with contextlib.suppress(KeyError):  # unless it went away before (serve)
         selector.unregister(connection)
     os.close(pidfd)
     _, status = os.waitpid(pid, 0)

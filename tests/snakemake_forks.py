@@ -157,11 +157,8 @@ class Helper:
         with tempfile.TemporaryDirectory(prefix="snakemake-fork-") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             request = {"argv": command[3:], "cwd": cwd, "env": dict(os.environ)}
-            if (
-                fork_jobs and self.zygote is not None and self.zygote.alive()
-            ):  # its jobs forked from the worker's zygote
-                request["env"][job_forks.SOCKET_ENV] = self.zygote.socket
-                request["python"] = str(self.zygote.client)
+            if fork_jobs and self.zygote is not None and self.zygote.alive():  # jobs forked from the zygote
+                request |= {"env": self.zygote.environment(), "python": str(self.zygote.client)}
             self.process.stdin.write(json.dumps(request | {"stdout": str(out), "stderr": str(err)}) + "\n")
             started = self.reply(None)
             if "error" in started:
@@ -179,14 +176,18 @@ class Helper:
 _helper: Helper | None = None
 
 
-def job_zygote() -> job_forks.Zygote | None:
-    """The worker's zygote (tests/job_forks.py), started with its helper; None where forks are off."""
+def helper() -> Helper:
+    """The worker's helper, started at its first use (and again if it ended)."""
     global _helper
-    if not ENABLED:
-        return None
     if _helper is None or _helper.process.poll() is not None:
         _helper = Helper()
-    return _helper.zygote if _helper.zygote is not None and _helper.zygote.alive() else None
+    return _helper
+
+
+def job_zygote() -> job_forks.Zygote | None:
+    """The worker's zygote (tests/job_forks.py), started with its helper; None where forks are off."""
+    zygote = helper().zygote if ENABLED else None
+    return zygote if zygote is not None and zygote.alive() else None
 
 
 def run(
@@ -202,12 +203,9 @@ def run(
     command is this Python's ``-m snakemake`` in this environment. ``fork_jobs``: its jobs are forks of the worker's
     zygote (tests/job_forks.py); False where the same folder is run again by a plain command: the rules' commands
     name their Python, and another one reruns them."""
-    global _helper
     if not ENABLED or command[:3] != [sys.executable, "-m", "snakemake"] or env is not None:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=check)
-    if _helper is None or _helper.process.poll() is not None:
-        _helper = Helper()
-    result = _helper.run(command, timeout, os.path.abspath(cwd or os.getcwd()), fork_jobs)
+    result = helper().run(command, timeout, os.path.abspath(cwd or os.getcwd()), fork_jobs)
     if check:
         result.check_returncode()
     return result
