@@ -37,7 +37,7 @@ forget_batch_rule_functions()  # rules/common.smk: Snakemake copies the globals 
 rule all:
     default_target: True
     input:
-        lambda wildcards: default_targets() + reportfiles.report_targets(PLAN),
+        lambda wildcards: default_targets(),
 
 
 onstart:

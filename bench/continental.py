@@ -22,7 +22,7 @@ Both with an untrained resnet18 detector as ``model.file``, ``predict.scenes: al
   they read changed (rasterscale.workflow.reuse);
 - ``sample``: ``snakemake --cores 2`` of the first ``--sample-batches`` batches' scoring jobs (their tile manifests,
   predictions, merges and scores), whose jobs' own peak RSS come from their benchmark files;
-- ``job_reparse``: then the ``--mode remote`` command of ``tile_manifests_batch_0`` with ``-n`` (a Slurm job's
+- ``job_reparse``: then the ``--mode remote`` command of ``tiles_batch_0`` with ``-n`` (a Slurm job's
   parse: it loads its batch's plan, which the run's onstart wrote); with ``--sample-batches 0``
   ``job_reparse_whole_plan``, the same after dry runs only, which loads the whole plan.
 
@@ -199,7 +199,7 @@ def timed(command: list[str], workdir: Path, timeout: float) -> dict[str, Any]:
 def job_counts(output: str) -> dict[str, int]:
     """The dry run's job stats table: jobs by rule, and the total."""
     counts = {rule: int(n) for rule, n in re.findall(r"^(\S+)\s+(\d+)$", output, re.MULTILINE)}
-    batches = sum(n for rule, n in counts.items() if rule.startswith("tile_manifests_batch_"))
+    batches = sum(n for rule, n in counts.items() if rule.startswith("tiles_batch_"))
     return {"total": counts.get("total", 0), "batches": batches}
 
 

@@ -286,7 +286,7 @@ def resize_key(resize: tuple[int, int] | None) -> Any:
 
 
 def train_config(bench: Bench, precision: str) -> dict[str, Any]:
-    """The sections the train_model rule's job file carries (the training scene's entry among them): a few dozen
+    """The sections the train rule's job file carries (the training scene's entry among them): a few dozen
     steps, no validation, no resume checkpoints."""
     s, scene = bench.sizes, bench.train_scene
     config = validate_config(

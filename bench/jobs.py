@@ -1,5 +1,5 @@
 """Running the real prediction and training jobs (scripts/predict.py and scripts/train.py, as the predict and
-train_model rules run them) and timing them."""
+train rules run them) and timing them."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from rasterscale.config.schema import default_model_name  # noqa: E402
 from rasterscale.jobs.paths import RunPaths  # noqa: E402
 from synthetic import write_detector, write_raster  # noqa: E402
 
-KINDS = ("tile_manifest", "predict", "merge")
+KINDS = ("tiles", "predict", "merge")
 
 
 def config(model_file: Path, scenes: Any, scenes_per_job: int, devices: int) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def main() -> None:
         lines.append(
             f"{name:<10} {r['scenes']:>6} {r['tiles']:>6} {r['predict_jobs']:>5} {r['wall_s']:>7.1f} "
             f"{r['wall_s'] / base['wall_s']:>8.2f} {per_tile:>7.3f} {per_tile / base_tile:>8.2f}  "
-            f"{job['tile_manifest']:.1f} / {job['predict']:.1f} / {job['merge']:.1f}"
+            f"{job['tiles']:.1f} / {job['predict']:.1f} / {job['merge']:.1f}"
         )
     if "per_scene" in results and per_scene < args.scenes:
         extrapolated = results["per_scene"]["wall_s"] * args.scenes / per_scene

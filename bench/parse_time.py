@@ -14,10 +14,10 @@ than wall time to other work on the machine) and its peak RSS:
   every header read);
 - ``job_dry``: a job's re-parse alone: the command a Slurm job runs for one job of the workflow (below), with
   ``-n``: parse and a one-job DAG, nothing run;
-- ``job``: that command, run: ``python -m snakemake --snakefile ... --target-jobs tile_manifests_batch_0:
-  --allowed-rules tile_manifests_batch_0 --cores all --force ... --mode remote``, as Snakemake 9.27 builds it
+- ``job``: that command, run: ``python -m snakemake --snakefile ... --target-jobs tiles_batch_0:
+  --allowed-rules tiles_batch_0 --cores all --force ... --mode remote``, as Snakemake 9.27 builds it
   (RealExecutor.format_job_exec, SpawnedJobArgsFactory.general_args; the profile's own flags and
-  ``--wait-for-files`` left out), for ``tile_manifests_batch_0`` (the first batch's tile manifests, one short
+  ``--wait-for-files`` left out), for ``tiles_batch_0`` (the first batch's tile manifests, one short
   process). That process's own time comes from the job's benchmark file (``job_own_s``); the rest is the
   re-parse and Snakemake's bookkeeping around the job;
 - ``slurm_job``: the command snakemake-executor-plugin-slurm 2.8 hands to sbatch (``job``'s with ``--executor
@@ -70,7 +70,7 @@ from synthetic import TRANSFORM, write_detector, write_raster  # noqa: E402
 
 SIDE = 256
 RUN = RunPaths("model")  # the run of model.file model.pt (no model.name: the file's stem): results/model/
-JOB = "tile_manifests_batch_0"  # the timed job: one short process writing the first batch's tile manifests
+JOB = "tiles_batch_0"  # the timed job: one short process writing the first batch's tile manifests
 MODES = ("dry_run", "job_dry", "job", "slurm_job")
 WHAT = {
     "dry_run": "snakemake -n --cores 2: the user's plan (parse, DAG of {jobs} jobs)",
@@ -191,7 +191,7 @@ def run(
 
 def job_own_seconds(workdir: Path) -> float:
     """The timed job's own process wall time (Snakemake's benchmark file of it)."""
-    with open(workdir / "benchmarks/tile_manifest/batch-0.tsv") as handle:
+    with open(workdir / "benchmarks/tiles/batch-0.tsv") as handle:
         return float(next(csv.DictReader(handle, delimiter="\t"))["s"])
 
 

@@ -36,11 +36,11 @@ from synthetic import write_raster  # noqa: E402
 BATCH = 32
 # the rule of each benchmark file, by the folder or file it is in (rules/*.smk's benchmark directives)
 RULES = {
-    "tile_manifest": "tile_manifest",
+    "tiles": "tiles",
     "predict": "predict",
     "merge": "merge",
     "score": "score",
-    "report/run": "report_run",
+    "report/run_page": "report_run_page",
     "report/project_map": "report_project_map",
 }
 

@@ -1,22 +1,23 @@
-# Environment check without any raster: `snakemake --cores N check_environment` (not part of `all`). Its job file
-# (rasterscale.jobs.files.CheckJob) holds the task, model, tiling, predict and dummy sections.
+# The environment check (rasterscale.workflow.steps.check), without any raster: `snakemake --cores N
+# check_environment` (not part of `all`). Its job file (rasterscale.jobs.files.CheckJob) holds the task, model,
+# tiling, predict and dummy sections.
 rule check_environment:
     input:
-        job=paths.check_job(),
+        job=STEPS.check_environment.job_file(),
     output:
-        [paths.environment_rank_file(r) for r in range(PLAN.world_size("predict"))],
+        STEPS.check_environment.outputs(),
     log:
-        "logs/check_environment.log",
+        STEPS.check_environment.log("environment"),
     conda:
         "../envs/environment.yaml"
-    threads: PLAN.rank_threads("predict")
+    threads: STEPS.check_environment.threads()
     resources:
-        **ddp_resources("predict"),
+        **STEPS.check_environment.resources(),
     params:
-        entry=entry_point("check_environment"),
-        launcher=launcher("predict"),
+        entry=entry_point(STEPS.check_environment),
+        launcher=launcher(STEPS.check_environment),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-        log_dir="logs/check_environment",
+        log_dir=STEPS.check_environment.log_dir("ranks"),
     shell:
         "{params.launcher}{params.entry} --job {input.job:q}"
         " --out-dir {params.out_dir:q} --log-dir {params.log_dir:q} > {log:q} 2>&1"

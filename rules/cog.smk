@@ -1,24 +1,24 @@
-# A striped (untiled) input raster is read from a tiled COG made once from it (the plan's scene_raster), on cog.threads
-# threads, within GDAL's block cache of its memory estimate (rasterscale.workflow.resources).
-rule convert_to_cog:
+# The cog step (rasterscale.workflow.steps.cog): a striped (untiled) input raster is read from a tiled COG made once
+# from it (the plan's scene_raster), on cog.threads threads, within GDAL's block cache of its memory estimate.
+rule cog:
     input:
-        scene_input("scene_source"),
+        STEPS.cog.source,
     output:
-        PATHS.cog_raster("{scene}"),
+        STEPS.cog.output(),
     log:
-        "logs/convert_to_cog/{scene}.log",
+        STEPS.cog.log("{scene}"),
     benchmark:
-        "benchmarks/convert_to_cog/{scene}.tsv"
+        STEPS.cog.benchmark("{scene}")
     wildcard_constraints:
-        scene=pattern(sorted(PLAN.untiled)),
+        scene=pattern(STEPS.cog.scenes()),
     conda:
         "../envs/environment.yaml"
-    threads: PLAN.settings.cog.threads
+    threads: STEPS.cog.threads()
     resources:
-        mem_mb=scene_mem_mb("cog"),
+        **STEPS.cog.resources(),
     params:
-        entry=entry_point("convert_to_cog"),
-        gdal_cache_mb=job_memory.COG_GDAL_CACHE_MB,  # the memory estimate's cache (rasterscale.workflow.resources)
+        entry=entry_point(STEPS.cog),
+        gdal_cache_mb=STEPS.cog.gdal_cache_mb,  # the memory estimate's cache
     shell:
         "GDAL_CACHEMAX={params.gdal_cache_mb} {params.entry} --src {input:q} --dst {output:q}"
         " --threads {threads} > {log:q} 2>&1"

@@ -3,21 +3,16 @@
 # need of it, in Snakemake's terms: input functions, params, wildcard constraints, launchers, and the one-line exit.
 #
 # The rules' vocabulary, all of it defined here:
-#   PLAN        the plan: scenes (train_scenes, unbatched_scenes, raster_inputs, scene_annotations), batches
-#               (batch_numbers, batch_inputs, batch_files, batch_outputs), the project (project_inputs,
-#               project_outputs), the model (prediction_model, train_start_inputs), launch geometry (world_size,
-#               shards, rank_threads), settings (typed), final_targets
-#   PATHS       this run's outputs under results/{run}/ (rasterscale.jobs.paths.RunPaths), among them every job's
-#               file (job_file, scene_job); `paths` the files runs share (models, the environment check, the demo)
-#   jobfiles    the plan's job files (rasterscale.workflow.jobfiles), written with the plan before the DAG: every
-#               job reads its own and nothing else (no setting reaches a job as a flag or a param)
-#   RULE_BATCHES, batches.batch_rule   the batch rules this parse defines, and their names
+#   PLAN        the plan's facts: scenes, batches (batch_numbers), seams, footprints, launch geometry, settings (typed)
+#   STEPS       one object a step (rasterscale.workflow.steps: STEPS.tiles, STEPS.predict, STEPS.merge, ...), bound
+#               to the plan: its rules' names, inputs, outputs, resources, threads, logs, and its jobs' files
+#   PATHS       this run's outputs under results/{run}/ (rasterscale.jobs.paths.RunPaths)
+#   RULE_BATCHES  the batches whose rules (STEPS.tiles.rule(batch), ...) this parse defines
 #   REQUESTED   the files the command line names (a batch rule declares those of its files, all with IN_BUCKET)
 #   IN_BUCKET   outputs on Snakemake's default storage (rasterscale.workflow.default_storage): results/ in the bucket
-#   reportfiles the report's files and categories; report_flag, scored_outputs, training_outputs flag them
-#   entry_point, launcher, ddp_resources, mem_mb, scene_mem_mb   a job's command, its ranks' prefix, its resources
-#   scene_input, pattern, fail, warn, note   input functions, wildcard constraints, the one-line exit, notices
-#   DEMO        the demo section (typed): its folder and scenes
+#   entry_point, launcher   a step's command, and its ranks' prefix (a DDP step's)
+#   report_flag, scored_files, training_outputs   outputs shown in the report (report_step: its categories)
+#   pattern, fail, warn, note   wildcard constraints, the one-line exit, notices
 import dataclasses
 import gc
 import importlib.util
@@ -75,13 +70,13 @@ if not SCHEMA_PATH.exists():
 from rasterscale.errors import ConfigError, InputError  # noqa: E402
 from rasterscale.runtime.lifetime import JOB_PARENT, this_process  # noqa: E402
 from rasterscale.runtime.preflight import PreflightError  # noqa: E402
-from rasterscale.jobs import paths  # noqa: E402
-from rasterscale.workflow import batches, jobfiles, reportfiles, reports, slurm  # noqa: E402
+from rasterscale.workflow import batches, reports  # noqa: E402
+from rasterscale.workflow.steps import Steps  # noqa: E402
+from rasterscale.workflow.steps import report as report_step  # noqa: E402
 from rasterscale.workflow import default_storage  # noqa: E402
 from rasterscale.workflow.estimate import print_estimate  # noqa: E402
 from rasterscale.workflow.reuse import main_plan  # noqa: E402
 from rasterscale.workflow.storage import fingerprint, job_plan, store_batch_plans  # noqa: E402
-from rasterscale.workflow import resources as job_memory  # noqa: E402
 
 
 def mirror_storage_prefix():
@@ -128,22 +123,23 @@ if workflow.is_main_process:
 # killed snakemake, so without this its ranks would run on as orphans. Set once, when the workflow loads.
 os.environ[JOB_PARENT] = str(this_process())
 
-# The batches whose rules (tile_manifests_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
+# The batches whose rules (tiles_batch_{b}, merge_batch_{b}, score_batch_{b}) this parse defines: all of them,
 # or in a job's re-parse those of its --allowed-rules (its parse does not grow with the project).
 RULE_BATCHES = batches.rule_batches(PLAN.batch_numbers, workflow.is_main_process, sys.argv)
 # The files the command line may ask for: a batch's rule declares its record, its files gone since, and these; all
 # of them with outputs in a bucket (only declared files go there)
 REQUESTED = batches.EVERY_FILE if IN_BUCKET else batches.requested_files(sys.argv)
 PATHS = PLAN.paths  # this run's outputs: results/{run}/
-DEMO = PLAN.settings.demo
+STEPS = Steps(PLAN)
 # the jobs' Python: this workflow's own, or in a job of a conda environment (--sdm conda) that environment's
 DEPLOYMENT = getattr(workflow.deployment_settings, "deployment_method", None) or ()
 PYTHON = "python" if DeploymentMethod.CONDA in DEPLOYMENT else sys.executable
 
 
-def entry_point(name):
-    """Command that runs the entry script scripts/{name}.py with the jobs' Python: the script of this checkout, or
-    a remote module's from Snakemake's source cache (quoted: either path may hold a space)."""
+def entry_point(step):
+    """Command that runs a step's entry script, scripts/{step.entry}.py, with the jobs' Python: the script of this
+    checkout, or a remote module's from Snakemake's source cache (quoted: either path may hold a space)."""
+    name = step.entry
     script = SCRIPTS / f"{name}.py" if SCRIPTS is not None else workflow.source_path(f"../scripts/{name}.py")
     return f"{shlex.quote(PYTHON)} {shlex.quote(str(script))}"
 
@@ -153,39 +149,14 @@ def pattern(names):
     return "|".join(names) or "^$"
 
 
-def scene_input(what):
-    """Input function: a scene's file by the plan's method ``what`` (scene_source, scene_raster, ...)."""
-    method = getattr(PLAN, what)
-    return lambda wildcards: method(wildcards.scene)
-
-
-def mem_mb(estimate, *args):
-    """A CPU rule's resources mem_mb: the plan's estimate rasterscale.workflow.resources.{estimate}_mb (``args``:
-    its batch), made with each of the rule's jobs (a job's re-parse reads its batch's plan: the project's estimates
-    are not its to make)."""
-    function = getattr(job_memory, f"{estimate}_mb")
-    return lambda wildcards: function(PLAN, *args)
-
-
-def scene_mem_mb(estimate, wildcard="scene"):
-    """The same of a job's scene (its wildcard ``wildcard``): a function of the job's wildcards."""
-    function = getattr(job_memory, f"{estimate}_mb")
-    return lambda wildcards: function(PLAN, wildcards[wildcard])
-
-
-def ddp_resources(section):
-    """Slurm resources of a DDP job of section "train" or "predict" (none locally): rasterscale.workflow.slurm."""
-    return slurm.ddp_resources(PLAN, section)
-
-
-def launcher(section):
-    """Params function: the prefix that starts a DDP job's ranks, after the pre-flight checks of its final
-    resources (rasterscale.workflow.slurm.launcher_prefix)."""
+def launcher(step):
+    """Params function: the prefix that starts a DDP step's ranks, after the pre-flight checks of its job's final
+    resources (rasterscale.workflow.steps.base.RanksStep.prefix: its launcher's, rasterscale.runtime.launchers)."""
 
     def prefix(wildcards, resources):
         plugin = workflow.executor_plugin
         try:
-            return slurm.launcher_prefix(PLAN, section, resources, plugin.name if plugin is not None else None)
+            return step.prefix(dict(resources), plugin.name if plugin is not None else None)
         except PreflightError as err:
             fail(err)
 
@@ -197,9 +168,9 @@ def forget_batch_rule_functions():
     keep theirs): Snakemake copies these globals each time it formats a job's shell command, several times a job,
     so that with three rules a batch the dry run grew with batches times jobs (at 100,000 scenes, 4,700 globals
     copied for each of 7,800 jobs: a third of the dry run)."""
-    for kind in batches.BATCH_RULES:
+    for step in (STEPS.tiles, STEPS.merge, STEPS.score):
         for batch in RULE_BATCHES:
-            globals().pop(f"__{batches.batch_rule(kind, batch)}", None)
+            globals().pop(f"__{step.rule(batch)}", None)
 
 
 def store_job_plans():
@@ -213,7 +184,7 @@ def default_targets():
     check_environment`): everything the config asks for, or one line when it asks for nothing."""
     if PLAN.nothing_to_do():
         fail(PLAN.nothing_to_do())
-    return PLAN.final_targets()
+    return STEPS.final_targets()
 
 
 def report_flag(path, caption, category, item, subcategory):
@@ -228,22 +199,20 @@ def report_flag(path, caption, category, item, subcategory):
     )
 
 
-def scored_outputs(batch):
-    """A batch's scoring job's outputs: its record (written last) and its scenes' files, those the report shows
-    flagged under the scene's name (in a large run only those gone since the job ran and those the command line
-    names: reportfiles.declared_scored_files)."""
-    files = [
-        report_flag(f.path, f.caption, reportfiles.SCENES, f.item, f.scene) if f.caption else f.path
-        for f in reportfiles.declared_scored_files(PLAN, batch, REQUESTED)
+def scored_files(batch):
+    """A batch's scoring job's files besides its record (rasterscale.workflow.steps.score.Score.declared_files), those
+    the report shows flagged under the scene's name."""
+    return [
+        report_flag(f.path, f.caption, report_step.SCENES, f.item, f.scene) if f.caption else f.path
+        for f in STEPS.score.declared_files(batch, REQUESTED)
     ]
-    return {"record": PATHS.batch_record("scored", batch), "files": files}  # the record first: rules/merge.smk
 
 
 def training_outputs(model):
-    """Rule train_model's outputs: the task's model files, its training curves (plot and CSV) in the report."""
-    outputs = PLAN.trained_model_outputs(model)
-    outputs["plot"] = report_flag(outputs["plot"], "training", reportfiles.TRAINING, "training curves", model)
+    """Rule train's outputs: the task's model files, its training curves (plot and CSV) in the report."""
+    outputs = STEPS.train.outputs(model)
+    outputs["plot"] = report_flag(outputs["plot"], "training", report_step.TRAINING, "training curves", model)
     outputs["metrics"] = report_flag(
-        outputs["metrics"], "training_metrics", reportfiles.TRAINING, "training curves (CSV)", model
+        outputs["metrics"], "training_metrics", report_step.TRAINING, "training curves (CSV)", model
     )
     return outputs

@@ -1,25 +1,22 @@
-# A demo scene, synthesized as its job file (rasterscale.jobs.files.SynthesisJob, beside the demo's data) says.
-rule synthesize_scene:
+# The demo step (rasterscale.workflow.steps.demo): a demo scene, synthesized as its job file
+# (rasterscale.jobs.files.SynthesisJob, beside the demo's data) says.
+rule demo:
     input:
-        job=paths.synthesis_job(DEMO.directory, "{name}"),
+        job=STEPS.demo.job_file("{name}"),
     output:
-        raster=f"{DEMO.directory}/{{name}}.tif",
-        boxes=f"{DEMO.directory}/{{name}}.gpkg",
-        crowns=f"{DEMO.directory}/{{name}}.crowns.gpkg",
-        height=f"{DEMO.directory}/{{name}}.height.tif",
-        tops=f"{DEMO.directory}/{{name}}.tops.gpkg",
+        **STEPS.demo.outputs(),
     log:
-        "logs/synthesize_scene/{name}.log",
+        STEPS.demo.log("{name}"),
     benchmark:
-        "benchmarks/synthesize_scene/{name}.tsv"
+        STEPS.demo.benchmark("{name}")
     wildcard_constraints:
-        name=pattern(jobfiles.demo_scenes(PLAN)),
+        name=pattern(STEPS.demo.scenes()),
     conda:
         "../envs/environment.yaml"
     resources:
-        mem_mb=scene_mem_mb("synthesis", "name"),
+        **STEPS.demo.resources(),
     params:
-        entry=entry_point("synthesize_scene"),
+        entry=entry_point(STEPS.demo),
     shell:
         "{params.entry} --job {input.job:q} --raster {output.raster:q} --boxes {output.boxes:q}"
         " --crowns {output.crowns:q} --canopy-height {output.height:q} --tops {output.tops:q} > {log:q} 2>&1"

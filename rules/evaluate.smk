@@ -1,24 +1,24 @@
-# Per batch of scenes (the plan's batches), in one process: each predicted scene scored against its annotations
-# (evaluation.json) with its quicklook (without annotations: the quicklook alone), and its pages for the report
-# (results/{run}/report/{scene}/). One job a scene would cost a DAG node and a Python start each: 30,000 of them for
-# 10,000 scenes.
+# The score step (rasterscale.workflow.steps.score): per batch of scenes, in one process, each predicted scene
+# scored against its annotations (evaluation.json) with its quicklook (without annotations: the quicklook alone),
+# and its pages for the report (results/{run}/report/{scene}/).
 for batch in RULE_BATCHES:
 
     rule:
         name:
-            batches.batch_rule("score", batch)
+            STEPS.score.rule(batch)
         input:
-            reportfiles.score_inputs(PLAN, batch),
-            job=PATHS.job_file("score", batch),
+            STEPS.score.inputs(batch),
+            job=STEPS.score.job_file(batch),
         output:
-            **scored_outputs(batch),
+            record=STEPS.score.record(batch),  # first: rules/merge.smk
+            files=scored_files(batch),
         log:
-            f"logs/score/batch-{batch}.log",
+            STEPS.score.log(f"batch-{batch}"),
         benchmark:
-            f"benchmarks/score/batch-{batch}.tsv"
+            STEPS.score.benchmark(f"batch-{batch}")
         conda:
             "../envs/environment.yaml"
         resources:
-            mem_mb=mem_mb("score", batch),
+            **STEPS.score.resources(batch),
         script:
-            "../scripts/score_batch.py"
+            "../scripts/score.py"

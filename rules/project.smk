@@ -1,73 +1,73 @@
-# The project's layers (results/{run}/project/), when a run predicts several scenes: every scene's and seam's
-# merged layers into one, each object kept once (rasterscale/grid/project.py); its job file
-# (rasterscale.jobs.files.ProjectJob) lists the sources, their footprints and the seams' cores. A task of objects
-# with more predicted scenes than project.partition_scenes writes a partitioned GeoParquet layer instead: one job
-# a batch, each writing its batch's sources' objects, read beside their neighbours' (rasterscale/grid/partitions.py;
-# which partitions, and what each depends on: rasterscale/workflow/partitions.py). Then the summary raster.
-from rasterscale.workflow import partitions
-
-if partitions.partitioned(PLAN):
+# The project step (rasterscale.workflow.steps.project): the project's layers (results/{run}/project/), when a run
+# predicts several scenes: every scene's and seam's merged layers into one, each object kept once
+# (rasterscale/grid/project.py); its job file (rasterscale.jobs.files.ProjectJob) lists the sources, their footprints
+# and the seams' cores. A task of objects with more predicted scenes than project.partition_scenes writes a
+# partitioned GeoParquet layer instead: one job a batch, each writing its batch's sources' objects, read beside their
+# neighbours' (rasterscale/grid/partitions.py; which partitions, and what each depends on:
+# rasterscale/workflow/partitions.py). Then the summary step.
+if STEPS.project.partitioned():
 
     rule project_partition:
         input:
-            job=PATHS.job_file("project", "{batch}"),
-            layers=lambda wildcards: partitions.partition_inputs(PLAN, int(wildcards.batch)),
+            job=STEPS.project.job_file("{batch}"),
+            layers=lambda wildcards: STEPS.project.partition_inputs(int(wildcards.batch)),
         output:
-            partitions.partition_file(PLAN, "{batch}"),
+            STEPS.project.partition_output(),
         log:
-            "logs/project/partition-{batch}.log",
+            STEPS.project.log("partition-{batch}"),
         benchmark:
-            "benchmarks/project/partition-{batch}.tsv"
+            STEPS.project.benchmark("partition-{batch}")
         wildcard_constraints:
             batch=r"\d+",
         conda:
             "../envs/environment.yaml"
         resources:
-            mem_mb=scene_mem_mb("partition", "batch"),
+            **STEPS.project.partition_resources(),
         params:
-            entry=entry_point("project"),
+            entry=entry_point(STEPS.project),
         shell:
             "{params.entry} --job {input.job:q} > {log:q} 2>&1"
 
 else:
 
-    rule project_layers:
+    rule project:
         input:
-            job=PATHS.job_file("project"),
-            layers=lambda wildcards: PLAN.project_inputs(),
+            job=STEPS.project.job_file(),
+            layers=lambda wildcards: STEPS.project.inputs(),
         output:
-            **PLAN.project_outputs(),
+            **STEPS.project.outputs(),
         log:
-            "logs/project/merge.log",
+            STEPS.project.log("merge"),
         benchmark:
-            "benchmarks/project/merge.tsv"
+            STEPS.project.benchmark("merge")
         conda:
             "../envs/environment.yaml"
         resources:
-            mem_mb=mem_mb("project"),
+            **STEPS.project.resources(),
         params:
-            entry=entry_point("project"),
+            entry=entry_point(STEPS.project),
         shell:
             "{params.entry} --job {input.job:q} > {log:q} 2>&1"
 
 
-# The project's summary raster (rasterscale/raster/summary.py): a COG of project.summary_cell, objects per hectare
-# (or class cover, or mean value), read from the layer without loading it whole; the report's project map.
-rule project_summary:
+# The summary step (rasterscale.workflow.steps.summary): the project's summary raster (rasterscale/raster/summary.py),
+# a COG of project.summary_cell, objects per hectare (or class cover, or mean value), read from the layer without
+# loading it whole; the report's project map.
+rule summary:
     input:
-        job=PATHS.job_file("summary"),
-        layers=lambda wildcards: partitions.summary_layers(PLAN),
+        job=STEPS.summary.job_file(),
+        layers=lambda wildcards: STEPS.summary.inputs(),
     output:
-        partitions.summary_file(PLAN),
+        STEPS.summary.output(),
     log:
-        "logs/project/summary.log",
+        STEPS.summary.log("summary"),
     benchmark:
-        "benchmarks/project/summary.tsv"
+        STEPS.summary.benchmark("summary")
     conda:
         "../envs/environment.yaml"
     resources:
-        mem_mb=mem_mb("project"),
+        **STEPS.summary.resources(),
     params:
-        entry=entry_point("project_summary"),
+        entry=entry_point(STEPS.summary),
     shell:
         "{params.entry} --job {input.job:q} > {log:q} 2>&1"

@@ -1,54 +1,51 @@
-# The Snakemake report (`snakemake --report report.zip` after a run, or `--report-after-run`): what it shows that the
-# rest of the run does not write, rendered by small local jobs under results/{run}/report/
-# (rasterscale.workflow.reportfiles says which file is which, rasterscale.tools.report draws them). Categories are
-# numbered: the report orders them by name. Outputs are flagged with report_flag() (rules/common.smk), as train.smk
-# and evaluate.smk flag theirs. The report jobs read their job files (rasterscale.jobs.files.RunPageJob,
-# ProjectMapJob).
-rule report_run:
+# The report step (rasterscale.workflow.steps.report): what the Snakemake report (`snakemake --report report.zip`
+# after a run, or `--report-after-run`) shows that the rest of the run does not write, rendered by small local jobs
+# under results/{run}/report/ (rasterscale.tools.report draws them). Categories are numbered: the report orders them
+# by name. Outputs are flagged with report_flag() (rules/common.smk), as train.smk and evaluate.smk flag theirs. The
+# report jobs read their job files (rasterscale.jobs.files.RunPageJob, ProjectMapJob).
+rule report_run_page:
     input:
-        unpack(lambda wildcards: reportfiles.run_inputs(PLAN)),
-        job=PATHS.job_file("run_page"),
+        unpack(STEPS.report.run_inputs),
     output:
         report_flag(
-            PATHS.report_file(reportfiles.RUN_PAGE),
+            STEPS.report.run_page(),
             "run",
-            reportfiles.RUN,
+            report_step.RUN,
             "config, model, precision, launch geometry",
             "run",
         ),
     log:
-        "logs/report/run.log",
+        STEPS.report.log("run_page"),
     benchmark:
-        "benchmarks/report/run.tsv"
+        STEPS.report.benchmark("run_page")
     localrule: True
     conda:
         "../envs/environment.yaml"
     resources:
-        mem_mb=mem_mb("report"),
+        **STEPS.report.resources(),
     script:
-        "../scripts/report_run.py"
+        "../scripts/report_run_page.py"
 
 
 rule report_project_map:
     input:
-        unpack(lambda wildcards: reportfiles.project_inputs(PLAN)),
-        job=PATHS.job_file("project_map"),
+        unpack(STEPS.report.map_inputs),
     output:
         report_flag(
-            PATHS.report_file(reportfiles.PROJECT_MAP),
+            STEPS.report.project_map(),
             "project_map",
-            reportfiles.PROJECT,
+            report_step.PROJECT,
             "summary raster, or scene footprints and counts",
             "map",
         ),
     log:
-        "logs/report/project_map.log",
+        STEPS.report.log("project_map"),
     benchmark:
-        "benchmarks/report/project_map.tsv"
+        STEPS.report.benchmark("project_map")
     localrule: True
     conda:
         "../envs/environment.yaml"
     resources:
-        mem_mb=mem_mb("report"),
+        **STEPS.report.resources(),
     script:
         "../scripts/report_project_map.py"

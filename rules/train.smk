@@ -1,27 +1,25 @@
-# Training, with DDP over the job's ranks; its job file (rasterscale.jobs.files.TrainJob) holds the training scenes
-# and the task, model, tiling and train sections with the training scenes' entries.
-rule train_model:
+# The train step (rasterscale.workflow.steps.train): DDP over the job's ranks; its job file
+# (rasterscale.jobs.files.TrainJob) holds the training scenes and the task, model, tiling and train sections with the
+# training scenes' entries.
+rule train:
     input:
-        unpack(lambda wildcards: PLAN.train_start_inputs()),
-        rasters=PLAN.raster_inputs(*PLAN.train_scenes),
-        annotations=[PLAN.scene_annotations(name) for name in PLAN.train_scenes],
-        manifests=PLAN.manifest_inputs(PLAN.train_scenes),
-        job=PATHS.job_file("train"),
+        unpack(STEPS.train.start_inputs),
+        **STEPS.train.inputs(),
     output:
         **training_outputs("{model}"),
     log:
-        "logs/train/{model}.log",
+        STEPS.train.log("{model}"),
     benchmark:
-        "benchmarks/train/{model}.tsv"
+        STEPS.train.benchmark("{model}")
     conda:
         "../envs/environment.yaml"
-    threads: PLAN.rank_threads("train")
+    threads: STEPS.train.threads()
     resources:
-        **ddp_resources("train"),
+        **STEPS.train.resources(),
     params:
-        entry=entry_point("train"),
-        launcher=launcher("train"),
-        log_dir="logs/train/{model}",
+        entry=entry_point(STEPS.train),
+        launcher=launcher(STEPS.train),
+        log_dir=STEPS.train.log_dir("{model}"),
     shell:
         "{params.launcher}{params.entry} --job {input.job:q}"
         " --model {output.model:q} --metrics {output.metrics:q} --plot {output.plot:q} --log-dir {params.log_dir:q}"

@@ -53,8 +53,8 @@ def preload() -> None:
     import rasterscale.workflow.checks
     import rasterscale.workflow.estimate
     import rasterscale.workflow.jobfiles
-    import rasterscale.workflow.reportfiles
     import rasterscale.workflow.reports
+    import rasterscale.workflow.steps
     import rasterscale.workflow.storage  # noqa: F401
 
     sys.path.remove(str(REPO / "scripts"))

@@ -176,7 +176,7 @@ def bench_result(machine: dict) -> dict:
         "cores": 2,
         "wall_s": 21.3,
         "rank_wall_s": 1.6,
-        "rules_s": {"tile_manifests_batch_0": 2.1, "predict_batch_0": 5.2, "merge_batch_0": 6.9},
+        "rules_s": {"tiles_batch_0": 2.1, "predict_batch_0": 5.2, "merge_batch_0": 6.9},
         "after_rank_s": 12.0,
         "outside_rank": 0.925,
         "model": "null model",

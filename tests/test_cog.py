@@ -1,4 +1,4 @@
-"""A striped input raster is read from a tiled COG that the workflow makes (rule convert_to_cog)."""
+"""A striped input raster is read from a tiled COG that the workflow makes (rule cog)."""
 
 import json
 from pathlib import Path
@@ -104,27 +104,27 @@ def test_the_mask_of_a_two_band_scratch_raster_is_the_cogs(tmp_path):
 def test_dry_run_warns_and_plans_the_conversion(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     result = run_workflow(tmp_path / "run", striped_config(striped, scene.model_file), "-n")
-    assert "convert_to_cog" in result.stdout
+    assert "rule cog:" in result.stdout
     assert f"warning: {striped} is striped, not tiled" in result.stderr
-    assert f"{RUN}/striped/cog.tif (rule convert_to_cog)" in result.stderr
+    assert f"{RUN}/striped/cog.tif (rule cog)" in result.stderr
 
 
 def test_tiled_input_is_read_as_it_is(tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     result = run_workflow(tmp_path / "run", striped_config(scene.raster, scene.model_file), "-n")
-    assert "convert_to_cog" not in result.stdout and "striped" not in result.stderr
+    assert "rule cog:" not in result.stdout and "striped" not in result.stderr
 
 
 @pytest.mark.slow
 def test_striped_scene_is_predicted_from_its_cog(striped, tmp_path):
     scene = PredictScene.make(tmp_path / "model")
     workdir = tmp_path / "run"
-    merged = RunPaths("model").batch_record("merged", 0)  # up to the merged layers: no quicklook or report pages
+    merged = RunPaths("model").batch_record("merge", 0)  # up to the merged layers: no quicklook or report pages
     run_workflow(workdir, striped_config(striped, scene.model_file), merged)
     cog = workdir / RUN / "striped/cog.tif"
     assert check_raster(cog).is_tiled
     manifest = gpd.read_parquet(workdir / RUN / "striped/tiles.parquet")
     profile = json.loads((workdir / RUN / "striped/predict_profile.json").read_text())
     assert profile["total"]["tiles"] == len(manifest) > 0
-    assert f"{RUN}/striped/cog.tif: 500x300 px" in (workdir / "logs/convert_to_cog/striped.log").read_text()
+    assert f"{RUN}/striped/cog.tif: 500x300 px" in (workdir / "logs/cog/striped.log").read_text()
     assert gpd.read_parquet(workdir / RUN / "striped/detections.parquet").crs == check_raster(striped).crs

@@ -108,7 +108,7 @@ def test_the_readmes_demo_commands_plan_without_importing_torch(tmp_path, extra)
     assert result.returncode == 0, result.stderr[-2000:]
     # no warning or error: the plan's cost estimate only (rasterscale.workflow.estimate)
     said = [line for line in result.stderr.splitlines() if "rasterscale:" in line]
-    assert all(line.startswith("rasterscale: plan: ") for line in said) and "train_model" in result.stdout
+    assert all(line.startswith("rasterscale: plan: ") for line in said) and "train" in result.stdout
     imported = {
         line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
     }

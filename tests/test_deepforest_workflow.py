@@ -32,7 +32,7 @@ def test_predict_with_a_deepforest_folder(tmp_path, deepforest_folder):
     # 4 tiles: DeepForest's models resize each 256 px tile to 800 px (about 4 s a tile on 2 CPU cores)
     config["demo"]["scenes"]["tiny_test"] = {"width": 448, "height": 448, "seed": 12}
     config["model"] = model_section(file=str(deepforest_folder), score_threshold=0.005)
-    run_workflow(tmp_path, config, run_paths(config).batch_record("scored", 0))  # not the report's run pages, map
+    run_workflow(tmp_path, config, run_paths(config).batch_record("score", 0))  # not the report's run pages, map
     run = run_dir(tmp_path, config)
     assert run == tmp_path / "results/tiny"  # model.name tiny (tiny.yaml's), not the folder's name
     detections = gpd.read_parquet(run / "tiny_test/detections.parquet")

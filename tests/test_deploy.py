@@ -28,6 +28,8 @@ from rasterscale.grid.project import Footprint, seam_name
 from rasterscale.tools.condaenv import parse_requirements, render_environment
 from rasterscale.workflow import resources
 from rasterscale.workflow.plan import Plan
+from rasterscale.workflow.steps import Steps, cog
+from rasterscale.workflow.steps import demo as steps_demo
 from workflow import jobs_planned, run_workflow
 
 REQUIREMENTS = REPO / "envs/requirements.txt"
@@ -81,15 +83,15 @@ def test_estimates_grow_with_the_scene_and_are_whole_steps_above_the_process():
     large = plan_of({"a": footprint(60_000, 60_000)}, [["a"]])
     floor = resources.job_mb(0)
     assert floor == 500  # 300 MB of process, with headroom, rounded up
-    for estimate in ("batch_tile_manifest", "merge", "score"):
-        low, high = (getattr(resources, f"{estimate}_mb")(plan, 0) for plan in (small, large))
-        assert floor <= low < high and low % resources.STEP_MB == high % resources.STEP_MB == 0, estimate
-    assert resources.project_mb(small) < resources.project_mb(large)
+    for step in ("tiles", "merge", "score"):
+        low, high = (getattr(Steps(plan), step).mem_mb(0) for plan in (small, large))
+        assert floor <= low < high and low % resources.STEP_MB == high % resources.STEP_MB == 0, step
+    assert Steps(small).project.mem_mb() < Steps(large).project.mem_mb()
     # a 60,000 px square scene: 188 x 188 tiles of 400 px (80 px overlap); its mask and stretch read at 2000 px a
     # side (decimated by 30), its manifest's rows; 100 boxes a tile, read and merged
     tiles = 188 * 188
-    assert resources.batch_tile_manifest_mb(large, 0) == resources.job_mb(2000 * 2000 * (3 + 25) + tiles * 1200)
-    assert resources.merge_mb(large, 0) == resources.job_mb(2 * tiles * 100 * 1200)
+    assert Steps(large).tiles.mem_mb(0) == resources.job_mb(2000 * 2000 * (3 + 25) + tiles * 1200)
+    assert Steps(large).merge.mem_mb(0) == resources.job_mb(2 * tiles * 100 * 1200)
 
 
 @pytest.mark.parametrize("length", [1, 127, 128, 129, 224, 225, 1000, 60_000])
@@ -99,9 +101,10 @@ def test_the_tiles_counted_are_those_of_the_manifest(length):
 
 def test_a_batch_is_estimated_by_its_largest_scene_and_a_project_by_all_of_them():
     plan = plan_of({"a": footprint(2000, 2000), "b": footprint(20_000, 20_000)}, [["a"], ["b"], ["a", "b"]])
-    assert resources.merge_mb(plan, 2) == resources.merge_mb(plan, 1) > resources.merge_mb(plan, 0)
+    merge = Steps(plan).merge
+    assert merge.mem_mb(2) == merge.mem_mb(1) > merge.mem_mb(0)
     objects = sum(resources.merge_bytes(plan, name) for name in ("a", "b"))
-    assert resources.project_mb(plan) == resources.job_mb(objects)
+    assert Steps(plan).project.mem_mb() == resources.job_mb(objects)
 
 
 def test_a_seam_counts_as_its_two_scenes_side_by_side():
@@ -112,20 +115,20 @@ def test_a_seam_counts_as_its_two_scenes_side_by_side():
 def test_detections_per_tile_bounds_the_objects_and_a_dense_merge_does_not_grow_with_the_height():
     scene = {"a": footprint(20_000, 20_000)}
     default, capped = plan_of(scene, [["a"]]), plan_of(scene, [["a"]], model={"detections_per_tile": 10})
-    assert resources.merge_mb(capped, 0) < resources.merge_mb(default, 0)
+    assert Steps(capped).merge.mem_mb(0) < Steps(default).merge.mem_mb(0)
     tall = plan_of({"a": footprint(5000, 100_000)}, [["a"]], task="segmentation")
     short = plan_of({"a": footprint(5000, 1000)}, [["a"]], task="segmentation")
-    assert resources.merge_mb(tall, 0) == resources.merge_mb(short, 0)
+    assert Steps(tall).merge.mem_mb(0) == Steps(short).merge.mem_mb(0)
 
 
 def test_the_cog_conversion_is_its_gdal_cache_and_threads_and_a_demo_scene_its_synthesis():
     plan = plan_of({"a": footprint(50_000, 50_000, 4, "uint16")}, [["a"]], cog={"threads": 16})
-    blocks = 16 * resources.COG_BUFFERS_PER_THREAD * 512 * 512 * 4 * 2
-    assert resources.cog_mb(plan, "a") == resources.job_mb(resources.COG_GDAL_CACHE_MB * resources.MB + blocks)
+    blocks = 16 * cog.BUFFERS_PER_THREAD * 512 * 512 * 4 * 2
+    assert Steps(plan).cog.mem_mb("a") == resources.job_mb(cog.GDAL_CACHE_MB * resources.MB + blocks)
     demo = plan_of(
         {"a": footprint(100, 100)}, [["a"]], demo={"scenes": {"d": {"width": 4096, "height": 4096, "seed": 1}}}
     )
-    assert resources.synthesis_mb(demo, "d") == resources.job_mb(4096 * 4096 * resources.SYNTH_BYTES_PER_PIXEL)
+    assert Steps(demo).demo.mem_mb("d") == resources.job_mb(4096 * 4096 * steps_demo.BYTES_PER_PIXEL)
     # a training-only scene without a footprint: its demo size, else the unknown scene's
     assert resources.scene_size(demo, "d") == resources.SceneSize(4096, 4096, 3, 1)
     assert resources.scene_size(demo, "x").width == resources.UNKNOWN_SIDE
@@ -137,7 +140,7 @@ SCENE = "scene"
 RUN = "model"  # the run's name: its model file's (model.pt), no model.name given
 MERGED = f"results/{RUN}/{SCENE}/detections.parquet"
 MANIFEST = f"results/{RUN}/{SCENE}/tiles.parquet"
-CPU_RULES = ("tile_manifests_batch_0", "merge_batch_0")
+CPU_RULES = ("tiles_batch_0", "merge_batch_0")
 
 
 def module_snakefile(snakefile: str) -> str:
@@ -195,7 +198,7 @@ def test_as_a_module_from_another_folder_it_plans_and_predicts_what_the_direct_r
     (folder / "config.yaml").write_text(yaml.safe_dump(inputs))
     (folder / "Snakefile").write_text(module_snakefile(str(REPO / "Snakefile")))
     dry = run_module(folder, "-n", MERGED)
-    assert "synthesize_scene" not in dry.stdout  # the module's config is the caller's, not the demo's over it
+    assert "rule demo:" not in dry.stdout  # the module's config is the caller's, not the demo's over it
     for rule in CPU_RULES:
         job = dry.stdout[dry.stdout.index(f"rule {rule}:") :]
         assert "mem_mb=" in job[: job.index("\n\n")], f"{rule}: no mem_mb"
@@ -223,7 +226,7 @@ def test_a_changed_setting_reruns_the_jobs_whose_files_carry_it_and_no_other(inp
     assert planned() == {} and job.stat().st_mtime_ns == written  # the same plan: no job file written again
     assert planned(merge={"iou_threshold": 0.3}) == {"merge_batch_0": 1}
     assert planned(predict={"batch_size": 2}) == {"predict": 1, "merge_batch_0": 1}  # the merge reads predict too
-    assert planned(tiling={"overlap": 16}) == {"tile_manifests_batch_0": 1, "predict": 1, "merge_batch_0": 1}
+    assert planned(tiling={"overlap": 16}) == {"tiles_batch_0": 1, "predict": 1, "merge_batch_0": 1}
     assert planned(evaluate={"iou_threshold": 0.3}) == {}  # no scoring job towards the merged layer
     assert planned() == {}  # back to the run's config: its files as they were
 
@@ -257,5 +260,5 @@ def test_as_a_remote_module_it_takes_the_package_from_the_environment_and_its_sc
     installed = {**env, "PYTHONPATH": str(REPO / "scripts")}  # as `pip install -e` of a clone puts it on the path
     dry = run_module(tmp_path, "-n", "-p", MERGED, env=installed)
     commands = [shlex.split(line)[2:] for line in dry.stdout.splitlines() if line.startswith("Shell command: ")]
-    scripts = [Path(command[1]) for command in commands if len(command) > 1 and command[1].endswith("manifest.py")]
+    scripts = [Path(command[1]) for command in commands if len(command) > 1 and command[1].endswith("tiles.py")]
     assert scripts and "source-cache" in scripts[0].parts and not scripts[0].is_relative_to(REPO), scripts

@@ -459,7 +459,7 @@ def test_a_write_that_fails_for_another_reason_is_not_called_out_of_space(disk):
 
 SCENE = "scene"
 RUN = RunPaths("model")
-MERGED = RUN.batch_record("merged", 0)
+MERGED = RUN.batch_record("merge", 0)
 
 
 def short_run(results: SmallDisk, workdir: Path, config: dict, target: str, leave: int) -> str:

@@ -402,8 +402,8 @@ def test_a_mask_block_that_will_not_decode_fails_the_tile_manifest_in_one_line(d
     workdir = tmp_path / "run"
     target = "results/my_model/odm/tiles.parquet"  # the run of model.file "my model.pt" (no model.name): my_model
     result = snakemake_forks.run(workflow_command(workdir, config, "--cores", "1", target))
-    assert result.returncode != 0 and "Error in rule tile_manifests_batch_0" in result.stderr, result.stderr
-    log = (workdir / "logs/tile_manifest/batch-0.log").read_text()
+    assert result.returncode != 0 and "Error in rule tiles_batch_0" in result.stderr, result.stderr
+    log = (workdir / "logs/tiles/batch-0.log").read_text()
     lines = [line for line in log.splitlines() if line.startswith("rasterscale:")]
     assert len(lines) == 1 and "Traceback" not in log, log
     expected = (

@@ -162,9 +162,7 @@ def test_spec_round_trips_through_json():
 def test_manifest_without_spec_says_how_to_fix(tmp_path, raster_factory):
     path = tmp_path / "old.parquet"
     build_manifest(raster_factory(width=64, height=64), 32, 0).to_parquet(path)
-    with pytest.raises(
-        InputError, match=r"old.parquet: tile manifest holds no imagery spec .*rerun rule tile_manifest"
-    ):
+    with pytest.raises(InputError, match=r"old.parquet: tile manifest holds no imagery spec .*rerun rule tiles"):
         read_spec(path)
 
 
@@ -179,7 +177,7 @@ def test_tile_manifest_entry_logs_the_spec(tmp_path):
     out = tmp_path / "tiles.parquet"
     tiling = job_settings({"tiling": {"patch_size": 128, "overlap": 0, "skip_nodata": True}})
     TilesJob((Scene("ramp", str(path), str(out), imagery),), tiling).write(tmp_path / "job.json")
-    command = [sys.executable, str(REPO / "scripts/tile_manifest.py"), "--job", str(tmp_path / "job.json")]
+    command = [sys.executable, str(REPO / "scripts/tiles.py"), "--job", str(tmp_path / "job.json")]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     assert "imagery bands [1, 2, 3], mask none, scale percentile 1-99: [" in result.stdout
     assert read_spec(out).scale == "percentile 1-99"

@@ -97,7 +97,7 @@ def user_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("user_imagery")
     config = user_config(workdir)
     assert run_dir(workdir, config) == workdir / RUN
-    result = run_workflow(workdir, config, run_paths(config).batch_record("scored", 0))  # not the report's pages
+    result = run_workflow(workdir, config, run_paths(config).batch_record("score", 0))  # not the report's pages
     return workdir, result
 
 
@@ -112,7 +112,7 @@ def test_manifests_skip_wholly_masked_tiles_and_hold_the_spec(user_run):
     spec = json.loads(pq.read_schema(manifest).metadata[SPEC_KEY])
     assert (spec["mask"], spec["alpha"], spec["low"], spec["high"]) == ("alpha", 5, [0] * 4, [65535] * 4)
     assert spec["bands"] == BANDS and not spec["raw"]
-    assert "mask alpha (band 5), scale declared" in (workdir / "logs/tile_manifest/batch-0.log").read_text()
+    assert "mask alpha (band 5), scale declared" in (workdir / "logs/tiles/batch-0.log").read_text()
 
 
 def test_the_masked_corner_gets_no_detections(user_run):

@@ -28,11 +28,11 @@ from rasterscale.settings import Settings, SlurmSettings, carried, section_of
 from rasterscale.workflow import reports
 from rasterscale.workflow import storage as plan_storage
 from rasterscale.workflow.checks import build_plan
-from rasterscale.workflow.jobfiles import job_files, predict_job, write_job_files
+from rasterscale.workflow.jobfiles import job_files, write_job_files
 from rasterscale.workflow.plan import Plan
-from rasterscale.workflow.reportfiles import report_targets, scored_batches, scored_files
 from rasterscale.workflow.reuse import main_plan
-from rasterscale.workflow.slurm import ddp_resources, launcher_prefix
+from rasterscale.workflow.steps import Steps
+from rasterscale.workflow.steps.base import RanksStep
 from rasterscale.workflow.storage import (
     fingerprint,
     job_plan,
@@ -91,18 +91,21 @@ def test_the_plan_holds_the_validated_config_scenes_batches_geometry_labels_and_
         "scene a is trained on (train.scenes) and predicted and scored (predict.scenes): "
         "results/detector/a/evaluation.json scores the model on its own training data",
         "c.tif is striped, not tiled: every windowed read would decode whole raster rows; scene c is read from the "
-        "tiled COG results/detector/c/cog.tif (rule convert_to_cog)",
+        "tiled COG results/detector/c/cog.tif (rule cog)",
     ]
     assert plan.evaluated_scenes() == ["a"] and plan.unbatched_scenes() == []
-    assert plan.final_targets() == [
+    assert Steps(plan).final_targets() == [  # every step's, in the order the data flows
+        *(f"results/detector/batches/tiles-{batch}.json" for batch in (0, 1)),
         *(
             f"results/models/detector{file}"
             for file in (".pt", ".metrics.csv", ".png", "/config.json", "/model.safetensors")
         ),
-        *(f"results/detector/batches/{step}-{batch}.json" for step in ("tiled", "merged") for batch in (0, 1)),
+        *(f"results/detector/batches/{step}-{batch}.json" for step in ("merge", "score") for batch in (0, 1)),
         "results/detector/project/detections.gpkg",
         "results/detector/project/detections.parquet",
         "results/detector/project/summary.tif",
+        "results/detector/report/run.html",
+        "results/detector/report/project_map.png",
     ]
     assert set(plan.inputs) == {"a.tif", "a.csv", "b.tif", "c.tif"} and all(plan.inputs.values())
 
@@ -137,7 +140,7 @@ def test_paths_are_spelled_in_one_place():
     assert run.jobs_dir("tiles") == "results/m1/jobs/tiles"
     assert run.job_file("train") == "results/m1/jobs/train.json"
     assert run.scene_job("a") == "results/m1/jobs/tiles/scene-a.json"
-    assert run.batch_record("merged", 3) == "results/m1/batches/merged-3.json"
+    assert run.batch_record("merge", 3) == "results/m1/batches/merge-3.json"
     assert run.shard_dir(1, 2) == "results/m1/predict/batch-1/shard-2"
     assert run.shard_resume_dir(1, 2) == "results/m1/predict/batch-1/shard-2.resume"
     assert run.report_file("run.html") == "results/m1/report/run.html"
@@ -169,20 +172,21 @@ def planned_files(plan: Plan) -> set[str]:
     shares), its targets and the report's, each batch's records, shard folders and scenes' (and seams') tile
     manifests, rank files and merged outputs, the scoring jobs' files, the striped scenes' COGs, the project's
     layers, the trained model's files."""
-    files = {*plan.final_targets(), *report_targets(plan), *plan.project_outputs().values()}
+    steps = Steps(plan)
+    files = {*steps.final_targets(), *steps.project.outputs().values()}
     files |= set(job_files(plan)) - {paths.check_job()}
     files |= {plan.paths.job_file("project"), *(plan.scene_raster(name) for name in plan.untiled)}
     for batch in plan.batches:
         number = batch.batch
-        files |= set(plan.batch_files("tiled", number))
-        files |= {plan.paths.batch_record(step, number) for step in ("tiled", "merged", "scored")}
+        files |= set(steps.tiles.files(number))
+        files |= {step.record(number) for step in (steps.tiles, steps.merge, steps.score)}
         files |= {plan.paths.shard_dir(number, shard) for shard in range(plan.shards)}
         files |= {
             path for scene in batch.scenes for path in (scene.manifest, *scene.rank_files, *scene.outputs.values())
         }
-    files |= {f.path for number in scored_batches(plan) for f in scored_files(plan, number)}
+    files |= {f.path for number in steps.score.batches() for f in steps.score.files(number)}
     if plan.train_scenes:
-        files |= set(plan.trained_model_outputs(plan.run).values())
+        files |= set(steps.train.outputs(plan.run).values())
     return files
 
 
@@ -342,7 +346,7 @@ def test_a_batch_job_file_round_trips_with_every_field(workdir):
             "profile": "results/detector/a/predict_profile.json",
         },
     )
-    job = predict_job(plan, 0)
+    job = Steps(plan).predict.job(0)
     assert job.scenes == batch.scenes and (job.model_file, job.shards) == (plan.prediction_model(), 2)
     path = plan.paths.job_file("predict", 0)
     assert job.write(path) and PredictJob.read(path) == job
@@ -419,6 +423,20 @@ def test_slurm_settings_read_numbers_given_as_strings():
         section_of(SlurmSettings, {**given, "mem_mb": "16G"}, "slurm")
 
 
+def ranks_step(plan: Plan, section: str) -> RanksStep:
+    """The DDP step of a section: training, or prediction."""
+    steps = Steps(plan)
+    return steps.train if section == "train" else steps.predict
+
+
+def ddp_resources(plan: Plan, section: str) -> dict[str, object]:
+    return ranks_step(plan, section).resources()
+
+
+def launcher_prefix(plan: Plan, section: str, resources: dict[str, object], executor: str | None) -> str:
+    return ranks_step(plan, section).prefix(resources, executor)
+
+
 def test_ddp_resources_of_each_section(workdir):
     plan = slurm_plan(workdir, mem_mb="16000", partition="gpu", predict_runtime="30")
     assert ddp_resources(plan, "train") == {
@@ -467,10 +485,20 @@ def test_one_rank_per_node_on_several_nodes_asks_for_the_total(workdir):
     assert launcher_prefix(build_plan(config), "train", resources, "slurm-jobstep") == srun_prefix(2, 1, 1)
 
 
-def test_locally_no_resources_and_no_prefix(workdir):
-    plan = build_plan(table_config(workdir))
-    assert ddp_resources(plan, "train") == {} and ddp_resources(plan, "predict") == {}
-    assert launcher_prefix(plan, "predict", {}, None) == ""
+def test_locally_the_gpus_alone_and_no_prefix(workdir):
+    """The local launcher asks for Snakemake's gpu resource, one a rank (what an executor other than Slurm's reads,
+    and a local run schedules by with --resources gpu=N), none for a section on the CPU; its job starts its own
+    ranks (no prefix)."""
+    config = table_config(workdir)
+    config["predict"]["accelerator"] = "cpu"
+    plan = build_plan(config)
+    assert plan.settings.slurm.launcher == "local" and plan.section("train").accelerator == "auto"
+    assert ddp_resources(plan, "train") == {"gpu": 1} and ddp_resources(plan, "predict") == {}
+    assert launcher_prefix(plan, "predict", {}, None) == "" and launcher_prefix(plan, "train", {"gpu": 1}, None) == ""
+    config["slurm"] = {"gres": "gpu:a100"}
+    assert ddp_resources(build_plan(config), "train") == {"gpu": 1, "gpu_model": "a100"}
+    config["slurm"] = {"gres": ""}  # no GPUs asked for
+    assert ddp_resources(build_plan(config), "train") == {}
 
 
 def test_the_launcher_prefix_checks_the_final_resources(workdir):
@@ -589,7 +617,8 @@ def test_predict_profiles_are_tables_for_few_scenes_and_lines_for_many(workdir):
 
 def test_the_workflow_package_and_the_job_files_import_no_torch():
     imports = (
-        "from rasterscale.workflow import plan, checks, storage, slurm, reports;"
+        "from rasterscale.workflow import plan, checks, storage, steps, reports;"
+        " from rasterscale.runtime import launchers;"
         " from rasterscale.jobs import files, paths, profile, rankfiles, resume"
     )
     result = subprocess.run(
@@ -663,40 +692,39 @@ def test_a_batch_plan_answers_what_its_batchs_jobs_ask_as_the_whole_plan_does(wo
     prediction, merge, scoring, partition) gets the same inputs, declared files and memory from it, and its job
     files come out the same (but a partition's, which lists its neighbours' areas), while it holds a fraction of the
     scenes."""
-    from rasterscale.workflow import partitions, reportfiles, resources
-    from rasterscale.workflow.jobfiles import merge_job, score_job, tiles_job
+    from rasterscale.workflow import partitions
 
     plan = build_plan(grid_config(workdir))
     assert partitions.partitioned(plan) and len(plan.seams) == 8 and plan.untiled and len(plan.members) == 5
-    Path(plan.paths.batch_record("tiled", 0)).parent.mkdir(parents=True)
-    Path(plan.paths.batch_record("tiled", 0)).write_text("{}")  # batch 0 ran, and its files are gone
-    scored = scored_batches(plan)
+    Path(plan.paths.batch_record("tiles", 0)).parent.mkdir(parents=True)
+    Path(plan.paths.batch_record("tiles", 0)).write_text("{}")  # batch 0 ran, and its files are gone
+    whole = Steps(plan)
+    scored = whole.score.batches()
     for number in plan.batch_numbers:
-        scoped = plan_from_json(plan_to_json(plan_storage.plan_of_batch(plan, number)))
-        assert scoped.scope == number and len(scoped.scenes) < len(plan.scenes)
-        for job in (tiles_job, predict_job, merge_job):
-            assert job(scoped, number) == job(plan, number)
-        assert scoped.batch_inputs(number) == plan.batch_inputs(number)
+        scoped_plan = plan_from_json(plan_to_json(plan_storage.plan_of_batch(plan, number)))
+        scoped = Steps(scoped_plan)
+        assert scoped_plan.scope == number and len(scoped_plan.scenes) < len(plan.scenes)
+        for kind in ("tiles", "predict", "merge"):
+            assert getattr(scoped, kind).job(number) == getattr(whole, kind).job(number)
+        for name in ("tiles", "merge", "score"):
+            assert getattr(scoped, name).mem_mb(number) == getattr(whole, name).mem_mb(number)
+        assert scoped_plan.batch_inputs(number) == plan.batch_inputs(number)
         entries = plan.prediction_batch(number).scenes  # the batch's files, as its entries name them
         assert plan.batch_inputs(number)["manifests"] == [scene.manifest for scene in entries]
         assert plan.batch_outputs(number) == [path for scene in entries for path in scene.outputs.values()]
-        for step in ("tiled", "merged"):
-            asked = frozenset(plan.batch_files(step, number)[:1])
-            assert scoped.declared_files(step, number, asked) == plan.declared_files(step, number, asked)
-        assert (number == 0) == bool(scoped.declared_files("tiled", number))
-        for estimate in ("batch_tile_manifest", "merge", "score"):
-            function = getattr(resources, f"{estimate}_mb")
-            assert function(scoped, number) == function(plan, number)
-        assert (number in scored) == (number in scored_batches(scoped))
+        for ours, theirs in ((scoped.tiles, whole.tiles), (scoped.merge, whole.merge)):
+            asked = frozenset(theirs.files(number)[:1])
+            assert ours.declared_files(number, asked) == theirs.declared_files(number, asked)
+        assert (number == 0) == bool(scoped.tiles.declared_files(number))
+        assert (number in scored) == (number in scoped.score.batches())
         if number in scored:
-            assert score_job(scoped, number) == score_job(plan, number)
-            assert reportfiles.score_inputs(scoped, number) == reportfiles.score_inputs(plan, number)
-            files = reportfiles.declared_scored_files(scoped, number, frozenset())
-            assert files == reportfiles.declared_scored_files(plan, number, frozenset())
-        assert partitions.partitioned(scoped) and scoped.unbatched_scenes() == plan.unbatched_scenes() == []
+            assert scoped.score.job(number) == whole.score.job(number)
+            assert scoped.score.inputs(number) == whole.score.inputs(number)
+            assert scoped.score.declared_files(number, frozenset()) == whole.score.declared_files(number, frozenset())
+        assert partitions.partitioned(scoped_plan) and scoped_plan.unbatched_scenes() == plan.unbatched_scenes() == []
         if number in partitions.partition_groups(plan):
-            assert partitions.partition_inputs(scoped, number) == partitions.partition_inputs(plan, number)
-            assert resources.partition_mb(scoped, number) == resources.partition_mb(plan, number)
+            assert scoped.project.partition_inputs(number) == whole.project.partition_inputs(number)
+            assert scoped.project.partition_mb(number) == whole.project.partition_mb(number)
 
 
 @pytest.mark.parametrize(
@@ -705,7 +733,7 @@ def test_a_batch_plan_answers_what_its_batchs_jobs_ask_as_the_whole_plan_does(wo
         (["--target-jobs", "merge_batch_3:", "--allowed-rules", "merge_batch_3"], 3),
         (["--target-jobs", "predict:batch=12,shard=1", "--cores", "all"], 12),
         (["--target-jobs=project_partition:batch=4"], 4),
-        (["--target-jobs", "train_model:model=m"], None),  # of no batch: the whole plan
+        (["--target-jobs", "train:model=m"], None),  # of no batch: the whole plan
         (["--target-jobs", "merge_batch_3:", "score_batch_4:"], None),  # a group job of two batches
         (["--target-jobs", "merge_batch_3:", "predict:batch=3,shard=0"], 3),
         (["-n"], None),

@@ -40,7 +40,7 @@ TRANSFORM = Affine(0.5, 0, 404000.0, 0, -0.5, 3285000.0)
 PRINT = {"config": "a", "model file": "b", "world size": 2, "shards": [1, 0], "tiles": "c"}
 LOGGER = logging.getLogger("rasterscale.predict")
 RUN = RunPaths("model")  # the run of scene_config's model.file model.pt (no model.name: the file's stem)
-MERGED = RUN.batch_record("merged", 0)  # the runs' target: the merged layers (no scores, quicklooks or report pages)
+MERGED = RUN.batch_record("merge", 0)  # the runs' target: the merged layers (no scores, quicklooks or report pages)
 
 
 # --- library level --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 import snakemake_forks
 from conftest import REPO
+from rasterscale.runtime.launchers import LOCAL, SRUN
 from rasterscale.runtime.preflight import (
     Geometry,
     PreflightError,
@@ -23,13 +24,12 @@ from rasterscale.runtime.preflight import (
     check_launch,
     check_world_size,
     parse_tasks_per_node,
-    plan_launch,
     srun_prefix,
 )
 
 TRAIN_2X4 = Geometry("train", devices=4, nodes=2)
 PREDICT_4 = Geometry("predict", devices=4, nodes=1)
-# What rasterscale.workflow.slurm.ddp_resources gives these geometries under the SLURM profile.
+# What the srun launcher's resources (rasterscale.runtime.launchers.Srun.resources) are for these geometries.
 RESOURCES_2X4 = {"nodes": 2, "cpus_per_task": 5, "mpi": "srun", "tasks_per_node": 4, "gres": "gpu:4"}
 RESOURCES_SHARD_4 = {"nodes": 1, "cpus_per_task": 3, "mpi": "srun", "tasks_per_node": 4, "gres": "gpu:4"}
 
@@ -48,60 +48,60 @@ def raises_one_line(fn, *args, **kwargs) -> str:
 
 
 def test_srun_prefix_is_explicit_about_every_geometry_option():
-    assert plan_launch(TRAIN_2X4, RESOURCES_2X4, "srun", "slurm", gpus_per_node=4) == (
+    assert SRUN.prefix(TRAIN_2X4, RESOURCES_2X4, "slurm", 4) == (
         "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=5 --kill-on-bad-exit=1 "
     )
-    assert plan_launch(PREDICT_4, RESOURCES_SHARD_4, "srun") == srun_prefix(1, 4, 3)
+    assert SRUN.prefix(PREDICT_4, RESOURCES_SHARD_4, None, 0) == srun_prefix(1, 4, 3)
 
 
 def test_one_rank_per_node_on_several_nodes_pins_one_task_per_node():
     resources = {"nodes": 2, "cpus_per_task": 1, "mpi": "srun", "tasks": 2, "slurm_extra": "--ntasks-per-node=1"}
-    assert plan_launch(Geometry("train", 1, 2), resources, "srun") == srun_prefix(2, 1, 1)
+    assert SRUN.prefix(Geometry("train", 1, 2), resources, None, 0) == srun_prefix(2, 1, 1)
 
 
 def test_one_rank_on_one_node_needs_no_srun_of_its_own():
     # no `mpi` resource: the executor's jobstep runs the command as one task (srun -n1)
-    assert plan_launch(Geometry("predict", 1, 1), {"nodes": 1, "cpus_per_task": 2}, "srun", "slurm") == ""
+    assert SRUN.prefix(Geometry("predict", 1, 1), {"nodes": 1, "cpus_per_task": 2}, "slurm", 0) == ""
 
 
 def test_local_launcher_starts_nothing_outside_slurm():
     for executor in (None, "local", "dryrun"):
-        assert plan_launch(TRAIN_2X4, {}, "local", executor) == ""
+        assert LOCAL.prefix(TRAIN_2X4, {}, executor, 0) == ""
 
 
 def test_plan_ranks_without_srun():
-    message = raises_one_line(plan_launch, Geometry("train", 2, 1), {}, "local", "slurm")
+    message = raises_one_line(LOCAL.prefix, Geometry("train", 2, 1), {}, "slurm", 0)
     assert "slurm.launcher is 'local'" in message and "--profile profiles/slurm" in message
-    raises_one_line(plan_launch, Geometry("predict", 2, 1), {}, "local", "slurm-jobstep")
-    assert plan_launch(Geometry("predict", 1, 1), {}, "local", "slurm") == ""  # one rank: nothing to start
+    raises_one_line(LOCAL.prefix, Geometry("predict", 2, 1), {}, "slurm-jobstep", 0)
+    assert LOCAL.prefix(Geometry("predict", 1, 1), {}, "slurm", 0) == ""  # one rank: nothing to start
 
 
 def test_plan_ntasks_per_node_differs_from_devices():
-    message = raises_one_line(plan_launch, TRAIN_2X4, {**RESOURCES_2X4, "tasks_per_node": 2}, "srun")
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, {**RESOURCES_2X4, "tasks_per_node": 2}, None, 0)
     assert "--ntasks-per-node=2 but train.devices=4" in message and "set train.devices: 2" in message
     extra = {"nodes": 2, "mpi": "srun", "tasks": 4, "slurm_extra": "--ntasks-per-node=2"}
-    raises_one_line(plan_launch, Geometry("train", 1, 2), extra, "srun")
+    raises_one_line(SRUN.prefix, Geometry("train", 1, 2), extra, None, 0)
 
 
 def test_plan_gpus_per_node_differ_from_devices_or_exceed_the_nodes():
-    message = raises_one_line(plan_launch, TRAIN_2X4, {**RESOURCES_2X4, "gres": "gpu:a100:2"}, "srun")
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, {**RESOURCES_2X4, "gres": "gpu:a100:2"}, None, 0)
     assert "2 GPUs per node (gres=gpu:a100:2) but train.devices=4" in message
-    message = raises_one_line(plan_launch, TRAIN_2X4, RESOURCES_2X4, "srun", gpus_per_node=2)
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, RESOURCES_2X4, None, 2)
     assert "a node has 2 GPUs (slurm.gpus_per_node)" in message
 
 
 def test_plan_nodes_differ_from_num_nodes():
-    message = raises_one_line(plan_launch, TRAIN_2X4, {**RESOURCES_2X4, "nodes": 1}, "srun")
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, {**RESOURCES_2X4, "nodes": 1}, None, 0)
     assert "--nodes=1 but train.nodes=2" in message
-    message = raises_one_line(plan_launch, PREDICT_4, {**RESOURCES_SHARD_4, "nodes": 2}, "srun")
+    message = raises_one_line(SRUN.prefix, PREDICT_4, {**RESOURCES_SHARD_4, "nodes": 2}, None, 0)
     assert "each shard runs on 1 node" in message and "predict.shards" in message
 
 
 def test_plan_world_size_other_than_asked():
     without_mpi = {k: v for k, v in RESOURCES_2X4.items() if k != "mpi"}
-    message = raises_one_line(plan_launch, TRAIN_2X4, without_mpi, "srun")
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, without_mpi, None, 0)
     assert "srun -n1" in message and "world size 1" in message
-    message = raises_one_line(plan_launch, TRAIN_2X4, {**RESOURCES_2X4, "tasks": 4}, "srun")
+    message = raises_one_line(SRUN.prefix, TRAIN_2X4, {**RESOURCES_2X4, "tasks": 4}, None, 0)
     assert "--ntasks=4 but 8 ranks" in message
 
 
@@ -276,7 +276,7 @@ def test_dry_run_plans_2_nodes_x_4_gpus(plan_2x4):
     assert "srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=5 --kill-on-bad-exit=1 " in plan_2x4  # training
     assert plan_2x4.count("srun --nodes=1 --ntasks-per-node=4 --cpus-per-task=3 --kill-on-bad-exit=1 ") == 2
     assert all(f"--out-dir results/tiny/predict/batch-0/shard-{s} " in plan_2x4 for s in (0, 1))  # the run: tiny
-    train = resources_of(plan_2x4, "train_model")
+    train = resources_of(plan_2x4, "train")
     assert {k: train[k] for k in ("nodes", "mpi", "tasks_per_node", "cpus_per_task", "gres")} == {
         "nodes": 2,
         "mpi": "srun",
@@ -284,7 +284,7 @@ def test_dry_run_plans_2_nodes_x_4_gpus(plan_2x4):
         "cpus_per_task": 5,
         "gres": "gpu:4",
     }
-    assert "mpi" not in resources_of(plan_2x4, "tile_manifest")  # CPU rules: ordinary one-task jobs
+    assert "mpi" not in resources_of(plan_2x4, "tiles")  # CPU rules: ordinary one-task jobs
 
 
 class FakeResources(dict):
@@ -303,7 +303,7 @@ def sbatch_call(resources: dict) -> str:
 
 
 def test_executor_plugin_turns_the_plan_into_the_right_sbatch_options(plan_2x4):
-    train = sbatch_call(resources_of(plan_2x4, "train_model"))
+    train = sbatch_call(resources_of(plan_2x4, "train"))
     for option in ("--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=5", "--gres=gpu:4", "-t 720", "--mem 64000"):
         assert option in train, train
     assert "--ntasks=" not in train and "--ntasks-per-gpu" not in train
@@ -321,7 +321,7 @@ def test_one_gpu_per_node_on_two_nodes_plans_and_submits_one_task_per_node(tmp_p
     result = snakemake(tmp_path, "-n", "-p", "--profile", str(REPO / "profiles/slurm"), config=config_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=5 --kill-on-bad-exit=1 " in result.stdout
-    call = sbatch_call(resources_of(result.stdout, "train_model"))
+    call = sbatch_call(resources_of(result.stdout, "train"))
     for option in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:1"):
         assert option in call, call
     assert "--ntasks-per-gpu" not in call, call
@@ -331,11 +331,11 @@ def test_one_gpu_per_node_on_two_nodes_plans_and_submits_one_task_per_node(tmp_p
     ("args", "message"),
     [
         (
-            ["--set-resources", "train_model:tasks_per_node=2"],
+            ["--set-resources", "train:tasks_per_node=2"],
             "train: the job asks Slurm for --ntasks-per-node=2 but train.devices=4",
         ),
-        (["--set-resources", "train_model:nodes=1"], "train: the job asks Slurm for --nodes=1 but train.nodes=2"),
-        (["--set-resources", "train_model:tasks=4"], "--ntasks=4 but 8 ranks were asked for"),
+        (["--set-resources", "train:nodes=1"], "train: the job asks Slurm for --nodes=1 but train.nodes=2"),
+        (["--set-resources", "train:tasks=4"], "--ntasks=4 but 8 ranks were asked for"),
         (["--config", "slurm={launcher: srun, gpus_per_node: 2}"], "a node has 2 GPUs (slurm.gpus_per_node)"),
     ],
     ids=["ntasks-per-node", "nodes", "world-size", "gpus-per-node"],

@@ -46,7 +46,6 @@ from rasterscale.scene import Scene
 from rasterscale.settings import job_settings
 from rasterscale.tasks.detection.merge import DETECTION_COLUMNS
 from rasterscale.tasks.detection.project import PROJECT_COLUMNS, merge_project
-from rasterscale.workflow import jobfiles
 from rasterscale.workflow import partitions as workflow_partitions
 from rasterscale.workflow.batches import (
     allowed_rules,
@@ -59,6 +58,7 @@ from rasterscale.workflow.batches import (
 )
 from rasterscale.workflow.checks import build_plan, footprint_of
 from rasterscale.workflow.jobfiles import write_job_files
+from rasterscale.workflow.steps import Steps
 
 X0, Y0 = 404000.0, 3285000.0  # the project's lower left corner (EPSG:32617)
 PX = 0.1  # pixel size, m
@@ -636,7 +636,7 @@ def test_recorded_targets_name_each_record_and_the_files_gone_of_a_record_that_e
     ("argv", "defined"),
     [
         (JOB_ARGV, [3]),
-        (["snakemake", "--allowed-rules=score_batch_0 tile_manifests_batch_12", "--nolock"], [0, 12]),
+        (["snakemake", "--allowed-rules=score_batch_0 tiles_batch_12", "--nolock"], [0, 12]),
         (["snakemake", "--allowed-rules", "predict", "--force"], []),  # a prediction job needs no batch rule
         (["snakemake", "--allowed-rules", "merge_batch_99"], []),  # no such batch
         (["snakemake", "--target-jobs", "predict:batch=1,shard=0"], [0, 1, 3, 12]),  # no --allowed-rules: all
@@ -870,7 +870,7 @@ def test_predicted_scenes_in_two_crss_without_project_crs_are_one_line_naming_pr
 
 def test_with_project_crs_scenes_in_two_crss_plan_and_the_project_is_in_it(workdir):
     plan = build_plan(two_scene_config(workdir, b_crs=UTM18N, project={"crs": "EPSG:32617"}))
-    assert plan.project_crs() == "EPSG:32617" == jobfiles.project_job(plan).crs
+    assert plan.project_crs() == "EPSG:32617" == Steps(plan).project.job().crs
     assert plan.footprints["b"].crs == UTM18N and plan.seams == ()  # no mosaic across CRSs
 
 
@@ -890,7 +890,7 @@ def test_the_plan_of_two_abutting_scenes_predicts_their_seam_and_the_project_job
     mosaic = "results/detector/seams/a+b/mosaic.vrt"  # the run: detector (no model.name, no model.file)
     assert (entry.raster, entry.mosaic, entry.core) == (mosaic, ("a.tif", "b.tif"), seam.core)
     assert entry.manifest == "results/detector/seams/a+b/tiles.parquet"
-    sources = {source.name: source.to_dict() for source in jobfiles.project_job(plan).sources}  # as the file says
+    sources = {source.name: source.to_dict() for source in Steps(plan).project.job().sources}  # as the file says
     assert list(sources) == ["a", "b", "a+b"]
     assert sources["a"]["bounds"] == [X0, Y0, X0 + 60, Y0 + 60] and sources["a"]["crs"] == UTM17N
     assert (

@@ -88,11 +88,11 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", rows)  # 5 more, each abutting one of the last row: 5 scenes, 5 seams
     jobs = planned_jobs(root, config)
     assert jobs == {
-        "tile_manifests_batch_2": 1,
+        "tiles_batch_2": 1,
         "predict": 1,
         "merge_batch_2": 1,
         "project_partition": 2,  # the new batch's and the row beside it (its scenes' seams took their borders)
-        "project_summary": 1,
+        "summary": 1,
     }, jobs
     partitions = {path.name: path.stat().st_mtime_ns for path in (root / PARTITIONS).glob("*.parquet")}
     run_workflow(root, config, LAYER)
@@ -125,22 +125,22 @@ def test_adding_scenes_predicts_only_them_and_the_project_and_removing_or_reorde
     write_table(root / "scenes.tsv", reordered)
     assert planned_jobs(root, config) == {}  # the same scenes in another order: nothing to do
     write_table(root / "scenes.tsv", [row for row in reordered if row[0] != "s003"])
-    assert planned_jobs(root, config) == {"project_partition": 1, "project_summary": 1}  # s003's row only
+    assert planned_jobs(root, config) == {"project_partition": 1, "summary": 1}  # s003's row only
 
     # what reads a batch's files depends on the batch's records, not on every scene's files: a scene's deleted
     # layer is remade because rule all names the files gone of a recorded batch, by its batch's merge (and what
     # reads that batch's record)
     (root / RUN / "s006/detections.gpkg").unlink()
-    assert planned_jobs(root, config) == {"project_partition": 1, "project_summary": 1}
+    assert planned_jobs(root, config) == {"project_partition": 1, "summary": 1}
     everything = planned_jobs(root, config, target="")
     assert everything.get("merge_batch_0") == 1 and "merge_batch_1" not in everything, everything
-    assert "predict" not in everything and "tile_manifests_batch_0" not in everything, everything
+    assert "predict" not in everything and "tiles_batch_0" not in everything, everything
     # a deleted manifest: its batch's manifests again, and its prediction and merge since they are newer
     (root / RUN / "s007/tiles.parquet").unlink()
     everything = planned_jobs(root, config, target="")
-    assert {name: everything.get(name) for name in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == {
-        "tile_manifests_batch_0": 1,
+    assert {name: everything.get(name) for name in ("tiles_batch_0", "predict", "merge_batch_0")} == {
+        "tiles_batch_0": 1,
         "predict": 1,
         "merge_batch_0": 1,
     }, everything
-    assert "tile_manifests_batch_1" not in everything and "merge_batch_1" not in everything, everything
+    assert "tiles_batch_1" not in everything and "merge_batch_1" not in everything, everything

@@ -72,7 +72,7 @@ def test_regression_trains_predicts_merges_and_scores_a_tiny_scene(tmp_path, s3_
     config["project"] = {"seams": False}  # one raster twice: no seam between them
     # up to the scored scene (evaluation.json, quicklook), not the report's run pages and project map
     run = run_paths(config)  # results/tiny_height/: the run (model.name)
-    result = run_workflow(tmp_path, config, run.batch_record("scored", 0))
+    result = run_workflow(tmp_path, config, run.batch_record("score", 0))
     scene = tmp_path / run.scene_dir("tiny_test")
     assert scene == tmp_path / "results/tiny_height/tiny_test"
     values = scene / "values.tif"

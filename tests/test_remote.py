@@ -521,7 +521,7 @@ def test_a_url_with_credentials_in_it_is_refused(site, tmp_path, monkeypatch):
         ("results/model/bucket/detections.parquet", True),
         ("results/model/predict/batch-0/shard-1", True),
         ("results/models/model.pt", True),
-        ("./results/model/batches/merged-0.json", True),
+        ("./results/model/batches/merge-0.json", True),
         ("results/model/jobs/predict/batch-0.json", False),  # the plan's, written before the DAG
         ("results/demo/jobs/scene.json", False),
         ("results/checks/environment/job.json", False),
@@ -656,8 +656,8 @@ def test_dry_run_checks_remote_headers_from_a_few_kb(site, tmp_path):
     result = snakemake_forks.run(command, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
-    assert {k: jobs.get(k) for k in ("tile_manifests_batch_0", "predict", "merge_batch_0")} == dict.fromkeys(
-        ("tile_manifests_batch_0", "predict", "merge_batch_0"), "1"
+    assert {k: jobs.get(k) for k in ("tiles_batch_0", "predict", "merge_batch_0")} == dict.fromkeys(
+        ("tiles_batch_0", "predict", "merge_batch_0"), "1"
     )
     assert not any(secret in result.stdout + result.stderr for secret in site.secrets)
     fetched = {path: site.fetched(path) for path in ("/a.tif", "/scenes/ortho/a.tif", "/stac/item.tif", "/stac/c1.tif")}
@@ -818,7 +818,7 @@ def s3_run(site, tmp_path_factory) -> S3Run:
     config["model"]["file"] = f"s3://{BUCKET}/models/model.pt"
     with pytest.MonkeyPatch.context() as patch:
         with_user_keys(patch, site)
-        run_workflow(run, config, *STORAGE, KEEP, RUN.batch_record("tiled", 0))  # read well: the fault is the rank's
+        run_workflow(run, config, *STORAGE, KEEP, RUN.batch_record("tiles", 0))  # read well: the fault is the rank's
         site.s3.fault("throttle", 2)
         try:
             patch.setenv("GDAL_HTTP_RETRY_DELAY", "0.1")  # the environment's wins: GDAL's 3 retries in a second

@@ -195,8 +195,8 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
     assert "key 'predict.nodes' is deprecated: it is now 'predict.shards'" in result.stderr
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
     assert {k: v for k, v in jobs.items() if k.startswith(("tile", "predict", "merge"))} == {
-        "tile_manifests_batch_0": "1",
-        "tile_manifests_batch_1": "1",
+        "tiles_batch_0": "1",
+        "tiles_batch_1": "1",
         "predict": "4",
         "merge_batch_0": "1",
         "merge_batch_1": "1",
@@ -206,7 +206,7 @@ def test_dry_run_plans_one_prediction_job_per_batch_and_shard(project):
         for shard in (0, 1):
             job = next(job for job in predict_jobs if f"wildcards: batch={batch}, shard={shard}\n" in job)
             assert f"--job {RUN}/jobs/predict/batch-{batch}.json " in job and f" --shard {shard} " in job, job
-    assert "convert_to_cog" not in jobs  # the VRT's sources are tiled
+    assert "cog" not in jobs  # the VRT's sources are tiled
 
 
 @pytest.mark.parametrize(

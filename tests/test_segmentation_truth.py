@@ -213,7 +213,7 @@ def test_synthesize_scene_entry_writes_crown_polygons_with_crowns(tmp_path: Path
     from rasterscale.jobs.files import SynthesisJob
     from rasterscale.settings import job_settings
 
-    entry = REPO / "scripts" / "synthesize_scene.py"
+    entry = REPO / "scripts" / "demo.py"
     scene = {"width": 128, "height": 96, "seed": 3, "nir": False}
     demo = {"directory": str(tmp_path), "crs": "EPSG:32617", "pixel_size": 0.1, "scenes": {"s": scene}}
     SynthesisJob("s", job_settings({"demo": demo})).write(tmp_path / "job.json")

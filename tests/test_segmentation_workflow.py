@@ -198,7 +198,7 @@ def test_merge_refuses_a_doubled_tile_naming_it(seg_run, tmp_path):
     doubled = int(read_tile_ids(first)[-1])
     write_rank_record(second, [doubled, *read_tile_ids(second).tolist()])
     job = run / RUN / "jobs/merge/batch-0.json"
-    record = run / RUN / "batches/merged-0.json"
+    record = run / RUN / "batches/merge-0.json"
     record.unlink()  # the run's own: the merge below writes it again only when it succeeds
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts/merge.py"), "--job", str(job), "--record", str(record)],

@@ -232,7 +232,7 @@ def cluster_runs(cluster, tmp_path_factory, s3_server) -> dict[str, ClusterRun]:
     s3_server.upload(base / "segmentation/work/resources/demo/tiny_test.tif", S3_BUCKET, "tiny_test.tif")
     configs["segmentation"] = with_s3_scene(segmentation_config)  # its S3 scene in the local scene's batch:
     shutil.rmtree(base / "segmentation/work" / RUNS["segmentation"])  # not the demo run's batches, kept as planned
-    steps = {"detection": "scored", "segmentation": "merged"}
+    steps = {"detection": "score", "segmentation": "merge"}
     s3 = {**s3_server.environment(), **s3_server.credentials()}  # the runs' ranks inherit them, under Slurm too
     targets = {name: [run_paths(config).batch_record(steps[name], 0)] for name, config in configs.items()}
     targets["segmentation"].append(f"{RUNS['segmentation']}/tiny_test_s3/classes.tif")  # a batch of its own
@@ -254,17 +254,17 @@ def slurm_run(cluster_runs) -> tuple[Path, dict[str, list[str]]]:
 
 def test_training_runs_multi_node_ddp_on_both_nodes(cluster, slurm_run):
     workdir, jobs = slurm_run
-    (job_id,) = jobs["train_model"]
+    (job_id,) = jobs["train"]
     info = scontrol_job(cluster, job_id)
     report(
-        f"[train_model] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
+        f"[train] job {job_id}: {info['JobState']} NodeList={info['NodeList']} NumNodes={info['NumNodes']}"
         f" NumTasks={info['NumTasks']} CPUs/Task={info['CPUs/Task']}"
     )
     assert info["JobState"] == "COMPLETED"
     assert (info["NumNodes"], info["NumTasks"]) == ("2", "2")
     ranks = placements(workdir / "logs/train/tiny")
     for rank in ranks:
-        report(f"[train_model] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
+        report(f"[train] rank {rank[0]}/{rank[1]} local_rank {rank[2]} job {rank[3]} node {rank[4]}")
     assert sorted((rank, world, local, job) for rank, world, local, job, _ in ranks) == [
         (0, 2, 0, job_id),
         (1, 2, 0, job_id),
@@ -299,9 +299,9 @@ def test_prediction_shards_are_one_node_jobs_of_two_ranks_each(cluster, slurm_ru
             )
         assert sorted(rank[:4] for rank in ranks) == [(0, 2, 0, job_id), (1, 2, 1, job_id)]
         assert {node for *_, node in ranks} == {info["NodeList"]} and info["NodeList"] in ("n1", "n2")
-    assert "synthesize_scene" not in jobs  # made locally before the run
+    assert "demo" not in jobs  # made locally before the run
     assert list(workdir.glob(".snakemake/rasterscale/plan-*/batch-0.json"))  # the batch jobs' plan (their parse's)
-    for rule in ("tile_manifest", "tile_manifests_batch_0", "merge_batch_0", "score_batch_0"):
+    for rule in ("tiles", "tiles_batch_0", "merge_batch_0", "score_batch_0"):
         for job_id in jobs[rule]:  # CPU rules: ordinary one-task jobs
             info = scontrol_job(cluster, job_id)
             assert (info["JobState"], info["NumNodes"], info["NumTasks"]) == ("COMPLETED", "1", "1"), (rule, info)

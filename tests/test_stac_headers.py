@@ -190,11 +190,11 @@ def test_a_trusted_item_the_raster_disagrees_with_stops_its_tile_manifest_job_in
     swapped = item("m_3008501_ne_16_060", "a.tif", 0, **{"proj:shape": [WIDTH, HEIGHT]})
     config = predict_config(model, stac={"items": [collection(tmp_path / "items.json", swapped)]})
     paths = run_dir(tmp_path, {"model": {"file": str(model.model_file)}})
-    target = str((paths / "batches/tiled-0.json").relative_to(tmp_path))
+    target = str((paths / "batches/tiles-0.json").relative_to(tmp_path))
     start = time.perf_counter()
     result = snakemake_forks.run(workflow_command(tmp_path, config, "--cores", "1", target), check=False)
     assert result.returncode != 0
-    log = (tmp_path / "logs/tile_manifest/batch-0.log").read_text().strip().splitlines()
+    log = (tmp_path / "logs/tiles/batch-0.log").read_text().strip().splitlines()
     told = (
         f"rasterscale: STAC item 'm_3008501_ne_16_060' of {tmp_path / 'items.json'}: proj:shape [{WIDTH}, {HEIGHT}] "
         f"but its raster {tmp_path / 'a.tif'} is {WIDTH} x {HEIGHT} (width x height)"
@@ -214,7 +214,7 @@ def test_a_broken_scene_is_skipped_and_the_others_run_as_without_it(model, tmp_p
     config = predict_config(model, scenes={"s0": {"path": "s0.tif"}, "broken": {"path": "broken.tif"}})
     config["scenes_on_error"] = "skip"
     run = run_dir(tmp_path, config | {"model": {"file": str(model.model_file)}})
-    merged, page = (str((run / name).relative_to(tmp_path)) for name in ("batches/merged-0.json", "report/run.html"))
+    merged, page = (str((run / name).relative_to(tmp_path)) for name in ("batches/merge-0.json", "report/run.html"))
     start = time.perf_counter()
     result = run_workflow(tmp_path, config, merged, page)  # the layers and the run's page (no scores, no maps)
     seconds = time.perf_counter() - start
@@ -226,7 +226,7 @@ def test_a_broken_scene_is_skipped_and_the_others_run_as_without_it(model, tmp_p
     # The config without the broken scene finds every layer up to date (its jobs' files are the same): its run would
     # write the same layers; only the report's run page, which lists the skipped scene, is made again.
     del config["scenes"]["broken"], config["scenes_on_error"]
-    assert jobs_planned(tmp_path, config, merged, page) == {"report_run": 1}
+    assert jobs_planned(tmp_path, config, merged, page) == {"report_run_page": 1}
     report(f"scenes_on_error: skip, a broken scene beside a good one (a real run): {seconds:.1f} s")
 
 

@@ -16,7 +16,7 @@ from rasterio.crs import CRS
 from rasterio.transform import Affine
 from scipy import ndimage
 
-import synthesize_scene as entry
+import demo as entry
 from rasterscale.tools import synth
 from rasterscale.tools.synth import synthesize_scene
 
@@ -349,7 +349,7 @@ def test_entry_script_synthesizes_the_scene_its_job_file_describes(
     scene = {"width": 128, "height": 96, "seed": 3, "nir": True}
     demo = {"directory": str(tmp_path), "crs": "EPSG:32617", "pixel_size": 0.1, "scenes": {"s": scene}}
     SynthesisJob("s", job_settings({"demo": demo})).write(tmp_path / "job.json")
-    argv = ["synthesize_scene", "--job", str(tmp_path / "job.json"), "--raster", str(paths["s.tif"])]
+    argv = ["demo", "--job", str(tmp_path / "job.json"), "--raster", str(paths["s.tif"])]
     argv += ["--boxes", str(paths["b.gpkg"]), "--canopy-height", str(paths["h.tif"]), "--tops", str(paths["t.gpkg"])]
     monkeypatch.setattr(sys, "argv", argv)
     entry.main()

@@ -3,7 +3,7 @@ kill -9 once a resume checkpoint exists, stopped by SIGTERM to every rank and to
 where the last one stopped (within epochs too), until the model is written: bit for bit the model of an
 uninterrupted run (rasterscale.train.resume, rasterscale.datasets.sampling).
 
-One chain of four runs of the train entry (what rule train_model runs), shared by the tests: the module fixture
+One chain of four runs of the train entry (what rule train runs), shared by the tests: the module fixture
 runs it once; each test checks one fault. Every fault is a real signal (os.kill) at a point found by polling the
 resume folder or the rank-0 log, never a blind sleep.
 """
@@ -67,7 +67,7 @@ class Run:
 
 
 def train_command(workdir: Path) -> list[str]:
-    """The train entry's command line, as rule train_model writes it, and its job file (the training scene, the
+    """The train entry's command line, as rule train writes it, and its job file (the training scene, the
     task, model, tiling and train sections and the scene's entry)."""
     config = validate_config(
         tiny_config(

@@ -74,7 +74,7 @@ def test_dry_run_plans_without_reading_pixels(tmp_path):
     }
     result = run_workflow(tmp_path / "run", config, "-n")
     assert "rule predict:" in result.stdout and "wildcards: batch=0, shard=0" in result.stdout
-    assert "rule train_model:" in result.stdout and "rule tile_manifests_batch_0:" in result.stdout
+    assert "rule train:" in result.stdout and "rule tiles_batch_0:" in result.stdout
 
 
 def test_merged_layer_is_in_the_raster_crs_with_the_expected_columns(tiny_run):

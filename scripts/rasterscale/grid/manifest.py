@@ -208,6 +208,6 @@ def read_manifest(path: str | Path) -> gpd.GeoDataFrame:
 
 
 def read_grid(manifest_path: str | Path) -> TileGrid:
-    """The tile grid a manifest was cut with (stored by the tile_manifest rule)."""
+    """The tile grid a manifest was cut with (stored by the tiles rule)."""
     entry = manifest_entry(manifest_path, GRID_KEY, "tile grid", "delete it and run again")  # an older one's
     return TileGrid(**json.loads(entry))

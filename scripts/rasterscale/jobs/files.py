@@ -150,7 +150,7 @@ class PredictionBatch:
 
 @dataclass(frozen=True)
 class TilesJob(JobFile):
-    """Tile manifests (rules tile_manifests_batch_{b}, tile_manifest): each scene's raster (a seam's mosaic of its
+    """Tile manifests (rules tiles_batch_{b}, tiles): each scene's raster (a seam's mosaic of its
     scenes' rasters, written first), manifest and imagery keys; settings: tiling."""
 
     KIND: ClassVar[str] = "tiles"
@@ -226,7 +226,7 @@ class ScoreJob(JobFile):
 
 @dataclass(frozen=True)
 class ProjectJob(JobFile):
-    """The project's merge (rule project_layers), or one partition's (rule project_partition,
+    """The project's merge (rule project), or one partition's (rule project_partition,
     :mod:`rasterscale.grid.partitions`): the project's CRS, the class names, each source (scene or seam) whose
     objects it reads, with its merged outputs by key, its CRS and its footprint (a scene's ``bounds``) or core (a
     seam's, WKT), and the project's outputs by key (a partition's: ``partition``); a partition's also the sources
@@ -245,7 +245,7 @@ class ProjectJob(JobFile):
 
 @dataclass(frozen=True)
 class SummaryJob(JobFile):
-    """The project's summary raster (rule project_summary, :mod:`rasterscale.raster.summary`): the project's CRS,
+    """The project's summary raster (rule summary, :mod:`rasterscale.raster.summary`): the project's CRS,
     the class names, the layer files it reads (a partitioned layer's files, the layer's GeoParquet file, or the
     mosaic of a raster task), the file it writes; settings: task, project."""
 
@@ -259,7 +259,7 @@ class SummaryJob(JobFile):
 
 @dataclass(frozen=True)
 class TrainJob(JobFile):
-    """The training (rule train_model): its scenes (raster, manifest, ground truth); settings: task, model, tiling,
+    """The training (rule train): its scenes (raster, manifest, ground truth); settings: task, model, tiling,
     train and the training scenes' entries of ``scenes`` (their bands and normalize make the model's input), not
     the other scenes' (adding a scene to predict does not retrain)."""
 
@@ -273,22 +273,22 @@ class CheckJob(JobFile):
     """The environment check (rule check_environment): settings: task, model, tiling, train (its model starts from
     train.init when there is no model.file), predict, dummy."""
 
-    KIND: ClassVar[str] = "check"
+    KIND: ClassVar[str] = "check_environment"
     settings: Settings
 
 
 @dataclass(frozen=True)
 class SynthesisJob(JobFile):
-    """A demo scene's synthesis (rule synthesize_scene): its name; settings: demo, with this scene only."""
+    """A demo scene's synthesis (rule demo): its name; settings: demo, with this scene only."""
 
-    KIND: ClassVar[str] = "synthesis"
+    KIND: ClassVar[str] = "demo"
     name: str
     settings: Settings
 
 
 @dataclass(frozen=True)
 class RunPageJob(JobFile):
-    """The report's page of the run (rule report_run): the class names, each DDP section's launch geometry
+    """The report's page of the run (rule report_run_page): the class names, each DDP section's launch geometry
     (``devices, nodes, world_size, shards, threads``), the model file and whether this run trains it, each predicted
     scene's gathered profile (the precision its ranks ran at), the scenes left out (scenes_on_error: skip) and why;
     settings: all of them (the page shows the config)."""

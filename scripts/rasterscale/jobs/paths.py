@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from rasterscale.grid.project import is_seam
 
@@ -22,9 +21,6 @@ RESULTS = "results"
 PLAN_DIR = ".snakemake/rasterscale"  # the stored plans (rasterscale.workflow.storage)
 HEADER_CACHE = f"{PLAN_DIR}/headers.sqlite"  # the plan's raster headers (rasterscale.raster.header_cache)
 SHARED = ("models", "checks")  # results/ folders every run shares: no run may be named so
-
-BatchStep = Literal["tiled", "merged", "scored"]
-
 
 SCENE_PROFILE = "predict_profile.json"  # a scene's gathered prediction profile, in its folder
 
@@ -61,7 +57,7 @@ class RunPaths:
         return f"{self.scene_dir(scene)}/tiles.parquet"
 
     def cog_raster(self, scene: str) -> str:
-        """The tiled COG a striped scene is read from (rule convert_to_cog)."""
+        """The tiled COG a striped scene is read from (rule cog)."""
         return f"{self.scene_dir(scene)}/cog.tif"
 
     def scene_file(self, scene: str, name: str) -> str:
@@ -78,10 +74,11 @@ class RunPaths:
     def quicklook_file(self, scene: str) -> str:
         return self.scene_file(scene, "quicklook.png")
 
-    def batch_record(self, step: BatchStep, batch: int | str) -> str:
-        """The record a batch's job of ``step`` writes last, listing the files it wrote (its tile manifests and
-        seams' mosaics, its merged layers, its scores and report pages): what the jobs and targets that read them
-        depend on, one file a batch rather than every scene's (:mod:`rasterscale.workflow.batches`)."""
+    def batch_record(self, step: str, batch: int | str) -> str:
+        """The record a batch's job of the step ``step`` (its name: tiles, merge, score) writes last, listing the
+        files it wrote (its tile manifests and seams' mosaics, its merged layers, its scores and report pages): what
+        the jobs and targets that read them depend on, one file a batch rather than every scene's
+        (:mod:`rasterscale.workflow.batches`)."""
         return f"{self.batches_dir()}/{step}-{batch}.json"
 
     def jobs_dir(self, kind: str) -> str:
@@ -149,7 +146,7 @@ def trained_model(name: str) -> str:
 
 
 def demo_raster(directory: str, name: str) -> str:
-    """The raster of a demo scene (rule synthesize_scene) in ``demo.directory``."""
+    """The raster of a demo scene (rule demo) in ``demo.directory``."""
     return f"{directory}/{name}.tif"
 
 

@@ -3,7 +3,7 @@
 A windowed read of a striped (untiled) GeoTIFF decodes every strip the window crosses, whole raster rows wide:
 a 400 px tile of a 50k px wide raster decodes 125 times the pixels it needs, and dataloader workers reading
 neighbouring tiles decode the same strips again. The workflow therefore reads such a scene from a tiled COG
-(internal 512 px blocks, deflate, overviews), made once by the rule ``convert_to_cog`` (:func:`convert_to_cog`,
+(internal 512 px blocks, deflate, overviews), made once by the rule ``cog`` (:func:`convert_to_cog`,
 rio_cogeo's conversion).
 
 A merge writes its layer into an uncompressed scratch raster tiled as the COG is (:func:`scratch_profile`), which

@@ -1,7 +1,7 @@
 """How a scene's pixels become the model's tile: its bands, a mask of invalid pixels, and either a linear scale to
 uint8 or the raw values (:mod:`rasterscale.raster.bands` says which a model takes).
 
-The :class:`ImageSpec` of a scene is resolved once, by the tile_manifest rule, from the raster's header and the
+The :class:`ImageSpec` of a scene is resolved once, by the tiles rule, from the raster's header and the
 scene's config (``scenes.X.bands``, ``scenes.X.scale``, whether its model takes raw values); a percentile stretch,
 and a raw scene's per-band statistics, are computed then, from a decimated read (GDAL takes overviews where
 present), never from the whole raster. The spec is stored in the manifest's parquet metadata (:data:`SPEC_KEY`)
@@ -343,7 +343,7 @@ def read_tile(
 
 
 def manifest_entry(manifest_path: str | Path, key: bytes, what: str, fix: str) -> bytes:
-    """An entry the tile_manifest rule stored in a manifest's parquet metadata; one line naming the file, ``what``
+    """An entry the tiles rule stored in a manifest's parquet metadata; one line naming the file, ``what``
     is missing and the ``fix`` otherwise."""
     metadata = pq.read_schema(manifest_path).metadata or {}
     if key not in metadata:
@@ -352,8 +352,8 @@ def manifest_entry(manifest_path: str | Path, key: bytes, what: str, fix: str) -
 
 
 def read_spec(manifest_path: str | Path) -> ImageSpec:
-    """The imagery spec stored with a tile manifest (by the tile_manifest rule)."""
-    return ImageSpec.from_json(manifest_entry(manifest_path, SPEC_KEY, "imagery spec", "rerun rule tile_manifest"))
+    """The imagery spec stored with a tile manifest (by the tiles rule)."""
+    return ImageSpec.from_json(manifest_entry(manifest_path, SPEC_KEY, "imagery spec", "rerun rule tiles"))
 
 
 class ProcessRaster:

@@ -9,8 +9,9 @@ Each check turns a known way to waste a GPU allocation into a one-line error tha
 - **world size other than asked**: inside a one-task step (``srun -n1``, what the executor does for a rule
   without the ``mpi`` resource) Lightning silently trains on one rank; the world size is checked on every rank.
 
-Plan-time checks look at the job's Slurm resources (after the profile's overrides) and return the srun prefix
-the rule runs with; in-process checks look at the variables srun sets (``SLURM_STEP_*``) and at the Trainer.
+Plan-time checks look at the job's resources (after the profile's overrides), asked by its launcher
+(:mod:`rasterscale.runtime.launchers`), which returns the prefix the rule runs with; in-process checks look at the
+variables srun sets (``SLURM_STEP_*``) and at the Trainer.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def srun_prefix(nodes: int, tasks_per_node: int, cpus_per_task: int) -> str:
     return " ".join(["srun", *options, "--kill-on-bad-exit=1", ""])
 
 
-def _int(value: Any) -> int | None:
+def to_int(value: Any) -> int | None:
+    """A resource's value as an int (None when it is not one)."""
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -103,35 +105,9 @@ def _gres_count(gres: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def plan_launch(
-    geometry: Geometry,
-    resources: Mapping[str, Any],
-    launcher: str,
-    executor: str | None = None,
-    gpus_per_node: int = 0,
-) -> str:
-    """Check one DDP job's plan and return the prefix that starts its ranks ("" = none needed).
-
-    ``resources`` are the job's final resources (rule, profile defaults and overrides), ``launcher`` is
-    ``slurm.launcher`` ("local" or "srun"), ``executor`` the Snakemake executor when known (at plan time of a
-    dry run it is not), ``gpus_per_node`` what a node has (0: unknown).
-    """
-    if launcher != "srun":
-        check_local_launch(geometry, launcher, executor)
-        return ""
-    nodes = checked_nodes(geometry, resources)
-    tasks = _int(resources.get("tasks"))
-    per_node = checked_tasks_per_node(geometry, resources, nodes, tasks)
-    check_gpus(geometry, resources, gpus_per_node)
-    check_ranks(geometry, resources, tasks)
-    if "mpi" not in resources:
-        return ""  # one task: the executor's jobstep starts it with srun -n1
-    cpus = _int(resources.get("cpus_per_task")) or 1
-    return srun_prefix(nodes, per_node, cpus)
-
-
 def check_local_launch(geometry: Geometry, launcher: str, executor: str | None) -> None:
-    """A launcher other than srun starts no other rank: a Slurm job of several ranks would hang or shrink."""
+    """A ``launcher`` that starts the ranks in the job's process starts no Slurm task: a Slurm job of several
+    ranks would hang or shrink."""
     g = geometry
     if executor in SLURM_EXECUTORS and g.world_size > 1:
         raise PreflightError(
@@ -144,7 +120,7 @@ def check_local_launch(geometry: Geometry, launcher: str, executor: str | None) 
 def checked_nodes(geometry: Geometry, resources: Mapping[str, Any]) -> int:
     """The nodes the job asks Slurm for, which must be the geometry's (a prediction shard's: 1)."""
     g, s = geometry, geometry.section
-    nodes = _int(resources.get("nodes")) or 1
+    nodes = to_int(resources.get("nodes")) or 1
     if nodes != g.nodes:
         if s == "predict":
             raise PreflightError(
@@ -163,7 +139,7 @@ def checked_tasks_per_node(geometry: Geometry, resources: Mapping[str, Any], nod
     nodes, else 1), which must be the geometry's devices: one task per device."""
     g, s = geometry, geometry.section
     per_node = (
-        _int(resources.get("tasks_per_node"))
+        to_int(resources.get("tasks_per_node"))
         or _option(resources.get("slurm_extra"), "ntasks-per-node")
         or (tasks // nodes if tasks else None)
         or 1

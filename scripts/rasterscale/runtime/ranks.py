@@ -27,6 +27,7 @@ from rasterscale.runtime import peers
 from rasterscale.runtime import precision as precisions
 from rasterscale.runtime.allocator import keep_freed_memory
 from rasterscale.runtime.cores import rank_cores
+from rasterscale.runtime.launchers import LOCAL, SRUN, rank_launcher
 from rasterscale.runtime.lifetime import bind_rank
 from rasterscale.runtime.preflight import (
     Geometry,
@@ -35,7 +36,6 @@ from rasterscale.runtime.preflight import (
     check_launch,
     check_world_size,
     launch_geometry,
-    launched_by_slurm,
 )
 from rasterscale.settings import Settings
 
@@ -117,7 +117,7 @@ def make_strategy(spec: RunSpec) -> Any:
     backend = "nccl" if spec.accelerator == "gpu" else "gloo"
     # Under srun, Slurm's variables define the ranks (explicitly: Lightning's own detection is off for a job
     # named bash/interactive). Snakemake, not Lightning, resubmits failed jobs: no auto-requeue.
-    environment = SLURMEnvironment(auto_requeue=False) if launched_by_slurm() else LightningEnvironment()
+    environment = SLURMEnvironment(auto_requeue=False) if rank_launcher() is SRUN else LightningEnvironment()
     return DDPStrategy(process_group_backend=backend, cluster_environment=environment)
 
 
@@ -298,7 +298,7 @@ def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
     # Lightning's local launcher starts the other ranks from rank 0 unless they were started before
     # (rasterscale.runtime.launch, which sets LOCAL_RANK) or by srun
-    launches_ranks = rank == 0 and spec.devices > 1 and not launched_by_slurm() and "LOCAL_RANK" not in os.environ
+    launches_ranks = rank == 0 and spec.devices > 1 and rank_launcher() is LOCAL and "LOCAL_RANK" not in os.environ
     # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
     bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
     quiet_non_zero_ranks(rank)

@@ -1,9 +1,9 @@
-"""The evaluation step (rules ``score_batch_{b}``, ``scripts/score_batch.py``): each predicted scene of a batch's
+"""The evaluation step (rules ``score_batch_{b}``, ``scripts/score.py``): each predicted scene of a batch's
 scoring job file scored by its task against its annotations (``evaluation.json`` and its quicklook:
 :attr:`~rasterscale.tasks.spec.TaskSpec.evaluate`, the task's ``metrics`` module), or drawn without them (its
 quicklook: :attr:`~rasterscale.tasks.spec.TaskSpec.quicklook`), then its pages for the report
 (:func:`rasterscale.tools.report.render_scene`). Which scenes a batch scores and where their files go is the plan's
-(:func:`rasterscale.workflow.jobfiles.score_job`)."""
+(:meth:`rasterscale.workflow.steps.score.Score.job`)."""
 
 from __future__ import annotations
 

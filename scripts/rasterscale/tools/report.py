@@ -1,5 +1,5 @@
 """The pages and figures of the Snakemake report (``snakemake --report report.zip``; which file is which and what
-the plan hands each job: :mod:`rasterscale.workflow.reportfiles`):
+the plan hands each job: :mod:`rasterscale.workflow.steps.report`):
 
 - the run's page: the task, the model (and what its file records of its training), the precision each section
   asked for and ran at, the launch geometry, and the validated config;
@@ -29,7 +29,7 @@ from rasterscale.jobs.profile import TABLE_COLUMNS, table_cell
 from rasterscale.raster.headers import read_raster_header
 from rasterscale.settings import ModelSettings, to_dict
 from rasterscale.tasks.spec import TaskSpec
-from rasterscale.workflow.reportfiles import SCENE_FILES
+from rasterscale.workflow.steps.report import SCENE_FILES
 
 LISTED_SCENES = 200  # scenes the run's page lists by name; more are counted
 LABELLED_FOOTPRINTS = 30  # footprints the project map names; more get their colour only

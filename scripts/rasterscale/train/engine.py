@@ -205,7 +205,7 @@ def with_input_statistics(model_cfg: Any, scenes: Sequence[Scene]) -> Any:
     for scene in scenes:
         spec = read_spec(scene.manifest)
         if spec.statistics is None:
-            raise InputError(f"{scene.manifest}: the tile manifest holds no band statistics; rerun rule tile_manifest")
+            raise InputError(f"{scene.manifest}: the tile manifest holds no band statistics; rerun rule tiles")
         statistics.append(spec.statistics)
     if not statistics:
         raise InputError("normalize: auto computes the statistics from the training scenes, and there is none")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rasterscale.grid.project import is_seam, seam_scenes
+from rasterscale.jobs.files import MergeJob, ScoreJob, TilesJob
 from rasterscale.scene import Scene
 
 BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
@@ -125,9 +126,11 @@ def _still_valid(
 # -- the per-batch rules a parse defines ----------------------------------------------------------------------------
 
 # a run predicting more scenes than this declares, of its scoring jobs' files, only those gone since they ran (as
-# the other batch rules always do: Plan.declared_files), and its report shows no scene's pages: 5 a scene
+# the other batch rules always do: rasterscale.workflow.steps.base.RecordedStep.declared_files), and its report
+# shows no scene's pages: 5 a scene
 REPORTED_SCENES = 1000
-BATCH_RULES = ("tile_manifests", "merge", "score")  # rules defined once per batch: {kind}_batch_{b}
+# the steps with a rule a batch, {step}_batch_{b} (rasterscale.workflow.steps.base.BatchStep): by their names
+BATCH_RULES = (TilesJob.KIND, MergeJob.KIND, ScoreJob.KIND)
 BATCH_RULE = re.compile(rf"^(?:{'|'.join(BATCH_RULES)})_batch_(\d+)$")
 
 
@@ -231,8 +234,9 @@ EVERY_FILE: frozenset[str] = frozenset({"<every file of the batch>"})
 
 def requested_files(argv: Sequence[str], workdir: str | Path = ".") -> frozenset[str]:
     """The words of a Snakemake command line that may be files it asks for, as paths relative to ``workdir``: a
-    batch rule declares those of its files (with the files gone: :meth:`rasterscale.workflow.plan.Plan.declared_files`)
-    so that ``snakemake results/{run}/{scene}/detections.gpkg`` finds its producer."""
+    batch rule declares those of its files (with the files gone:
+    :meth:`rasterscale.workflow.steps.base.RecordedStep.declared_files`) so that
+    ``snakemake results/{run}/{scene}/detections.gpkg`` finds its producer."""
     base = os.path.abspath(workdir)
     words = [word for word in argv[1:] if word and not word.startswith("-")]
     return frozenset(os.path.relpath(word, base) if os.path.isabs(word) else os.path.normpath(word) for word in words)

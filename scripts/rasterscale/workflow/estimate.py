@@ -15,8 +15,9 @@
   another time).
 - **Training** (where the run trains): at most ``max_steps`` × the effective batch images; without ``max_steps``
   the steps are known only once the training tiles are.
-- **Slurm** (``slurm.launcher: srun``, as profiles/slurm sets): the jobs, nodes and wall time its DDP jobs ask for
-  (:mod:`rasterscale.workflow.slurm`), and how long the largest prediction job would take at the GPU rate.
+- **Slurm** (``slurm.launcher: srun``, as profiles/slurm sets: a launcher whose jobs are priced as a cluster's,
+  :mod:`rasterscale.runtime.launchers`): the jobs, nodes and wall time its DDP jobs ask for, and how long the
+  largest prediction job would take at the GPU rate.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from rasterscale.grid.manifest import seam_tile_counts, tile_count
 from rasterscale.jobs import paths
 from rasterscale.runtime import batching
+from rasterscale.runtime.launchers import launcher_of
 from rasterscale.workflow.plan import Plan
 from rasterscale.workflow.throughput import CPU, GPU, Throughput, first_throughputs, predicting, training
 
@@ -161,8 +163,9 @@ def batch_tiles(plan: Plan, work: Work) -> list[int]:
 
 
 def asks_gpus(plan: Plan, section: str) -> bool:
-    """Whether a section's Slurm jobs ask for GPUs (:func:`rasterscale.workflow.slurm.ddp_resources`)."""
-    return bool(plan.settings.slurm.gres) and plan.section(section).accelerator != "cpu"
+    """Whether a section's jobs ask their executor for GPUs (their launcher's
+    :meth:`~rasterscale.runtime.launchers.Launcher.asks_gpus`)."""
+    return launcher_of(plan.settings.slurm).asks_gpus(plan.section(section), plan.settings.slurm)
 
 
 def job_shape(plan: Plan, section: str) -> str:
@@ -223,7 +226,7 @@ def slurm_train_line(plan: Plan, entries: Mapping[str, Throughput]) -> str:
 def estimate_lines(plan: Plan, entries: Mapping[str, Throughput]) -> list[str]:
     """The estimate's lines: prediction, training, and with ``slurm.launcher: srun`` their Slurm jobs (none for a
     section the run does not have)."""
-    lines, slurm = [], plan.settings.slurm.launcher == "srun"
+    lines, slurm = [], launcher_of(plan.settings.slurm).prices_cluster_jobs
     work = prediction_work(plan) if plan.predict_scenes else None
     if work is not None:
         lines.append(predict_line(plan, work, entries))

@@ -45,24 +45,12 @@ def summary_file(plan: Plan) -> str:
     return plan.paths.project_file(SUMMARY)
 
 
-def project_targets(plan: Plan) -> list[str]:
-    """The project's files: its layers (a partitioned layer's files instead of its GeoPackage and GeoParquet) and
-    its summary raster."""
-    if not plan.has_project():
-        return []
-    if partitioned(plan):
-        layers = [partition_file(plan, batch) for batch in partition_groups(plan)]
-    else:
-        layers = list(plan.project_outputs().values())
-    return [*layers, summary_file(plan)]
-
-
 def summary_layers(plan: Plan) -> list[str]:
     """What the summary raster reads: the partitions, the layer's GeoParquet file, or a raster task's mosaic."""
     if partitioned(plan):
         return [partition_file(plan, batch) for batch in partition_groups(plan)]
     kind = plan.task.project_summary
-    return [plan.project_outputs()["parquet" if kind == "objects" else kind]]
+    return [plan.paths.project_file(plan.task.project_outputs(plan.settings)["parquet" if kind == "objects" else kind])]
 
 
 def source_entry(plan: Plan, name: str, outputs: bool = True) -> ProjectSource:
@@ -118,10 +106,3 @@ def source_areas(plan: Plan) -> dict[str, Any]:
     boxes = np.array(list(bounds.values()), dtype=np.float64).reshape(-1, 4)
     areas.update(zip(bounds, shapely.box(*boxes.T), strict=True))
     return areas
-
-
-def partition_inputs(plan: Plan, batch: int) -> list[str]:
-    """What a partition's job depends on: the merge records of the batches holding its sources and their
-    neighbours (it reads their layers)."""
-    near = plan.partition_neighbourhoods[batch]
-    return plan.batch_records("merged", [*near.owners, *near.neighbours])

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 from collections import OrderedDict
 from collections.abc import Iterable
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,7 @@ from rasterscale.grid.partitions import Neighbourhood
 from rasterscale.grid.project import Footprint, Seam, is_seam
 from rasterscale.jobs import paths
 from rasterscale.jobs.files import PredictionBatch
-from rasterscale.jobs.paths import BatchStep, RunPaths
+from rasterscale.jobs.paths import RunPaths
 from rasterscale.raster.bands import InputBands
 from rasterscale.raster.item_header import ItemHeader
 from rasterscale.raster.remote import file_name, local_files
@@ -34,7 +33,6 @@ from rasterscale.settings import RunSettings, SceneSettings, Settings, settings_
 from rasterscale.tasks.registry import task_spec
 from rasterscale.tasks.spec import TaskSpec
 from rasterscale.workflow import partitions
-from rasterscale.workflow.batches import EVERY_FILE, missing_files
 
 SECTIONS = ("train", "predict")
 ENTRIES_KEPT = 4  # batches whose entries a plan keeps built (Plan.prediction_batch)
@@ -142,10 +140,6 @@ class Plan:
         values = self.section(section)
         return values.devices * (planned_workers(values.workers) + 1)
 
-    def merge_threads(self) -> int:
-        """Cores of a merge job: ``cog.threads`` where the task's merge writes COG layers, else one."""
-        return self.settings.cog.threads if self.task.cog_layers else 1
-
     def nothing_to_do(self) -> str | None:
         return nothing_to_do(self.config)
 
@@ -218,7 +212,7 @@ class Plan:
         return frozenset(self._evaluated)
 
     def unbatched_scenes(self) -> list[str]:
-        """The scenes no batch makes the manifest of (training-only scenes: rule tile_manifest)."""
+        """The scenes no batch makes the manifest of (training-only scenes: rule tiles)."""
         return [name for name in self.scenes if not self.is_predicted(name)]
 
     def striped_warnings(self) -> list[str]:
@@ -231,7 +225,7 @@ class Plan:
             what = f"{source} is striped, not tiled" if striped == [source] else f"{source} reads striped rasters"
             warnings.append(
                 f"{what}: every windowed read would decode whole raster rows; scene {name} is read from the tiled "
-                f"COG {self.paths.cog_raster(name)} (rule convert_to_cog)"
+                f"COG {self.paths.cog_raster(name)} (rule cog)"
             )
         return warnings
 
@@ -321,44 +315,10 @@ class Plan:
 
     def batch_outputs(self, batch: int) -> list[str]:
         """A batch's merge job's scene outputs: its scenes' and seams' merged files (its record, the rule's other
-        output, is ``self.paths.batch_record("merged", batch)``)."""
+        output, is ``self.paths.batch_record("merge", batch)``)."""
         kept = self.kept
         outputs = (kept[name].outputs if name in kept else self.scene_outputs(name) for name in self.members[batch])
         return [path for files in outputs for path in files.values()]
-
-    def batch_files(self, step: BatchStep, batch: int) -> list[str]:
-        """What a batch's job of ``step`` writes besides its record ("tiled": manifests and seams' mosaics;
-        "merged": merged layers; the scoring job's are :func:`rasterscale.workflow.reportfiles.scored_files`)."""
-        if step == "tiled":
-            inputs = self.batch_inputs(batch)
-            return [*inputs["manifests"], *inputs["mosaics"]]
-        if step == "merged":
-            return self.batch_outputs(batch)
-        raise ValueError(f"the plan does not list the files of step {step!r}")
-
-    def declared_files(self, step: BatchStep, batch: int, requested: AbstractSet[str] = frozenset()) -> list[str]:
-        """What a batch's rule of ``step`` ("tiled", "merged") declares besides its record: the files its job wrote
-        that are gone since it wrote the record, which rule all asks for so that the job runs again
-        (:func:`rasterscale.workflow.batches.missing_files`); none while they are all there, or before the job ran.
-        The record stands for the rest: Snakemake's DAG spends tens of microseconds on every declared output
-        (its file object, existence, mtime, the directory-output check, the dry run's listing of it), which at
-        200,000 scenes would be several millions of files. Looked for once a plan. Also those ``requested`` (the
-        files named on the command line: :func:`rasterscale.workflow.batches.requested_files`), so that a scene's
-        layer can be asked for by its path. With :data:`~rasterscale.workflow.batches.EVERY_FILE`, all of them
-        (outputs on Snakemake's default storage, which takes only declared files to the bucket)."""
-        if requested is EVERY_FILE:
-            return list(self.batch_files(step, batch))
-        key = (step, batch)
-        if key not in self._declared:
-            self._declared[key] = missing_files(self.paths.batch_record(step, batch), self.batch_files(step, batch))
-        gone = self._declared[key]
-        if not requested:
-            return gone
-        return gone + [path for path in self.batch_files(step, batch) if path in requested and path not in gone]
-
-    @functools.cached_property
-    def _declared(self) -> dict[tuple[str, int], list[str]]:
-        return {}
 
     @functools.cached_property
     def partition_neighbourhoods(self) -> dict[int, Neighbourhood]:
@@ -383,18 +343,14 @@ class Plan:
                 index.setdefault(name, []).append(number)
         return index
 
-    def manifest_inputs(self, names: Iterable[str]) -> list[str]:
-        """What a job reading these scenes' tile manifests depends on: the manifest of a scene that is not
-        predicted (rule tile_manifest), and for the predicted ones their batches' tiled records (a batch's rule
-        declares its record, not its manifests: :meth:`declared_files`)."""
-        listed = list(names)
-        own = [self.paths.scene_manifest(name) for name in listed if not self.is_predicted(name)]
-        return own + self.batch_records("tiled", [name for name in listed if self.is_predicted(name)])
-
-    def batch_records(self, step: BatchStep, names: Iterable[str]) -> list[str]:
-        """The records of ``step`` of the batches holding any of these scenes or seams: what a job that reads
-        their files depends on (:mod:`rasterscale.workflow.batches`)."""
+    def batch_records(self, step: str, names: Iterable[str]) -> list[str]:
+        """The records of the batch step ``step`` (its name) of the batches holding any of these scenes or seams:
+        what a job that reads their files depends on (:mod:`rasterscale.workflow.batches`)."""
         return [self.paths.batch_record(step, batch) for batch in self.batches_of(names)]
+
+    def predicted_batches(self) -> list[int]:
+        """The batches holding predicted scenes, or seams between them (a batch of seams too)."""
+        return self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])
 
     # -- the project ------------------------------------------------------------------------------------------
 
@@ -406,14 +362,6 @@ class Plan:
     def predicted_count(self) -> int:
         """How many scenes the run predicts (a batch's plan: the whole plan's count)."""
         return len(self.settings.predict.scenes) if self.predicted is None else self.predicted
-
-    def project_outputs(self) -> dict[str, str]:
-        return {key: self.paths.project_file(file) for key, file in self.task.project_outputs(self.settings).items()}
-
-    def project_inputs(self) -> list[str]:
-        """What the project's merge depends on: the merge records of the batches holding its sources (it reads
-        each source's layers, which those merges write; its job file names them)."""
-        return self.batch_records("merged", self.project_sources())
 
     def project_sources(self) -> list[str]:
         """The scenes and seams whose layers make the project's, by name (the config's order changes nothing)."""
@@ -435,19 +383,6 @@ class Plan:
 
     # -- training and evaluation ------------------------------------------------------------------------------
 
-    def train_start_inputs(self) -> dict[str, str]:
-        """The files training starts from (train.init, model.backbone_weights), by rule input name."""
-        starts = (
-            ("init", self.settings.train.init),
-            ("backbone_weights", self.settings.model.backbone_weights),
-        )
-        return {key: path for key, path in starts if path}
-
-    def trained_model_outputs(self, name: str) -> dict[str, str]:
-        """Everything training writes for a model: the model file (for detection, its DeepForest folder too),
-        curves."""
-        return {key: paths.models_file(file.format(name=name)) for key, file in self.task.model_files.items()}
-
     def truth_scene(self, name: str, outputs: dict[str, str] | None = None) -> Scene:
         """A scene with its ground truth (training, scoring): raster, manifest, annotations, image name, tree tops,
         and ``outputs`` (its merged layers, to score); without annotations, no label column nor image name."""
@@ -462,17 +397,3 @@ class Plan:
             outputs=outputs or {},
             tree_tops=self.scene_tree_tops(name),
         )
-
-    def final_targets(self) -> list[str]:
-        """Everything the config asks for besides the report: the trained model, the predicted scenes' manifests
-        and merged layers (by their batches' records, and a recorded batch's files gone: :meth:`declared_files`),
-        the project's layers and summary raster (:mod:`rasterscale.workflow.partitions`). The scoring jobs' evaluations
-        come with the report's targets (:func:`rasterscale.workflow.reportfiles.report_targets`)."""
-        targets: list[str] = []
-        if self.trains:
-            targets += list(self.trained_model_outputs(str(self.settings.model.name)).values())
-        numbers = self.batches_of([*self.predict_scenes, *(seam.name for seam in self.seams)])  # a batch of seams too
-        for step in ("tiled", "merged"):
-            for number in numbers:
-                targets += [self.paths.batch_record(step, number), *self.declared_files(step, number)]
-        return targets + partitions.project_targets(self)

@@ -1,13 +1,14 @@
-"""Memory of the workflow's CPU jobs in MB (each rule's ``resources: mem_mb``, through rules/common.smk's
-``mem_mb``), estimated from the plan's sizes before any job runs: what a Slurm job asks for (``--mem``, over the
-profile's ``default-resources``) and what a local run schedules by when it is given ``--resources mem_mb=N``.
+"""The basis of the memory estimates of the workflow's CPU jobs in MB (each step's ``mem_mb``, its rule's
+``resources: mem_mb``: :mod:`rasterscale.workflow.steps`), made from the plan's sizes before any job runs: what a
+Slurm job asks for (``--mem``, over the profile's ``default-resources``) and what a local run schedules by when it
+is given ``--resources mem_mb=N``.
 
 Each estimate is a job process's own size (:data:`PROCESS_MB`) plus what the job holds at its peak, by the basis
-its function's docstring names, times :data:`HEADROOM`, rounded up to :data:`STEP_MB`. A scene's size is its
-footprint in the plan (the predicted scenes' headers), else its demo size (a synthesized scene), else
+its step's docstring names, times :data:`HEADROOM`, rounded up to :data:`STEP_MB` (:func:`job_mb`). A scene's size
+is its footprint in the plan (the predicted scenes' headers), else its demo size (a synthesized scene), else
 :data:`UNKNOWN_SIDE` pixels a side (a training-only scene: the plan keeps no footprint of it); a seam's mosaic
 counts as its two scenes side by side. The DDP jobs (training, prediction, the environment check) are not
-estimated here: theirs is ``slurm.mem_mb`` per node (:mod:`rasterscale.workflow.slurm`). A rule's estimate can be
+estimated here: theirs is ``slurm.mem_mb`` per node (:mod:`rasterscale.runtime.launchers`). A rule's estimate can be
 overridden per rule with Snakemake's ``--set-resources RULE:mem_mb=N``.
 """
 
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from rasterscale.grid.project import Footprint, is_seam, seam_scenes
-from rasterscale.raster.cog import BLOCK_SIZE as COG_BLOCK
 from rasterscale.raster.imagery import PERCENTILE_SIDE
 from rasterscale.workflow.plan import Plan
 
@@ -34,9 +35,6 @@ OBJECTS_PER_TILE = 100  # a dense stand's objects above the score threshold in a
 DECIMATED_BYTES = 1 + 3 * 8  # per pixel of a decimated read besides its bands: the mask, a band as float64 thrice
 DENSE_ROW_BYTES = 1024 * 8  # a dense task's merge, per pixel of the scene's width: a row of 1024 px blocks
 DENSE_FIXED_MB = 256  # a dense merge: its blocks, GDAL's caches (16 MB; its COG's: 5% of the job's), vertex budget
-COG_GDAL_CACHE_MB = 512  # GDAL's block cache of the COG conversion (its rule sets GDAL_CACHEMAX to this)
-COG_BUFFERS_PER_THREAD = 4  # blocks a conversion thread holds: read, overview, compressed, written
-SYNTH_BYTES_PER_PIXEL = 40  # the demo's synthesis: 32 B/px measured at 2048 px square, 21 at 4096 with NIR
 QUICKLOOK_MB = 100  # a quicklook: the scene's bands read at 1600 px a side and matplotlib's figure
 UNKNOWN_SIDE = 50_000  # pixels a side of a scene of unknown size
 UNKNOWN_BANDS = 4
@@ -118,28 +116,6 @@ def manifest_bytes(plan: Plan, name: str) -> int:
     return decimated_read_bytes(size) + tiles(plan, size) * ROW_BYTES
 
 
-def tile_manifest_mb(plan: Plan, scene: str) -> int:
-    """A scene's tile manifest job (rule tile_manifest: a training-only scene): :func:`manifest_bytes`."""
-    return job_mb(manifest_bytes(plan, scene))
-
-
-def batch_tile_manifest_mb(plan: Plan, batch: int) -> int:
-    """A prediction batch's tile manifests, its scenes' and seams' one at a time: the largest
-    :func:`manifest_bytes`."""
-    names = plan.members[batch]
-    return job_mb(max((manifest_bytes(plan, name) for name in names), default=0))
-
-
-def cog_mb(plan: Plan, scene: str) -> int:
-    """A striped scene's conversion to a tiled COG (rio-cogeo, through a temporary file, never in memory): GDAL's
-    block cache (:data:`COG_GDAL_CACHE_MB`: a striped source's strips are cached there, whatever its size) and
-    each thread's (cog.threads) blocks of 512 px."""
-    size = scene_size(plan, scene)
-    block = COG_BLOCK * COG_BLOCK * size.bands * size.itemsize
-    threads = plan.settings.cog.threads
-    return job_mb(COG_GDAL_CACHE_MB * MB + threads * COG_BUFFERS_PER_THREAD * block)
-
-
 def objects_per_tile(plan: Plan) -> int:
     """Objects a tile yields: model.detections_per_tile when set (a bound), else :data:`OBJECTS_PER_TILE`."""
     return plan.settings.model.detections_per_tile or OBJECTS_PER_TILE
@@ -169,12 +145,6 @@ def merge_bytes(plan: Plan, name: str) -> int:
     return dense_merge_bytes(size) if is_dense(plan) else 2 * objects_bytes(plan, size)
 
 
-def merge_mb(plan: Plan, batch: int) -> int:
-    """A batch's merge job, one scene at a time: its largest scene's :func:`merge_bytes`."""
-    names = plan.members[batch]
-    return job_mb(max((merge_bytes(plan, name) for name in names), default=0))
-
-
 def mosaic_width(plan: Plan) -> int:
     """Pixels across the predicted scenes' union (their footprints' extent at the finest pixel): a dense project's
     mosaic."""
@@ -185,42 +155,7 @@ def mosaic_width(plan: Plan) -> int:
     return max(1, round((right - left) / min(f.pixel[0] for f in footprints)))
 
 
-def project_mb(plan: Plan) -> int:
-    """The project's layers: every scene's and seam's objects at once (an object is kept once across them), or a
-    dense task's mosaic, vectorized block by block across its whole width (:func:`mosaic_width`)."""
-    if is_dense(plan):
-        return job_mb(mosaic_width(plan) * DENSE_ROW_BYTES + DENSE_FIXED_MB * MB)
-    return job_mb(sum(2 * objects_bytes(plan, scene_size(plan, name)) for name in plan.project_sources()))
-
-
-def partition_mb(plan: Plan, batch: int | str) -> int:
-    """A partition of the project's layer (one a batch): the objects of its batch's sources and of their neighbours,
-    which it reads beside them (:mod:`rasterscale.grid.partitions`), not the whole project's."""
-    near = plan.partition_neighbourhoods[int(batch)]
-    names = (*near.owners, *near.neighbours)
-    return job_mb(sum(2 * objects_bytes(plan, scene_size(plan, name)) for name in names))
-
-
-def score_mb(plan: Plan, batch: int) -> int:
-    """A batch's scoring job, one scene at a time: the largest scene's merged objects and as many annotations (a
-    dense task's rasters are scored block by block), its quicklook and report pages."""
-    if is_dense(plan):
-        return job_mb(QUICKLOOK_MB * MB)
-    names = plan.members[batch]
-    held = max((2 * objects_bytes(plan, scene_size(plan, name)) for name in names), default=0)
-    return job_mb(held + QUICKLOOK_MB * MB)
-
-
-def synthesis_mb(plan: Plan, name: str) -> int:
-    """A demo scene's synthesis: its whole raster, canopy height and noise fields are in memory
-    (:data:`SYNTH_BYTES_PER_PIXEL`)."""
-    demo = plan.settings.demo.scenes.get(name)
-    return job_mb(demo.width * demo.height * SYNTH_BYTES_PER_PIXEL if demo is not None else 0)
-
-
-def report_mb(plan: Plan) -> int:
-    """A report page (the run, the project map): the plan, the scenes' outlines, one scene's merged layer at a time
-    for its counts, and matplotlib's figure."""
-    names = plan.predict_scenes
-    held = max((0 if is_dense(plan) else objects_bytes(plan, scene_size(plan, name)) for name in names), default=0)
-    return job_mb(held + QUICKLOOK_MB * MB)
+def objects_of(plan: Plan, names: Iterable[str]) -> int:
+    """What a job holding these scenes' and seams' objects at once holds: each one's ranks' objects and the
+    merged layer (twice the objects)."""
+    return sum(2 * objects_bytes(plan, scene_size(plan, name)) for name in names)

@@ -1,4 +1,4 @@
-"""Entry (rule report_run, a Snakemake ``script:``): the report's page of the run (config, model, precision,
+"""Entry (rule report_run_page, a Snakemake ``script:``): the report's page of the run (config, model, precision,
 launch geometry) from its job file, the model file's training record and the scenes' prediction profiles."""
 
 from pathlib import Path
