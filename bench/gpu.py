@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_measures import SECTIONS, attempt, make_bench, nvml_devices, ok, run_sections  # noqa: E402
 from rasterscale.jobs.paths import throughput_file  # noqa: E402
-from rasterscale.workflow.throughput import record  # noqa: E402
+from rasterscale.workflow.throughput import write_throughput  # noqa: E402
 from suite import machine  # noqa: E402
 from throughput import gpu_entry  # noqa: E402
 
@@ -412,7 +412,7 @@ def main() -> None:
     print(f"-> {out}, {out.with_suffix('.txt')}")
     entry = gpu_entry(result)
     if args.throughput and entry is not None:  # a CPU run's tiny sizes are no throughput figure
-        print(f"-> {record(entry, args.throughput)} (this GPU's throughput)")
+        print(f"-> {write_throughput(entry, args.throughput)} (this GPU's throughput)")
 
 
 if __name__ == "__main__":

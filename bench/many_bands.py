@@ -118,7 +118,7 @@ def side_for(tiles: int) -> int:
 
 
 def scene_of(directory: Path, count: int, side: int) -> tuple[Path, ImageSpec, InputBands]:
-    """A synthetic scene of ``count`` bands, its spec (as tile_manifest resolves it) and its model's input: 3 and
+    """A synthetic scene of ``count`` bands, its spec (as the tiles step resolves it) and its model's input: 3 and
     4 bands uint8 scaled, 13 bands uint16 raw with the scene's own statistics (``normalize: auto``)."""
     raw = count > 4
     path = write_bands_raster(directory / f"bands-{count}.tif", side, count, "uint16" if raw else "uint8")

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from measures import OVERLAP, PATCH  # noqa: E402
 from rasterscale.jobs.paths import throughput_file  # noqa: E402
-from rasterscale.workflow.throughput import record  # noqa: E402
+from rasterscale.workflow.throughput import write_throughput  # noqa: E402
 from suite import QUICK, Sizes, find_trained_model, format_table, run_bench  # noqa: E402
 from throughput import cpu_entry  # noqa: E402
 
@@ -50,7 +50,9 @@ def main() -> None:
     print(table)
     print(f"-> {out}, {out.with_suffix('.txt')}")
     if args.throughput and not args.quick:  # --quick's small job is no throughput figure
-        print(f"-> {record(cpu_entry(result, PATCH, OVERLAP, MODEL), args.throughput)} (this CPU's throughput)")
+        print(
+            f"-> {write_throughput(cpu_entry(result, PATCH, OVERLAP, MODEL), args.throughput)} (this CPU's throughput)"
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import argparse
 
 from rasterscale.jobs.files import CheckJob
 from rasterscale.runtime.launch import start_local_ranks
-from rasterscale.runtime.ranks import run_spec
+from rasterscale.runtime.ranks import rank_layout
 from rasterscale.tools.envcheck import run_environment_check
 
 
@@ -19,7 +19,7 @@ def main() -> None:
     job = CheckJob.read(args.job)
     ranks = start_local_ranks(job.settings, "predict")
 
-    run_environment_check(job.settings, run_spec(job.settings, "predict"), args.out_dir, args.log_dir)
+    run_environment_check(job.settings, rank_layout(job.settings, "predict"), args.out_dir, args.log_dir)
     ranks.finish()
 
 

@@ -6,7 +6,7 @@ import argparse
 from rasterscale.jobs.files import PredictJob
 from rasterscale.predict.engine import run_prediction
 from rasterscale.runtime.launch import start_local_ranks
-from rasterscale.runtime.ranks import run_spec
+from rasterscale.runtime.ranks import rank_layout
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
         scenes=list(job.scenes),
         model_file=job.model_file,
         settings=job.settings,
-        spec=run_spec(job.settings, "predict"),
+        layout=rank_layout(job.settings, "predict"),
         out_dir=args.out_dir,
         log_dir=args.log_dir,
         shards=job.shards,

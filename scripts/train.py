@@ -5,7 +5,7 @@ import argparse
 
 from rasterscale.jobs.files import TrainJob
 from rasterscale.runtime.launch import start_local_ranks
-from rasterscale.runtime.ranks import run_spec
+from rasterscale.runtime.ranks import rank_layout
 from rasterscale.train.engine import run_training
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     run_training(
         scenes=list(job.scenes),
         settings=job.settings,
-        spec=run_spec(job.settings, "train"),
+        layout=rank_layout(job.settings, "train"),
         model_path=args.model,
         metrics_path=args.metrics,
         plot_path=args.plot,

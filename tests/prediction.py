@@ -14,7 +14,7 @@ from rasterscale.grid.manifest import build_manifest, read_grid, write_manifest
 from rasterscale.grid.tile import TileGrid
 from rasterscale.predict.engine import run_prediction
 from rasterscale.raster.imagery import resolve_spec
-from rasterscale.runtime.ranks import RunSpec, resolve_precision
+from rasterscale.runtime.ranks import RankLayout, resolve_precision
 from rasterscale.scene import Scene
 from rasterscale.settings import job_settings, settings_of
 from rasterscale.tasks.detection.model import DetectorConfig, build_detector, save_detector
@@ -77,7 +77,7 @@ def predict_rank_file(
         [Scene("scene", str(scene.raster), str(scene.manifest))],
         scene.model_file,
         settings=job_settings({key: config[key] for key in PREDICT_SECTIONS}),  # what a prediction job carries
-        spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
+        layout=RankLayout("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,
         log_dir=out_dir / "logs",
     )
@@ -98,7 +98,7 @@ def predict_crowns_in_process(raster: Path, manifest: Path, model_file: Path, ou
         [Scene("scene", str(raster), str(manifest))],
         model_file,
         settings=job_settings({key: config[key] for key in PREDICT_SECTIONS}),
-        spec=RunSpec("cpu", 1, 1, resolution.value, "predict", resolution),
+        layout=RankLayout("cpu", 1, 1, resolution.value, "predict", resolution),
         out_dir=out_dir,
         log_dir=out_dir / "logs",
     )

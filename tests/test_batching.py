@@ -1,6 +1,6 @@
 import pytest
 
-from rasterscale.runtime.batching import per_device_batch, plan_batches, scaled_lr
+from rasterscale.runtime.batching import batch_sizes, per_device_batch, scaled_lr
 
 
 @pytest.mark.parametrize(
@@ -12,7 +12,7 @@ def test_per_device_batch_is_ceil_of_global_over_world(batch, world, per_device)
 
 
 def test_effective_batch_never_below_request_and_lr_follows_it():
-    plan = plan_batches(batch_size=10, world_size=4, base_lr=0.001, reference_batch=8, scaling="linear")
+    plan = batch_sizes(batch_size=10, world_size=4, base_lr=0.001, reference_batch=8, scaling="linear")
     assert plan.per_device_batch == 3
     assert plan.effective_batch == 12
     assert plan.lr == pytest.approx(0.001 * 12 / 8)
@@ -20,7 +20,7 @@ def test_effective_batch_never_below_request_and_lr_follows_it():
 
 
 def test_same_global_batch_same_lr_across_world_sizes():
-    lrs = {w: plan_batches(16, w, 0.002, 16, "linear").lr for w in (1, 2, 4, 8)}
+    lrs = {w: batch_sizes(16, w, 0.002, 16, "linear").lr for w in (1, 2, 4, 8)}
     assert set(lrs.values()) == {0.002}
 
 

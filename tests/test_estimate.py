@@ -22,7 +22,7 @@ from rasterscale.jobs.paths import throughput_file
 from rasterscale.raster.mosaic import write_mosaic
 from rasterscale.workflow.checks import build_plan
 from rasterscale.workflow.estimate import estimate_lines, figure, prediction_work, print_estimate
-from rasterscale.workflow.throughput import CPU, DEFAULTS, GPU, Throughput, read_throughputs, record
+from rasterscale.workflow.throughput import CPU, DEFAULTS, GPU, Throughput, read_throughputs, write_throughput
 from workflow import workflow_command
 
 sys.path.insert(0, str(REPO / "bench"))  # the bench's modules import each other by name, as bench/run.py runs them
@@ -240,9 +240,9 @@ def test_the_benches_record_their_entries_and_keep_the_others(tmp_path):
     failed = {**bench_gpu, "sections": {"predict": {"runs": {"auto": {"error": "RuntimeError: CUDA"}}}}}
     assert gpu_entry(failed) is None
     path = tmp_path / "throughput.json"
-    record(cpu, path)
-    record(gpu, path)
-    record(Throughput(**{**cpu.to_dict(), "tiles_per_s": 6.0}), path)
+    write_throughput(cpu, path)
+    write_throughput(gpu, path)
+    write_throughput(Throughput(**{**cpu.to_dict(), "tiles_per_s": 6.0}), path)
     entries = read_throughputs(path)
     assert list(entries) == ["NVIDIA H200", CPU] and entries[CPU].tiles_per_s == 6.0 and entries["NVIDIA H200"] == gpu
 

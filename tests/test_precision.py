@@ -26,7 +26,7 @@ from rasterscale.runtime.precision import (
     probe,
     resolve,
 )
-from rasterscale.runtime.ranks import AgreedPrecision, RunSpec, run_spec, start_rank
+from rasterscale.runtime.ranks import AgreedPrecision, RankLayout, rank_layout, start_rank
 from rasterscale.settings import settings_of
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma"})
@@ -106,7 +106,7 @@ def test_the_ranks_of_a_job_agree_on_the_least_demanding_value():
 
 
 def test_a_rank_switches_its_trainer_to_the_agreed_value():
-    spec = RunSpec("cpu", 1, 1, BF16, "train", resolve("train.precision", "auto", cpu(bf16=True)))
+    spec = RankLayout("cpu", 1, 1, BF16, "train", resolve("train.precision", "auto", cpu(bf16=True)))
     trainer = L.Trainer(accelerator="cpu", devices=1, precision=BF16, logger=False, enable_progress_bar=False)
     AgreedPrecision(spec).switch(trainer, FP32)
     assert trainer.precision == FP32
@@ -144,7 +144,7 @@ def test_a_cpu_capped_at_avx2_through_onednn_resolves_to_fp32():
 def test_every_rank_logs_its_precision_and_rank_zero_warns_once_of_an_emulated_value(tmp_path, caplog):
     # 16-mixed is emulated on every CPU (it autocasts to bf16 there)
     config = validate_config({"scenes": {"a": {"path": "a.tif"}}, "train": {"accelerator": "cpu", "precision": FP16}})
-    spec = run_spec(settings_of(config), "train")
+    spec = rank_layout(settings_of(config), "train")
     assert spec.precision == BF16 and spec.resolution is not None
     start_rank(spec, tmp_path, "rasterscale.test_precision")
     text = (tmp_path / "rank-0.log").read_text()

@@ -221,7 +221,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
     from rasterscale.jobs.files import PredictJob
     from rasterscale.jobs.rankfiles import check_scene_records
     from rasterscale.predict.engine import run_prediction
-    from rasterscale.runtime.ranks import run_spec
+    from rasterscale.runtime.ranks import rank_layout
     from rasterscale.tasks.registry import task_spec
 
     cwd, affinity = Path.cwd(), os.sched_getaffinity(0)
@@ -236,7 +236,7 @@ def uninterrupted(workdir: Path, config: dict, out: Path) -> dict[str, str]:
         )
         for shard in (0, 1):
             scenes = list(PredictJob.read(RUN.job_file("predict", 0)).scenes)
-            run_prediction(scenes, settings.model.file, job, run_spec(job, "predict"), out, out / "logs", 2, shard)
+            run_prediction(scenes, settings.model.file, job, rank_layout(job, "predict"), out, out / "logs", 2, shard)
         spec = task_spec(settings.task)
         (scene,) = PredictJob.read(RUN.job_file("predict", 0)).scenes
         stems = [str(out / scene.name / f"rank-{i}") for i in (0, 1)]

@@ -211,10 +211,10 @@ def test_lightning_alone_silently_runs_world_size_1_in_a_one_task_step(one_task_
 
 
 def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, capsys):
-    from rasterscale.runtime.ranks import RunSpec, make_trainer
+    from rasterscale.runtime.ranks import RankLayout, make_trainer
 
     with pytest.raises(SystemExit) as exit_:
-        make_trainer(RunSpec("cpu", 2, 1, "32-true", "predict"), logger=False)
+        make_trainer(RankLayout("cpu", 2, 1, "32-true", "predict"), logger=False)
     line = str(exit_.value.code)
     assert line.startswith("rasterscale: preflight: predict: this process is the only task of Slurm step 42.0")
     assert "\n" not in line
@@ -222,7 +222,7 @@ def test_make_trainer_refuses_the_one_task_step_with_one_line(one_task_step, cap
 
 def test_run_spec_prediction_jobs_are_one_node_each():
     from rasterscale.config.schema import validate_config
-    from rasterscale.runtime.ranks import run_spec
+    from rasterscale.runtime.ranks import rank_layout
     from rasterscale.settings import settings_of
 
     config = validate_config(
@@ -233,7 +233,7 @@ def test_run_spec_prediction_jobs_are_one_node_each():
         }
     )
     settings = settings_of(config)
-    train, predict = run_spec(settings, "train"), run_spec(settings, "predict")
+    train, predict = rank_layout(settings, "train"), rank_layout(settings, "predict")
     assert (train.section, train.devices, train.nodes, train.world_size) == ("train", 2, 3, 6)
     assert (predict.section, predict.devices, predict.nodes, predict.world_size) == ("predict", 2, 1, 2)
 

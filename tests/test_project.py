@@ -51,7 +51,7 @@ from rasterscale.workflow.batches import (
     allowed_rules,
     batch_rule,
     form_batches,
-    read_recorded,
+    read_written_batches,
     recorded_targets,
     requested_files,
     rule_batches,
@@ -545,7 +545,7 @@ def rasters(tmp_path) -> dict[str, str]:
 def form(workdir: Path, members: str, entry: Callable[[str, int], Scene]) -> dict[int, tuple[Scene, ...]]:
     """The batches formed, with their members' entries: the recorded one of a member no longer asked for, else
     ``entry``'s (what the plan builds)."""
-    recorded = read_recorded(RUN.jobs_dir("tiles"), workdir)
+    recorded = read_written_batches(RUN.jobs_dir("tiles"), workdir)
     batches, kept = form_batches(list(members), entry, 2, recorded, lambda r: (workdir / r).exists())
     assert set(kept) <= {name for names in batches.values() for name in names} - set(members)
     return {n: tuple(kept[m] if m in kept else entry(m, n) for m in names) for n, names in batches.items()}
@@ -562,8 +562,14 @@ def test_recorded_batches_whose_entries_match_are_kept_whatever_the_members_orde
     entry = entries(rasters)
     fresh = form(tmp_path, "abcde", entry)
     record(tmp_path, fresh)
-    assert [r.batch for r in sorted(read_recorded(RUN.jobs_dir("tiles"), tmp_path), key=lambda r: r.batch)] == [0, 1, 2]
-    assert read_recorded(paths.RunPaths("other").jobs_dir("tiles"), tmp_path) == []  # another run's batches are its own
+    assert [r.batch for r in sorted(read_written_batches(RUN.jobs_dir("tiles"), tmp_path), key=lambda r: r.batch)] == [
+        0,
+        1,
+        2,
+    ]
+    assert (
+        read_written_batches(paths.RunPaths("other").jobs_dir("tiles"), tmp_path) == []
+    )  # another run's batches are its own
     assert form(tmp_path, "edcba", entry) == fresh
 
 
@@ -613,10 +619,10 @@ def test_batch_files_that_cannot_be_read_are_left_out(tmp_path, rasters):
     (folder / "batch-5.json").write_text('{"batch": 5}')
     (folder / "batch-x.json").write_text('{"scenes": []}')
     TilesJob((entry("b", 0),), TILING).write(folder / "scene-b.json")  # a training-only scene's: no batch
-    assert [(r.batch, [s["name"] for s in r.scenes]) for r in read_recorded(RUN.jobs_dir("tiles"), tmp_path)] == [
-        (3, ["a"])
-    ]
-    assert read_recorded(RUN.jobs_dir("tiles"), tmp_path / "nowhere") == []
+    assert [
+        (r.batch, [s["name"] for s in r.scenes]) for r in read_written_batches(RUN.jobs_dir("tiles"), tmp_path)
+    ] == [(3, ["a"])]
+    assert read_written_batches(RUN.jobs_dir("tiles"), tmp_path / "nowhere") == []
 
 
 # the command Snakemake 9 gives a job it spawns (RealExecutor's job args): --target-jobs, then --allowed-rules

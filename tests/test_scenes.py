@@ -321,7 +321,7 @@ def test_scenes_dataset_holds_one_scene_at_a_time_and_never_batches_two_tile_sha
 def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
     from rasterscale.config.schema import validate_config as validated
     from rasterscale.predict.engine import run_prediction
-    from rasterscale.runtime.ranks import RunSpec
+    from rasterscale.runtime.ranks import RankLayout
     from rasterscale.scene import Scene
 
     first = PredictScene.make(tmp_path / "first", 300, 200)
@@ -333,7 +333,7 @@ def test_one_job_over_two_scenes_predicts_each_as_alone(tmp_path, strategy):
         "predict": {"strategy": strategy, "workers": 0, "batch_size": 4},
     }
     config = job_settings({key: validated(keys)[key] for key in PREDICT_SECTIONS})
-    spec = RunSpec("cpu", 1, 1, "32-true")
+    spec = RankLayout("cpu", 1, 1, "32-true")
 
     def job(scene: PredictScene) -> Scene:
         return Scene(scene.raster.parent.name, str(scene.raster), str(scene.manifest))

@@ -209,7 +209,7 @@ def test_synth_crown_polygons_leave_raster_and_boxes_unchanged(tmp_path: Path) -
     assert in_a_box.sum() >= n - 2
 
 
-def test_synthesize_scene_entry_writes_crown_polygons_with_crowns(tmp_path: Path) -> None:
+def test_the_demo_entry_writes_crown_polygons_with_crowns(tmp_path: Path) -> None:
     from rasterscale.jobs.files import SynthesisJob
     from rasterscale.settings import job_settings
 

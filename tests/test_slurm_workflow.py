@@ -406,8 +406,8 @@ if mode == "check":  # the in-process checks alone (no torch import: fast)
         sys.exit(f"rasterscale: {{err}}")
     print("launch ok")
 else:  # what train.py/predict.py do: the runtime's Trainer, checked before and after it is built
-    from rasterscale.runtime.ranks import RunSpec, make_trainer
-    make_trainer(RunSpec("cpu", devices, nodes, "32-true", "train"), logger=False)
+    from rasterscale.runtime.ranks import RankLayout, make_trainer
+    make_trainer(RankLayout("cpu", devices, nodes, "32-true", "train"), logger=False)
     print("trainer built")
 """
 

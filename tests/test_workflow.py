@@ -103,7 +103,7 @@ def test_every_tile_processed_exactly_once_across_ranks(tiny_run):
     assert sorted(np.concatenate(processed).tolist()) == sorted(manifest["tile_id"].tolist())
 
 
-def test_training_artifacts_and_batch_plan(tiny_run):
+def test_training_artifacts_and_batch_sizes(tiny_run):
     workdir, _ = tiny_run
     for suffix in (".pt", ".metrics.csv", ".png"):
         assert (workdir / f"results/models/tiny{suffix}").stat().st_size > 0

@@ -230,8 +230,8 @@ class Settings:
     slurm: SlurmSettings
     cog: CogSettings
 
-    def run(self, name: str) -> RunSettings:
-        """The DDP section by name: "train" or "predict"."""
+    def ddp_section(self, name: str) -> RunSettings:
+        """The DDP section by name: "train" or "predict" (a run, ``Plan.run``, is the model's name)."""
         if name == "train":
             return self.train
         if name == "predict":

@@ -65,7 +65,7 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
 from rasterscale.runtime.cores import prefetch_factor, rank_workers
 from rasterscale.runtime.lifetime import bind_worker
-from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
+from rasterscale.runtime.ranks import RankLayout, attached_trainer, end_rank, gather_to_all, make_trainer, start_rank
 from rasterscale.scene import Scene
 from rasterscale.settings import Settings
 from rasterscale.tasks.api import PredictScene, RankOutput, Task
@@ -414,7 +414,7 @@ def log_job(
     scenes: Sequence[PredictScene],
     shards: int,
     shard: int,
-    spec: RunSpec,
+    layout: RankLayout,
     strategy: str,
     batch_size: int,
     workers: int,
@@ -429,7 +429,7 @@ def log_job(
         sum(len(scene.tiles) for scene in scenes),
         shard + 1,
         shards,
-        spec,
+        layout,
         strategy,
         batch_size,
         workers,
@@ -440,7 +440,7 @@ def run_prediction(
     scenes: Sequence[Scene],
     model_file: str | Path,
     settings: Settings,
-    spec: RunSpec,
+    layout: RankLayout,
     out_dir: str | Path,
     log_dir: str | Path,
     shards: int = 1,
@@ -452,34 +452,34 @@ def run_prediction(
     overrides the model file's). ``resume_dir``: where the ranks save finished tiles and a rerun resumes
     from (none: nothing saved)."""
     predict = settings.predict
-    logger = start_rank(spec, log_dir, LOGGER_NAME)
+    logger = start_rank(layout, log_dir, LOGGER_NAME)
     limit_read_cache(predict.read_cache_mb)
     task = task_spec(settings.task).load()
     model, model_cfg = task.load_model(model_file, settings)
     model = task.prepare_for_inference(model, predict)
     loaded = [load_scene(job) for job in scenes]
     strategy = predict.strategy
-    workers = loader_workers(strategy, rank_workers(predict.workers, spec.accelerator, spec.devices))
+    workers = loader_workers(strategy, rank_workers(predict.workers, layout.accelerator, layout.devices))
     resume = (resume_dir, file_digest(model_file)) if resume_dir is not None else None
     plans = RankPlans(task, loaded, settings, shards, shard, resume, logger)
     profiler = PredictProfiler(strategy, predict.batch_size, workers, shard)
     outputs = RankOutputs(task, loaded, plans, out_dir, shard, model_cfg, settings)
     writer = RankWriter(loaded, outputs, profiler, resume_dir, predict.save_every)
     trainer = make_trainer(
-        spec,
+        layout,
         logger=False,
         callbacks=[profiler, writer],
         use_distributed_sampler=False,
-        benchmark=spec.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
+        benchmark=layout.accelerator == "gpu",  # all tiles have one size: let cuDNN pick its fastest kernels
     )
     if trainer.is_global_zero:
         logger.info("model %s: %s", model_file, task.describe(model_cfg))
-        log_job(logger, loaded, shards, shard, spec, strategy, predict.batch_size, workers)
+        log_job(logger, loaded, shards, shard, layout, strategy, predict.batch_size, workers)
     datamodule = PredictionDataModule(
         lambda world, rank, device: rank_dataset(loaded, plans(world, rank).predicted, strategy, device),
         predict.batch_size,
         workers,
-        pin_memory=spec.accelerator == "gpu" and strategy != "batch",
+        pin_memory=layout.accelerator == "gpu" and strategy != "batch",
         clock=profiler.clock,
     )
     module = PredictionModule(task, model, profiler.clock)

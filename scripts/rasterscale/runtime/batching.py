@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchSizes:
     world_size: int
     requested_batch: int
     per_device_batch: int
@@ -49,9 +49,9 @@ def scaled_lr(base_lr: float, effective_batch: int, reference_batch: int, scalin
     raise ValueError(f"unknown lr_scaling '{scaling}' (linear or none)")
 
 
-def plan_batches(batch_size: int, world_size: int, base_lr: float, reference_batch: int, scaling: str) -> BatchPlan:
+def batch_sizes(batch_size: int, world_size: int, base_lr: float, reference_batch: int, scaling: str) -> BatchSizes:
     effective = effective_batch(batch_size, world_size)
-    return BatchPlan(
+    return BatchSizes(
         world_size=world_size,
         requested_batch=batch_size,
         per_device_batch=per_device_batch(batch_size, world_size),

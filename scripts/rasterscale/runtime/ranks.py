@@ -46,7 +46,7 @@ LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class RankLayout:
     """Where ranks run: accelerator, ranks per node, nodes, and numeric precision."""
 
     accelerator: str  # "cpu" or "gpu" (resolved, never "auto")
@@ -80,14 +80,14 @@ def resolve_precision(section: str, requested: str, accelerator: str) -> precisi
     return precisions.resolve(f"{section}.precision", requested, capability)
 
 
-def run_spec(settings: Settings, name: str) -> RunSpec:
+def rank_layout(settings: Settings, name: str) -> RankLayout:
     """The run of one job of the config's ``train`` or ``predict`` section (its geometry:
     :func:`rasterscale.runtime.preflight.launch_geometry`)."""
     geometry = launch_geometry(settings, name)
-    section = settings.run(name)
+    section = settings.ddp_section(name)
     accelerator = resolve_accelerator(section.accelerator)
     resolution = resolve_precision(name, section.precision, accelerator)
-    return RunSpec(
+    return RankLayout(
         accelerator=accelerator,
         devices=geometry.devices,
         nodes=geometry.nodes,
@@ -111,10 +111,10 @@ def cpu_threads_per_rank(devices: int) -> int:
     return rank_cores(devices)
 
 
-def make_strategy(spec: RunSpec) -> Any:
-    if spec.world_size == 1:
+def make_strategy(layout: RankLayout) -> Any:
+    if layout.world_size == 1:
         return "auto"
-    backend = "nccl" if spec.accelerator == "gpu" else "gloo"
+    backend = "nccl" if layout.accelerator == "gpu" else "gloo"
     # Under srun, Slurm's variables define the ranks (explicitly: Lightning's own detection is off for a job
     # named bash/interactive). Snakemake, not Lightning, resubmits failed jobs: no auto-requeue.
     environment = SLURMEnvironment(auto_requeue=False) if rank_launcher() is SRUN else LightningEnvironment()
@@ -133,28 +133,28 @@ def preflight_exit(error: PreflightError) -> SystemExit:
     return SystemExit(line)
 
 
-def make_trainer(spec: RunSpec, **kwargs: Any) -> L.Trainer:
+def make_trainer(layout: RankLayout, **kwargs: Any) -> L.Trainer:
     """The Trainer of this rank, after the pre-flight checks of how the ranks were launched (every rank)."""
     try:
-        step = check_launch(spec.geometry)
-        if spec.accelerator == "gpu":
-            check_devices_visible(spec.geometry, torch.cuda.device_count())
+        step = check_launch(layout.geometry)
+        if layout.accelerator == "gpu":
+            check_devices_visible(layout.geometry, torch.cuda.device_count())
     except PreflightError as err:
         raise preflight_exit(err) from None
-    callbacks = [*kwargs.pop("callbacks", []), AgreedPrecision(spec)]
+    callbacks = [*kwargs.pop("callbacks", []), AgreedPrecision(layout)]
     trainer = L.Trainer(
-        accelerator=spec.accelerator,
-        devices=spec.devices,
-        num_nodes=spec.nodes,
-        strategy=make_strategy(spec),
-        precision=spec.precision,
+        accelerator=layout.accelerator,
+        devices=layout.devices,
+        num_nodes=layout.nodes,
+        strategy=make_strategy(layout),
+        precision=layout.precision,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,
         **kwargs,
     )
     try:
-        check_world_size(spec.geometry, trainer.world_size)
+        check_world_size(layout.geometry, trainer.world_size)
     except PreflightError as err:
         raise preflight_exit(err) from None
     log_placement(trainer, step)
@@ -167,8 +167,8 @@ class AgreedPrecision(L.Callback):
     common one (:func:`rasterscale.runtime.precision.agree`) switches to it. Explicit values are the same on every
     rank."""
 
-    def __init__(self, spec: RunSpec) -> None:
-        self.spec = spec
+    def __init__(self, layout: RankLayout) -> None:
+        self.spec = layout
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         resolution = self.spec.resolution
@@ -288,7 +288,7 @@ def _log_uncaught_exceptions(logger: logging.Logger) -> None:
     sys.excepthook = hook
 
 
-def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.Logger:
+def start_rank(layout: RankLayout, log_dir: str | Path, logger_name: str) -> logging.Logger:
     """What every rank does first, in training, prediction and the environment check: its own log file (rank 0
     also logging to the rule's log), its life tied to its job's (:mod:`rasterscale.runtime.lifetime`), Lightning
     quiet on the other ranks, its freed host memory kept for its next batches (:mod:`rasterscale.runtime.allocator`),
@@ -298,24 +298,24 @@ def start_rank(spec: RunSpec, log_dir: str | Path, logger_name: str) -> logging.
     logger = setup_rank_logging(rank, log_dir, name=logger_name)
     # Lightning's local launcher starts the other ranks from rank 0 unless they were started before
     # (rasterscale.runtime.launch, which sets LOCAL_RANK) or by srun
-    launches_ranks = rank == 0 and spec.devices > 1 and rank_launcher() is LOCAL and "LOCAL_RANK" not in os.environ
+    launches_ranks = rank == 0 and layout.devices > 1 and rank_launcher() is LOCAL and "LOCAL_RANK" not in os.environ
     # a prediction rank ends at SIGTERM; training keeps its own handling (a checkpoint, then exit)
-    bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=spec.section == "predict")
+    bind_rank(launches_ranks, logging.getLogger(RUNTIME_LOGGER), sigterm_ends=layout.section == "predict")
     quiet_non_zero_ranks(rank)
-    log_precision(spec, rank)
-    if spec.accelerator == "cpu":
-        torch.set_num_threads(cpu_threads_per_rank(spec.devices))
+    log_precision(layout, rank)
+    if layout.accelerator == "cpu":
+        torch.set_num_threads(cpu_threads_per_rank(layout.devices))
     return logger
 
 
-def log_precision(spec: RunSpec, rank: int) -> None:
+def log_precision(layout: RankLayout, rank: int) -> None:
     """Every rank logs the precision it uses and why; rank 0 also warns (one line) of a value its device emulates."""
-    if spec.resolution is None:
+    if layout.resolution is None:
         return
     logger = logging.getLogger(RUNTIME_LOGGER)
-    logger.info("precision: %s", spec.resolution.describe())
-    if spec.resolution.warning is not None and rank == 0:
-        logger.warning("rasterscale: %s", spec.resolution.warning)
+    logger.info("precision: %s", layout.resolution.describe())
+    if layout.resolution.warning is not None and rank == 0:
+        logger.warning("rasterscale: %s", layout.resolution.warning)
 
 
 def attached_trainer(datamodule: L.LightningDataModule) -> L.Trainer:

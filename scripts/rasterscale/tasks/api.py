@@ -1,6 +1,6 @@
 """The task interface: what the task-neutral core (training, prediction) asks of a task.
 
-The core owns everything that does not depend on what is predicted: tile manifests, the batch plan, launching
+The core owns everything that does not depend on what is predicted: tile manifests, the batch sizes, launching
 ranks, sharding tiles over shards and ranks, reading tiles, the rank's profile and its record of processed tiles
 (:mod:`rasterscale.jobs.rankfiles`), the exactly-once check. A task owns its model, its training samples and how a
 batch's output becomes a rank output; how rank outputs merge into a scene's layers, and how they are scored, is
@@ -24,7 +24,7 @@ import torch
 from rasterscale.datasets.sampling import FlippableSamples
 from rasterscale.grid.tile import Tile, TileGrid
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.runtime.batching import BatchPlan
+from rasterscale.runtime.batching import BatchSizes
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings, TrainSettings
 from rasterscale.tasks.spec import Part, TaskSpec
@@ -65,11 +65,11 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
 
 class TrainingModule(L.LightningModule):
     """The Lightning module of every task: the task's model, its loss, and one optimizer and schedule for all
-    (AdamW at the batch plan's learning rate, warm-up then cosine)."""
+    (AdamW at the batch sizes' learning rate, warm-up then cosine)."""
 
-    def __init__(self, model: torch.nn.Module, plan: BatchPlan, train: TrainSettings) -> None:
+    def __init__(self, model: torch.nn.Module, sizes: BatchSizes, train: TrainSettings) -> None:
         super().__init__()
-        self.model, self.plan, self.train_settings = model, plan, train  # (Module.train is a method)
+        self.model, self.sizes, self.train_settings = model, sizes, train  # (Module.train is a method)
 
     def losses(self, batch: Any) -> dict[str, torch.Tensor]:
         """The task's loss terms of a batch (their sum is optimized)."""
@@ -86,7 +86,9 @@ class TrainingModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.plan.lr, weight_decay=self.train_settings.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=self.sizes.lr, weight_decay=self.train_settings.weight_decay
+        )
         total = int(self.trainer.estimated_stepping_batches)
         warmup = min(self.train_settings.warmup_steps, max(0, total // 5))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
@@ -148,9 +150,9 @@ class Task(ABC):
     # --- training ------------------------------------------------------------------------------------------
     training_module_class: ClassVar[type[TrainingModule]]
 
-    def training_module(self, model_cfg: Any, plan: BatchPlan, train: TrainSettings) -> TrainingModule:
+    def training_module(self, model_cfg: Any, sizes: BatchSizes, train: TrainSettings) -> TrainingModule:
         """A fresh model in the task's Lightning module."""
-        return self.training_module_class(self.build_model(model_cfg), plan, train)
+        return self.training_module_class(self.build_model(model_cfg), sizes, train)
 
     @abstractmethod
     def initial_weights(self, model: torch.nn.Module, model_cfg: Any, settings: Settings) -> str:

@@ -123,7 +123,7 @@ def payload_config(path: str | Path, payload: Mapping[str, Any], from_dict: Call
         raise InputError(f"{path}: bad {what} configuration ({err})") from None
 
 
-def smp_record(config: Any) -> dict[str, Any]:
+def smp_config_dict(config: Any) -> dict[str, Any]:
     """A dense task's network configuration (a dataclass with ``labels``, ``decoder_channels`` and ``input``) as
     its model file records it: JSON lists and the input bands' dict."""
     data = asdict(config)

@@ -19,7 +19,7 @@ from rasterscale.predict.batches import Batches
 from rasterscale.predict.engine import BatchEndCallback, PredictionDataModule, PredictionModule
 from rasterscale.predict.measure import StageClock
 from rasterscale.runtime.cores import rank_workers
-from rasterscale.runtime.ranks import RunSpec, end_rank, make_trainer, start_rank
+from rasterscale.runtime.ranks import RankLayout, end_rank, make_trainer, start_rank
 from rasterscale.settings import Settings
 from rasterscale.tasks.registry import task_spec
 
@@ -67,9 +67,9 @@ class ThroughputReport(BatchEndCallback):
         logging.getLogger(LOGGER_NAME).info("environment check: %s", report)
 
 
-def run_environment_check(settings: Settings, spec: RunSpec, out_dir: str | Path, log_dir: str | Path) -> None:
+def run_environment_check(settings: Settings, layout: RankLayout, out_dir: str | Path, log_dir: str | Path) -> None:
     """Every rank predicts its share of ``dummy.count`` random tiles with the task's untrained model."""
-    start_rank(spec, log_dir, LOGGER_NAME)
+    start_rank(layout, log_dir, LOGGER_NAME)
     dummy, predict = settings.dummy, settings.predict
     task = task_spec(settings.task).load()
     model = task.prepare_for_inference(task.build_model(task.model_config(settings)), predict)
@@ -80,13 +80,13 @@ def run_environment_check(settings: Settings, spec: RunSpec, out_dir: str | Path
         return RankShare(dataset, split_balanced(indices, world, rank))
 
     report = ThroughputReport(out_dir)
-    trainer = make_trainer(spec, logger=False, callbacks=[report], use_distributed_sampler=False)
+    trainer = make_trainer(layout, logger=False, callbacks=[report], use_distributed_sampler=False)
     clock = StageClock()
     datamodule = PredictionDataModule(
         dataset_for_rank,
         predict.batch_size,
-        rank_workers(predict.workers, spec.accelerator, spec.devices),
-        pin_memory=spec.accelerator == "gpu",
+        rank_workers(predict.workers, layout.accelerator, layout.devices),
+        pin_memory=layout.accelerator == "gpu",
         clock=clock,
     )
     trainer.predict(PredictionModule(task, model, clock), datamodule=datamodule, return_predictions=False)

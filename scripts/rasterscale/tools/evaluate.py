@@ -13,14 +13,14 @@ from rasterscale.tasks.spec import TaskSpec
 from rasterscale.tools.report import render_scene
 
 
-def score_scene(scored: ScoredScene, job: ScoreJob, spec: TaskSpec) -> str:
+def score_scene(scored: ScoredScene, job: ScoreJob, task_spec: TaskSpec) -> str:
     """Score a predicted scene: with annotations its evaluation and quicklook, without them its quicklook alone;
     a line for the log."""
     scene, name = scored.scene, scored.scene.name
     if scored.evaluation:
-        metrics = spec.evaluate(scene, job.settings, list(job.labels), scored.evaluation, scored.quicklook)
-        return f"{name}: {spec.summarize(metrics)}"
-    spec.quicklook(scene, job.settings, scored.quicklook, name)
+        metrics = task_spec.evaluate(scene, job.settings, list(job.labels), scored.evaluation, scored.quicklook)
+        return f"{name}: {task_spec.summarize(metrics)}"
+    task_spec.quicklook(scene, job.settings, scored.quicklook, name)
     return f"{name}: {scored.quicklook} (no annotations)"
 
 

@@ -178,7 +178,9 @@ def model_rows(model: ModelSettings, meta: Mapping[str, Any] | None) -> list[tup
     rows = [(key, value) for key, value in to_dict(model).items() if value not in (None, "") and key != "name"]
     if meta:
         rows += [(f"training: {key}", meta[key]) for key in ("steps", "epochs", "seconds") if key in meta]
-        rows += [(f"training: {key}", value) for key, value in meta.items() if key in ("batch_plan",)]
+        rows += [
+            (f"training: {key}", value) for key, value in meta.items() if key in ("batch_sizes", "batch_plan")
+        ]  # batch_plan: older model files
         validation = {k: v for k, v in (meta.get("validation") or {}).items() if k != "epoch"}
         rows += [(f"last validation: {key}", value) for key, value in validation.items()]
     return rows
@@ -204,7 +206,7 @@ def geometry_rows(facts: RunPageJob, predicted: bool) -> list[tuple[Any, ...]]:
     for name, values in facts.geometry.items():
         if (name == "train" and not facts.trained) or (name == "predict" and not predicted):
             continue
-        run = facts.settings.run(name)
+        run = facts.settings.ddp_section(name)
         batch = f"{run.batch_size} " + ("global" if name == "train" else "per rank")
         rows.append(
             (
@@ -390,18 +392,18 @@ def plot_profile(scene: str, profile: Mapping[str, Any], png: str | Path) -> Non
     save_figure(fig, png, dpi=100)
 
 
-def render_scene(scored: ScoredScene, labels: Sequence[str], spec: TaskSpec) -> dict[str, int]:
+def render_scene(scored: ScoredScene, labels: Sequence[str], task_spec: TaskSpec) -> dict[str, int]:
     """Write a scene's renderings (its ``pages`` by the keys of :data:`SCENE_FILES`): its counts (JSON, what the
     project map reads), scores and profile pages, the profile's plot. Returns the counts."""
     outputs = scored.pages
     if set(outputs) != set(SCENE_FILES):
         raise ValueError(f"a scene's renderings are {sorted(SCENE_FILES)}, not {sorted(outputs)}")
     scene = scored.scene
-    counts = spec.counts(scene, list(labels))
-    write_json({"unit": spec.count_unit, "counts": counts, "total": sum(counts.values())}, outputs["counts"])
+    counts = task_spec.counts(scene, list(labels))
+    write_json({"unit": task_spec.count_unit, "counts": counts, "total": sum(counts.values())}, outputs["counts"])
     metrics = read_json(scored.evaluation) if scored.evaluation else None
-    summary = spec.summarize(metrics) if metrics is not None else ""
-    write_text(scores_page(scene.name, metrics, summary, counts, spec.count_unit), outputs["scores"])
+    summary = task_spec.summarize(metrics) if metrics is not None else ""
+    write_text(scores_page(scene.name, metrics, summary, counts, task_spec.count_unit), outputs["scores"])
     profile = read_json(scene.outputs["profile"])
     write_text(profile_page(scene.name, profile), outputs["profile"])
     plot_profile(scene.name, profile, outputs["plot"])

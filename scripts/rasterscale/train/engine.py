@@ -2,7 +2,7 @@
 
 Batch semantics are explicit: ``train.batch_size`` is the effective global batch, each rank loads
 ``ceil(batch_size / world_size)`` tiles, and the learning rate follows the effective batch when
-``lr_scaling: linear``. The plan is logged once, by rank 0, before the first step. Only rank 0 logs progress,
+``lr_scaling: linear``. The batch sizes are logged once, by rank 0, before the first step. Only rank 0 logs progress,
 validates (on tiles of a held-out band of each training scene) and writes the model file, the training curves
 (CSV) and their plot. Resume checkpoints, and the stop on SIGTERM: :mod:`rasterscale.train.resume`.
 """
@@ -33,8 +33,8 @@ from rasterscale.grid.split import split_train_validation
 from rasterscale.raster.bands import InputBands, pooled_statistics
 from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import read_spec
-from rasterscale.runtime.batching import BatchPlan, plan_batches
-from rasterscale.runtime.ranks import RunSpec, attached_trainer, end_rank, make_trainer, start_rank
+from rasterscale.runtime.batching import BatchSizes, batch_sizes
+from rasterscale.runtime.ranks import RankLayout, attached_trainer, end_rank, make_trainer, start_rank
 from rasterscale.scene import Scene
 from rasterscale.settings import Settings, TrainSettings
 from rasterscale.tasks.api import SizedDataset, Task, TrainingModule
@@ -59,9 +59,11 @@ class TrainingDataModule(L.LightningDataModule):
     each rank takes its share of every epoch's samples (:mod:`rasterscale.datasets.sampling`), from where an interrupted
     run stopped in the epoch it resumes (:meth:`resume_at`, before the dataloader is made)."""
 
-    def __init__(self, task: Task, scenes: list[Scene], model_cfg: Any, plan: BatchPlan, train: TrainSettings) -> None:
+    def __init__(
+        self, task: Task, scenes: list[Scene], model_cfg: Any, sizes: BatchSizes, train: TrainSettings
+    ) -> None:
         super().__init__()
-        self.task, self.scenes, self.model_cfg, self.plan, self.train = task, scenes, model_cfg, plan, train
+        self.task, self.scenes, self.model_cfg, self.sizes, self.train = task, scenes, model_cfg, sizes, train
         self.train_sets: list[FlippableSamples] = []
         self.val_sets: list[SizedDataset] = []
         self.resumed: tuple[int, int] | None = None  # (epoch, batches its interrupted run took)
@@ -83,7 +85,7 @@ class TrainingDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         workers = self.train.workers
         samples = KeyedSamples(self.train_sets, self.train.seed)
-        trainer, batch = attached_trainer(self), self.plan.per_device_batch
+        trainer, batch = attached_trainer(self), self.sizes.per_device_batch
         sampler = EpochSampler(samples, trainer.world_size, trainer.global_rank, self.train.seed, batch)
         if self.resumed is not None:
             sampler.resume_at(*self.resumed)
@@ -104,8 +106,8 @@ class TrainingDataModule(L.LightningDataModule):
 class RankZeroProgress(L.Callback):
     """Progress lines from rank 0 only: step, epoch, loss, learning rate and global images per second."""
 
-    def __init__(self, every_n_steps: int, plan: BatchPlan) -> None:
-        self.every, self.plan = every_n_steps, plan
+    def __init__(self, every_n_steps: int, sizes: BatchSizes) -> None:
+        self.every, self.sizes = every_n_steps, sizes
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(
@@ -115,7 +117,7 @@ class RankZeroProgress(L.Callback):
         if not trainer.is_global_zero or step % self.every:
             return
         elapsed = time.perf_counter() - self._t0
-        images = self.every * self.plan.effective_batch
+        images = self.every * self.sizes.effective_batch
         lr = trainer.optimizers[0].param_groups[0]["lr"]
         loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
         total = trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches)
@@ -216,17 +218,17 @@ def with_input_statistics(model_cfg: Any, scenes: Sequence[Scene]) -> Any:
         raise InputError(f"normalize: auto over {', '.join(s.name for s in scenes)}: {err}") from None
 
 
-def batch_plan(train: TrainSettings, world_size: int) -> BatchPlan:
-    """The batch plan of the ``train`` section's batch size and learning rate over ``world_size`` ranks."""
-    return plan_batches(train.batch_size, world_size, train.lr, train.lr_reference_batch, train.lr_scaling)
+def training_batch_sizes(train: TrainSettings, world_size: int) -> BatchSizes:
+    """The batch sizes of the ``train`` section's batch size and learning rate over ``world_size`` ranks."""
+    return batch_sizes(train.batch_size, world_size, train.lr, train.lr_reference_batch, train.lr_scaling)
 
 
 def training_trainer(
-    spec: RunSpec, train: TrainSettings, csv_logger: CSVLogger, callbacks: list[L.Callback]
+    layout: RankLayout, train: TrainSettings, csv_logger: CSVLogger, callbacks: list[L.Callback]
 ) -> L.Trainer:
     """The trainer of the run: the ``train`` section's epochs, steps and logging, the run's ranks."""
     return make_trainer(
-        spec,
+        layout,
         max_epochs=train.epochs,
         max_steps=train.max_steps,
         logger=csv_logger,
@@ -267,7 +269,7 @@ def save_trained(
     module: TrainingModule,
     model_cfg: Any,
     model_path: str | Path,
-    plan: BatchPlan,
+    sizes: BatchSizes,
     trainer: L.Trainer,
     seconds: float,
     validation: Mapping[str, float],
@@ -277,7 +279,7 @@ def save_trained(
         module.model,
         model_cfg,
         model_path,
-        batch_plan=plan.describe(),
+        batch_sizes=sizes.describe(),
         steps=int(trainer.global_step),
         epochs=int(trainer.current_epoch),
         seconds=round(seconds, 1),
@@ -289,27 +291,27 @@ def save_trained(
 def run_training(
     scenes: list[Scene],
     settings: Settings,
-    spec: RunSpec,
+    layout: RankLayout,
     model_path: str | Path,
     metrics_path: str | Path,
     plot_path: str | Path,
     log_dir: str | Path,
 ) -> None:
-    """Train the config's task with ``spec.world_size`` ranks, starting from ``train.init`` or
+    """Train the config's task with ``layout.world_size`` ranks, starting from ``train.init`` or
     ``model.backbone_weights`` when given; rank 0 writes the model (and what the task writes beside it), the
     metrics CSV and the plot."""
     train = settings.train
-    logger = start_rank(spec, log_dir, LOGGER_NAME)
+    logger = start_rank(layout, log_dir, LOGGER_NAME)
     task = task_spec(settings.task).load()
     model_cfg = with_input_statistics(task.model_config(settings), scenes)
-    plan = batch_plan(train, spec.world_size)
+    sizes = training_batch_sizes(train, layout.world_size)
     L.seed_everything(train.seed, workers=True, verbose=False)
-    datamodule = TrainingDataModule(task, scenes, model_cfg, plan, train)
-    module = task.training_module(model_cfg, plan, train)
+    datamodule = TrainingDataModule(task, scenes, model_cfg, sizes, train)
+    module = task.training_module(model_cfg, sizes, train)
     loaded = task.initial_weights(module.model, model_cfg, settings)
-    validation = RankZeroValidation(task, datamodule, train.val_every_n_epochs, plan.per_device_batch)
+    validation = RankZeroValidation(task, datamodule, train.val_every_n_epochs, sizes.per_device_batch)
     folder = training_resume_dir(model_path)
-    run_fingerprint = training_fingerprint(settings, scenes, spec.world_size)
+    run_fingerprint = training_fingerprint(settings, scenes, layout.world_size)
     resume = find_resume_point(folder, run_fingerprint)
     csv_logger = CSVLogger(save_dir=str(log_dir), name="lightning", version="")
     logged = Path(csv_logger.log_dir, "metrics.csv")
@@ -317,11 +319,11 @@ def run_training(
     checkpoints = ResumeCheckpoints(
         folder, run_fingerprint, every, logger, (resume.earlier_metrics(), logged), datamodule.resume_at
     )
-    callbacks = [RankZeroProgress(train.log_every_n_steps, plan), validation, checkpoints]
-    trainer = training_trainer(spec, train, csv_logger, callbacks)
+    callbacks = [RankZeroProgress(train.log_every_n_steps, sizes), validation, checkpoints]
+    trainer = training_trainer(layout, train, csv_logger, callbacks)
     if trainer.is_global_zero:
-        logger.info("batch plan: %s", plan.describe())
-        logger.info("run: %s", spec)
+        logger.info("batch sizes: %s", sizes.describe())
+        logger.info("run: %s", layout)
         logger.info("start: %s", loaded)
         logger.info("%s: %s", task.spec.name, task.describe(model_cfg))
         logger.info("%s", resume.why)
@@ -330,7 +332,7 @@ def run_training(
         end_rank()
         return
     csv_logger.finalize("success")
-    written = save_trained(task, module, model_cfg, model_path, plan, trainer, seconds, validation.last)
+    written = save_trained(task, module, model_cfg, model_path, sizes, trainer, seconds, validation.last)
     write_metrics(checkpoints.metrics(), metrics_path)
     plot_curves(metrics_path, plot_path)
     logger.info(

@@ -37,7 +37,7 @@ BATCH_FILE = re.compile(r"^batch-(\d+)\.json$")
 
 
 @dataclass(frozen=True)
-class Recorded:
+class WrittenBatch:
     """A batch's job file as found on disk: its number, its time of writing and its scenes' entries."""
 
     batch: int
@@ -45,7 +45,7 @@ class Recorded:
     scenes: tuple[dict[str, Any], ...]
 
 
-def read_recorded(jobs_dir: str, workdir: str | Path = ".") -> list[Recorded]:
+def read_written_batches(jobs_dir: str, workdir: str | Path = ".") -> list[WrittenBatch]:
     """The batches' tiles job files in a run's ``jobs_dir`` (``results/{run}/jobs/tiles/``; unreadable ones are left
     out: formed again)."""
     folder = Path(workdir) / jobs_dir
@@ -57,7 +57,7 @@ def read_recorded(jobs_dir: str, workdir: str | Path = ".") -> list[Recorded]:
         try:
             data = json.loads(path.read_text())
             scenes = tuple(dict(entry) for entry in data["scenes"])
-            recorded.append(Recorded(int(match.group(1)), path.stat().st_mtime_ns, scenes))
+            recorded.append(WrittenBatch(int(match.group(1)), path.stat().st_mtime_ns, scenes))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return recorded
@@ -67,7 +67,7 @@ def form_batches(
     members: Sequence[str],
     entry: Callable[[str, int], Scene],
     size: int,
-    recorded: Sequence[Recorded],
+    recorded: Sequence[WrittenBatch],
     exists: Callable[[str], bool],
 ) -> tuple[dict[int, tuple[str, ...]], dict[str, Scene]]:
     """The batches, by number, their members by name: the recorded ones kept (see the module docstring), then the
@@ -110,7 +110,7 @@ def new_batches(rest: Sequence[str], size: int) -> list[list[str]]:
 
 
 def _still_valid(
-    record: Recorded, wanted: set[str], entry: Callable[[str, int], Scene], exists: Callable[[str], bool]
+    record: WrittenBatch, wanted: set[str], entry: Callable[[str, int], Scene], exists: Callable[[str], bool]
 ) -> bool:
     """A recorded batch holds: every member still wanted is recorded as the plan would write it, and every member
     no longer wanted still has its rasters."""

@@ -36,7 +36,7 @@ from rasterscale.raster.s3 import is_local_copy
 from rasterscale.runtime.preflight import launch_geometry
 from rasterscale.settings import SceneSettings, Settings, config_without_scenes, settings_of
 from rasterscale.tasks.registry import task_spec
-from rasterscale.workflow.batches import form_batches, read_recorded
+from rasterscale.workflow.batches import form_batches, read_written_batches
 from rasterscale.workflow.plan import SECTIONS, Plan
 
 STATISTICS_SIDE = 256  # a predicted scene's statistics, against a raw model's, from a read this small (dry run)
@@ -199,7 +199,7 @@ def _batches(plan: Plan, workdir: str | Path) -> Plan:
     members = plan.project_sources() if plan.has_project() else plan.predict_scenes
     size = plan.settings.predict.scenes_per_job
     base = Path(workdir)
-    recorded = read_recorded(plan.paths.jobs_dir("tiles"), workdir)
+    recorded = read_written_batches(plan.paths.jobs_dir("tiles"), workdir)
     batches, kept = form_batches(members, plan.batch_entry, size, recorded, lambda r: (base / r).exists())
     return plan.with_(members=batches, kept=kept)
 

@@ -126,7 +126,7 @@ class Plan:
 
     def section(self, name: str) -> RunSettings:
         """A DDP section's settings by name ("train" or "predict")."""
-        return self.settings.run(name)
+        return self.settings.ddp_section(name)
 
     def world_size(self, section: str) -> int:
         """Ranks of one job of a DDP section (for prediction: of one shard)."""

@@ -3,9 +3,9 @@ result of each kind of device, kept in ``results/throughput.json`` (:func:`raste
 else the documented defaults (:data:`DEFAULTS`, also in docs/performance.md).
 
 ``make bench`` (bench/run.py) records this CPU's entry, key ``cpu``, and ``make bench-gpu`` (bench/gpu.py) its GPU's,
-keyed by the GPU's name; each writes its own entry and keeps the others (:func:`record`). An entry holds what the
-bench's prediction job measured (tiles/s of all its ranks, the GPUs or CPU cores it ran on, its tile size, precision
-and model) and, where the bench trained, its training job's images/s; the rates per device are derived here.
+keyed by the GPU's name; each writes its own entry and keeps the others (:func:`write_throughput`). An entry holds
+what the bench's prediction job measured (tiles/s of all its ranks, the GPUs or CPU cores it ran on, its tile size,
+precision and model) and, where the bench trained, its training job's images/s; the rates per device are derived here.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def first_throughputs(paths: Iterable[str | Path]) -> tuple[dict[str, Throughput
     return {}, ""
 
 
-def record(entry: Throughput, path: str | Path) -> Path:
+def write_throughput(entry: Throughput, path: str | Path) -> Path:
     """Write ``entry`` into the throughput file at ``path`` under its key, keeping the other entries (an unreadable
     file is replaced), atomically."""
     path = Path(path)

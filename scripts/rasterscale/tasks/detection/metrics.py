@@ -20,7 +20,7 @@ from rasterscale.settings import EvaluateSettings
 from rasterscale.tasks.detection.groundtruth import read_annotations
 from rasterscale.tasks.detection.quicklook import render_detections_quicklook
 from rasterscale.tasks.detectors.merge import BOX_COLUMNS
-from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, record_scores
+from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, write_scores
 from rasterscale.tasks.detectors.metrics import average_precision as average_precision  # detection's API, shared
 from rasterscale.tasks.detectors.metrics import precision_recall_f1 as precision_recall_f1
 from rasterscale.tasks.labels import label_indexes
@@ -89,7 +89,7 @@ def evaluate_scene(
         iou_threshold=evaluate.iou_threshold,
         score_threshold=evaluate.score_threshold,
     )
-    title = record_scores(metrics, raster_path, json_path)
+    title = write_scores(metrics, raster_path, json_path)
     kept = detections["score"].to_numpy() >= evaluate.score_threshold
     render_detections_quicklook(
         raster_path, detections[BOX_COLUMNS].to_numpy()[kept], truth.boxes, quicklook_path, title=title

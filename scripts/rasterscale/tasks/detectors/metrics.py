@@ -126,7 +126,7 @@ def score_matches(
     return metrics, matched
 
 
-def record_scores(metrics: dict[str, Any], raster_path: str | Path, json_path: str | Path) -> str:
+def write_scores(metrics: dict[str, Any], raster_path: str | Path, json_path: str | Path) -> str:
     """Write a scene's scores, with the raster they are of, as JSON (atomically); the title of its quicklook."""
     metrics["scene_raster"] = shown(raster_path)
     write_json(metrics, json_path)

@@ -151,7 +151,7 @@ def load_program(path: str) -> Any:
 def vetted_archive(path: str) -> VettedArchive:
     """The records of the archive at ``path`` that make a plain program, each vetted (see the module's text)."""
     try:
-        records = archive_records(path)
+        records = archive_entries(path)
         program = json.loads(records[PROGRAM]) if PROGRAM in records else {}
         if program:  # before the rules: a newer torch may write what they do not know
             check_schema_version(path, program)
@@ -162,7 +162,7 @@ def vetted_archive(path: str) -> VettedArchive:
         for config_name, pattern in ((WEIGHTS_CONFIG, RAW_WEIGHT), (CONSTANTS_CONFIG, RAW_CONSTANT)):
             kept[config_name] = records[config_name]
             folder = config_name.rsplit("/", 1)[0]
-            for record in raw_records(json.loads(records[config_name]), pattern, config_name):
+            for record in raw_entries(json.loads(records[config_name]), pattern, config_name):
                 name = f"{folder}/{record}"
                 if name not in records:
                     raise UnsafeArchive(f"{config_name} names {record}, which the archive does not hold")
@@ -177,7 +177,7 @@ def vetted_archive(path: str) -> VettedArchive:
     return VettedArchive(kept)
 
 
-def archive_records(path: str) -> dict[str, bytes]:
+def archive_entries(path: str) -> dict[str, bytes]:
     """The archive's records by name below its one top folder, after refusing what holds native code or pickles
     (a pre-2.7 layout, a legacy weight file, an AOTInductor folder, a native library)."""
     try:
@@ -242,7 +242,7 @@ def check_layout(found: set[str]) -> None:
             raise UnsafeArchive(f"no {config}")
 
 
-def raw_records(config: Mapping[str, Any], pattern: re.Pattern[str], config_name: str) -> set[str]:
+def raw_entries(config: Mapping[str, Any], pattern: re.Pattern[str], config_name: str) -> set[str]:
     """The raw tensor records a weights or constants config names, after refusing every pickled payload: a
     ``use_pickle`` tensor, a custom (TorchBind) object, an opaque Python object."""
     records = set()

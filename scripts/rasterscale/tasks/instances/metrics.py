@@ -22,7 +22,7 @@ import shapely
 
 from rasterscale.grid.manifest import read_manifest
 from rasterscale.raster.headers import check_raster
-from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, record_scores
+from rasterscale.tasks.detectors.metrics import Matcher, Shapes, evaluate_objects, greedy_match, write_scores
 from rasterscale.tasks.instances.polygons import ious_of, overlap_areas, polygon_pairs, to_pixels
 from rasterscale.tasks.instances.quicklook import render_instances_quicklook
 from rasterscale.tasks.labels import label_indexes
@@ -121,7 +121,7 @@ def evaluate_scene(
         score_threshold=thresholds["score_threshold"],
         **edges,
     )
-    title = record_scores(metrics, raster_path, json_path)
+    title = write_scores(metrics, raster_path, json_path)
     kept = crowns["score"].to_numpy() >= thresholds["score_threshold"]
     if "edge" in metrics:
         title += f" (F1 at tile edges {metrics['edge']['f1']:.2f}, inside {metrics['interior']['f1']:.2f})"

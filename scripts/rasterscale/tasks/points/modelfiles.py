@@ -26,7 +26,7 @@ from rasterscale.tasks.encoders import (
     dense_network,
 )
 from rasterscale.tasks.exported.card import ModelCard
-from rasterscale.tasks.modelfiles import payload_config, smp_fields, smp_record, starting_model_file, task_payload
+from rasterscale.tasks.modelfiles import payload_config, smp_config_dict, smp_fields, starting_model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 POINTS_FORMAT = "rasterscale-points/1"
@@ -77,7 +77,7 @@ class PointsConfig:
         return len(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
-        return smp_record(self)
+        return smp_config_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PointsConfig:

@@ -26,7 +26,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import payload_config, smp_fields, smp_record, starting_model_file, task_payload
+from rasterscale.tasks.modelfiles import payload_config, smp_config_dict, smp_fields, starting_model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 REGRESSOR_FORMAT = "rasterscale-regressor/1"
@@ -83,7 +83,7 @@ class RegressorConfig:
         return (0.0,) * self.outputs, (1.0,) * self.outputs
 
     def to_dict(self) -> dict[str, Any]:
-        return {**smp_record(self), "target_mean": list(self.target_mean), "target_std": list(self.target_std)}
+        return {**smp_config_dict(self), "target_mean": list(self.target_mean), "target_std": list(self.target_std)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RegressorConfig:

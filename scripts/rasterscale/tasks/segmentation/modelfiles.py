@@ -26,7 +26,7 @@ from rasterscale.tasks.encoders import (
     default_decoder,
     dense_network,
 )
-from rasterscale.tasks.modelfiles import payload_config, smp_fields, smp_record, starting_model_file, task_payload
+from rasterscale.tasks.modelfiles import payload_config, smp_config_dict, smp_fields, starting_model_file, task_payload
 from rasterscale.tasks.modelinput import model_input
 
 __all__ = ["ARCHITECTURES", "UNET_DECODER", "SegmenterConfig", "segmenter_of_config"]
@@ -62,7 +62,7 @@ class SegmenterConfig:
         return len(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
-        return smp_record(self)
+        return smp_config_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SegmenterConfig:

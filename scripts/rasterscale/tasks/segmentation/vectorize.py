@@ -207,7 +207,7 @@ class Vectorizer:
         self.regions = [joined[k] for k in open_ids]
 
 
-def region_record(region: Region, transform: Affine, labels: Sequence[str]) -> dict:
+def region_row(region: Region, transform: Affine, labels: Sequence[str]) -> dict:
     polygon = region.pieces[0] if len(region.pieces) == 1 else shapely.union_all(region.pieces)
     geometry = shapely.affinity.affine_transform(
         polygon, [transform.a, transform.b, transform.d, transform.e, transform.c, transform.f]
@@ -262,7 +262,7 @@ def vectorize_classes(
         for window in block_windows(src.width, src.height, block):
             finished = vectorizer.add_block(src.read(1, window=window), window, skip)
             for region in finished:
-                records.append(region_record(region, src.transform, labels))
+                records.append(region_row(region, src.transform, labels))
                 pending_vertices += region.vertices
                 flush(force=False)
         flush(force=True)
