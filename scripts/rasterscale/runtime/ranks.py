@@ -168,10 +168,10 @@ class AgreedPrecision(L.Callback):
     rank."""
 
     def __init__(self, layout: RankLayout) -> None:
-        self.spec = layout
+        self.layout = layout
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        resolution = self.spec.resolution
+        resolution = self.layout.resolution
         if resolution is None or resolution.requested != precisions.AUTO:
             return
         values = gather_to_all(trainer, str(trainer.precision))
@@ -187,7 +187,7 @@ class AgreedPrecision(L.Callback):
 
     def switch(self, trainer: L.Trainer, value: precisions.PrecisionValue) -> None:
         """Run this rank at ``value`` instead of what its Trainer was made with."""
-        trainer.strategy.precision_plugin = precision_plugin(value, self.spec.accelerator)
+        trainer.strategy.precision_plugin = precision_plugin(value, self.layout.accelerator)
 
 
 def precision_plugin(value: precisions.PrecisionValue, accelerator: str) -> Any:
