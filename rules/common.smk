@@ -168,9 +168,9 @@ def forget_batch_rule_functions():
     keep theirs): Snakemake copies these globals each time it formats a job's shell command, several times a job,
     so that with three rules a batch the dry run grew with batches times jobs (at 100,000 scenes, 4,700 globals
     copied for each of 7,800 jobs: a third of the dry run)."""
-    for step in (STEPS.tiles, STEPS.merge, STEPS.score):
+    for name in batches.BATCH_RULES:
         for batch in RULE_BATCHES:
-            globals().pop(f"__{step.rule(batch)}", None)
+            globals().pop(f"__{batches.batch_rule(name, batch)}", None)
 
 
 def store_job_plans():

@@ -1,6 +1,6 @@
 """How a DDP job's ranks start, one :class:`Launcher` a way (``slurm.launcher``): what resources a job asks its
 executor for, the checks its final resources must pass and the prefix its command starts with, whether its
-executor is a cluster whose jobs the dry run's cost line prices, and whether it started this process.
+executor is a cluster whose jobs the dry run's cost line prices; :func:`rank_launcher` says which one started a rank.
 
 - ``local`` (:data:`LOCAL`): the job's own process starts its node's ranks (:mod:`rasterscale.runtime.launch`), on
   whatever runs the job: this machine (``snakemake --cores``) or a node an engine gave it (a generic cluster
@@ -56,10 +56,6 @@ class Launcher:
         at plan time of a dry run), ``gpus_per_node``: what a node has (0: unknown). Raises PreflightError."""
         raise NotImplementedError
 
-    def started(self, env: Mapping[str, str]) -> bool:
-        """Whether this launcher started the process with this environment."""
-        raise NotImplementedError
-
 
 class Local(Launcher):
     """The job's own process starts its node's other ranks (rank 0 forks them: :mod:`rasterscale.runtime.launch`)."""
@@ -79,9 +75,6 @@ class Local(Launcher):
         """None: the job starts its ranks; refused inside a Slurm job, where no srun would start them."""
         check_local_launch(geometry, self.name, executor)
         return ""
-
-    def started(self, env: Mapping[str, str]) -> bool:
-        return not SRUN.started(env)
 
 
 class Srun(Launcher):
@@ -134,9 +127,6 @@ class Srun(Launcher):
             return ""  # one task: the executor's jobstep starts it with srun -n1
         return srun_prefix(nodes, per_node, to_int(resources.get("cpus_per_task")) or 1)
 
-    def started(self, env: Mapping[str, str]) -> bool:
-        return launched_by_slurm(env)
-
 
 LOCAL = Local()
 SRUN = Srun()
@@ -150,4 +140,4 @@ def launcher_of(slurm: SlurmSettings) -> Launcher:
 
 def rank_launcher(env: Mapping[str, str] | None = None) -> Launcher:
     """The launcher that started this process (a rank): srun where Slurm's step variables say so, else local."""
-    return SRUN if SRUN.started(os.environ if env is None else env) else LOCAL
+    return SRUN if launched_by_slurm(os.environ if env is None else env) else LOCAL

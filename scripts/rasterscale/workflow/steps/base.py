@@ -68,10 +68,11 @@ class Step:
         return []
 
     @staticmethod
-    def memory(estimate: Callable[[], int]) -> dict[str, RuleFunction]:
-        """A rule's ``resources`` from an estimate in MB made with each of its jobs, not when the rule is parsed (a
-        job's re-parse reads its batch's plan: the project's estimates are not its to make)."""
-        return {"mem_mb": lambda wildcards: estimate()}
+    def memory(estimate: RuleFunction) -> dict[str, RuleFunction]:
+        """A rule's ``resources`` from an estimate in MB, a function of the job's wildcards made with each of its
+        jobs, not when the rule is parsed (a job's re-parse reads its batch's plan: the project's estimates are not
+        its to make)."""
+        return {"mem_mb": estimate}
 
 
 class BatchStep(Step):

@@ -40,4 +40,4 @@ class Cog(Step):
         return resources.job_mb(GDAL_CACHE_MB * resources.MB + self.threads() * BUFFERS_PER_THREAD * block)
 
     def resources(self) -> dict[str, RuleFunction]:
-        return {"mem_mb": lambda wildcards: self.mem_mb(wildcards.scene)}
+        return self.memory(lambda wildcards: self.mem_mb(wildcards.scene))

@@ -46,7 +46,7 @@ class Demo(Step):
         return resources.job_mb(demo.width * demo.height * BYTES_PER_PIXEL if demo is not None else 0)
 
     def resources(self) -> dict[str, RuleFunction]:
-        return {"mem_mb": lambda wildcards: self.mem_mb(wildcards.name)}
+        return self.memory(lambda wildcards: self.mem_mb(wildcards.name))
 
     def job(self, name: str) -> SynthesisJob:
         """The demo section with this scene only (another config's demo scenes change nothing)."""

@@ -37,7 +37,7 @@ class Merge(RecordedStep):
         return resources.job_mb(max((resources.merge_bytes(self.plan, name) for name in names), default=0))
 
     def resources(self, batch: int) -> dict[str, RuleFunction]:
-        return self.memory(lambda: self.mem_mb(batch))
+        return self.memory(lambda wildcards: self.mem_mb(batch))
 
     def job(self, batch: int) -> MergeJob:
         plan = self.plan

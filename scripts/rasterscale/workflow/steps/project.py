@@ -75,10 +75,10 @@ class Project(Step):
         return resources.job_mb(resources.objects_of(self.plan, [*near.owners, *near.neighbours]))
 
     def resources(self) -> dict[str, RuleFunction]:
-        return self.memory(self.mem_mb)
+        return self.memory(lambda wildcards: self.mem_mb())
 
     def partition_resources(self) -> dict[str, RuleFunction]:
-        return {"mem_mb": lambda wildcards: self.partition_mb(int(wildcards.batch))}
+        return self.memory(lambda wildcards: self.partition_mb(int(wildcards.batch)))
 
     def job(self) -> ProjectJob:
         """What the project's merge reads: each source's layers, footprint and CRS, the seams' cores."""

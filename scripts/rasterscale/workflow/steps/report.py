@@ -91,7 +91,7 @@ class Report(Step):
         return resources.job_mb(held + resources.QUICKLOOK_MB * resources.MB)
 
     def resources(self) -> dict[str, RuleFunction]:
-        return self.memory(self.mem_mb)
+        return self.memory(lambda wildcards: self.mem_mb())
 
     def run_page_job(self) -> RunPageJob:
         plan = self.plan

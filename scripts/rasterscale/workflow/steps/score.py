@@ -92,7 +92,7 @@ class Score(BatchStep):
         return resources.job_mb(held + resources.QUICKLOOK_MB * resources.MB)
 
     def resources(self, batch: int) -> dict[str, RuleFunction]:
-        return self.memory(lambda: self.mem_mb(batch))
+        return self.memory(lambda wildcards: self.mem_mb(batch))
 
     def job(self, batch: int) -> ScoreJob:
         plan = self.plan

@@ -26,7 +26,7 @@ class Summary(Step):
         return Project(self.plan).mem_mb()
 
     def resources(self) -> dict[str, RuleFunction]:
-        return self.memory(self.mem_mb)
+        return self.memory(lambda wildcards: self.mem_mb())
 
     def job(self) -> SummaryJob:
         plan = self.plan

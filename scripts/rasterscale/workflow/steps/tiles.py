@@ -35,7 +35,7 @@ class Tiles(RecordedStep):
         return resources.job_mb(max((resources.manifest_bytes(self.plan, name) for name in names), default=0))
 
     def resources(self, batch: int) -> dict[str, RuleFunction]:
-        return self.memory(lambda: self.mem_mb(batch))
+        return self.memory(lambda wildcards: self.mem_mb(batch))
 
     def job(self, batch: int) -> TilesJob:
         return self.trusting(self.plan.prediction_batch(batch).scenes)
@@ -54,7 +54,7 @@ class Tiles(RecordedStep):
         return resources.job_mb(resources.manifest_bytes(self.plan, name))
 
     def scene_resources(self) -> dict[str, RuleFunction]:
-        return {"mem_mb": lambda wildcards: self.scene_mem_mb(wildcards.scene)}
+        return self.memory(lambda wildcards: self.scene_mem_mb(wildcards.scene))
 
     def scene_job(self, name: str) -> TilesJob:
         plan = self.plan
