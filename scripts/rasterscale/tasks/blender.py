@@ -303,9 +303,10 @@ class Blender(ABC):
             assert chunk.sums is not None, "a reached chunk holds its sums"
             sums = chunk.sums[:, rows, c0 - chunk.left : c1 - chunk.left]
             cols = slice(c0 - tile.col_off, c1 - tile.col_off)
-            sums[: self.channels] += product[:, :, cols]
+            # add_, not +=: Python's `x[i] += y` also assigns x[i] back, a copy of the sums onto themselves
+            sums[: self.channels].add_(product[:, :, cols])
             if self.weighed:
-                sums[self.channels :] += weights[:, :, cols]
+                sums[self.channels :].add_(weights[:, :, cols])
         self.peak_pending_bytes = max(self.peak_pending_bytes, self.held)
         if self.held > self.bound:
             self._spill_beyond_bound()
