@@ -216,8 +216,8 @@ def measure_instances_merge(workdir: Path, n_crowns: int, rss_sides: tuple[int, 
 def measure_instances_rank_rss(workdir: Path, sides: tuple[int, ...], count: int) -> dict:
     """Peak RSS of an instances rank (one CPU rank) on rasters of each side, ``count`` tiles spread over each: an
     untrained Mask R-CNN (resnet18, 128 channels) at score 0 keeps ``detections_per_tile`` (100) instances a tile,
-    whose full-tile masks become polygons and go to the rank file. Its memory is the model's and one batch's: flat
-    in the raster's side."""
+    whose masks (crops of their tiles) become polygons and go to the rank file. Its memory is the model's and one
+    batch's: flat in the raster's side."""
     import torch
 
     from measures import predict_spread_tiles

@@ -1,19 +1,24 @@
 """The batched Mask R-CNN (rasterscale.tasks.instances.batched) gives torchvision's own per-image results on a CPU
 in fp32: the same boxes, scores and labels tile by tile, and the same masks but at pixels within float rounding of
-the threshold, for native tiles and a resize, with an empty tile amid others, a full cap and a short last batch."""
+the threshold, for native tiles and a resize, with an empty tile amid others, a full cap and a short last batch.
+Its masks are crops of their tiles, and give the polygons that the tile-sized masks give."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from torchvision.ops import box_iou
 
+from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detectors.model import prepare_for_inference
-from rasterscale.tasks.instances.batched import BatchInstances, instances_of, pasted_instances
+from rasterscale.tasks.instances.batched import BatchInstances, instances_of, pasted_instances, tile_masks
 from rasterscale.tasks.instances.model import build_instance_model, instances_on_device, instances_to_host
 from rasterscale.tasks.instances.modelfiles import InstanceConfig
+from rasterscale.tasks.instances.polygons import tile_instances
 
 ROUNDING = 1e-5  # mask probabilities' agreement (the paste's interpolation sums in another order)
 
@@ -61,6 +66,11 @@ def batched_instances(model: torch.nn.Module, images: torch.Tensor) -> BatchInst
         return pasted_instances(instances_of(model, images), probabilities=True)
 
 
+def whole_tiles(found: BatchInstances, size: tuple[int, int]) -> BatchInstances:
+    """The instances with their masks at their tiles' size (the crops put at their origins)."""
+    return replace(found, masks=tile_masks(found, size), origins=torch.zeros_like(found.origins))
+
+
 def assert_same(expected: BatchInstances, got: BatchInstances, threshold: float) -> int:
     """Tile by tile, each of torchvision's instances matched by one of the batch's of its label at box IoU >= 0.99
     (the same count), its score within 1e-4 and its mask's probabilities within :data:`ROUNDING` (so the thresholded
@@ -94,15 +104,19 @@ def assert_same(expected: BatchInstances, got: BatchInstances, threshold: float)
 def test_batched_mask_rcnn_gives_torchvisions_instances(resize, batch, cap):
     model = segmenter(resize, cap)
     images = tiles(batch)
-    expected, got = torchvision_instances(model, images), batched_instances(model, images)
+    size = (images.shape[-2], images.shape[-1])
+    expected, crops = torchvision_instances(model, images), batched_instances(model, images)
+    got = whole_tiles(crops, size)
     counts = [int((expected.tiles == k).sum()) for k in range(batch)]
     assert counts[1] == 0 and min(counts[:1] + counts[2:]) > 0, counts  # an empty tile amid others
     assert assert_same(expected, got, model.mask_threshold) >= min(20, cap + 1), counts
     if cap < 100:
         assert max(counts) == cap  # the cap is reached
     assert got.masks.shape[-2:] == images.shape[-2:]  # masks at the tile's size, whatever the resize
+    assert crops.masks.shape[-2] <= size[0] and crops.masks.shape[-1] <= size[1]  # the crops: at most the tile
     short = images[: batch - 1]  # the last batch of a rank, shorter than the rest
-    assert_same(torchvision_instances(model, short), batched_instances(model, short), model.mask_threshold)
+    short_crops = batched_instances(model, short)
+    assert_same(torchvision_instances(model, short), whole_tiles(short_crops, size), model.mask_threshold)
 
 
 def test_runs_of_tiles_keep_their_places_and_masks_are_thresholded_on_the_device():
@@ -111,8 +125,32 @@ def test_runs_of_tiles_keep_their_places_and_masks_are_thresholded_on_the_device
     expected = torchvision_instances(model, images)
     with torch.inference_mode():
         raw = instances_of(model, images)
-    got, binary = pasted_instances(raw, probabilities=True), pasted_instances(raw)
+    crops, binary = pasted_instances(raw, probabilities=True), pasted_instances(raw)
     assert binary.masks.dtype == torch.uint8 and set(binary.masks.unique().tolist()) <= {0, 1}
-    assert torch.equal(binary.masks, (got.masks >= model.mask_threshold).to(torch.uint8))
+    assert torch.equal(binary.masks, (crops.masks >= model.mask_threshold).to(torch.uint8))
+    got = whole_tiles(crops, (96, 96))
     assert_same(expected[0:1], got[0:1], model.mask_threshold)  # a batch cut where the scene changes
     assert_same(expected[1:4], got[1:4], model.mask_threshold)
+
+
+def test_the_masks_crops_give_the_polygons_of_the_tile_sized_masks():
+    """What the merge gets of a batch's masks (each one's crop of its tile, from its origin: here 27 x 63 px of the
+    96 x 96 tiles) traces the same polygons as the masks pasted into whole tiles, on tiles inside the raster and at
+    its corner (test_instances_merge checks the cut instances of crops at the tiles' edges)."""
+    model = segmenter(None, 100)
+    images = tiles(4)
+    with torch.inference_mode():
+        crops = pasted_instances(instances_of(model, images))
+    whole = whole_tiles(crops, (96, 96))
+    compared = 0
+    for k, (crop, full) in enumerate(zip(instances_to_host(crops), instances_to_host(whole), strict=True)):
+        for tile in (Tile(k, 96 * (k + 1), 80, 96, 96), Tile(k, 0, 0, 96, 96)):
+            args = (tile, 2000, 2000, model.mask_threshold)
+            ours = tile_instances(crop["masks"], crop["scores"], crop["labels"], *args, crop["origins"])
+            theirs = tile_instances(full["masks"], full["scores"], full["labels"], *args)
+            assert len(ours.polygons) == len(theirs.polygons)
+            assert all(a.equals_exact(b, 0.0) for a, b in zip(ours.polygons, theirs.polygons, strict=True))
+            assert ours.cut.tolist() == theirs.cut.tolist() and ours.scores.tolist() == theirs.scores.tolist()
+            compared += len(ours.polygons)
+    assert compared >= 20
+    assert crops.masks.numel() * 4 < whole.masks.numel()  # the crops: a fraction of the tiles' pixels

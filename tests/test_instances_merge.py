@@ -140,20 +140,51 @@ def test_a_mask_becomes_one_polygon_of_its_pixels_placed_in_the_scene_and_the_cr
     assert frame[["px_xmin", "px_ymin", "px_xmax", "px_ymax"]].iloc[0].tolist() == list(polygons[0].bounds)
 
 
+def crops_of(masks: np.ndarray, pad: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Tile-sized masks (N, H, W) as the batched Mask R-CNN hands them over: each one's crop of the tile (its
+    extent and ``pad`` px more, cut to the tile), at the largest crop's size (zero beyond a mask's own), and each
+    crop's origin (column, row)."""
+    extents = []
+    for mask in masks:
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        r0, c0 = max(0, rows[0] - pad), max(0, cols[0] - pad)
+        extents.append((r0, min(mask.shape[0], rows[-1] + 1 + pad), c0, min(mask.shape[1], cols[-1] + 1 + pad)))
+    height, width = max(r1 - r0 for r0, r1, _, _ in extents), max(c1 - c0 for _, _, c0, c1 in extents)
+    crops = np.zeros((len(masks), height, width), dtype=masks.dtype)
+    for crop, mask, (r0, r1, c0, c1) in zip(crops, masks, extents, strict=True):
+        crop[: r1 - r0, : c1 - c0] = mask[r0:r1, c0:c1]
+    return crops, np.array([(c0, r0) for r0, _, c0, _ in extents], dtype=np.int64)
+
+
 def test_an_instance_is_cut_where_its_mask_reaches_an_inner_tile_edge_not_the_rasters():
+    """Whether the masks are whole tiles or crops of them with their origins (as the batched Mask R-CNN gives
+    them), the same instances are cut and traced alike."""
     left, right = Tile(0, 0, 0, 400, 400), Tile(1, 300, 0, 400, 400)
     at_inner = disk(390, 200, 20)  # reaches x = 400, tile 0's right side, an inner edge
     at_raster = disk(20, 200, 25)  # reaches x = 0, the raster's left edge
-    assert tile_instances(in_tile([at_inner, at_raster], left), [0.9, 0.9], [0, 0], left, 700, 400).cut.tolist() == [
-        True,
-        False,
-    ]
+    at_top = disk(150, 5, 12)  # reaches y = 0: the raster's top edge
+    at_bottom = disk(200, 392, 10)  # reaches y = 400, the raster's bottom edge
+    inside = disk(200, 200, 30)
     at_left = disk(310, 100, 20)  # reaches x = 300, tile 1's left side, an inner edge
     at_right = disk(690, 100, 20)  # reaches x = 700, the raster's right edge
-    assert tile_instances(in_tile([at_left, at_right], right), [0.9, 0.9], [0, 0], right, 700, 400).cut.tolist() == [
-        True,
-        False,
-    ]
+    for tile, disks, cut in [
+        (left, [at_inner, at_raster, at_top, at_bottom, inside], [True, False, False, False, False]),
+        (right, [at_left, at_right], [True, False]),
+    ]:
+        masks, scores, labels = in_tile(disks, tile), [0.9] * len(disks), [0] * len(disks)
+        whole = tile_instances(masks, scores, labels, tile, 700, 400)
+        assert whole.cut.tolist() == cut
+        crops, origins = crops_of(masks)
+        assert crops.shape[1] < 400 and crops.shape[2] < 400
+        cropped = tile_instances(crops, scores, labels, tile, 700, 400, origins=origins)
+        assert cropped.cut.tolist() == cut
+        assert all(a.equals_exact(b, 0.0) for a, b in zip(cropped.polygons, whole.polygons, strict=True))
+    # a tile inside a larger raster: every edge is inner
+    tile = Tile(2, 100, 50, 300, 300)
+    masks = in_tile([disk(200, 55, 10), disk(200, 345, 10), disk(105, 200, 10), disk(250, 200, 30)], tile)
+    crops, origins = crops_of(masks)
+    cut = tile_instances(crops, [0.9] * 4, [0] * 4, tile, 900, 900, origins=origins).cut
+    assert cut.tolist() == [True, True, True, False]
 
 
 # -- the merge --------------------------------------------------------------------------------------------------

@@ -14,12 +14,14 @@ done for the whole batch at once, with the same arithmetic but the masks' interp
 - **Masks**: the mask head over every instance at once, each instance's class channel; pasted into its tile by
   :func:`paste_masks`: torchvision pads each 28 x 28 mask by a pixel, widens its box to match and interpolates it
   bilinearly into the box, one mask at a time (a host round trip per mask on a GPU); here the interpolation is
-  two batched matrix products (rows, then columns: bilinear is separable) for every mask at once. Probabilities
-  agree with torchvision's to float rounding (a sum in another order); thresholded masks differ only at pixels within
-  that rounding of ``mask_threshold``.
+  two batched matrix products (rows, then columns: bilinear is separable) for every mask at once, each over its
+  crop of the tile only (its widened box), where torchvision fills a whole tile per mask. Probabilities agree with
+  torchvision's to float rounding (a sum in another order); thresholded masks differ only at pixels within that
+  rounding of ``mask_threshold``.
 
 The result (:class:`BatchInstances`) is one tensor per kind for the batch, tiles in order, a tile's instances by
-score, the masks thresholded on the device (uint8, a quarter of the bytes to copy).
+score, the masks thresholded on the device (uint8, a quarter of the bytes to copy) and cut to the batch's largest
+crop with each one's origin in its tile: what the merge needs of them (the polygons are traced on the host).
 """
 
 from __future__ import annotations
@@ -48,13 +50,15 @@ EMPTY_BOX = 1e-2  # torchvision drops boxes narrower than this (px) before the b
 @dataclass(frozen=True)
 class BatchInstances(TileObjects):
     """A batch's instances on its device (:class:`~rasterscale.tasks.detectors.batching.TileObjects`): ``boxes``
-    (N, 4, tile pixels), ``scores``, ``labels``, ``masks`` (N, h, w: uint8 0/1 at the tile's size; float
-    probabilities when asked)."""
+    (N, 4, tile pixels), ``scores``, ``labels``, ``masks`` (N, h, w: uint8 0/1; float probabilities when asked),
+    each the crop of its tile from its ``origins`` (N, 2, int64: column, row; zeros and the tile's size where the
+    masks are the whole tile's), zero beyond the instance's own crop and the tile (:func:`tile_masks`)."""
 
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
     masks: torch.Tensor
+    origins: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -146,32 +150,46 @@ def instances_of(model: MaskRCNN, images: torch.Tensor) -> MaskLogits:
     return MaskLogits(boxes, scores, labels - 1, tiles, logits, batch, count, model.mask_threshold)
 
 
-def paste_masks(probabilities: torch.Tensor, boxes: torch.Tensor, size: Size) -> torch.Tensor:
+def paste_masks(probabilities: torch.Tensor, boxes: torch.Tensor, size: Size) -> tuple[torch.Tensor, torch.Tensor]:
     """Each mask (N, M, M) in its box (N, 4, the image's pixels) of an image of ``size``, as torchvision's
     ``paste_masks_in_image`` puts it (padded by :data:`MASK_PADDING`, the box widened to match and cut to whole
-    pixels, bilinear without corner alignment), every mask at once: (N, h, w), zero outside the boxes."""
+    pixels, bilinear without corner alignment), every mask at once, but only where it can be non-zero: each mask's
+    crop of the image (its widened box, cut to the image) from its origin (N, 2: column, row), as (N, h, w) at the
+    batch's largest crop, zero beyond each mask's own. A crown is a small part of its tile: what the merge needs of
+    a batch's masks takes a fraction of the tile-sized masks' memory, on the device and in the copy to the host."""
     count, side = probabilities.shape[0], probabilities.shape[-1] + 2 * MASK_PADDING
     if count == 0:
-        return probabilities.new_zeros((0, *size))
+        return probabilities.new_zeros((0, 0, 0)), torch.zeros((0, 2), dtype=torch.int64, device=boxes.device)
     padded = torch.nn.functional.pad(probabilities, (MASK_PADDING,) * 4)
     scale = side / (side - 2 * MASK_PADDING)
     half = (boxes[:, 2:] - boxes[:, :2]) * 0.5 * scale
     centre = (boxes[:, 2:] + boxes[:, :2]) * 0.5
     corner = torch.cat([centre - half, centre + half], dim=1).to(torch.int64)  # x0, y0, x1, y1 (truncated)
     extent = (corner[:, 2:] - corner[:, :2] + 1).clamp(min=1)  # w, h
-    rows = interpolation(corner[:, 1], extent[:, 1], side, size[0], padded.dtype)  # (N, h, side)
-    columns = interpolation(corner[:, 0], extent[:, 0], side, size[1], padded.dtype)  # (N, w, side)
-    return rows @ padded @ columns.transpose(1, 2)
+    limits = torch.tensor([size[1], size[0]], device=boxes.device)
+    origins = torch.minimum(corner[:, :2].clamp(min=0), limits)  # each crop's first column and row
+    stops = torch.minimum((corner[:, :2] + extent).clamp(min=0), limits)
+    crop_width, crop_height = (int(length) for length in (stops - origins).amax(dim=0).tolist())
+    rows = interpolation(corner[:, 1], extent[:, 1], side, origins[:, 1], crop_height, size[0], padded.dtype)
+    columns = interpolation(corner[:, 0], extent[:, 0], side, origins[:, 0], crop_width, size[1], padded.dtype)
+    return rows @ padded @ columns.transpose(1, 2), origins
 
 
 def interpolation(
-    start: torch.Tensor, extent: torch.Tensor, side: int, length: int, dtype: torch.dtype
+    start: torch.Tensor,
+    extent: torch.Tensor,
+    side: int,
+    offset: torch.Tensor,
+    length: int,
+    limit: int,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """(N, length, side): the weights of a bilinear resize (align_corners False, as torch's upsample computes them)
-    of ``side`` source pixels to ``extent`` pixels placed from ``start`` along an axis of ``length`` pixels; rows
-    outside [start, start + extent) are zero."""
-    position = torch.arange(length, device=start.device)[None, :] - start[:, None]  # (N, length)
-    inside = (position >= 0) & (position < extent[:, None])
+    of ``side`` source pixels to ``extent`` pixels placed from ``start`` along an axis of ``limit`` pixels, at
+    ``length`` pixels of it from ``offset``; pixels outside [start, start + extent) or beyond ``limit`` are zero."""
+    pixel = offset[:, None] + torch.arange(length, device=start.device)[None, :]  # (N, length): along the axis
+    position = pixel - start[:, None]
+    inside = (position >= 0) & (position < extent[:, None]) & (pixel < limit)
     scale = (torch.full_like(extent, side, dtype=torch.float32) / extent.to(torch.float32))[:, None]
     source = (scale * (position.to(torch.float32) + 0.5) - 0.5).clamp(min=0.0)
     first = source.to(torch.int64).clamp(max=side - 1)
@@ -184,11 +202,27 @@ def interpolation(
 
 
 def pasted_instances(raw: MaskLogits, probabilities: bool = False) -> BatchInstances:
-    """The batch's instances in tile pixels, their masks pasted into their tiles and thresholded at the model's
-    ``mask_threshold`` into uint8 0/1 (``probabilities``: float32 instead)."""
+    """The batch's instances in tile pixels, their masks pasted into their crops of their tiles
+    (:func:`paste_masks`) and thresholded at the model's ``mask_threshold`` into uint8 0/1 (``probabilities``:
+    float32 instead)."""
     boxes = to_tile_pixels(raw.boxes, raw.input)
-    masks = paste_masks(torch.sigmoid(raw.logits.float()), boxes, raw.input.tile)
+    masks, origins = paste_masks(torch.sigmoid(raw.logits.float()), boxes, raw.input.tile)
     masks = masks if probabilities else (masks >= raw.threshold).to(torch.uint8)
     return BatchInstances(
-        tiles=raw.tiles, count=raw.count, boxes=boxes.float(), scores=raw.scores.float(), labels=raw.labels, masks=masks
+        tiles=raw.tiles,
+        count=raw.count,
+        boxes=boxes.float(),
+        scores=raw.scores.float(),
+        labels=raw.labels,
+        masks=masks,
+        origins=origins,
     )
+
+
+def tile_masks(found: BatchInstances, size: Size) -> torch.Tensor:
+    """The instances' masks (N, h, w) at their tiles' ``size``: each crop put at its origin, zero elsewhere."""
+    masks = found.masks.new_zeros((len(found.masks), *size))
+    for index, ((column, row), crop) in enumerate(zip(found.origins.tolist(), found.masks, strict=True)):
+        height, width = min(crop.shape[0], size[0] - row), min(crop.shape[1], size[1] - column)
+        masks[index, row : row + height, column : column + width] = crop[:height, :width]
+    return masks

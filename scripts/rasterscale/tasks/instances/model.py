@@ -168,7 +168,8 @@ def predict_instances(
     mode), as numpy arrays: ``boxes`` (N, 4) float32 in tile pixels (xmin, ymin, xmax, ymax), ``scores`` (N,)
     float32, ``labels`` (N,) int64 0-based, and ``masks`` (N, H, W) at the tile's size: uint8 0/1, a pixel being
     the instance's where its probability is at least the model's ``mask_threshold`` (thresholded on the device, 4x
-    less to copy); with ``probabilities``, the float32 probabilities instead."""
+    less to copy); with ``probabilities``, the float32 probabilities instead; ``origins`` (N, 2) zeros (the masks
+    are whole tiles, not crops)."""
     if model.training:
         raise ValueError("predict_instances needs the model in eval mode")
     with torch.inference_mode():
@@ -181,7 +182,7 @@ def instances_on_device(
 ) -> BatchInstances:
     """torchvision's instances of a batch (each tile's ``boxes``, ``scores``, ``labels``, ``masks`` (N, 1, H, W)) as
     one tensor per kind, still on the device, the masks thresholded at ``threshold`` into uint8 0/1 (or, with
-    ``probabilities``, float32)."""
+    ``probabilities``, float32), each the whole tile's (origins at 0, 0)."""
     masks = torch.cat([out["masks"][:, 0] for out in outputs])
     masks = masks.float() if probabilities else (masks >= threshold).to(torch.uint8)
     device = masks.device
@@ -193,11 +194,13 @@ def instances_on_device(
         scores=torch.cat([out["scores"] for out in outputs]).float(),
         labels=torch.cat([out["labels"] for out in outputs]),
         masks=masks,
+        origins=torch.zeros((len(masks), 2), dtype=torch.int64, device=device),
     )
 
 
 def instances_to_host(found: BatchInstances) -> list[dict[str, np.ndarray]]:
-    """A batch's instances as numpy arrays, tile by tile, each kind copied once for the batch."""
-    host = {key: getattr(found, key).cpu().numpy() for key in ("boxes", "scores", "labels", "masks")}
+    """A batch's instances as numpy arrays, tile by tile, each kind copied once for the batch (the masks as the
+    crops of their tiles from their ``origins``)."""
+    host = {key: getattr(found, key).cpu().numpy() for key in ("boxes", "scores", "labels", "masks", "origins")}
     starts = np.searchsorted(found.tiles.cpu().numpy(), np.arange(found.count + 1), side="left")
     return [{key: values[a:b] for key, values in host.items()} for a, b in itertools.pairwise(starts)]

@@ -1,6 +1,7 @@
 """Crown masks to polygons, and the rank files that hold them (torch-free: the merge reads them).
 
-A predicted mask (one instance of a tile, at the tile's pixels) becomes ONE polygon: the largest 4-connected part
+A predicted mask (one instance of a tile, at the tile's pixels or a crop of them from its origin, as the batched
+Mask R-CNN gives it) becomes ONE polygon: the largest 4-connected part
 of the thresholded mask, holes kept, traced along pixel edges (:func:`rasterio.features.shapes`, on the crop of
 the mask to its extent), its corners cut (:func:`cut_corners`: a staircase becomes the slope it steps along) and
 simplified within half a pixel (Douglas-Peucker, topology preserved), in the raster's pixel coordinates (x =
@@ -87,23 +88,43 @@ def cut_corners(polygons: np.ndarray) -> np.ndarray:
     return np.where(shapely.is_valid(cut), cut, polygons)
 
 
-def binary_masks(masks: np.ndarray, tile: Tile, mask_threshold: float) -> np.ndarray:
-    """(N, H, W) boolean masks of the tile's pixels: ``masks > mask_threshold`` (0/1 or bool masks, and [0, 1]
-    probabilities, at 0.5), a (N, 1, H, W) model output squeezed, padding beyond the tile cropped."""
+def binary_masks(
+    masks: np.ndarray, tile: Tile, mask_threshold: float, origins: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Each instance's boolean mask, ``masks > mask_threshold`` (0/1 or bool masks, and [0, 1] probabilities, at
+    0.5; a (N, 1, H, W) model output squeezed), cut to the tile's pixels: the crop of the tile from the instance's
+    origin (``origins`` (N, 2): column, row; None: every mask is the whole tile's, from 0, 0)."""
     masks = np.asarray(masks)
     if masks.ndim == 4:
         masks = masks[:, 0]
-    return masks[:, : tile.height, : tile.width] > mask_threshold
+    if origins is None:
+        origins = np.zeros((len(masks), 2), dtype=np.int64)
+    return [
+        mask[: tile.height - row, : tile.width - column] > mask_threshold
+        for mask, (column, row) in zip(masks, np.asarray(origins).tolist(), strict=True)
+    ]
 
 
-def touches_inner_edge(binary: np.ndarray, tile: Tile, raster_width: int, raster_height: int) -> np.ndarray:
-    """For each (N, H, W) mask of a tile: True when it has a pixel on an edge of the tile that is not the
-    raster's."""
-    left = binary[:, :, 0].any(axis=1) & (tile.col_off > 0)
-    right = binary[:, :, -1].any(axis=1) & (tile.col_off + tile.width < raster_width)
-    top = binary[:, 0, :].any(axis=1) & (tile.row_off > 0)
-    bottom = binary[:, -1, :].any(axis=1) & (tile.row_off + tile.height < raster_height)
-    return np.asarray(left | right | top | bottom, dtype=bool)
+def touches_inner_edge(
+    binary: Sequence[np.ndarray], origins: np.ndarray, tile: Tile, raster_width: int, raster_height: int
+) -> np.ndarray:
+    """For each instance's boolean crop of a tile (from its origin, column and row; :func:`binary_masks`): True
+    when it has a pixel on an edge of the tile that is not the raster's."""
+    inner = (tile.col_off > 0, tile.col_off + tile.width < raster_width)  # left, right
+    inner_rows = (tile.row_off > 0, tile.row_off + tile.height < raster_height)  # top, bottom
+    touches = []
+    for mask, (column, row) in zip(binary, np.asarray(origins).tolist(), strict=True):
+        height, width = mask.shape
+        touches.append(
+            bool(width and height)
+            and (
+                (inner[0] and column == 0 and bool(mask[:, 0].any()))
+                or (inner[1] and column + width == tile.width and bool(mask[:, -1].any()))
+                or (inner_rows[0] and row == 0 and bool(mask[0].any()))
+                or (inner_rows[1] and row + height == tile.height and bool(mask[-1].any()))
+            )
+        )
+    return np.array(touches, dtype=bool)
 
 
 def tile_instances(
@@ -114,12 +135,18 @@ def tile_instances(
     raster_width: int,
     raster_height: int,
     mask_threshold: float = 0.5,
+    origins: np.ndarray | None = None,
 ) -> TileInstances:
-    """A tile's predicted masks (N, H, W) at its pixels (bool, 0/1, or probabilities: kept above
-    ``mask_threshold``) as one polygon each (see the module docstring), in the raster's pixel coordinates;
-    instances whose mask is empty are dropped."""
-    binary = binary_masks(masks, tile, mask_threshold)
-    polygons = [mask_polygon(mask, tile.col_off, tile.row_off) for mask in binary]
+    """A tile's predicted masks (N, H, W) (bool, 0/1, or probabilities: kept above ``mask_threshold``), each the
+    crop of the tile from its origin (``origins`` (N, 2): column, row; None: at the tile's pixels), as one polygon
+    each (see the module docstring), in the raster's pixel coordinates; instances whose mask is empty are
+    dropped."""
+    origins = np.zeros((len(masks), 2), dtype=np.int64) if origins is None else np.asarray(origins)
+    binary = binary_masks(masks, tile, mask_threshold, origins)
+    polygons = [
+        mask_polygon(mask, tile.col_off + column, tile.row_off + row)
+        for mask, (column, row) in zip(binary, origins.tolist(), strict=True)
+    ]
     present = np.array([polygon is not None for polygon in polygons], dtype=bool)
     found = np.array([polygon for polygon in polygons if polygon is not None], dtype=object)
     return TileInstances(
@@ -127,7 +154,7 @@ def tile_instances(
         shapely.simplify(cut_corners(found), SIMPLIFY_PX, preserve_topology=True) if len(found) else found,
         np.asarray(scores, dtype=np.float32).reshape(-1)[present],
         np.asarray(labels, dtype=np.int64).reshape(-1)[present],
-        touches_inner_edge(binary, tile, raster_width, raster_height)[present],
+        touches_inner_edge(binary, origins, tile, raster_width, raster_height)[present],
     )
 
 

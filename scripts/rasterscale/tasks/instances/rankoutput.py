@@ -34,9 +34,10 @@ class InstanceRankOutput(ObjectsRankOutput):
     order. A part holds the instances of the tiles added since the previous one.
 
     ``add`` takes a tile's result as numpy arrays: ``boxes`` (N, 4), ``scores`` (N,), ``labels`` (N,), 0-based
-    indexes into ``labels``, and ``masks`` (N, H, W) at the tile's pixels (bool, 0/1, or probabilities in [0, 1]
-    kept above ``mask_threshold``; a model's (N, 1, H, W) as well). The model's boxes are not kept: an instance's
-    box is its polygon's."""
+    indexes into ``labels``, and ``masks`` (N, H, W) (bool, 0/1, or probabilities in [0, 1] kept above
+    ``mask_threshold``; a model's (N, 1, H, W) as well), at the tile's pixels or, with ``origins`` (N, 2: column,
+    row), each the crop of the tile from its origin. The model's boxes are not kept: an instance's box is its
+    polygon's."""
 
     unit = "instances"
     write_file = staticmethod(write_instances_file)
@@ -72,6 +73,7 @@ class InstanceRankOutput(ObjectsRankOutput):
             self.scene.width,
             self.scene.height,
             self.mask_threshold,
+            result.get("origins"),
         )
         self.results.append(found)
         self.held += found.nbytes()
