@@ -1,11 +1,11 @@
 """Crown masks to polygons, and the rank files that hold them (torch-free: the merge reads them).
 
 A predicted mask (one instance of a tile, at the tile's pixels or a crop of them from its origin, as the batched
-Mask R-CNN gives it) becomes ONE polygon: the largest 4-connected part
-of the thresholded mask, holes kept, traced along pixel edges (:func:`rasterio.features.shapes`, on the crop of
-the mask to its extent), its corners cut (:func:`cut_corners`: a staircase becomes the slope it steps along) and
-simplified within half a pixel (Douglas-Peucker, topology preserved), in the raster's pixel coordinates (x =
-column, y = row; the tile's offset added). Its area is the mask's pixel count within a fraction of a pixel per
+Mask R-CNN gives it) becomes ONE polygon: the largest 4-connected part of the thresholded mask, holes kept, traced
+along pixel edges (:func:`rasterio.features.shapes`, on the crop of the mask to its extent), its corners cut
+(:func:`cut_corners`: a staircase becomes the slope it steps along) and simplified within half a pixel
+(Douglas-Peucker, topology preserved), in the raster's pixel coordinates (x = column, y = row; the tile's offset
+added). Its area is the mask's pixel count within a fraction of a pixel per
 unit of outline; its perimeter is the crown's, not a staircase's (4/pi of it along a circle). An instance is
 *cut* when its mask reaches an edge of its tile that is not the raster's edge (the crown may go on in the
 neighbouring tile).
