@@ -277,6 +277,9 @@ class BlockRaster:
             # zstd level 1: a rank raster is an intermediate the merge reads once; deflate took most of a blend's time
             "compress": "zstd",
             "zstd_level": 1,
+            # the bands as they are finished (C, h, w): no interleaving copy, and each band compressed on its own
+            # (6144² of 3 bands in blocks of 32 x 256: written in 0.38 s instead of 0.54, read in 0.19 s, not 0.25)
+            "interleave": "band",
         }
 
     def block_window(self, row: int, col: int) -> Window:
@@ -383,6 +386,7 @@ class BlockRaster:
             # fast: blending 275 tiles of 400 px took 1.55 s, 2.4 s with deflate parts, 1.7 s with zstd level 1
             "compress": "zstd",
             "zstd_level": 1,
+            "interleave": "band",  # as the rank raster
         }
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a stack of blocks, not a map
