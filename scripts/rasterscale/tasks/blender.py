@@ -10,8 +10,7 @@ of tiles, so every row of the raster above where the next row of tiles begins is
 has gone past a chunk: the chunk's final rows become the raster's bands there (:meth:`Blender.finish`: an argmax, a
 mean) and go to the writer (:class:`~rasterscale.tasks.piecewriter.PieceWriter`, which copies them to the host without
 waiting and puts them into the rank raster from a thread of its own), the pixels of the rank's own cores only. On a
-CPU the writer thread finishes them too, beside the main thread (the segmentation null model's job: 569 -> 624
-tiles/s, medians of 8 runs on 2 cores). A
+CPU the writer thread may finish them too, beside the main thread (:attr:`Blender.finished_by_writer`). A
 chunk then keeps only the rows that the next row of tiles still adds to (an overlap's), until that row reaches it.
 
 What the band holds is, at most, the chunks the current tile overlaps at a tile's height, and an overlap's rows across
@@ -238,6 +237,11 @@ class Blender(ABC):
     def open_raster(self, site: RasterSite, width: int, height: int) -> BlockRaster:
         """The rank raster: ``width`` x ``height`` px at ``site`` (resumed from its parts)."""
 
+    #: Whether a CPU rank's writer thread finishes the rows, beside the main thread, instead of the main thread
+    #: between two batches: worth it for a finish of several passes (segmentation's argmax and probabilities: the
+    #: null model's job 569 -> 624 tiles/s), not for one division (a mean's: 654 -> 632, medians of 8 on 2 cores).
+    finished_by_writer = False
+
     @property
     def weighed(self) -> bool:
         """Whether :meth:`finish` needs the sum of the weights (a mean does, an argmax does not): without it the band
@@ -364,10 +368,10 @@ class Blender(ABC):
             return
         placements = self._placements(chunk, done)
         band = chunk.sums
-        handed = bool(placements) and self.device.type == "cpu"
+        handed = bool(placements) and self.device.type == "cpu" and self.finished_by_writer
         if placements:
             if handed:  # the writer thread finishes them beside the main thread (which goes on), then writes them
-                self.writer.submit_unfinished(band, functools.partial(self._finished, done=done), placements)
+                self.writer.submit_unfinished(band, functools.partial(self._finished, done=done, free=True), placements)
             else:  # on the device, then copied to the host without waiting
                 self.writer.submit(self._finished(band, done), placements)
         self.held -= band.nbytes
@@ -379,10 +383,15 @@ class Blender(ABC):
         if band.shape[1] == self.band_rows and not handed:
             self.free.setdefault(tuple(band.shape), []).append(band)
 
-    def _finished(self, sums: torch.Tensor, done: int) -> torch.Tensor:
-        """The raster's bands of the first ``done`` rows of a chunk's sums (:meth:`finish`)."""
+    def _finished(self, sums: torch.Tensor, done: int, free: bool = False) -> torch.Tensor:
+        """The raster's bands of the first ``done`` rows of a chunk's sums (:meth:`finish`); ``free``: the sums are
+        a band that is let go then, for the main thread to reuse (the writer thread's finish: the main thread has
+        taken what it keeps of them before it asks for a band again)."""
         weights = sums[self.channels, :done] if self.weighed else None
-        return self.finish(sums[: self.channels, :done], weights)
+        bands = self.finish(sums[: self.channels, :done], weights)
+        if free and sums.shape[1] == self.band_rows:
+            self.free.setdefault(tuple(sums.shape), []).append(sums)  # list.append and pop: atomic under the GIL
+        return bands
 
     def _band(self, shape: tuple[int, int, int]) -> torch.Tensor:
         """Zeroed sums of a chunk reached by a row of tiles: a band let go earlier, or a new one (reused, a band's

@@ -58,6 +58,7 @@ class TileBlender(Blender):
     """
 
     raster: RankRaster
+    finished_by_writer = True  # an argmax and the probabilities' bytes: several passes over the rows
 
     def __init__(
         self,
