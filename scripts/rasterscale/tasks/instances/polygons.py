@@ -5,10 +5,9 @@ Mask R-CNN gives it) becomes ONE polygon: the largest 4-connected part of the th
 along pixel edges (:func:`rasterio.features.shapes`, on the crop of the mask to its extent), its corners cut
 (:func:`cut_corners`: a staircase becomes the slope it steps along) and simplified within half a pixel
 (Douglas-Peucker, topology preserved), in the raster's pixel coordinates (x = column, y = row; the tile's offset
-added). Its area is the mask's pixel count within a fraction of a pixel per
-unit of outline; its perimeter is the crown's, not a staircase's (4/pi of it along a circle). An instance is
-*cut* when its mask reaches an edge of its tile that is not the raster's edge (the crown may go on in the
-neighbouring tile).
+added). Its area is the mask's pixel count within a fraction of a pixel per unit of outline; its perimeter is the
+crown's, not a staircase's (4/pi of it along a circle). An instance is *cut* when its mask reaches an edge of its
+tile that is not the raster's edge (the crown may go on in the neighbouring tile).
 
 A rank file is GeoParquet, one row per instance: ``tile_id``, ``label`` (class name), ``score``, ``cut``, the pixel
 box of the polygon (``px_xmin`` .. ``px_ymax``, raster pixels) and ``geometry``, the polygon in the raster's CRS
@@ -88,17 +87,13 @@ def cut_corners(polygons: np.ndarray) -> np.ndarray:
     return np.where(shapely.is_valid(cut), cut, polygons)
 
 
-def binary_masks(
-    masks: np.ndarray, tile: Tile, mask_threshold: float, origins: np.ndarray | None = None
-) -> list[np.ndarray]:
+def binary_masks(masks: np.ndarray, tile: Tile, mask_threshold: float, origins: np.ndarray) -> list[np.ndarray]:
     """Each instance's boolean mask, ``masks > mask_threshold`` (0/1 or bool masks, and [0, 1] probabilities, at
     0.5; a (N, 1, H, W) model output squeezed), cut to the tile's pixels: the crop of the tile from the instance's
-    origin (``origins`` (N, 2): column, row; None: every mask is the whole tile's, from 0, 0)."""
+    origin (``origins`` (N, 2): column, row; zeros where every mask is the whole tile's)."""
     masks = np.asarray(masks)
     if masks.ndim == 4:
         masks = masks[:, 0]
-    if origins is None:
-        origins = np.zeros((len(masks), 2), dtype=np.int64)
     return [
         mask[: tile.height - row, : tile.width - column] > mask_threshold
         for mask, (column, row) in zip(masks, np.asarray(origins).tolist(), strict=True)
