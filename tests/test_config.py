@@ -46,6 +46,7 @@ def test_every_schema_key_at_every_depth_has_a_description():
         ({"train": {"batch_size": "8"}}, "key 'train.batch_size': '8' is not of type 'integer'"),
         ({"predict": {"devices": 0}}, "key 'predict.devices'"),
         ({"model": {"backbone": "resnet51"}}, "key 'model.backbone'"),
+        ({"task": "instances", "model": {"mask_threshold": 0}}, "key 'model.mask_threshold': 0 is less than or equal"),
         ({"scenes": {"a": {"path": "a.tif", "anotations": "x"}}}, "unknown key 'scenes.a.anotations'"),
         ({"tiling": {"patch_size": 100, "overlap": 100}}, "'tiling.overlap' (100) must be smaller"),
         ({"train": {"scenes": ["b"]}}, "'train.scenes' names scene 'b'"),

@@ -112,8 +112,9 @@ def test_config_round_trip_and_description():
         "labels tree, snag, FPN 256 channels, resized to min_size 800, max 1333, score 0.3, nms 0.4, mask 0.6, "
         "100 detections per tile"
     )
-    with pytest.raises(ValueError, match="not a probability"):
-        InstanceConfig(mask_threshold=1.5)
+    for threshold in (1.5, 0.0):
+        with pytest.raises(ValueError, match="not a probability above 0"):
+            InstanceConfig(mask_threshold=threshold)
 
 
 @pytest.mark.parametrize(("backbone", "fpn_channels"), [("resnet50", 256), ("resnet18", 128)])

@@ -65,7 +65,8 @@ NOT_A_MODEL = (
 class InstanceConfig(ResNetFPNConfig):
     """What builds an instance model: a torchvision Mask R-CNN (the fields and defaults of
     :class:`ResNetFPNConfig`; the network adds torchvision's background class to the labels). A mask pixel belongs
-    to an instance where its probability is at least ``mask_threshold``."""
+    to an instance where its probability is at least ``mask_threshold`` (above 0: at 0 a mask would be its whole
+    crop)."""
 
     # torchvision's Mask R-CNN keeps 100 detections per image: each costs a mask head pass and a full-tile mask
     detections_per_tile: int = 100
@@ -74,8 +75,8 @@ class InstanceConfig(ResNetFPNConfig):
     def __post_init__(self) -> None:
         if not self.labels:
             raise ValueError("an instance model needs at least 1 class")
-        if not 0 <= self.mask_threshold <= 1:
-            raise ValueError(f"mask_threshold {self.mask_threshold} is not a probability")
+        if not 0 < self.mask_threshold <= 1:
+            raise ValueError(f"mask_threshold {self.mask_threshold} is not a probability above 0")
 
     @property
     def num_classes(self) -> int:
