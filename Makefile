@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= $(shell nproc)
 
-.PHONY: demo demo-segmentation demo-instances demo-height demo-points demo-byom test docs envs lint format bench bench-gpu bench-scenes bench-parse bench-continental bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
+.PHONY: demo demo-segmentation demo-instances demo-height demo-points demo-byom test docs envs lint format bench bench-gpu device-kit bench-scenes bench-parse bench-continental bench-project bench-rgbn bench-deepforest test-deepforest test-peers clean
 
 $(STAMP): envs/requirements.txt
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.11, 3.12 or 3.13 (with venv) on the PATH: set PYTHON=/path/to/python3.x"; exit 1; }
@@ -82,6 +82,12 @@ bench: $(STAMP)
 # `.venv/bin/python bench/gpu.py --cpu`) the same code on tiny sizes on CPU ranks, as tests/test_bench_gpu.py runs it.
 bench-gpu: $(STAMP)
 	$(BIN)/python bench/gpu.py
+
+# the same on a lent GPU machine, whose image has its own torch and Lightning and reaches no registry: the packages
+# it lacks (bench/device/carry.txt, at this environment's versions, for its CPython 3.12) packed into
+# .gpu-kit/site-cp312.tar.xz (about 51 MiB), which bench/device/bench-gpu.sh unpacks there before bench/gpu.py
+device-kit: $(STAMP)
+	$(BIN)/python bench/device/kit.py
 
 # many small scenes against one of the same pixels (bench/many_scenes.py; --side 1024 --per-scene 200: full sizes)
 bench-scenes: $(STAMP)

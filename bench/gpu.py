@@ -17,7 +17,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_measures import SECTIONS, attempt, make_bench, nvml_devices, ok, run_sections  # noqa: E402
+from gpu_measures import SECTIONS, attempt, chosen_sections, make_bench, nvml_devices, ok, run_sections  # noqa: E402
 from rasterscale.jobs.paths import throughput_file  # noqa: E402
 from rasterscale.workflow.throughput import write_throughput  # noqa: E402
 from suite import machine  # noqa: E402
@@ -43,8 +43,10 @@ def describe_machine() -> dict[str, Any]:
     return {**attempt(machine), "gpus": gpus, "cuda": torch.version.cuda, "nvml": nvml_devices()}
 
 
-def run_gpu_bench(workdir: Path, cpu: bool, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """The whole run; ``save(result)`` after every section."""
+def run_gpu_bench(
+    workdir: Path, cpu: bool, save: Callable[[dict[str, Any]], None], sections: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The whole run (or its ``sections``); ``save(result)`` after every section."""
     started = time.perf_counter()
     bench = make_bench(workdir, cpu)
     result: dict[str, Any] = {
@@ -63,7 +65,7 @@ def run_gpu_bench(workdir: Path, cpu: bool, save: Callable[[dict[str, Any]], Non
         state = f"error: {section['error']}" if "error" in section else "done"
         print(f"bench-gpu: {name} {state} ({section['section_s']:.0f} s)", file=sys.stderr, flush=True)
 
-    run_sections(bench, done)
+    run_sections(bench, done, sections)
     return result
 
 
@@ -393,6 +395,13 @@ def write_result(result: dict[str, Any], out: Path) -> None:
     out.with_suffix(".txt").write_text(format_table(result) + "\n")
 
 
+def section_list(text: str) -> list[str]:
+    try:
+        return chosen_sections(text.split(","))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(REPO / "results/bench-gpu.json"))
@@ -403,10 +412,16 @@ def main() -> None:
         default=str(REPO / throughput_file()),
         help="the file the GPU's throughput entry goes to (a GPU run's only; '' for none)",
     )
+    parser.add_argument(
+        "--sections",
+        type=section_list,
+        help=f"only these, comma-separated (of {','.join(name for name, _ in SECTIONS)}): a rerun after a change,"
+        " to spare a lent GPU's minutes (without train, the others predict with an untrained model)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="rasterscale-bench-gpu-", dir=args.workdir) as workdir:
-        result = run_gpu_bench(Path(workdir), args.cpu, lambda partial: write_result(partial, out))
+        result = run_gpu_bench(Path(workdir), args.cpu, lambda partial: write_result(partial, out), args.sections)
     write_result(result, out)
     print(format_table(result))
     print(f"-> {out}, {out.with_suffix('.txt')}")

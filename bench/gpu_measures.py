@@ -935,10 +935,26 @@ def nvml_devices() -> dict[str, Any]:
             pynvml.nvmlShutdown()
 
 
-def run_sections(bench: Bench, done: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Every section in order, each failing soft; ``done(name, result)`` after each (to save what is measured)."""
+def chosen_sections(names: Sequence[str] | None) -> list[str]:
+    """The sections ``names`` names (None: every one), in the bench's order, each checked to be a section."""
+    every = [name for name, _ in SECTIONS]
+    unknown = sorted(set(names or ()) - set(every))
+    if unknown:
+        raise ValueError(f"no bench-gpu section {', '.join(unknown)}: the sections are {', '.join(every)}")
+    return [name for name in every if names is None or name in names]
+
+
+def run_sections(
+    bench: Bench, done: Callable[[str, dict[str, Any]], None] | None = None, names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Every section (or those ``names`` names) in order, each failing soft; ``done(name, result)`` after each (to
+    save what is measured). A section whose model a skipped ``train`` would have trained predicts with the untrained
+    one (:attr:`Bench.model_file`)."""
+    chosen = chosen_sections(names)
     results: dict[str, Any] = {}
     for name, measure in SECTIONS:
+        if name not in chosen:
+            continue
         results[name] = attempt(functools.partial(measure, bench))
         if done is not None:
             done(name, results[name])

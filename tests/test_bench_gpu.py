@@ -17,7 +17,7 @@ from rasterscale.runtime import precision as precisions
 sys.path.insert(0, str(REPO / "bench"))
 
 from gpu import format_table
-from gpu_measures import CPU, SECTIONS, attempt
+from gpu_measures import CPU, SECTIONS, attempt, chosen_sections, make_bench, run_sections
 
 NAMES = [name for name, _ in SECTIONS]
 
@@ -137,3 +137,12 @@ def test_a_failed_or_missing_section_is_a_row_of_its_own():
     assert any(line.startswith("train") and "ZeroDivisionError" in line for line in lines)
     assert any(line.startswith("predict") and "RuntimeError: job failed" in line for line in lines)
     assert sum("not run" in line for line in lines) == len(NAMES) - 2
+
+
+def test_only_the_sections_asked_for_run_and_an_unknown_one_is_refused(tmp_path):
+    """``bench/gpu.py --sections``: a rerun on a lent GPU measures what it names, in the bench's order."""
+    results = run_sections(make_bench(tmp_path, cpu=True), names=["copy"])
+    assert list(results) == ["copy"] and "error" not in results["copy"] and results["copy"]["gb_per_s"]["pageable"] > 0
+    with pytest.raises(ValueError, match="no bench-gpu section trian: the sections are dense, train, predict"):
+        chosen_sections(["copy", "trian"])
+    assert chosen_sections(None) == NAMES and chosen_sections(["copy", "dense"]) == ["dense", "copy"]
