@@ -83,6 +83,12 @@ def label(requested: str, run: dict[str, Any]) -> str:
     return f"auto ({used})" if requested == "auto" and used else requested
 
 
+def validation_text(run: dict[str, Any]) -> str:
+    scores = run.get("validation") or {}
+    found = " ".join(f"{key} {value:.3f}" for key, value in scores.items() if key != "epoch")
+    return f"validated after the last step ({found})" if found else "no validation scores"
+
+
 def train_rows(section: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for requested, run in section["runs"].items():
@@ -98,7 +104,7 @@ def train_rows(section: dict[str, Any]) -> list[Row]:
                 f"{run['images_per_s']:.1f} images/s, step {run['step_ms']:.0f} ms (first to last progress line);"
                 f" {run['ranks']} rank(s)"
                 f" x {per_rank} tiles, {run['steps']} steps, {run['workers']} workers; fit {run['fit_s']} s,"
-                f" job {run['job_wall_s']:.0f} s; {section['model']}",
+                f" job {run['job_wall_s']:.0f} s; {validation_text(run)}; {section['model']}",
             )
         )
     if section.get("auto_speedup"):

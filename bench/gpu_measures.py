@@ -93,6 +93,7 @@ class Sizes:
     train_batch_per_rank: int = 16
     train_workers: int = 6
     log_every: int = 5
+    validation_fraction: float = 0.25  # the training scene's bottom quarter: a row of tiles, validated once at the end
     predict_side: int = 2048  # the demo synthesizer's scene predicted, ...
     predict_repeats: int = 8  # ... repeated 8 x 8 into one raster of 16384 px a side (2601 tiles)
     predict_batch: int = 16
@@ -287,7 +288,8 @@ def resize_key(resize: tuple[int, int] | None) -> Any:
 
 def train_config(bench: Bench, precision: str) -> dict[str, Any]:
     """The sections the train rule's job file carries (the training scene's entry among them): a few dozen
-    steps, no validation, no resume checkpoints."""
+    steps, one validation after the last (rank 0's, with the model where it trained: a GPU training's validation,
+    after the last progress line, so outside the steady rate), no resume checkpoints."""
     s, scene = bench.sizes, bench.train_scene
     config = validate_config(
         {
@@ -303,7 +305,8 @@ def train_config(bench: Bench, precision: str) -> dict[str, Any]:
                 "max_steps": s.train_steps,
                 "precision": precision,
                 "workers": workers_per_rank(s.train_workers, bench.train_ranks),
-                "validation_fraction": 0.0,
+                "validation_fraction": s.validation_fraction,
+                "val_every_n_epochs": 100_000,  # only after the last step
                 "log_every_n_steps": s.log_every,
                 "checkpoint_every_n_steps": 0,
             },
@@ -327,6 +330,7 @@ def train_summary(job: TrainResult, config: dict[str, Any]) -> dict[str, Any]:
         "steps_per_s": round(1 / step, 3),
         "images_per_s": round(train["batch_size"] / step, 2),
         "fit_s": job.meta.get("seconds"),
+        "validation": job.meta.get("validation") or {},
         "job_wall_s": round(job.wall_s, 2),
         "progress": job.progress,
     }

@@ -70,6 +70,7 @@ def test_figures_are_measured(bench_gpu):
     for run in sections["train"]["runs"].values():
         assert run["steps"] == CPU.train_steps
         assert run["steps_per_s"] > 0 and run["images_per_s"] > 0 and run["job_wall_s"] > run["fit_s"] > 0
+        assert {"val_precision", "val_recall", "val_f1", "val_map50"} <= set(run["validation"])  # rank 0's, once
     side = CPU.predict_side * CPU.predict_repeats  # the synthesized scene repeated: every tile predicted once
     for run in sections["predict"]["runs"].values():
         assert run["tiles"] == len(tile_grid(side, side, CPU.patch, CPU.overlap))

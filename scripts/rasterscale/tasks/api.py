@@ -55,6 +55,12 @@ class PredictScene:
     crs: Any
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's parameters are on, where its inputs go (validation runs the training model where it
+    trains: rank 0's GPU, whose tiles come from the host)."""
+    return next(model.parameters()).device
+
+
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     """Learning-rate factor: linear warm-up, then cosine decay to 5% of the peak."""
     if warmup_steps and step < warmup_steps:
@@ -177,7 +183,8 @@ class Task(ABC):
 
     @abstractmethod
     def validate(self, model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
-        """Validation scores (``val_*``) of the model on validation samples."""
+        """Validation scores (``val_*``) of the model on validation samples (host tensors: each batch goes to the
+        model's device, :func:`model_device`, and its output comes back)."""
 
     @abstractmethod
     def save_model(self, model: torch.nn.Module, model_cfg: Any, model_path: str | Path, **meta: Any) -> list[Path]:

@@ -17,7 +17,7 @@ import torch
 
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec, on_data
-from rasterscale.tasks.api import SizedDataset
+from rasterscale.tasks.api import SizedDataset, model_device
 from rasterscale.tasks.detection.batched import BatchDetections, HeadOutputs, head_outputs, select_detections
 from rasterscale.tasks.detection.dataset import TrainTileDataset
 from rasterscale.tasks.detection.groundtruth import Annotations, read_annotations
@@ -34,13 +34,13 @@ if TYPE_CHECKING:
 
 def predict_tiles(model: torch.nn.Module, dataset: TrainTileDataset, batch_size: int) -> list[dict[str, np.ndarray]]:
     """Run the raw detector over a tile dataset (rank 0 only: no collectives)."""
-    was_training = model.training
+    was_training, device = model.training, model_device(model)
     model.eval()
     outputs: list[dict[str, np.ndarray]] = []
     with torch.inference_mode():
         for start in range(0, len(dataset), batch_size):
-            images = [dataset[i][0] for i in range(start, min(len(dataset), start + batch_size))]
-            outputs.extend({k: v.float().numpy() for k, v in o.items()} for o in model(images))
+            images = [dataset[i][0].to(device) for i in range(start, min(len(dataset), start + batch_size))]
+            outputs.extend({k: v.float().cpu().numpy() for k, v in o.items()} for o in model(images))
     model.train(was_training)
     return outputs
 

@@ -18,7 +18,7 @@ import torch
 
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
-from rasterscale.tasks.api import SizedDataset
+from rasterscale.tasks.api import SizedDataset, model_device
 from rasterscale.tasks.detectors.metrics import greedy_match, precision_recall_f1
 from rasterscale.tasks.detectors.task import DetectorModel, DetectorTask
 from rasterscale.tasks.instances.batched import BatchInstances, MaskLogits, instances_of, pasted_instances
@@ -55,13 +55,13 @@ def validate_instances(
 ) -> dict[str, float]:
     """Tile-level precision, recall and F1 at mask IoU 0.5 on the validation tiles (rank 0 only)."""
     segmenter = cast("InstanceSegmenter", model)
-    was_training = segmenter.training
+    was_training, device = segmenter.training, model_device(segmenter)
     segmenter.eval()
     matched = predicted = true = 0
     for dataset in datasets:
         for start in range(0, len(dataset), batch_size):
             indexes = range(start, min(len(dataset), start + batch_size))
-            outputs = predict_instances(segmenter, [dataset[i][0] for i in indexes])
+            outputs = predict_instances(segmenter, [dataset[i][0].to(device) for i in indexes])
             for index, out in zip(indexes, outputs, strict=True):
                 target = dataset.target(index)
                 truth, labels = target["masks"].numpy(), target["labels"].numpy()

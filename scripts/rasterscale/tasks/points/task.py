@@ -24,7 +24,7 @@ from rasterscale.raster.headers import check_raster
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings, TrainSettings
-from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule
+from rasterscale.tasks.api import PredictScene, RankOutput, SizedDataset, TrainingModule, model_device
 from rasterscale.tasks.dense import (
     DenseTask,
     DenseTileDataset,
@@ -110,7 +110,7 @@ def validate_points(
     model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int, threshold: float
 ) -> dict[str, float]:
     """Precision, recall and F1 of the peaks on the validation tiles (rank 0 only: no collectives)."""
-    was_training = model.training
+    was_training, device = model.training, model_device(model)
     model.eval()
     sums = np.zeros(3, dtype=np.int64)
     with torch.inference_mode():
@@ -119,7 +119,7 @@ def validate_points(
             for start in range(0, len(points), batch_size):
                 indexes = range(start, min(len(points), start + batch_size))
                 images, _ = collate_stack([points[i] for i in indexes])
-                heat = torch.sigmoid(model(images).float())
+                heat = torch.sigmoid(model(images.to(device)).float()).cpu()
                 sums += tile_scores(points, heat, [points.tiles[i] for i in indexes], threshold)
     model.train(was_training)
     matched, predicted, true = (int(v) for v in sums)

@@ -24,7 +24,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings, TrainSettings
-from rasterscale.tasks.api import SizedDataset, TrainingModule
+from rasterscale.tasks.api import SizedDataset, TrainingModule, model_device
 from rasterscale.tasks.dense import (
     DenseTask,
     DenseTileDataset,
@@ -104,7 +104,7 @@ class RegressionTrainingModule(TrainingModule):
 
 def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
     """MAE, RMSE and R² of the first value on the validation tiles, in target units (rank 0 only: no collectives)."""
-    was_training = model.training
+    was_training, device = model.training, model_device(model)
     model.eval()
     sums = ErrorSums()
     with torch.inference_mode():
@@ -113,7 +113,7 @@ def validate_regressor(model: torch.nn.Module, datasets: Sequence[SizedDataset],
                 images, targets = collate_stack(
                     [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
                 )
-                predicted = model(images)[:, 0].float().numpy()
+                predicted = model(images.to(device))[:, 0].float().cpu().numpy()
                 true = targets[:, 0].numpy()
                 known = np.isfinite(predicted) & np.isfinite(true)
                 sums.add(predicted[known], true[known])

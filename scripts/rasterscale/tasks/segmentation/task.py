@@ -21,7 +21,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.imagery import ImageSpec
 from rasterscale.scene import Scene
 from rasterscale.settings import PredictSettings, Settings
-from rasterscale.tasks.api import SizedDataset, TrainingModule
+from rasterscale.tasks.api import SizedDataset, TrainingModule, model_device
 from rasterscale.tasks.dense import DenseTask, DenseTileDataset, collate_stack, prepare_dense_for_inference
 from rasterscale.tasks.exported.card import ModelCard
 from rasterscale.tasks.exported.resolve import exported_model
@@ -53,15 +53,16 @@ class SegmentationTrainingModule(TrainingModule):
 def validate_segmenter(model: torch.nn.Module, datasets: Sequence[SizedDataset], batch_size: int) -> dict[str, float]:
     """mIoU and pixel accuracy on the validation tiles (rank 0 only: no collectives)."""
 
-    was_training = model.training
+    was_training, device = model.training, model_device(model)
     model.eval()
     confusion: np.ndarray | None = None
     with torch.inference_mode():
         for dataset in datasets:
             for start in range(0, len(dataset), batch_size):
                 images, masks = collate_stack([dataset[i] for i in range(start, min(len(dataset), start + batch_size))])
-                logits = model(images)
-                part = confusion_matrix(logits.argmax(1).numpy().astype(np.uint8), masks.numpy(), logits.shape[1])
+                logits = model(images.to(device))
+                classes = logits.argmax(1).to(torch.uint8).cpu().numpy()
+                part = confusion_matrix(classes, masks.numpy(), logits.shape[1])
                 confusion = part if confusion is None else confusion + part
     model.train(was_training)
     if confusion is None:
