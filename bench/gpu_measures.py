@@ -495,11 +495,17 @@ def full_batches(images: Sequence[torch.Tensor], batch: int) -> list[torch.Tenso
 
 
 TASK = DetectionTask()
+CUDA_GRAPH_STEPS = "cuda_graph_steps"  # a compiled model's flag: its batches are CUDA graph trees' iterations
 
 
 def run_batch(model: torch.nn.Module, batch: torch.Tensor, task: Task = TASK) -> Any:
     """The model over a batch of uint8 tiles on its device as the prediction job runs it: scaled there, then the
-    task's forward and post-processing (detection's batched RetinaNet, unless ``task`` says otherwise)."""
+    task's forward and post-processing (detection's batched RetinaNet, unless ``task`` says otherwise). A model
+    compiled into CUDA graphs (:func:`compile_detector`) begins an iteration of CUDA graph trees here: left to
+    itself, each compiled call (the backbone's, then the head's) would begin one, and the head's would free the
+    backbone's outputs it reads (pytorch/pytorch#160281)."""
+    if getattr(model, CUDA_GRAPH_STEPS, False):
+        torch.compiler.cudagraph_mark_step_begin()
     return task.postprocess(task.forward(model, to_model_input(batch)))
 
 
@@ -623,6 +629,7 @@ def compile_detector(model: torch.nn.Module, backend: str, mode: str | None = No
         options["mode"] = mode
     model.backbone = torch.compile(model.backbone, **options)
     model.head = torch.compile(model.head, **options)
+    setattr(model, CUDA_GRAPH_STEPS, mode == "reduce-overhead")  # :func:`run_batch` marks each batch's iteration
     return model
 
 
