@@ -122,6 +122,10 @@ class OnnxNet(torch.nn.Module):
         index = images.device.index or 0
         binding.bind_input(self.input_name, "cuda", index, self.np_type, tuple(batch.shape), batch.data_ptr())
         binding.bind_output(self.output_name, "cuda", index)
+        # ONNX Runtime's CUDA provider runs on a stream of its own that does not wait for torch's, and a bound
+        # pointer gives it none to wait on: the kernels that made ``batch`` (the input copy, the scaling, the cast)
+        # must be done before it reads it
+        torch.cuda.current_stream(images.device).synchronize()
         session.run_with_iobinding(binding)
         return torch.from_numpy(binding.copy_outputs_to_cpu()[0]).to(images.device)
 
