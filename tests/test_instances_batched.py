@@ -154,3 +154,24 @@ def test_the_masks_crops_give_the_polygons_of_the_tile_sized_masks():
             compared += len(ours.polygons)
     assert compared >= 20
     assert crops.masks.numel() * 4 < whole.masks.numel()  # the crops: a fraction of the tiles' pixels
+
+
+def test_a_bf16_rank_decodes_boxes_and_pastes_masks_in_float32():
+    """Under autocast (a bf16-mixed rank) the box predictor and the paste compute in fp32, as they do without it:
+    torchvision decodes boxes in the dtype of their regressions (bf16: steps of 4 px at 800 px), and the masks are
+    placed by those boxes and multiplied into their crops by a matrix product autocast would take to bf16."""
+    model = segmenter(None, 100)
+    images = tiles(4)
+    predictor = model.roi_heads.box_predictor
+    pooled = torch.rand((8, predictor.cls_score.in_features), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        plain = predictor(pooled)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = predictor(pooled)
+            raw = instances_of(model, images)
+            crops = pasted_instances(raw, probabilities=True)
+        again = pasted_instances(raw, probabilities=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, mixed, strict=True))
+    assert raw.boxes.dtype == torch.float32 and crops.masks.dtype == torch.float32 and len(crops.masks) > 0
+    assert torch.equal(crops.masks, again.masks)
+    assert len(instances_to_host(crops)) == len(images)

@@ -111,6 +111,22 @@ def float32_conv(conv: torch.nn.Conv2d) -> Float32Conv2d:
     return layer
 
 
+class Float32Linear(torch.nn.Linear):
+    """A linear layer that computes in fp32 even under autocast (a detector's box regressions and class scores:
+    decoded boxes take the dtype of their regressions); named as a Linear's, so model files are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
+def float32_linear(linear: torch.nn.Linear) -> Float32Linear:
+    """``linear`` as a :class:`Float32Linear` with the same parameters (shared, not copied)."""
+    layer = Float32Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    layer.weight, layer.bias = linear.weight, linear.bias
+    return layer
+
+
 def choose(capability: Capability) -> PrecisionValue:
     """What ``auto`` picks on a device (module docstring)."""
     if capability.bf16:

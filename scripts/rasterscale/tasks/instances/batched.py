@@ -172,7 +172,8 @@ def paste_masks(probabilities: torch.Tensor, boxes: torch.Tensor, size: Size) ->
     crop_width, crop_height = (int(length) for length in (stops - origins).amax(dim=0).tolist())
     rows = interpolation(corner[:, 1], extent[:, 1], side, origins[:, 1], crop_height, size[0], padded.dtype)
     columns = interpolation(corner[:, 0], extent[:, 0], side, origins[:, 0], crop_width, size[1], padded.dtype)
-    return rows @ padded @ columns.transpose(1, 2), origins
+    with torch.autocast(boxes.device.type, enabled=False):  # autocast would multiply in bf16 (or fp16)
+        return rows @ padded @ columns.transpose(1, 2), origins
 
 
 def interpolation(

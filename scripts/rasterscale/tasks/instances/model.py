@@ -31,7 +31,7 @@ from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHe
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 
 from rasterscale.errors import InputError
-from rasterscale.runtime.precision import float32_conv
+from rasterscale.runtime.precision import float32_conv, float32_linear
 from rasterscale.settings import Settings
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
@@ -113,9 +113,12 @@ def build_instance_model(cfg: InstanceConfig) -> InstanceSegmenter:
     )
     model.transform = PatchTransform(cfg.patch_size, cfg.resize, cfg.input)
     model.mask_threshold = cfg.mask_threshold
-    rpn, masks = model.rpn.head, model.roi_heads.mask_predictor  # output layers in fp32 under autocast
+    # output layers in fp32 under autocast (the box predictor's too: torchvision decodes boxes in the dtype of their
+    # regressions, 4 px steps at 800 px in bf16, and the masks are placed and sized by those boxes)
+    rpn, masks, boxes = model.rpn.head, model.roi_heads.mask_predictor, model.roi_heads.box_predictor
     rpn.cls_logits, rpn.bbox_pred = float32_conv(rpn.cls_logits), float32_conv(rpn.bbox_pred)
     masks.mask_fcn_logits = float32_conv(masks.mask_fcn_logits)
+    boxes.cls_score, boxes.bbox_pred = float32_linear(boxes.cls_score), float32_linear(boxes.bbox_pred)
     return model
 
 
