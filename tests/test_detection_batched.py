@@ -14,7 +14,7 @@ from rasterscale.tasks.detection.batched import Anchors, BatchDetections, head_o
 from rasterscale.tasks.detection.model import build_detector
 from rasterscale.tasks.detection.modelfiles import DetectorConfig
 from rasterscale.tasks.detection.rankoutput import detections_to_host
-from rasterscale.tasks.detectors.batching import nms_by_group
+from rasterscale.tasks.detectors.batching import group_runs, nms_by_group
 from rasterscale.tasks.detectors.model import prepare_for_inference
 
 LABELS = ("tree", "snag")
@@ -155,3 +155,29 @@ def test_one_nms_over_every_group_keeps_what_an_nms_per_group_keeps():
     for one_call in (True, False):
         alone = nms_by_group(boxes[first], scores[first], groups[first] + 39, 0.3, one_call=one_call)
         assert torch.equal(alone, nms_by_group(boxes[first], scores[first], groups[first], 0.3, one_call=one_call))
+
+
+def test_the_gpus_nms_in_runs_of_groups_and_with_a_nan_box_keeps_what_an_nms_per_group_keeps():
+    """The GPU's NMS over many groups, cut into runs of whole groups (at most 500 boxes a call here, one group of
+    700 alone), keeps what one call and an NMS per group keep; a box with a NaN coordinate (an fp16 overflow) is
+    kept and suppresses nothing, without moving every group's cell (NaN in the cells' side: nothing suppressed
+    anywhere); equal scores come out in index order."""
+    generator = torch.Generator().manual_seed(1)
+    groups = torch.cat([torch.randint(0, 12, (2300,), generator=generator), torch.full((700,), 12)])
+    corners = torch.rand((3000, 2), generator=generator) * 180
+    boxes = torch.cat([corners, corners + 8 + torch.rand((3000, 2), generator=generator) * 30], dim=1)
+    scores = torch.rand(3000, generator=generator)
+    scores[10:20] = scores[5]  # ties, across groups
+    per_group = nms_by_group(boxes, scores, groups, 0.3, one_call=False)
+    assert 200 < len(per_group) < 3000
+    assert len(group_runs(groups, 500)) > 5 and (12, 13) in group_runs(groups, 500)
+    for call_boxes in (500, 100_000):
+        assert torch.equal(nms_by_group(boxes, scores, groups, 0.3, one_call=True, call_boxes=call_boxes), per_group)
+    tied = per_group[torch.isin(per_group, torch.tensor([5, *range(10, 20)]))]
+    assert torch.equal(tied, torch.sort(tied).values)
+    broken = boxes.clone()
+    broken[7, 2] = float("nan")
+    expected = nms_by_group(broken, scores, groups, 0.3, one_call=False)
+    assert 7 in expected.tolist() and len(expected) > 200
+    for call_boxes in (500, 100_000):
+        assert torch.equal(nms_by_group(broken, scores, groups, 0.3, one_call=True, call_boxes=call_boxes), expected)
