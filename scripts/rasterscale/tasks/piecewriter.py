@@ -80,7 +80,7 @@ class PieceWriter:
         with torch.cuda.stream(self.stream):
             host.copy_(data, non_blocking=True)
             data.record_stream(self.stream)  # the device memory is not reused before the copy is done
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event(blocking=True)  # the writer sleeps until the copy is done, not spinning a core
             ready.record(self.stream)
         return host, ready
 
