@@ -16,7 +16,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.tasks.detection.batched import BatchDetections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
-from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
+from rasterscale.tasks.detectors.rankoutput import TileByTileRankOutput
 
 
 @dataclass
@@ -56,7 +56,7 @@ def detections_frame(
     return gpd.GeoDataFrame(frame, geometry=pixel_boxes_to_polygons(boxes, transform), crs=crs)
 
 
-class DetectionRankOutput(ObjectsRankOutput):
+class DetectionRankOutput(TileByTileRankOutput):
     """A rank's detections of one scene, as GeoParquet (boxes in raster pixels and CRS polygons)."""
 
     unit = "detections"

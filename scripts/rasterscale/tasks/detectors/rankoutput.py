@@ -21,8 +21,8 @@ from rasterscale.tasks.spec import Part
 class ObjectsRankOutput(RankOutput):
     """A rank's objects of one scene, as one GeoParquet file: the parts' rows, then those of the tiles added since,
     in prediction order. A part holds the objects of the tiles added since the previous one. A task says how a
-    tile's result is held (:meth:`add`), how the held tiles become a frame (:meth:`frame`) and which ids they have
-    (:meth:`held_tile_ids`)."""
+    batch's result is held (:meth:`add_batch`, its copies to the host counted in ``d2h_s``), how the held tiles
+    become a frame (:meth:`frame`) and which ids they have (:meth:`held_tile_ids`)."""
 
     unit: ClassVar[str]  # what the log counts ("detections")
 
@@ -41,23 +41,6 @@ class ObjectsRankOutput(RankOutput):
         self.parts = list(parts)
         self.results: list[Any] = []  # tiles added and not in a part yet
         self.d2h_s = 0.0
-
-    @staticmethod
-    @abstractmethod
-    def to_host(result: Any, /) -> list[Any]:
-        """A batch's result (on the device) as each tile's, on the host (what :meth:`add` takes)."""
-
-    @abstractmethod
-    def add(self, tile: Tile, result: Any) -> None:
-        """One tile's result, on the host."""
-
-    def add_batch(self, tiles: Sequence[Tile], result: Any) -> None:
-        """The batch's objects, copied to the host once (:meth:`to_host`), then tile by tile."""
-        started = time.perf_counter()
-        found = self.to_host(result)
-        self.d2h_s += time.perf_counter() - started
-        for tile, one in zip(tiles, found, strict=True):
-            self.add(tile, one)
 
     def stage_seconds(self) -> dict[str, float]:
         return {"d2h": self.d2h_s}
@@ -95,3 +78,25 @@ class ObjectsRankOutput(RankOutput):
         self.write_file(frame, self.path)
         resumed = f" ({len(self.parts)} part(s))" if self.parts else ""
         return f"{len(frame)} {self.unit}{resumed}"
+
+
+class TileByTileRankOutput(ObjectsRankOutput):
+    """Objects whose batch is copied to the host once (:meth:`to_host`) and then held tile by tile (:meth:`add`):
+    detections and instances, whose tiles' objects become rows on their own."""
+
+    @staticmethod
+    @abstractmethod
+    def to_host(result: Any, /) -> list[Any]:
+        """A batch's result (on the device) as each tile's, on the host (what :meth:`add` takes)."""
+
+    @abstractmethod
+    def add(self, tile: Tile, result: Any) -> None:
+        """One tile's result, on the host."""
+
+    def add_batch(self, tiles: Sequence[Tile], result: Any) -> None:
+        """The batch's objects, copied to the host once (:meth:`to_host`), then tile by tile."""
+        started = time.perf_counter()
+        found = self.to_host(result)
+        self.d2h_s += time.perf_counter() - started
+        for tile, one in zip(tiles, found, strict=True):
+            self.add(tile, one)

@@ -18,7 +18,7 @@ import numpy as np
 
 from rasterscale.grid.tile import Tile
 from rasterscale.tasks.api import PredictScene
-from rasterscale.tasks.detectors.rankoutput import ObjectsRankOutput
+from rasterscale.tasks.detectors.rankoutput import TileByTileRankOutput
 from rasterscale.tasks.instances.model import instances_to_host
 from rasterscale.tasks.instances.polygons import (
     empty_instances,
@@ -29,7 +29,7 @@ from rasterscale.tasks.instances.polygons import (
 from rasterscale.tasks.spec import Part
 
 
-class InstanceRankOutput(ObjectsRankOutput):
+class InstanceRankOutput(TileByTileRankOutput):
     """A rank's instances of one scene: the parts' rows, then those of the tiles added since, in prediction
     order. A part holds the instances of the tiles added since the previous one.
 

@@ -50,10 +50,6 @@ class PointsRankOutput(ObjectsRankOutput):
     def empty(crs: Any, /) -> gpd.GeoDataFrame:
         return empty_points(crs)
 
-    @staticmethod
-    def to_host(result: Any, /) -> list[Any]:
-        return list(result.cpu().numpy())
-
     def add_batch(self, tiles: Sequence[Tile], result: torch.Tensor) -> None:
         """The batch's heatmaps (B, K, H, W) decoded on the device, copied to the host once, and its tiles' points
         kept by their cores in one pass."""
@@ -62,9 +58,6 @@ class PointsRankOutput(ObjectsRankOutput):
         found = points.cpu().numpy()
         self.d2h_s += time.perf_counter() - started
         self.results.append(([tile.tile_id for tile in tiles], in_cores(found, tiles, self.cores)))
-
-    def add(self, tile: Tile, result: np.ndarray) -> None:
-        self.results.append(([tile.tile_id], in_cores(result[None], [tile], self.cores)))
 
     def frame(self) -> gpd.GeoDataFrame:
         rows = [found for _, found in self.results if len(found)]
