@@ -224,9 +224,13 @@ def prediction_dataset(
 
 def check_region_fits(nbytes: int, device: torch.device, headroom: float = 0.5) -> None:
     """Fail with one line when a GPU region would take more than ``headroom`` of the device's free memory
-    (the model and its activations need the rest)."""
+    (the model and its activations need the rest). Free counts what torch's caching allocator holds unused: the
+    driver counts it as taken, and a job's next scene is read after its previous scene's region was let go into
+    that cache (with the last batches' activations), so the driver's figure alone refused a second scene the size of
+    a first that fitted."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        driver_free, _ = torch.cuda.mem_get_info(device)
+        free = driver_free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         if nbytes > headroom * free:
             raise RuntimeError(
                 f"strategy batch: the rank's region needs {nbytes / 2**20:.0f} MB on {device}, which has "
