@@ -230,6 +230,33 @@ def test_tiles_out_of_order_or_missing_fail_and_write_nothing(tmp_path):
     assert not path.exists() and not list(tmp_path.iterdir())
 
 
+def test_a_blender_lets_its_bands_and_weights_go_at_its_last_tile_and_still_writes_the_blend(tmp_path):
+    """A job holds each of its scenes' rank outputs open until it writes them all: a scene's blender keeps no band
+    for reuse and no edge weights once its last tile is in (on a GPU they are device memory beyond blend_mb)."""
+    width, height = 700, 500
+    tiles = grid_tiles(width, height)
+    truth = class_map(width, height)
+    cores = tile_cores(tiles, width, height)
+    path = tmp_path / "rank-0.tif"
+    blender = TileBlender(
+        tiles, {t.tile_id for t in tiles}, cores, width, height, NUM_CLASSES, OVERLAP, path, TRANSFORM, UTM17N
+    )
+    for tile in tiles[:-1]:
+        blender.add(tile.tile_id, tile_probabilities(tile, truth))
+    blender.writer.drain()
+    kept = sum(len(bands) for bands in blender.free.values()), len(blender.weights.made)
+    assert kept[0] > 0 and kept[1] > 0
+    blender.add(tiles[-1].tile_id, tile_probabilities(tiles[-1], truth))
+    blender.writer.drain()
+    assert not blender.free and not blender.weights.made and not blender.weights.batches
+    assert blender.close() == sorted(t.tile_id for t in tiles)
+    with rasterio.open(path) as raster:
+        classes = raster.read(1)
+    expected, _ = reference_blend(tiles, truth)
+    np.testing.assert_array_equal(classes, expected)
+    report(f"blender at its last tile: {kept[0]} band(s) and {kept[1]} kind(s) of weights let go; classes equal")
+
+
 def blend_random_strip(path, width: int, height: int, patch: int, overlap: int, classes: int, blend_mb: float):
     """Blend a strip of random probabilities, a row of tiles per batch; the blender (closed)."""
     tiles = grid_tiles(width, height, patch, overlap)

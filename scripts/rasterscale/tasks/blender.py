@@ -319,6 +319,13 @@ class Blender(ABC):
             self._spill_beyond_bound()
         if self.next_index == len(self.tiles):
             self._end_row(None)
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """The last tile is in: the bands kept for reuse and the weights made go (on a GPU, device memory beyond
+        ``blend_mb``), so that a job's scenes, each open until the job writes them all, do not each keep theirs."""
+        self.free.clear()
+        self.weights = EdgeWeights(self.width, self.height, self.taper, self.device)
 
     def _next_row_start(self, row_off: int) -> int | None:
         """The first row of the next row of tiles after the one at ``row_off`` (None: it is the last)."""
@@ -389,7 +396,7 @@ class Blender(ABC):
         taken what it keeps of them before it asks for a band again)."""
         weights = sums[self.channels, :done] if self.weighed else None
         bands = self.finish(sums[: self.channels, :done], weights)
-        if free and sums.shape[1] == self.band_rows:
+        if free and sums.shape[1] == self.band_rows and self.next_index < len(self.tiles):
             self.free.setdefault(tuple(sums.shape), []).append(sums)  # list.append and pop: atomic under the GIL
         return bands
 
