@@ -15,7 +15,13 @@ from torchvision.ops import box_iou
 from rasterscale.grid.tile import Tile
 from rasterscale.raster.bands import InputBands
 from rasterscale.tasks.detectors.model import prepare_for_inference
-from rasterscale.tasks.instances.batched import BatchInstances, instances_of, pasted_instances, tile_masks
+from rasterscale.tasks.instances.batched import (
+    BatchInstances,
+    instances_of,
+    mask_logits,
+    pasted_instances,
+    tile_masks,
+)
 from rasterscale.tasks.instances.model import build_instance_model, instances_on_device, instances_to_host
 from rasterscale.tasks.instances.modelfiles import InstanceConfig
 from rasterscale.tasks.instances.polygons import tile_instances
@@ -175,3 +181,18 @@ def test_a_bf16_rank_decodes_boxes_and_pastes_masks_in_float32():
     assert raw.boxes.dtype == torch.float32 and crops.masks.dtype == torch.float32 and len(crops.masks) > 0
     assert torch.equal(crops.masks, again.masks)
     assert len(instances_to_host(crops)) == len(images)
+
+
+@pytest.mark.parametrize("count", [0, 5, 64, 70])
+def test_the_mask_heads_regions_padded_to_a_step_give_each_region_its_own_logits(count):
+    """A GPU rank pads the mask head's regions to a multiple of 64 (one of a few shapes for cuDNN's autotuning):
+    the padding changes no region's logits, and comes off again."""
+    model = segmenter(None, 100)
+    pooled = torch.rand((count, 32, 14, 14), generator=torch.Generator().manual_seed(count))
+    with torch.inference_mode():
+        plain = mask_logits(model, pooled, step=1)
+        padded = mask_logits(model, pooled, step=64)
+        default = mask_logits(model, pooled)  # a CPU rank: not padded
+    assert plain.shape == padded.shape == (count, 3, 28, 28)
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-6)
+    assert torch.equal(default, plain)

@@ -11,9 +11,10 @@ done for the whole batch at once, with the same arithmetic but the masks' interp
 - **Boxes** (:func:`instances_of`): the box head over every tile's proposals (torchvision's RoI pooling takes them
   together), class scores and boxes decoded for the batch, then background, low scores and empty boxes dropped,
   one NMS over the batch (tile and class in its key) and each tile's cap (``detections_per_img``).
-- **Masks**: the mask head over every instance at once, each instance's class channel; pasted into its tile by
-  :func:`paste_masks`: torchvision pads each 28 x 28 mask by a pixel, widens its box to match and interpolates it
-  bilinearly into the box, one mask at a time (a host round trip per mask on a GPU); here the interpolation is
+- **Masks**: the mask head over every instance at once (:func:`mask_logits`), each instance's class channel; pasted
+  into its tile by :func:`paste_masks`: torchvision pads each 28 x 28 mask by a pixel, widens its box to match and
+  interpolates it bilinearly into the box, one mask at a time (a host round trip per mask on a GPU); here the
+  interpolation is
   two batched matrix products (rows, then columns: bilinear is separable) for every mask at once, each over its
   crop of the tile only (its widened box), where torchvision fills a whole tile per mask. Probabilities agree with
   torchvision's to float rounding (a sum in another order); thresholded masks differ only at pixels within that
@@ -45,6 +46,7 @@ from rasterscale.tasks.detectors.batching import (
 
 MASK_PADDING = 1  # torchvision pads a mask by a pixel before pasting it (paste_masks_in_image)
 EMPTY_BOX = 1e-2  # torchvision drops boxes narrower than this (px) before the boxes' NMS
+MASK_ROWS_STEP = 64  # under cuDNN's autotuning the mask head's regions come in multiples of this (mask_logits)
 
 
 @dataclass(frozen=True)
@@ -144,10 +146,26 @@ def instances_of(model: MaskRCNN, images: torch.Tensor) -> MaskLogits:
     keep = keep[first_of_each_tile(kept, tiles[keep], heads.detections_per_img)]
     boxes, scores, labels, tiles = boxes[keep], scores[keep], labels[keep], tiles[keep]
     found = per_tile(boxes, tiles, count)
-    logits = heads.mask_predictor(heads.mask_head(heads.mask_roi_pool(feature_maps, found, sizes)))
+    logits = mask_logits(model, heads.mask_roi_pool(feature_maps, found, sizes))
     logits = logits[torch.arange(len(labels), device=labels.device), labels]
     # 0-based labels outside, as the segmenter gives them (torchvision's class 0 is its background)
     return MaskLogits(boxes, scores, labels - 1, tiles, logits, batch, count, model.mask_threshold)
+
+
+def mask_logits(model: MaskRCNN, pooled: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    """The mask head and predictor over the instances' pooled features (N, C, M, M): (N, classes, 2M, 2M). Its N is
+    the batch's count of instances, which differs from batch to batch, and cuDNN's autotuning (a GPU rank's
+    ``benchmark``) times its kernels anew for each new shape: there (``step`` None) N is padded with zero regions
+    to a multiple of :data:`MASK_ROWS_STEP`, a few dozen shapes for a whole job, and the padding cut off again (a
+    region's logits are its own: the head has no normalization across regions)."""
+    if step is None:
+        step = MASK_ROWS_STEP if pooled.is_cuda and torch.backends.cudnn.benchmark else 1
+    count = int(pooled.shape[0])
+    rows = -(-count // step) * step
+    if rows > count:
+        pooled = torch.cat([pooled, pooled.new_zeros((rows - count, *pooled.shape[1:]))])
+    heads = model.roi_heads
+    return heads.mask_predictor(heads.mask_head(pooled))[:count]
 
 
 def paste_masks(probabilities: torch.Tensor, boxes: torch.Tensor, size: Size) -> tuple[torch.Tensor, torch.Tensor]:
