@@ -196,3 +196,19 @@ def test_the_mask_heads_regions_padded_to_a_step_give_each_region_its_own_logits
     assert plain.shape == padded.shape == (count, 3, 28, 28)
     torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-6)
     assert torch.equal(default, plain)
+
+
+def test_a_batch_leaves_the_device_in_two_copies_and_each_tile_gets_its_own_instances():
+    """instances_to_host copies the packed boxes, scores, labels, origins and tiles, then the masks: each tile's
+    arrays are its rows of the device tensors, exactly, the empty tile's empty, labels and origins int64."""
+    model = segmenter(None, 100)
+    found = batched_instances(model, tiles(4))
+    host = instances_to_host(found)
+    assert (
+        len(host) == 4 and len(host[1]["boxes"]) == 0 and sum(len(tile["boxes"]) for tile in host) == len(found.boxes)
+    )
+    for k, tile in enumerate(host):
+        rows = found.tiles == k
+        for key in ("boxes", "scores", "labels", "masks", "origins"):
+            np.testing.assert_array_equal(tile[key], getattr(found, key)[rows].numpy(), err_msg=key)
+        assert tile["labels"].dtype == np.int64 and tile["origins"].dtype == np.int64

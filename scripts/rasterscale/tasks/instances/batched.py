@@ -46,6 +46,7 @@ from rasterscale.tasks.detectors.batching import (
 
 MASK_PADDING = 1  # torchvision pads a mask by a pixel before pasting it (paste_masks_in_image)
 EMPTY_BOX = 1e-2  # torchvision drops boxes narrower than this (px) before the boxes' NMS
+PACKED_COLUMNS = 9  # a packed instance: x0, y0, x1, y1, score, label, origin column, origin row, tile
 MASK_ROWS_STEP = 64  # under cuDNN's autotuning the mask head's regions come in multiples of this (mask_logits)
 
 
@@ -61,6 +62,12 @@ class BatchInstances(TileObjects):
     labels: torch.Tensor
     masks: torch.Tensor
     origins: torch.Tensor
+
+    def packed(self) -> torch.Tensor:
+        """(N, :data:`PACKED_COLUMNS`) float32: each instance's box, score, label, origin (column, row) and tile, one
+        tensor to copy beside the masks (labels, origins and tiles exact in fp32)."""
+        columns = (self.boxes, self.scores[:, None], self.labels[:, None], self.origins, self.tiles[:, None])
+        return torch.cat([column.to(torch.float32) for column in columns], dim=1)
 
 
 @dataclass(frozen=True)

@@ -202,8 +202,16 @@ def instances_on_device(
 
 
 def instances_to_host(found: BatchInstances) -> list[dict[str, np.ndarray]]:
-    """A batch's instances as numpy arrays, tile by tile, each kind copied once for the batch (the masks as the
-    crops of their tiles from their ``origins``)."""
-    host = {key: getattr(found, key).cpu().numpy() for key in ("boxes", "scores", "labels", "masks", "origins")}
-    starts = np.searchsorted(found.tiles.cpu().numpy(), np.arange(found.count + 1), side="left")
+    """A batch's instances as numpy arrays, tile by tile, in two copies for the batch: the boxes, scores, labels,
+    origins and tiles packed in one (:meth:`~.batched.BatchInstances.packed`), and the masks (the crops of their
+    tiles from their ``origins``)."""
+    packed, masks = found.packed().cpu().numpy(), found.masks.cpu().numpy()
+    host = {
+        "boxes": packed[:, :4],
+        "scores": packed[:, 4],
+        "labels": packed[:, 5].astype(np.int64),
+        "masks": masks,
+        "origins": packed[:, 6:8].astype(np.int64),
+    }
+    starts = np.searchsorted(packed[:, 8], np.arange(found.count + 1), side="left")
     return [{key: values[a:b] for key, values in host.items()} for a, b in itertools.pairwise(starts)]
