@@ -81,8 +81,9 @@ PIXEL_SIZE = 0.1  # the demo's ground sample distance (m)
 
 @dataclass(frozen=True)
 class Sizes:
-    """Every size of a run. The defaults are the GPU run's (about 5 minutes on one H100): DeepForest's model and
-    input scale (RetinaNet-ResNet50, 400 px tiles seen at 800 px)."""
+    """Every size of a run. The defaults are the GPU run's (not yet timed whole: 6 to 8 minutes estimated on one
+    H100, docs/performance.md): DeepForest's model and input scale (RetinaNet-ResNet50, 400 px tiles seen at
+    800 px)."""
 
     backbone: str = "resnet50"
     patch: int = 400
@@ -904,14 +905,17 @@ def measure_dense(bench: Bench) -> dict[str, Any]:
     return {"ceiling": ceiling, "unet": unet}
 
 
+# in this order: predict and forward take train's model, copy predict's data wait; compile, the longest (four
+# compilations, each in a process of its own), last, so that a run cut short (a lent GPU's call limit) keeps the
+# issues' target rows, each section's JSON written as it ends
 SECTIONS: tuple[tuple[str, Callable[[Bench], dict[str, Any]]], ...] = (
     ("dense", measure_dense),
     ("train", measure_train),
     ("predict", measure_predict),
     ("forward", measure_forward),
-    ("compile", measure_compile),
     ("instances", measure_instances),
     ("copy", measure_copy),
+    ("compile", measure_compile),
 )
 
 
