@@ -37,6 +37,7 @@ from rasterscale.tasks.detectors.batching import (
     first_of_each_tile,
     model_input,
     nms_by_group,
+    packed_columns,
     to_tile_pixels,
 )
 
@@ -84,8 +85,7 @@ class BatchDetections(TileObjects):
 
     def packed(self) -> torch.Tensor:
         """(N, :data:`PACKED_COLUMNS`) float32: boxes, score, label and tile of each detection, one tensor to copy."""
-        columns = (self.boxes.float(), self.scores.float()[:, None], self.labels[:, None], self.tiles[:, None])
-        return torch.cat([column.to(torch.float32) for column in columns], dim=1)
+        return packed_columns(self.boxes, self.scores, self.labels, self.tiles)
 
 
 def head_outputs(model: RetinaNet, images: torch.Tensor) -> HeadOutputs:

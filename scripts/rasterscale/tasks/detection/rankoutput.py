@@ -3,7 +3,6 @@ polygons, :mod:`rasterscale.tasks.detectors.rankoutput`)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from rasterscale.grid.tile import Tile
 from rasterscale.raster.geo import pixel_boxes_to_polygons
 from rasterscale.tasks.detection.batched import BatchDetections
 from rasterscale.tasks.detection.merge import empty_detections, write_detections_file
+from rasterscale.tasks.detectors.batching import tile_rows
 from rasterscale.tasks.detectors.rankoutput import TileByTileRankOutput
 
 
@@ -29,9 +29,8 @@ class TileDetections:
 def detections_to_host(found: BatchDetections) -> list[TileDetections]:
     """A batch's detections (one tensor per kind on the device) on the host, in one copy, as each tile's."""
     host = found.packed().cpu().numpy()
-    starts = np.searchsorted(host[:, 6], np.arange(found.count + 1), side="left")
-    pieces = itertools.pairwise(starts)
-    return [TileDetections(host[a:b, :4], host[a:b, 4], host[a:b, 5].astype(np.int64)) for a, b in pieces]
+    runs = tile_rows(host[:, 6], found.count)
+    return [TileDetections(host[a:b, :4], host[a:b, 4], host[a:b, 5].astype(np.int64)) for a, b in runs]
 
 
 def detections_frame(

@@ -6,11 +6,13 @@ in one call; each tile's cap; a batch's objects, cut into runs of tiles.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Self, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -46,6 +48,18 @@ class TileObjects:
 
 
 RUN_FIELDS = ("tiles", "count")  # what :class:`TileObjects` itself holds: the rest are its objects' kinds
+
+
+def packed_columns(*columns: torch.Tensor) -> torch.Tensor:
+    """(N, k) float32: a batch's kinds of objects ((N,) or (N, j) each) side by side, one tensor to copy to the host
+    (labels, tiles and pixel offsets exact in fp32)."""
+    return torch.cat([(c[:, None] if c.dim() == 1 else c).to(torch.float32) for c in columns], dim=1)
+
+
+def tile_rows(tiles: np.ndarray, count: int) -> list[tuple[int, int]]:
+    """Each of ``count`` tiles' run of rows (first, stop) in a host copy of a batch's objects, from their ``tiles``
+    column (tiles in order; a tile without objects, an empty run)."""
+    return list(itertools.pairwise(np.searchsorted(tiles, np.arange(count + 1), side="left").tolist()))
 
 
 @dataclass(frozen=True)

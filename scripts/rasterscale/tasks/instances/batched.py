@@ -14,11 +14,10 @@ done for the whole batch at once, with the same arithmetic but the masks' interp
 - **Masks**: the mask head over every instance at once (:func:`mask_logits`), each instance's class channel; pasted
   into its tile by :func:`paste_masks`: torchvision pads each 28 x 28 mask by a pixel, widens its box to match and
   interpolates it bilinearly into the box, one mask at a time (a host round trip per mask on a GPU); here the
-  interpolation is
-  two batched matrix products (rows, then columns: bilinear is separable) for every mask at once, each over its
-  crop of the tile only (its widened box), where torchvision fills a whole tile per mask. Probabilities agree with
-  torchvision's to float rounding (a sum in another order); thresholded masks differ only at pixels within that
-  rounding of ``mask_threshold``.
+  interpolation is two batched matrix products (rows, then columns: bilinear is separable) for every mask at once,
+  each over its crop of the tile only (its widened box), where torchvision fills a whole tile per mask.
+  Probabilities agree with torchvision's to float rounding (a sum in another order); thresholded masks differ only
+  at pixels within that rounding of ``mask_threshold``.
 
 The result (:class:`BatchInstances`) is one tensor per kind for the batch, tiles in order, a tile's instances by
 score, the masks thresholded on the device (uint8, a quarter of the bytes to copy) and cut to the batch's largest
@@ -41,6 +40,7 @@ from rasterscale.tasks.detectors.batching import (
     first_of_each_tile,
     model_input,
     nms_by_group,
+    packed_columns,
     to_tile_pixels,
 )
 
@@ -66,8 +66,7 @@ class BatchInstances(TileObjects):
     def packed(self) -> torch.Tensor:
         """(N, :data:`PACKED_COLUMNS`) float32: each instance's box, score, label, origin (column, row) and tile, one
         tensor to copy beside the masks (labels, origins and tiles exact in fp32)."""
-        columns = (self.boxes, self.scores[:, None], self.labels[:, None], self.origins, self.tiles[:, None])
-        return torch.cat([column.to(torch.float32) for column in columns], dim=1)
+        return packed_columns(self.boxes, self.scores, self.labels, self.origins, self.tiles)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ Model files (formats, headers, the effective configuration) are :mod:`rasterscal
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredic
 from rasterscale.errors import InputError
 from rasterscale.runtime.precision import float32_conv, float32_linear
 from rasterscale.settings import Settings
+from rasterscale.tasks.detectors.batching import tile_rows
 from rasterscale.tasks.detectors.model import PatchTransform, adapt_backbone_input, load_weights, resnet_fpn
 from rasterscale.tasks.inputlayer import and_then
 from rasterscale.tasks.instances.batched import BatchInstances
@@ -213,5 +213,4 @@ def instances_to_host(found: BatchInstances) -> list[dict[str, np.ndarray]]:
         "masks": masks,
         "origins": packed[:, 6:8].astype(np.int64),
     }
-    starts = np.searchsorted(packed[:, 8], np.arange(found.count + 1), side="left")
-    return [{key: values[a:b] for key, values in host.items()} for a, b in itertools.pairwise(starts)]
+    return [{key: values[a:b] for key, values in host.items()} for a, b in tile_rows(packed[:, 8], found.count)]
