@@ -162,6 +162,11 @@ class EdgeWeights:
             self.made[key] = torch.from_numpy(weights)[None].to(self.device)
         return self.made[key]
 
+    def clear(self) -> None:
+        """Let every weight made go (they are made again if asked for)."""
+        self.made.clear()
+        self.batches.clear()
+
     def stacked(self, tiles: Sequence[Tile]) -> torch.Tensor:
         """(B, 1, h, w): the weights of a batch of tiles of one size (the last few batches' kinds kept: a raster's
         rows of tiles make the same batches over and over)."""
@@ -325,7 +330,7 @@ class Blender(ABC):
         """The last tile is in: the bands kept for reuse and the weights made go (on a GPU, device memory beyond
         ``blend_mb``), so that a job's scenes, each open until the job writes them all, do not each keep theirs."""
         self.free.clear()
-        self.weights = EdgeWeights(self.width, self.height, self.taper, self.device)
+        self.weights.clear()
 
     def _next_row_start(self, row_off: int) -> int | None:
         """The first row of the next row of tiles after the one at ``row_off`` (None: it is the last)."""

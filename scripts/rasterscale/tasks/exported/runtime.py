@@ -97,9 +97,9 @@ class OnnxNet(torch.nn.Module):
         meta = self.probe.get_inputs()[0]
         self.input_name, self.output_name = meta.name, self.probe.get_outputs()[0].name
         self.np_type, self.torch_type = ONNX_TYPES.get(meta.type, (np.float32, torch.float32))
-        # on a GPU, each input shape's output (shape, NumPy dtype), from its first batch: later batches bind a torch
-        # tensor on the device for ONNX Runtime to write into, with no round trip through the host
-        self.outputs: dict[tuple[int, ...], tuple[tuple[int, ...], np.dtype]] = {}
+        # on a GPU, each input shape's output (shape, NumPy and torch dtypes), from its first batch: later batches
+        # bind a torch tensor on the device for ONNX Runtime to write into, with no round trip through the host
+        self.outputs: dict[tuple[int, ...], tuple[tuple[int, ...], np.dtype, torch.dtype]] = {}
 
     def session(self, device: torch.device) -> Any:
         import onnxruntime as ort
@@ -129,9 +129,9 @@ class OnnxNet(torch.nn.Module):
         if known is None:  # the shape's first batch: ONNX Runtime allocates the output, which is read once
             binding.bind_output(self.output_name, "cuda", index)
         else:
-            shape, dtype = known
-            out = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, device=images.device)
-            binding.bind_output(self.output_name, "cuda", index, dtype, shape, out.data_ptr())
+            shape, element, dtype = known
+            out = torch.empty(shape, dtype=dtype, device=images.device)
+            binding.bind_output(self.output_name, "cuda", index, element, shape, out.data_ptr())
         # ONNX Runtime's CUDA provider runs on a stream of its own that does not wait for torch's, and a bound
         # pointer gives it none to wait on: the kernels that made ``batch`` (the input copy, the scaling, the cast)
         # must be done before it reads it (and its run ends synchronized: ``out`` is written when it returns)
@@ -140,8 +140,9 @@ class OnnxNet(torch.nn.Module):
         if out is not None:
             return out
         host = binding.copy_outputs_to_cpu()[0]
-        self.outputs[tuple(batch.shape)] = (tuple(host.shape), host.dtype)
-        return torch.from_numpy(host).to(images.device)
+        result = torch.from_numpy(host)
+        self.outputs[tuple(batch.shape)] = (tuple(host.shape), host.dtype, result.dtype)
+        return result.to(images.device)
 
 
 def load_onnx(card: ModelCard) -> LoadedNet:
